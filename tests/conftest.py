@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_cache(tmp_path_factory, monkeypatch):
+    """No test may read or write the real ~/.cache: cuda-core's default dir goes to a temp dir."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    for name in list(__import__("os").environ):
+        if name.startswith("TIERED_PROGCACHE_"):
+            monkeypatch.delenv(name)

@@ -1,0 +1,170 @@
+"""One link of the chain: a ``ProgramCacheResource`` with its policy, counters and failure handling.
+
+This is where the failure policy lives: whatever a tier raises on a read becomes a
+miss, and whatever it raises on a write becomes a counter and a rate-limited log
+line. ``Program.compile`` loses the compiled object if the cache's ``__setitem__``
+raises, so nothing a tier does may escape from here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from cuda.core.utils import ProgramCacheResource
+
+from .errors import EntryRejected, TierUnavailable
+from .policy import TierPolicy
+from .ratelimit import RateLimitedLogger
+from .stats import _GIL_DISABLED, TierCounters, TierStats
+from .writeback import WriteBackQueue
+
+__all__ = ["Tier"]
+
+logger = logging.getLogger(__name__)
+_warn = RateLimitedLogger(logger)
+
+
+class Tier:
+    """A resource in the chain. Thread-safe as far as its resource is."""
+
+    __slots__ = ("resource", "policy", "counters", "writeback")
+
+    def __init__(
+        self,
+        resource: ProgramCacheResource,
+        policy: TierPolicy,
+        *,
+        max_pending_writes: int = 1024,
+    ) -> None:
+        if not isinstance(resource, ProgramCacheResource):
+            raise TypeError(
+                f"tier {policy.name!r} must be a cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}"
+            )
+        self.resource = resource
+        self.policy = policy
+        self.counters = TierCounters()
+        self.writeback: WriteBackQueue | None = None
+        if policy.write == "background" and not policy.read_only:
+            self.writeback = WriteBackQueue(self._write_now, max_pending=max_pending_writes, name=policy.name)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    # -- reads ---------------------------------------------------------------
+
+    def lookup(self, key: bytes) -> bytes | None:
+        """The tier's bytes for ``key``, or None on a miss or any failure (counted, timed)."""
+        started = time.perf_counter()
+        try:
+            data = self.resource[key]
+        except Exception as exc:
+            self.counters.record_get((time.perf_counter() - started) * 1e3)
+            self.record_read_failure(exc)
+            return None
+        counters = self.counters
+        counters.record_get((time.perf_counter() - started) * 1e3)
+        if _GIL_DISABLED:
+            counters.add("hits")
+            counters.add("bytes_read", len(data))
+        else:
+            counters.hits += 1
+            counters.bytes_read += len(data)
+        return data
+
+    def record_read_failure(self, exc: Exception) -> None:
+        """Count a read that raised as a miss, with its reason; log what is not a plain miss."""
+        counters = self.counters
+        counters.add("misses")
+        if isinstance(exc, EntryRejected):
+            counters.add("rejected")
+            _warn.warning(f"{self.name}:rejected", "tier %s rejected an entry: %s", self.name, exc)
+        elif isinstance(exc, KeyError):
+            return
+        elif isinstance(exc, TierUnavailable):
+            counters.add("skipped")
+        elif isinstance(exc, TimeoutError):
+            counters.add("timeouts")
+            _warn.warning(f"{self.name}:read", "tier %s timed out on a read (counted as a miss): %s", self.name, exc)
+        else:
+            counters.add("errors")
+            _warn.warning(f"{self.name}:read", "tier %s failed a read (counted as a miss): %r", self.name, exc)
+
+    # -- writes --------------------------------------------------------------
+
+    def store(self, key: bytes, data: bytes, *, promotion: bool = False) -> None:
+        """Write per policy (at once or queued); never raises."""
+        if self.policy.read_only:
+            return
+        if self.writeback is not None:
+            if not self.writeback.submit(key, data):
+                self.counters.add("dropped")
+                _warn.warning(
+                    f"{self.name}:dropped", "tier %s: background write queue full, write dropped", self.name
+                )
+            elif promotion:
+                self.counters.add("promotions")
+            return
+        if self._write_now(key, data) and promotion:
+            self.counters.add("promotions")
+
+    def _write_now(self, key: bytes, data: bytes) -> bool:
+        started = time.perf_counter()
+        try:
+            self.resource[key] = data
+        except TierUnavailable:
+            self.counters.add("skipped")
+            return False
+        except TimeoutError as exc:
+            self.counters.add("timeouts")
+            _warn.warning(f"{self.name}:write", "tier %s timed out on a write (dropped): %s", self.name, exc)
+            return False
+        except Exception as exc:
+            self.counters.add("errors")
+            _warn.warning(f"{self.name}:write", "tier %s failed a write (dropped): %r", self.name, exc)
+            return False
+        self.counters.record_put((time.perf_counter() - started) * 1e3)
+        self.counters.add("writes")
+        self.counters.add("bytes_written", len(data))
+        return True
+
+    def delete(self, key: bytes) -> bool:
+        """Remove ``key``; True if this tier held it. Failures are logged, not raised."""
+        if self.policy.read_only:
+            return False
+        cancelled = self.writeback.cancel(key) if self.writeback is not None else False
+        try:
+            del self.resource[key]
+        except KeyError:
+            return cancelled
+        except Exception as exc:
+            self.counters.add("errors")
+            _warn.warning(f"{self.name}:delete", "tier %s failed a delete: %r", self.name, exc)
+            return cancelled
+        return True
+
+    # -- housekeeping ----------------------------------------------------------
+
+    def snapshot(self) -> TierStats:
+        entries = bytes_held = None
+        if not self.policy.shared:
+            try:
+                entries = len(self.resource)
+            except Exception:
+                entries = None
+            bytes_held = _bytes_held(self.resource)
+        return self.counters.snapshot(entries=entries, bytes_held=bytes_held)
+
+
+def _bytes_held(resource: ProgramCacheResource) -> int | None:
+    """Bytes a tier holds, for the tiers whose size we can read without a full scan of a remote."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    if isinstance(resource, InMemoryProgramCache):
+        return getattr(resource, "_total_bytes", None)
+    if isinstance(resource, FileStreamProgramCache):
+        from .localdir import LocalDir
+
+        return sum(entry.size for entry in LocalDir.of(resource).iter_entries())
+    return None

@@ -1,0 +1,331 @@
+"""TieredProgramCache: the chain of tiers, its read-through and promotion, and its write policy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+from cuda.core import ObjectCode
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
+from cuda.core.utils._program_cache._abc import _as_key_bytes, _extract_bytes
+
+from .localdir import default_local_dir
+from .policy import TierPolicy
+from .stats import _GIL_DISABLED, CacheStats
+from .tier import Tier
+
+__all__ = ["DEFAULT_MAX_MEMORY_BYTES", "TieredProgramCache"]
+
+logger = logging.getLogger(__name__)
+
+_TIME_ONE_HIT_IN_MASK = 63
+
+#: The memory tier's default byte cap: a few thousand typical cubins.
+DEFAULT_MAX_MEMORY_BYTES = 256 << 20
+
+TierSpec = Union[ProgramCacheResource, "tuple[ProgramCacheResource, TierPolicy]"]
+
+
+def _positive_or_none(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive or None, got {value}")
+    return value
+
+
+class TieredProgramCache(ProgramCacheResource):
+    """A ``ProgramCacheResource`` that chains tiers, fastest first.
+
+    >>> with TieredProgramCache() as cache:          # memory LRU -> cuda-core's local dir
+    ...     obj = Program(src, "c++", opts).compile("cubin", cache=cache)
+
+    Reads try each tier in order; the first hit is returned and copied into every
+    faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
+    tiers before ``__setitem__`` returns, ``"background"`` tiers (the remote) through
+    a bounded write-back queue. No tier failure ever raises out of ``get`` or
+    ``__setitem__``: a failed read is a miss, a failed write is dropped, both
+    counted in :meth:`stats` and logged (rate-limited). Bad key or value types
+    raise ``TypeError``.
+
+    ``len()`` is the entry count of the largest non-shared tier (what this node
+    holds); shared tiers are not listed. ``clear()`` clears non-shared tiers only:
+    one process never wipes a cluster's remote.
+
+    Concurrency: every method is safe to call from many threads (the chain holds no
+    lock of its own; each tier is thread-safe and the counters are exact). Across
+    processes the local file tier is cuda-core's ``FileStreamProgramCache``:
+    writers stage and rename, so readers on one directory see whole entries or none.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_memory_bytes: int | None = DEFAULT_MAX_MEMORY_BYTES,
+        max_local_bytes: int | None = None,
+        remote: str | None = None,
+        remote_options: Mapping[str, Any] | None = None,
+        remote_read_only: bool = False,
+        signing_key: bytes | str | None = None,
+        compression: str | None = None,
+        remote_timeout: float | None = None,
+        strict: bool = False,
+        max_pending_uploads: int = 1024,
+        tiers: Sequence[TierSpec] | None = None,
+    ) -> None:
+        if tiers is not None:
+            if path is not None or remote is not None:
+                raise ValueError("pass either tiers=[...] or path/remote, not both")
+            specs = list(tiers)
+            if not specs:
+                raise ValueError("tiers must name at least one tier")
+        else:
+            if path is not None and not isinstance(path, (str, os.PathLike)):
+                raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+            max_memory_bytes = _positive_or_none("max_memory_bytes", max_memory_bytes)
+            max_local_bytes = _positive_or_none("max_local_bytes", max_local_bytes)
+            local_root = Path(path) if path is not None else default_local_dir()
+            specs = [
+                (InMemoryProgramCache(max_size_bytes=max_memory_bytes), TierPolicy("memory")),
+                (FileStreamProgramCache(local_root, max_size_bytes=max_local_bytes), TierPolicy("local")),
+            ]
+            if remote is not None:
+                from .remote import RemoteProgramCache
+
+                remote_tier = RemoteProgramCache.from_url(
+                    remote,
+                    storage_options=remote_options,
+                    read_only=remote_read_only,
+                    signing_key=signing_key,
+                    compression=compression,
+                    timeout=remote_timeout,
+                    strict=strict,
+                )
+                specs.append(remote_tier)
+        self._tiers: tuple[Tier, ...] = _build_tiers(specs, max_pending_uploads)
+        self._first = self._tiers[0]
+        self._first_resource = self._first.resource
+        self._first_counters = self._first.counters
+        # 0 disables the inline fast path where plain int increments are not exact.
+        self._untimed_mask = 0 if _GIL_DISABLED else _TIME_ONE_HIT_IN_MASK
+        self._rest = self._tiers[1:]
+        self._closed = False
+
+    # -- introspection -----------------------------------------------------------
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """The chain, fastest first."""
+        return self._tiers
+
+    def tier(self, name: str) -> Tier:
+        for t in self._tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tier named {name!r}; tiers are {[t.name for t in self._tiers]}")
+
+    @property
+    def local_dir(self) -> Path | None:
+        """Root of the first local file tier (where per-key locks live), or None."""
+        for t in self._tiers:
+            if isinstance(t.resource, FileStreamProgramCache):
+                return Path(t.resource._root)
+        return None
+
+    @property
+    def remote(self) -> ProgramCacheResource | None:
+        """The first shared tier's resource, or None for a local-only chain."""
+        for t in self._tiers:
+            if t.policy.shared:
+                return t.resource
+        return None
+
+    def stats(self) -> CacheStats:
+        """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
+        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers))
+
+    def __repr__(self) -> str:
+        chain = " -> ".join(f"{t.name}:{type(t.resource).__name__}" for t in self._tiers)
+        return f"TieredProgramCache({chain})"
+
+    # -- reads ---------------------------------------------------------------------
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        k = key if type(key) is bytes else _as_key_bytes(key)
+        counters = self._first_counters
+        if counters.hits & self._untimed_mask:
+            # Fast path for the fastest tier: a memory hit costs under a microsecond, so
+            # it is timed only one time in 64 (the branch below) and counted inline.
+            try:
+                data = self._first_resource[k]
+            except Exception as exc:
+                self._first.record_read_failure(exc)
+                return self._get_from_slower_tiers(k, default)
+            counters.hits += 1
+            counters.bytes_read += len(data)
+            return data
+        data = self._first.lookup(k)
+        if data is not None:
+            return data
+        return self._get_from_slower_tiers(k, default)
+
+    def _get_from_slower_tiers(self, k: bytes, default: bytes | None) -> bytes | None:
+        started = time.perf_counter()
+        for depth, tier in enumerate(self._rest, start=1):
+            data = tier.lookup(k)
+            if data is not None:
+                self._promote(k, data, depth)
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug(
+                        "lookup %s: %s hit (%d bytes, %.2f ms)",
+                        k[:8].hex(), tier.name, len(data), (time.perf_counter() - started) * 1e3,
+                    )
+                return data
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("lookup %s: miss in every tier (%.2f ms)", k[:8].hex(), (time.perf_counter() - started) * 1e3)
+        return default
+
+    def _promote(self, k: bytes, data: bytes, depth: int) -> None:
+        for faster in self._tiers[:depth]:
+            if faster.policy.promote:
+                faster.store(k, data, promotion=True)
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        data = self.get(key)
+        if data is None:
+            raise KeyError(key)
+        return data
+
+    # -- writes --------------------------------------------------------------------
+
+    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
+        k = _as_key_bytes(key)
+        data = _extract_bytes(value)
+        for tier in self._tiers:
+            tier.store(k, data)
+
+    def __delitem__(self, key: bytes | str) -> None:
+        """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it."""
+        k = _as_key_bytes(key)
+        held = [tier.delete(k) for tier in self._tiers]
+        if not any(held):
+            raise KeyError(key)
+
+    def update(
+        self,
+        items: Mapping[bytes | str, Any] | Iterable[tuple[bytes | str, Any]],
+        /,
+    ) -> None:
+        if isinstance(items, Mapping):
+            items = items.items()
+        for key, value in items:
+            self[key] = value
+
+    def __len__(self) -> int:
+        counts = []
+        for tier in self._tiers:
+            if tier.policy.shared:
+                continue
+            try:
+                counts.append(len(tier.resource))
+            except Exception as exc:
+                logger.warning("tier %s could not count its entries: %r", tier.name, exc)
+        return max(counts, default=0)
+
+    def clear(self) -> None:
+        """Empty every non-shared, writable tier. A shared remote is never wiped from here."""
+        for tier in self._tiers:
+            if tier.policy.shared or tier.policy.read_only:
+                continue
+            try:
+                tier.resource.clear()
+            except Exception as exc:
+                tier.counters.add("errors")
+                logger.warning("tier %s failed to clear: %r", tier.name, exc)
+
+    # -- background writes -------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for queued background writes; False if ``timeout`` (seconds, all tiers) ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = True
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = tier.writeback.flush(remaining) and done
+        return done
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Drain background writes (within ``timeout`` seconds) and release every tier. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                tier.writeback.close(remaining)
+        for tier in self._tiers:
+            try:
+                tier.resource.close()
+            except Exception as exc:
+                logger.warning("tier %s failed to close: %r", tier.name, exc)
+
+    def __enter__(self) -> TieredProgramCache:
+        return self
+
+    # -- construction from the environment ---------------------------------------------
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TieredProgramCache:
+        """Build the cache from ``TIERED_PROGCACHE_*`` variables (see docs/configuration.md)."""
+        from .config import CacheConfig
+
+        return CacheConfig.from_env(environ, **overrides).build()
+
+
+def _default_policy(resource: ProgramCacheResource, index: int) -> TierPolicy:
+    """Policy for a tier given without one: a remote is shared and written in the background."""
+    if isinstance(resource, InMemoryProgramCache):
+        return TierPolicy("memory")
+    if isinstance(resource, FileStreamProgramCache):
+        return TierPolicy("local")
+    try:
+        from .remote import RemoteProgramCache
+    except ImportError:  # pragma: no cover
+        RemoteProgramCache = ()  # type: ignore[assignment,misc]
+    if isinstance(resource, RemoteProgramCache):
+        return TierPolicy("remote", read_only=resource.read_only, write="background", shared=True)
+    return TierPolicy(f"tier{index}")
+
+
+def _build_tiers(specs: Sequence[TierSpec], max_pending_uploads: int) -> tuple[Tier, ...]:
+    built: list[Tier] = []
+    names: set[str] = set()
+    for index, spec in enumerate(specs):
+        if isinstance(spec, tuple):
+            if len(spec) != 2 or not isinstance(spec[1], TierPolicy):
+                raise TypeError("a tier given as a tuple must be (ProgramCacheResource, TierPolicy)")
+            resource, policy = spec
+        else:
+            resource, policy = spec, None
+        if not isinstance(resource, ProgramCacheResource):
+            raise TypeError(f"tier {index} must be a cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}")
+        if policy is None:
+            policy = _default_policy(resource, index)
+            base, n = policy.name, 2
+            while policy.name in names:
+                policy = TierPolicy(f"{base}{n}", policy.read_only, policy.promote, policy.write, policy.shared)
+                n += 1
+        if policy.name in names:
+            raise ValueError(f"two tiers are named {policy.name!r}")
+        names.add(policy.name)
+        built.append(Tier(resource, policy, max_pending_writes=max_pending_uploads))
+    return tuple(built)

@@ -1,0 +1,133 @@
+"""The background uploader: a bounded, coalescing queue drained by one worker thread.
+
+A compile must never wait on the network, so ``submit`` only ever appends to a
+dict and returns. When the queue is full the write is dropped (and counted by the
+caller): losing a remote copy costs one compile elsewhere, blocking costs every
+compile here. Pending writes are flushed at interpreter exit within a bounded time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import threading
+import time
+import weakref
+from typing import Callable
+
+__all__ = ["WriteBackQueue"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds that all queues together may spend draining at interpreter exit.
+EXIT_FLUSH_TIMEOUT_S = 10.0
+
+_live_queues: weakref.WeakSet[WriteBackQueue] = weakref.WeakSet()
+
+
+class WriteBackQueue:
+    """Calls ``store(key, data)`` for each submitted pair on a worker thread.
+
+    Thread-safe: any thread may ``submit``, ``cancel``, ``flush`` or ``close``.
+    A key submitted again while still queued replaces the queued bytes (one upload,
+    the newest value). ``store`` must not raise; if it does, the error is logged
+    and the worker carries on.
+    """
+
+    def __init__(self, store: Callable[[bytes, bytes], None], *, max_pending: int = 1024, name: str = "") -> None:
+        if not isinstance(max_pending, int) or isinstance(max_pending, bool) or max_pending <= 0:
+            raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        self._store = store
+        self._max_pending = max_pending
+        self._name = name
+        self._pending: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+        self._in_flight = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._worker: threading.Thread | None = None
+        _live_queues.add(self)
+
+    @property
+    def pending(self) -> int:
+        """Writes queued or under way."""
+        with self._cond:
+            return len(self._pending) + self._in_flight
+
+    def submit(self, key: bytes, data: bytes) -> bool:
+        """Queue a write; False if it was dropped (queue full or closed). Never blocks on I/O."""
+        with self._cond:
+            if self._closed:
+                return False
+            if key in self._pending:
+                self._pending[key] = data
+                return True
+            if len(self._pending) >= self._max_pending:
+                return False
+            self._pending[key] = data
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._run, name=f"tiered-progcache-writeback-{self._name}", daemon=True
+                )
+                self._worker.start()
+            self._cond.notify_all()
+            return True
+
+    def cancel(self, key: bytes) -> bool:
+        """Drop a queued write of ``key``; True if one was queued."""
+        with self._cond:
+            return self._pending.pop(key, None) is not None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every write submitted so far is done; False if ``timeout`` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending or self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Refuse new writes, drain the queue within ``timeout``, stop the worker.
+
+        Returns False if writes were still pending when the time ran out; those are dropped.
+        """
+        with self._cond:
+            self._closed = True
+        drained = self.flush(timeout)
+        with self._cond:
+            left = len(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        if left:
+            logger.warning("write-back %s closed with %d writes not done", self._name, left)
+        _live_queues.discard(self)
+        return drained
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return  # closed and drained
+                key, data = self._pending.popitem(last=False)
+                self._in_flight += 1
+            try:
+                self._store(key, data)
+            except Exception:
+                logger.exception("write-back %s: store raised", self._name)
+            finally:
+                with self._cond:
+                    self._in_flight -= 1
+                    self._cond.notify_all()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    deadline = time.monotonic() + EXIT_FLUSH_TIMEOUT_S
+    for queue in list(_live_queues):
+        if not queue.flush(max(0.0, deadline - time.monotonic())):
+            logger.warning("interpreter exit: %d background writes not flushed in time", queue.pending)
