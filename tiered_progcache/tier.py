@@ -22,13 +22,12 @@ from .writeback import WriteBackQueue
 __all__ = ["Tier"]
 
 logger = logging.getLogger(__name__)
-_warn = RateLimitedLogger(logger)
 
 
 class Tier:
     """A resource in the chain. Thread-safe as far as its resource is."""
 
-    __slots__ = ("resource", "policy", "counters", "writeback")
+    __slots__ = ("resource", "policy", "counters", "writeback", "_warn")
 
     def __init__(
         self,
@@ -45,6 +44,7 @@ class Tier:
         self.policy = policy
         self.counters = TierCounters()
         self.writeback: WriteBackQueue | None = None
+        self._warn = RateLimitedLogger(logger)
         if policy.write == "background" and not policy.read_only:
             self.writeback = WriteBackQueue(self._write_now, max_pending=max_pending_writes, name=policy.name)
 
@@ -79,17 +79,17 @@ class Tier:
         counters.add("misses")
         if isinstance(exc, EntryRejected):
             counters.add("rejected")
-            _warn.warning(f"{self.name}:rejected", "tier %s rejected an entry: %s", self.name, exc)
+            self._warn.warning(f"{self.name}:rejected", "tier %s rejected an entry: %s", self.name, exc)
         elif isinstance(exc, KeyError):
             return
         elif isinstance(exc, TierUnavailable):
             counters.add("skipped")
         elif isinstance(exc, TimeoutError):
             counters.add("timeouts")
-            _warn.warning(f"{self.name}:read", "tier %s timed out on a read (counted as a miss): %s", self.name, exc)
+            self._warn.warning(f"{self.name}:read", "tier %s timed out on a read (counted as a miss): %s", self.name, exc)
         else:
             counters.add("errors")
-            _warn.warning(f"{self.name}:read", "tier %s failed a read (counted as a miss): %r", self.name, exc)
+            self._warn.warning(f"{self.name}:read", "tier %s failed a read (counted as a miss): %r", self.name, exc)
 
     # -- writes --------------------------------------------------------------
 
@@ -100,7 +100,7 @@ class Tier:
         if self.writeback is not None:
             if not self.writeback.submit(key, data):
                 self.counters.add("dropped")
-                _warn.warning(
+                self._warn.warning(
                     f"{self.name}:dropped", "tier %s: background write queue full, write dropped", self.name
                 )
             elif promotion:
@@ -118,11 +118,11 @@ class Tier:
             return False
         except TimeoutError as exc:
             self.counters.add("timeouts")
-            _warn.warning(f"{self.name}:write", "tier %s timed out on a write (dropped): %s", self.name, exc)
+            self._warn.warning(f"{self.name}:write", "tier %s timed out on a write (dropped): %s", self.name, exc)
             return False
         except Exception as exc:
             self.counters.add("errors")
-            _warn.warning(f"{self.name}:write", "tier %s failed a write (dropped): %r", self.name, exc)
+            self._warn.warning(f"{self.name}:write", "tier %s failed a write (dropped): %r", self.name, exc)
             return False
         self.counters.record_put((time.perf_counter() - started) * 1e3)
         self.counters.add("writes")
@@ -140,7 +140,7 @@ class Tier:
             return cancelled
         except Exception as exc:
             self.counters.add("errors")
-            _warn.warning(f"{self.name}:delete", "tier %s failed a delete: %r", self.name, exc)
+            self._warn.warning(f"{self.name}:delete", "tier %s failed a delete: %r", self.name, exc)
             return cancelled
         return True
 
@@ -151,9 +151,9 @@ class Tier:
         if not self.policy.shared:
             try:
                 entries = len(self.resource)
-            except Exception:
-                entries = None
-            bytes_held = _bytes_held(self.resource)
+                bytes_held = _bytes_held(self.resource)
+            except Exception as exc:
+                logger.debug("tier %s could not measure its size: %r", self.name, exc)
         return self.counters.snapshot(entries=entries, bytes_held=bytes_held)
 
 
