@@ -10,7 +10,6 @@ build (no GIL) the counters take a lock instead, so they stay exact there too.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import sys
 import threading
@@ -136,10 +135,17 @@ class TierCounters:
             setattr(self, name, 0)
         self._get_ms: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self._put_ms: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
-        self._lock = threading.Lock() if _GIL_DISABLED else contextlib.nullcontext()
+        self._lock = threading.Lock()
 
-    def add(self, name: str, amount: int = 1) -> None:
-        with self._lock:
+    if _GIL_DISABLED:
+
+        def add(self, name: str, amount: int = 1) -> None:
+            with self._lock:
+                setattr(self, name, getattr(self, name) + amount)
+
+    else:
+
+        def add(self, name: str, amount: int = 1) -> None:
             setattr(self, name, getattr(self, name) + amount)
 
     def record_get(self, ms: float) -> None:

@@ -177,19 +177,15 @@ class TieredProgramCache(ProgramCacheResource):
         return self._get_from_slower_tiers(k, default)
 
     def _get_from_slower_tiers(self, k: bytes, default: bytes | None) -> bytes | None:
-        started = time.perf_counter()
         for depth, tier in enumerate(self._rest, start=1):
             data = tier.lookup(k)
             if data is not None:
                 self._promote(k, data, depth)
                 if logger.isEnabledFor(logging.DEBUG):
-                    logger.debug(
-                        "lookup %s: %s hit (%d bytes, %.2f ms)",
-                        k[:8].hex(), tier.name, len(data), (time.perf_counter() - started) * 1e3,
-                    )
+                    logger.debug("lookup %s: %s hit (%d bytes)", k[:8].hex(), tier.name, len(data))
                 return data
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("lookup %s: miss in every tier (%.2f ms)", k[:8].hex(), (time.perf_counter() - started) * 1e3)
+            logger.debug("lookup %s: miss in every tier", k[:8].hex())
         return default
 
     def _promote(self, k: bytes, data: bytes, depth: int) -> None:

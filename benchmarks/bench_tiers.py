@@ -1,0 +1,114 @@
+"""The chain against cuda-core's own caches and against compiling, measured side by side in one run.
+
+    python benchmarks/bench_tiers.py [--rounds 5] [--quick]
+
+Each pair is timed interleaved (A, B, A, B, ...) over several rounds and the median
+round is reported, so a noisy neighbour hits both sides alike. Ratios are ours /
+baseline (lower is better) except the last, which is compile / hit (higher is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from cuda.core import Program, ProgramOptions
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
+
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.samples import matmul_source
+
+
+def per_call_us(fn: Callable[[], object], calls: int, setup: Callable[[], object] | None = None) -> float:
+    """Mean microseconds per call of ``fn``; ``setup`` runs before each call, outside the clock."""
+    if setup is None:
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - started) / calls * 1e6
+    total = 0.0
+    for _ in range(calls):
+        setup()
+        started = time.perf_counter()
+        fn()
+        total += time.perf_counter() - started
+    return total / calls * 1e6
+
+
+def side_by_side(ours, baseline, rounds: int) -> tuple[float, float]:
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(ours())
+        b.append(baseline())
+    return statistics.median(a), statistics.median(b)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="fewer calls per round (smoke run)")
+    args = p.parse_args()
+    scale = 10 if args.quick else 1
+
+    source = matmul_source(16)
+    options = ProgramOptions(std="c++17", arch="sm_90")
+    cubin = bytes(Program(source, "c++", options).compile("cubin").code)
+    key = make_program_cache_key(code=source, code_type="c++", options=options, target_type="cubin")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        chain = TieredProgramCache(root / "chain")
+        chain[key] = cubin
+        memory_tier = chain.tier("memory").resource
+        core_memory = InMemoryProgramCache()
+        core_memory[key] = cubin
+        core_files = FileStreamProgramCache(root / "core")
+        core_files[key] = cubin
+
+        rows = []
+        n = 200_000 // scale
+        ours, base = side_by_side(
+            lambda: per_call_us(lambda: chain.get(key), n),
+            lambda: per_call_us(lambda: core_memory.get(key), n),
+            args.rounds,
+        )
+        rows.append(("memory hit: chain.get vs InMemoryProgramCache.get", ours, base, ours / base, "<= 1.3x"))
+
+        n = 2_000 // scale
+        ours, base = side_by_side(
+            lambda: per_call_us(lambda: chain.get(key), n, setup=memory_tier.clear),
+            lambda: per_call_us(lambda: core_files.get(key), n),
+            args.rounds,
+        )
+        rows.append(("disk hit (memory cold, incl. promotion) vs FileStreamProgramCache.get", ours, base, ours / base, "<= 1.1x"))
+
+        n = 2_000 // scale
+        core_compile_cache = InMemoryProgramCache()
+        Program(source, "c++", options).compile("cubin", cache=core_compile_cache)
+        ours, base = side_by_side(
+            lambda: per_call_us(lambda: Program(source, "c++", options).compile("cubin", cache=chain), n),
+            lambda: per_call_us(lambda: Program(source, "c++", options).compile("cubin", cache=core_compile_cache), n),
+            args.rounds,
+        )
+        rows.append(("Program.compile hit: chain vs InMemoryProgramCache", ours, base, ours / base, "(context)"))
+        hit_us = ours
+
+        n = max(1, 20 // scale)
+        compile_us = statistics.median(
+            per_call_us(lambda: Program(source, "c++", options).compile("cubin"), n) for _ in range(args.rounds)
+        )
+        rows.append(("uncached compile / Program.compile(cache=chain) hit", compile_us, hit_us, compile_us / hit_us, ">= 1000x"))
+        chain.close()
+
+    print(f"{'measurement':<72} {'ours us':>10} {'baseline us':>12} {'ratio':>9}  target")
+    for name, a, b, ratio, target in rows:
+        print(f"{name:<72} {a:>10.2f} {b:>12.2f} {ratio:>8.2f}x  {target}")
+    print(f"(median of {args.rounds} interleaved rounds; sample kernel: matmul tile 16, {len(cubin)} byte cubin)")
+
+
+if __name__ == "__main__":
+    main()
