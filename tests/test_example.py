@@ -25,7 +25,7 @@ def test_example_misses_then_hits_local_then_memory(tmp_path):
     for out in (first, second):
         assert "Second lookup in this process: MEMORY" in out
         assert "No CUDA device" in out or "Validation  : PASSED" in out
-    key_lines = {line for out in (first, second) for line in out.splitlines() if line.startswith("Key ")}
+    key_lines = {line for out in (first, second) for line in out.splitlines() if line.startswith("Key         :")}
     assert len(key_lines) == 1  # the same key both times
 
 
