@@ -77,6 +77,8 @@ class Tier:
         """Count a read that raised as a miss, with its reason; log what is not a plain miss."""
         counters = self.counters
         counters.add("misses")
+        if type(exc) is KeyError:
+            return
         if isinstance(exc, EntryRejected):
             counters.add("rejected")
             self._warn.warning(f"{self.name}:rejected", "tier %s rejected an entry: %s", self.name, exc)
@@ -124,9 +126,10 @@ class Tier:
             self.counters.add("errors")
             self._warn.warning(f"{self.name}:write", "tier %s failed a write (dropped): %r", self.name, exc)
             return False
-        self.counters.record_put((time.perf_counter() - started) * 1e3)
-        self.counters.add("writes")
-        self.counters.add("bytes_written", len(data))
+        counters = self.counters
+        counters.record_put((time.perf_counter() - started) * 1e3)
+        counters.add("writes")
+        counters.add("bytes_written", len(data))
         return True
 
     def delete(self, key: bytes) -> bool:
