@@ -180,7 +180,7 @@ def run_on_gpu(device, kernel, args) -> int:
     launch_args = (d_a.data.ptr, d_b.data.ptr, d_bias.data.ptr, d_c.data.ptr, np.int32(m), np.int32(n), np.int32(k))
     for _ in range(args.warmup):
         launch(stream, config, kernel, *launch_args)
-    timing = EventOptions(enable_timing=True)
+    timing = EventOptions(timing_enabled=True)
     start = stream.record(options=timing)
     for _ in range(args.iterations):
         launch(stream, config, kernel, *launch_args)
