@@ -1,10 +1,12 @@
 """Per-tier counters and the immutable snapshots that ``stats()`` hands out.
 
 Counters live on the hot path (a memory hit costs well under a microsecond), so
-they are plain ``int`` attributes bumped without a lock: under the GIL an
-``obj.attr += n`` on an ``int`` is not interleaved with another thread's, because
-CPython only switches threads at calls and backward jumps. On a free-threaded
-build (no GIL) the counters take a lock instead, so they stay exact there too.
+the hot ones (hits, misses, bytes_read) are plain ``int`` attributes bumped inline
+without a lock: under the GIL an ``obj.attr += n`` with no call inside it is not
+interleaved with another thread's, because CPython only switches threads at calls
+and backward jumps. The rest go through :meth:`TierCounters.add`, which locks (its
+``getattr``/``setattr`` are calls). On a free-threaded build (no GIL) every
+counter takes the lock, so they stay exact there too.
 """
 
 from __future__ import annotations
@@ -137,15 +139,11 @@ class TierCounters:
         self._put_ms: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self._lock = threading.Lock()
 
-    if _GIL_DISABLED:
-
-        def add(self, name: str, amount: int = 1) -> None:
-            with self._lock:
-                setattr(self, name, getattr(self, name) + amount)
-
-    else:
-
-        def add(self, name: str, amount: int = 1) -> None:
+    def add(self, name: str, amount: int = 1) -> None:
+        """Add under the lock: ``getattr`` and ``setattr`` are calls, and a thread switch between
+        them loses counts even under the GIL. The hot counters (hits, misses, bytes_read) are
+        bumped inline by the chain instead, never through here on a GIL build."""
+        with self._lock:
             setattr(self, name, getattr(self, name) + amount)
 
     def record_get(self, ms: float) -> None:

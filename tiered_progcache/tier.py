@@ -65,18 +65,22 @@ class Tier:
             return None
         counters = self.counters
         counters.record_get((time.perf_counter() - started) * 1e3)
+        size = len(data)  # not inside the += below: a call there lets another thread in
         if _GIL_DISABLED:
             counters.add("hits")
-            counters.add("bytes_read", len(data))
+            counters.add("bytes_read", size)
         else:
             counters.hits += 1
-            counters.bytes_read += len(data)
+            counters.bytes_read += size
         return data
 
     def record_read_failure(self, exc: Exception) -> None:
         """Count a read that raised as a miss, with its reason; log what is not a plain miss."""
         counters = self.counters
-        counters.add("misses")
+        if _GIL_DISABLED:
+            counters.add("misses")
+        else:
+            counters.misses += 1  # inline, like hits: exact under the GIL and cheaper than add()
         if type(exc) is KeyError:
             return
         if isinstance(exc, EntryRejected):

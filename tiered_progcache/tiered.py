@@ -168,8 +168,9 @@ class TieredProgramCache(ProgramCacheResource):
             except Exception as exc:
                 self._first.record_read_failure(exc)
                 return self._get_from_slower_tiers(k, default)
+            size = len(data)  # before the +=, so no call splits its read and write
             counters.hits += 1
-            counters.bytes_read += len(data)
+            counters.bytes_read += size
             return data
         data = self._first.lookup(k)
         if data is not None:
