@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import threading
 
@@ -156,3 +157,28 @@ def test_counters_exact_under_threads(frequent_thread_switches):
     assert delta["fast"].writes == delta["slow"].writes == ops
     assert delta["fast"].bytes_written == delta["slow"].bytes_written == ops
     assert delta["fast"].promotions == delta["slow"].promotions == 0
+
+
+def test_one_debug_line_per_lookup_names_the_tier(tmp_path, caplog):
+    with TieredProgramCache(tmp_path / "c") as writer:
+        writer[b"k"] = b"v"
+    caplog.set_level(logging.DEBUG, logger="tiered_progcache")
+    with TieredProgramCache(tmp_path / "c") as cache:
+        cache.get(b"k")  # local hit, promoted
+        for _ in range(100):  # memory hits: past the untimed fast path's 1-in-64 window
+            cache.get(b"k")
+        cache.get(b"nowhere")
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "lookup" in r.getMessage()]
+    assert len(lines) == 102
+    assert "local hit" in lines[0]
+    assert all("memory hit" in line for line in lines[1:101])
+    assert "miss in every tier" in lines[101]
+
+
+def test_no_debug_lines_when_debug_is_off(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tiered_progcache")
+    with TieredProgramCache(tmp_path / "c") as cache:
+        cache[b"k"] = b"v"
+        for _ in range(100):
+            cache.get(b"k")
+    assert not [r for r in caplog.records if r.levelno == logging.DEBUG]

@@ -113,10 +113,13 @@ class TieredProgramCache(ProgramCacheResource):
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
         self._first_counters = self._first.counters
-        # 0 disables the inline fast path where plain int increments are not exact.
-        self._untimed_mask = 0 if _GIL_DISABLED else _TIME_ONE_HIT_IN_MASK
+        self._untimed_mask = _untimed_mask()
         self._rest = self._tiers[1:]
         self._closed = False
+        if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
+            from .runstats import register  # `tiered-progcache stats --run`: report at exit
+
+            register(self)
 
     # -- introspection -----------------------------------------------------------
 
@@ -174,6 +177,9 @@ class TieredProgramCache(ProgramCacheResource):
             return data
         data = self._first.lookup(k)
         if data is not None:
+            self._untimed_mask = _untimed_mask()  # re-read one hit in 64: DEBUG logging turns the fast path off
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("lookup %s: %s hit (%d bytes)", k[:8].hex(), self._first.name, len(data))
             return data
         return self._get_from_slower_tiers(k, default)
 
@@ -286,6 +292,17 @@ class TieredProgramCache(ProgramCacheResource):
         from .config import CacheConfig
 
         return CacheConfig.from_env(environ, **overrides).build()
+
+
+def _untimed_mask() -> int:
+    """Mask for the untimed, unlogged fast path of first-tier hits; 0 turns that path off.
+
+    Off where plain int increments are not exact (no GIL) and while DEBUG logging is on,
+    so that every lookup logs the tier that answered.
+    """
+    if _GIL_DISABLED or logger.isEnabledFor(logging.DEBUG):
+        return 0
+    return _TIME_ONE_HIT_IN_MASK
 
 
 def _default_policy(resource: ProgramCacheResource, index: int) -> TierPolicy:
