@@ -1,0 +1,462 @@
+"""``compile()``: a cached NVRTC/NVVM/linker compile that runs the compiler once per key.
+
+What ``Program.compile(cache=...)`` does, plus three things it cannot:
+
+* single-flight on a miss, per thread, per node (a file lock under the local cache
+  directory) and per cluster (a lease in the shared remote), re-checking the tiers
+  after each lock, so N ranks and M nodes starting together compile each kernel once;
+* compiles with ``include_path`` / ``pre_include`` / NVVM ``use_libdevice`` are
+  cached, keyed by the content of the headers they can read (:mod:`.headers`);
+* compiles with ``name_expressions`` are cached: the symbol mapping is stored
+  beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit.
+
+The compiler's exceptions reach the caller unchanged. Every lock and lease is
+released on every path out, and every wait is bounded (``wait_timeout``): whoever
+runs out of patience compiles itself, so a crashed or stuck holder costs time,
+never a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from cuda.core import ObjectCode, Program, ProgramOptions
+from cuda.core.utils import ProgramCacheResource, make_program_cache_key
+
+from .headers import header_digest
+from .locks import RemoteLease, ThreadSingleFlight, lease_supported, node_lock, wait_for_lease
+
+__all__ = [
+    "DEFAULT_LEASE_TTL_S",
+    "DEFAULT_WAIT_TIMEOUT_S",
+    "CompileEvent",
+    "compile",
+    "compile_count",
+    "default_cache",
+    "on_compile",
+    "symbols_key",
+]
+
+logger = logging.getLogger(__name__)
+
+#: How long a remote lease lives without renewal (the holder renews it every third of this).
+DEFAULT_LEASE_TTL_S = 60.0
+#: The longest any waiter waits for another thread, process or node before compiling itself.
+DEFAULT_WAIT_TIMEOUT_S = 300.0
+#: How long the lease holder waits for its upload to land before letting the others look.
+UPLOAD_FLUSH_TIMEOUT_S = 30.0
+
+_SYMBOLS_FORMAT = "tiered-progcache/symbols"
+_FROM_BYTES = {"cubin": ObjectCode.from_cubin, "ptx": ObjectCode.from_ptx, "ltoir": ObjectCode.from_ltoir}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileEvent:
+    """One run of the compiler by :func:`compile` (a cache miss that compiled)."""
+
+    key: bytes
+    code_type: str
+    target_type: str
+    seconds: float
+    ok: bool
+
+
+# -- compile counter and hooks ---------------------------------------------------------------
+
+_counter_lock = threading.Lock()
+_compiles = 0
+_hooks: list[Callable[[CompileEvent], None]] = []
+
+
+def compile_count() -> int:
+    """Compiler runs by :func:`compile` in this process so far (failed ones too).
+
+    Thread-safe. Per process: a forked child starts from its parent's count.
+    """
+    return _compiles
+
+
+def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
+    """Call ``hook(event)`` after every compiler run in this process; returns an unsubscribe.
+
+    >>> stop = on_compile(lambda e: log.write(f"{e.key.hex()} {e.seconds:.3f}\\n"))
+
+    The hook runs on the compiling thread, while the key's locks are held: keep it
+    short, and do not call :func:`compile` from it. Exceptions it raises are logged
+    and swallowed. Thread-safe.
+    """
+    with _counter_lock:
+        _hooks.append(hook)
+
+    def unsubscribe() -> None:
+        with _counter_lock:
+            if hook in _hooks:
+                _hooks.remove(hook)
+
+    return unsubscribe
+
+
+def _record_compile(event: CompileEvent) -> None:
+    global _compiles
+    with _counter_lock:
+        _compiles += 1
+        hooks = list(_hooks)
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception:
+            logger.exception("on_compile hook %r failed", hook)
+
+
+# -- the default cache ---------------------------------------------------------------------------
+
+_default_lock = threading.Lock()
+_default: ProgramCacheResource | None = None
+
+
+def default_cache() -> ProgramCacheResource:
+    """The process-wide cache ``compile(cache=None)`` uses, built on first use.
+
+    From the ``TIERED_PROGCACHE_*`` environment when this install has
+    ``tiered_progcache.config``; otherwise the local-only default chain (memory ->
+    cuda-core's user cache directory). Thread-safe; a forked child builds its own.
+    """
+    global _default
+    with _default_lock:
+        if _default is None:
+            from .tiered import TieredProgramCache
+
+            try:
+                _default = TieredProgramCache.from_env()
+            except ImportError:
+                _default = TieredProgramCache()
+        return _default
+
+
+def _forget_default_after_fork() -> None:
+    global _default, _default_lock
+    _default_lock = threading.Lock()
+    _default = None  # the parent's write-back threads do not exist here
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_default_after_fork)
+
+
+# -- symbol mappings -------------------------------------------------------------------------------
+
+
+def symbols_key(key: bytes) -> bytes:
+    """The key under which the symbol mapping of entry ``key`` is stored."""
+    return hashlib.sha256(bytes(key) + b"#symbols", usedforsecurity=False).digest()
+
+
+def _tagged(value: str | bytes) -> list[str]:
+    if isinstance(value, bytes):
+        return ["b", value.decode("latin-1")]
+    return ["s", value]
+
+
+def _untagged(item: object) -> str | bytes:
+    if not (isinstance(item, list) and len(item) == 2 and item[0] in ("s", "b") and isinstance(item[1], str)):
+        raise ValueError(f"bad symbol field {item!r}")
+    return item[1] if item[0] == "s" else item[1].encode("latin-1")
+
+
+def _encode_symbols(mapping: dict[Any, Any]) -> bytes:
+    symbols = [[_tagged(name), _tagged(mangled)] for name, mangled in mapping.items()]
+    symbols.sort(key=lambda pair: json.dumps(pair))
+    return json.dumps({"format": _SYMBOLS_FORMAT, "version": 1, "symbols": symbols}, sort_keys=True).encode()
+
+
+def _decode_symbols(data: bytes | None, names: Sequence[str | bytes]) -> dict[str | bytes, str | bytes] | None:
+    """The stored mapping if it is well-formed and covers every requested name, else None."""
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("format") != _SYMBOLS_FORMAT or doc.get("version") != 1:
+            return None
+        mapping: dict[str | bytes, str | bytes] = {}
+        for pair in doc["symbols"]:
+            name, mangled = pair
+            mapping[_untagged(name)] = _untagged(mangled)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if any(n not in mapping for n in names):
+        return None
+    return mapping
+
+
+# -- the helper ------------------------------------------------------------------------------------
+
+
+def _combine(user_digest: bytes | None, headers: bytes | None) -> bytes | None:
+    if headers is None:
+        return user_digest
+    if user_digest is None:
+        return headers
+    h = hashlib.sha256(usedforsecurity=False)
+    for part in (bytes(user_digest), headers):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.digest()
+
+
+def _local_dir(cache: ProgramCacheResource) -> str | None:
+    local = getattr(cache, "local_dir", None)
+    if local is not None:
+        return os.fspath(local)
+    root = getattr(cache, "_root", None)  # a bare cuda-core FileStreamProgramCache
+    return os.fspath(root) if root is not None else None
+
+
+def _remote_fs(cache: ProgramCacheResource) -> tuple[Any, str] | None:
+    """The shared store's fsspec filesystem and root, where leases go; None if there is none."""
+    remote = getattr(cache, "remote", None)
+    if remote is None and hasattr(cache, "fs") and hasattr(cache, "root"):
+        remote = cache
+    if remote is None:
+        return None
+    fs, root = getattr(remote, "fs", None), getattr(remote, "root", None)
+    if fs is None or root is None:
+        _log_once("no-fs", "remote tier %s exposes no fs/root: node-level single-flight only", type(remote).__name__)
+        return None
+    if getattr(remote, "read_only", False):
+        return None  # this node will not upload, so nobody could wait for it
+    if not lease_supported(fs):
+        _log_once(
+            f"no-create:{type(fs).__name__}",
+            "remote filesystem %s has no atomic create-if-absent: node-level single-flight only",
+            type(fs).__name__,
+        )
+        return None
+    return fs, str(root)
+
+
+_logged: set[str] = set()
+
+
+def _log_once(tag: str, msg: str, *args: object) -> None:
+    if tag not in _logged:
+        _logged.add(tag)
+        logger.warning(msg, *args)
+
+
+class _Outcome:
+    """What the thread that compiled hands to the threads that waited for it."""
+
+    __slots__ = ("data", "mapping")
+
+    def __init__(self, data: bytes, mapping: dict[Any, Any] | None) -> None:
+        self.data = data
+        self.mapping = mapping
+
+
+_flights: ThreadSingleFlight[_Outcome] = ThreadSingleFlight()
+
+
+def compile(  # noqa: A001 - the name users look for; the builtin is not used here
+    source: str | bytes,
+    code_type: str = "c++",
+    options: ProgramOptions | None = None,
+    target_type: str = "cubin",
+    *,
+    cache: ProgramCacheResource | None = None,
+    name_expressions: Sequence[str | bytes] = (),
+    extra_digest: bytes | None = None,
+    logs: Any = None,
+    single_flight: bool = True,
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S,
+    lease_ttl: float = DEFAULT_LEASE_TTL_S,
+    header_recheck_s: float = 0.0,
+) -> ObjectCode:
+    """Compile ``source`` unless an equal compile is cached; compile each key once per cluster.
+
+    >>> obj = tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_90", include_path=[cccl]),
+    ...                                name_expressions=["scale<float>"])
+    >>> kernel = obj.get_kernel("scale<float>")          # works on a hit too
+
+    The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with
+    the digest of the headers the compile can read (only when it reads any, so
+    plain compiles share entries with ``Program.compile(cache=...)``). On a miss,
+    with ``single_flight`` (default), one thread per process, one process per
+    local cache directory and one node per remote compiles; the others wait up to
+    ``wait_timeout`` seconds and get its entry. ``lease_ttl`` bounds how long a
+    crashed node holds the others up. ``header_recheck_s`` lets a process trust a
+    header scan that long before re-statting the headers (0: every call; a header
+    edited within the window is not seen by this process until it passes).
+    ``logs`` receives the compiler log on a miss only.
+
+    Safe from any number of threads and processes at once, on one cache or many.
+    Compiler errors propagate to the caller and to the threads waiting on it;
+    waiting processes and nodes retry the compile and get the error themselves.
+    """
+    if options is None:
+        options = ProgramOptions()
+    if cache is None:
+        cache = default_cache()
+    names = tuple(name_expressions)
+    digest = header_digest(source, options, code_type, recheck_s=header_recheck_s)
+    key = make_program_cache_key(
+        code=source,
+        code_type=code_type,
+        options=options,
+        target_type=target_type,
+        name_expressions=names,
+        extra_digest=_combine(extra_digest, digest),
+    )
+    target = target_type.lower()
+    found = _lookup(cache, key, target, options, names)
+    if found is not None:
+        return found
+    if not single_flight:
+        return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
+
+    deadline = time.monotonic() + wait_timeout
+    while True:
+        with _flights.lead(key) as seat:
+            if not seat.leader:
+                outcome = seat.wait(timeout=max(0.0, deadline - time.monotonic()))
+                if outcome is not None:
+                    return _wrap(outcome.data, target, options, outcome.mapping)
+                if time.monotonic() < deadline:
+                    continue  # the leader was interrupted: take our own turn
+                return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
+            obj, outcome = _lead(cache, key, source, code_type, options, target, names, logs,
+                                 max(0.0, deadline - time.monotonic()), lease_ttl)
+            seat.result = outcome
+            return obj
+
+
+def _lead(
+    cache: ProgramCacheResource,
+    key: bytes,
+    source: str | bytes,
+    code_type: str,
+    options: ProgramOptions,
+    target: str,
+    names: tuple[str | bytes, ...],
+    logs: Any,
+    wait_s: float,
+    lease_ttl: float,
+) -> tuple[ObjectCode, _Outcome]:
+    """This process's one attempt at ``key``: node lock, re-check, lease, re-check, compile."""
+    from .localdir import entry_name
+
+    name = entry_name(key)
+    deadline = time.monotonic() + wait_s
+    local = _local_dir(cache)
+
+    def recheck() -> tuple[ObjectCode, _Outcome] | None:
+        data = cache.get(key)
+        if data is None:
+            return None
+        mapping = _decode_symbols(cache.get(symbols_key(key)), names) if names else None
+        if names and mapping is None:
+            return None
+        return _wrap(data, target, options, mapping), _Outcome(data, mapping)
+
+    with _maybe_node_lock(local, name, wait_s):
+        found = recheck()  # another thread or process may have just finished it
+        if found is not None:
+            return found
+        remote = _remote_fs(cache)
+        if remote is None:
+            return _compile_and_store(cache, key, source, code_type, options, target, names, logs)
+        lease = RemoteLease(remote[0], remote[1], name, lease_ttl)
+        found, held = wait_for_lease(lease, recheck, max(0.0, deadline - time.monotonic()))
+        if found is not None:
+            return found
+        try:
+            if held:
+                found = recheck()
+                if found is not None:
+                    return found
+            result = _compile_and_store(cache, key, source, code_type, options, target, names, logs)
+            if held:
+                flush = getattr(cache, "flush", None)
+                if flush is not None:
+                    # Let the upload land before the lease goes, or the others miss and recompile.
+                    flush(UPLOAD_FLUSH_TIMEOUT_S)
+            return result
+        finally:
+            lease.release()
+
+
+class _NoLock:
+    def __enter__(self) -> bool:
+        return False
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _maybe_node_lock(local: str | None, name: str, wait_s: float) -> Any:
+    if local is None:
+        return _NoLock()
+    return node_lock(os.path.join(local, "locks"), name, wait_s)
+
+
+def _lookup(
+    cache: ProgramCacheResource,
+    key: bytes,
+    target: str,
+    options: ProgramOptions,
+    names: tuple[str | bytes, ...],
+) -> ObjectCode | None:
+    data = cache.get(key)
+    if data is None:
+        return None
+    mapping = None
+    if names:
+        mapping = _decode_symbols(cache.get(symbols_key(key)), names)
+        if mapping is None:
+            logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
+            return None
+    return _wrap(data, target, options, mapping)
+
+
+def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: dict[Any, Any] | None) -> ObjectCode:
+    name = getattr(options, "name", None) or ""
+    return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
+
+
+def _compile_and_store(
+    cache: ProgramCacheResource,
+    key: bytes,
+    source: str | bytes,
+    code_type: str,
+    options: ProgramOptions,
+    target: str,
+    names: tuple[str | bytes, ...],
+    logs: Any,
+) -> tuple[ObjectCode, _Outcome]:
+    started = time.perf_counter()
+    program = Program(source, code_type, options)
+    try:
+        obj = program.compile(target, name_expressions=names, logs=logs)
+    except BaseException:
+        _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=False))
+        raise
+    finally:
+        program.close()
+    _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=True))
+    data = bytes(obj.code)
+    mapping = dict(obj.symbol_mapping) if names else None
+    try:
+        if names:
+            # The mapping first: whoever sees the binary must find its mapping.
+            cache[symbols_key(key)] = _encode_symbols(mapping or {})
+        cache[key] = data
+    except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
+        logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
+    return obj, _Outcome(data, mapping)
