@@ -1,0 +1,272 @@
+"""The tiered-progcache command, run for real (``python -m tiered_progcache``) against a local dir.
+
+Each subprocess pays for importing cuda.core (about a quarter second), so tests share
+their setup and check several things per run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cuda.core import Program, ProgramOptions
+
+from tiered_progcache.localdir import LocalDir, entry_name
+from tiered_progcache.samples import matmul_source
+
+DAY = 86400.0
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "tiered_progcache", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, rc: int = 2) -> str:
+    assert proc.returncode == rc, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cubins() -> list[bytes]:
+    """Two real cubins of the sample kernel (compiled on the CPU by NVRTC)."""
+    return [
+        Program(matmul_source(tile), "c++", ProgramOptions(arch="sm_90", std="c++17")).compile("cubin").code
+        for tile in (16, 32)
+    ]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, cubins) -> Path:
+    """A local dir with four entries: cubins 40 and 10 days old, a fresh cubin, and a truncated one."""
+    root = tmp_path / "cache"
+    local = LocalDir(root)
+    now = time.time()
+    for key, data, age in (
+        (b"old", cubins[0], 40 * DAY),
+        (b"mid", cubins[1], 10 * DAY),
+        (b"new", cubins[0], 0.0),
+        (b"cut", cubins[1][:1000], 5 * DAY),
+    ):
+        name = entry_name(key)
+        local.write(name, data)
+        os.utime(local.path_for(name), (now - age, now - age))
+    return root
+
+
+def names_in(root: Path) -> set[str]:
+    return LocalDir(root).names()
+
+
+# -- usage errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["bogus"], {}, "invalid choice"),
+        (["prune"], {}, "--older-than"),
+        (["prune", "--older-than", "30"], {}, "not a duration"),
+        (["prune", "--max-bytes", "lots"], {}, "not a size"),
+        (["clear"], {}, "--local"),
+        (["warm"], {}, "no remote configured"),
+        (["warm", "--remote", "file:///nowhere", "not-a-name"], {}, "not an entry name"),
+        (["stats", "--run"], {}, "needs a command"),
+        (["config", "--remote-options", "[1, 2]"], {}, "JSON object"),
+        (["config", "--remote-options", "{nope"], {}, "not valid JSON"),
+        (["config"], {"TIERED_PROGCACHE_MAX_LOCAL_BYTES": "lots"}, "TIERED_PROGCACHE_MAX_LOCAL_BYTES"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, env, needle):
+    proc = run_cli(*args, env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c"), **env})
+    line = assert_one_line_error(proc, 2)
+    assert needle in line
+    assert line.startswith("tiered-progcache")
+
+
+def test_help_names_every_command():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for command in ("config", "stats", "ls", "warm", "push", "prune", "verify", "clear"):
+        assert command in proc.stdout
+    assert "TIERED_PROGCACHE_DIR" in proc.stdout
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def test_config_shows_each_value_and_where_it_came_from(tmp_path):
+    env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "from-env"), "TIERED_PROGCACHE_REMOTE_TIMEOUT": "7.5"}
+    remote = (tmp_path / "bucket").as_uri()
+    proc = run_cli("config", "--remote", remote, "--remote-options", '{"auto_mkdir": true, "secret": "hunter2"}',
+                   env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    assert str(tmp_path / "from-env") in rows["local_dir"] and "(env TIERED_PROGCACHE_DIR)" in rows["local_dir"]
+    assert remote in rows["remote"] and "(argument)" in rows["remote"]
+    assert "7.5" in rows["remote_timeout"] and "(env TIERED_PROGCACHE_REMOTE_TIMEOUT)" in rows["remote_timeout"]
+    assert "(default)" in rows["strict"]
+    assert "hunter2" not in proc.stdout  # secrets in storage options are masked
+
+    as_json = json.loads(run_cli("config", "--json", "--dir", str(tmp_path / "flag"), env=env).stdout)
+    assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "argument"}
+    assert as_json["remote"] == {"value": None, "source": "default"}
+
+
+# -- ls, stats -----------------------------------------------------------------------------------
+
+
+def test_ls_and_stats_show_entries_sizes_and_ages(cache_dir, cubins):
+    env = {"TIERED_PROGCACHE_DIR": str(cache_dir)}
+    proc = run_cli("ls", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()}
+    assert set(lines) == names_in(cache_dir)
+    assert lines[entry_name(b"old")][-1] == "40d"
+    assert lines[entry_name(b"mid")][-1] == "10d"
+    assert lines[entry_name(b"cut")][1:3] == ["1000", "B"]
+
+    long = run_cli("ls", "--long", env=env).stdout.splitlines()
+    assert any(line.startswith(entry_name(b"old")) and f" {len(cubins[0])} " in line for line in long)
+    total = sum(len(c) for c in cubins) + len(cubins[0]) + 1000
+    assert long[-1].startswith("total 4 entries")
+
+    stats = json.loads(run_cli("stats", "--json", env=env).stdout)
+    assert stats["local"] == {"where": str(cache_dir), "entries": 4, "bytes": total}
+    table = run_cli("stats", env=env).stdout
+    assert "local" in table and " 4 " in table
+
+
+# -- prune ---------------------------------------------------------------------------------------
+
+
+def test_prune_dry_run_deletes_nothing_and_yes_deletes_the_oldest(cache_dir, cubins):
+    env = {"TIERED_PROGCACHE_DIR": str(cache_dir)}
+    before = names_in(cache_dir)
+
+    dry = run_cli("prune", "--older-than", "30d", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert f"would remove {entry_name(b'old')}" in dry.stdout
+    assert "would remove 1 of 4 entries" in dry.stdout and "--yes" in dry.stdout
+    assert names_in(cache_dir) == before
+
+    # Keep at most what the two newest entries take: the 40- and 10-day-old ones must go, oldest first.
+    cap = str(len(cubins[0]) + 1000)
+    dry = run_cli("prune", "--max-bytes", cap, env=env)
+    would = [line.split()[2] for line in dry.stdout.splitlines() if line.startswith("would remove ")][:-1]
+    assert would == [entry_name(b"old"), entry_name(b"mid")]
+    assert names_in(cache_dir) == before
+
+    done = run_cli("prune", "--older-than", "30d", "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "removed 1 of 4 entries" in done.stdout
+    assert names_in(cache_dir) == before - {entry_name(b"old")}
+
+    done = run_cli("prune", "--max-bytes", cap, "--yes", env=env)
+    assert names_in(cache_dir) == {entry_name(b"new"), entry_name(b"cut")}
+
+
+# -- verify, clear -------------------------------------------------------------------------------
+
+
+def test_verify_local_finds_a_truncated_cubin_and_deletes_it_on_request(cache_dir):
+    env = {"TIERED_PROGCACHE_DIR": str(cache_dir)}
+    proc = run_cli("verify", env=env)
+    assert proc.returncode == 1
+    assert f"BAD {entry_name(b'cut')}: truncated ELF" in proc.stdout
+    assert "checked 4 entries" in proc.stdout and "1 bad" in proc.stdout
+    assert entry_name(b"cut") in names_in(cache_dir)
+
+    proc = run_cli("verify", "--delete-bad", env=env)
+    assert proc.returncode == 1 and "deleted 1" in proc.stdout
+    assert entry_name(b"cut") not in names_in(cache_dir)
+    proc = run_cli("verify", env=env)
+    assert proc.returncode == 0 and "checked 3 entries" in proc.stdout and "0 bad" in proc.stdout
+
+
+def test_clear_local(cache_dir):
+    proc = run_cli("clear", "--local", env={"TIERED_PROGCACHE_DIR": str(cache_dir)})
+    assert proc.returncode == 0, proc.stderr
+    assert "4 entries" in proc.stdout
+    assert names_in(cache_dir) == set()
+
+
+# -- stats --run ---------------------------------------------------------------------------------
+
+_CHILD = """
+import sys
+from cuda.core import Program, ProgramOptions
+from tiered_progcache import TieredProgramCache
+src = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }'
+def compile(cache):
+    return Program(src, "c++", ProgramOptions(arch="sm_90")).compile("cubin", cache=cache)
+cache = TieredProgramCache.from_env()
+compile(cache)   # cold dir: memory miss, local miss, compile, write to both (warm dir: local hit, promoted)
+compile(cache)   # memory hit
+compile(TieredProgramCache.from_env())   # a second cache: memory miss, local hit, promoted into memory
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_stats_run_counts_the_hits_of_a_child_that_compiles(tmp_path):
+    env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "cache")}
+    first = run_cli("stats", "--json", "--run", "--", sys.executable, "-c", _CHILD, "0", env=env)
+    assert first.returncode == 0, first.stderr
+    run = json.loads(first.stdout)
+    assert (run["exit_code"], run["processes"], run["caches"]) == (0, 1, 2)
+    memory, local = run["tiers"]["memory"], run["tiers"]["local"]
+    # A promotion is a write too: memory is written by the compile and by the second cache's promotion.
+    assert (memory["hits"], memory["misses"], memory["writes"], memory["promotions"]) == (1, 2, 2, 1)
+    assert (local["hits"], local["misses"], local["writes"], local["promotions"]) == (1, 1, 1, 0)
+    assert (run["hits"], run["misses"]) == (2, 1)
+    assert memory["bytes_read"] > 1000 and local["bytes_written"] == local["bytes_read"] == memory["bytes_read"]
+
+    # Run again: the local dir is warm, so the child compiles nothing; its exit code comes back.
+    second = run_cli("stats", "--run", "--", sys.executable, "-c", _CHILD, "3", env=env)
+    assert second.returncode == 3, second.stderr
+    assert "exit code    3" in second.stdout
+    assert "hits         3 (100.0% of 3 lookups)" in second.stdout
+    assert "misses       0 (compiled)" in second.stdout
+    rows = {line.split()[0]: line.split() for line in second.stdout.splitlines() if line.startswith(("memory", "local"))}
+    assert rows["memory"][1:5] == ["1", "2", "2", "2"]  # hits, misses, writes, promotions
+    assert rows["local"][1:5] == ["2", "0", "0", "0"]
+
+
+def test_stats_run_sums_concurrent_children_and_reports_commands_without_a_cache(tmp_path):
+    env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "cache")}
+    # Four grandchildren at once, each with one cache and one lookup: four lines, summed.
+    parent = (
+        "import subprocess, sys\n"
+        "code = 'from tiered_progcache import TieredProgramCache as T; T.from_env().get(b\"k\")'\n"
+        "procs = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(4)]\n"
+        "sys.exit(max(p.wait() for p in procs))\n"
+    )
+    proc = run_cli("stats", "--json", "--run", "--", sys.executable, "-c", parent, env=env)
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(proc.stdout)
+    assert (run["processes"], run["caches"]) == (4, 4)
+    assert run["tiers"]["memory"]["misses"] == run["tiers"]["local"]["misses"] == 4
+
+    proc = run_cli("stats", "--run", "--", sys.executable, "-c", "pass", env=env)
+    assert proc.returncode == 0
+    assert "no cache reported" in proc.stdout
+
+    proc = run_cli("stats", "--run", "--", str(tmp_path / "no-such-command"), env=env)
+    assert proc.returncode == 127
+    assert "command not found" in proc.stderr and "Traceback" not in proc.stderr
