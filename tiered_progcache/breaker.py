@@ -178,7 +178,7 @@ class DeadlineRunner:
         try:
             return sync(loop, coro_fn, *args, timeout=timeout)
         except FSTimeoutError:  # an asyncio.TimeoutError, not the builtin one before Python 3.11
-            raise TimeoutError(f"{self._name}: {what} took longer than {timeout:g} s") from None
+            raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
 
     def run_sync(self, fn: Callable[..., T], *args: Any, timeout: float, what: str = "operation") -> T:
         """``fn(*args)`` on a pool thread; the caller waits at most ``timeout`` seconds."""
@@ -187,7 +187,7 @@ class DeadlineRunner:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
             future.cancel()  # still queued: never runs. Running: its thread finishes on its own.
-            raise TimeoutError(f"{self._name}: {what} took longer than {timeout:g} s") from None
+            raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
 
     def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()

@@ -398,6 +398,7 @@ class RemoteProgramCache(ProgramCacheResource):
         """One request under the failure policy: breaker check, deadline, breaker bookkeeping."""
         self._breaker.before_call()
         limit = self.timeout if timeout is None else timeout
+        what = f"{what} on {self.url}"
         try:
             if self._async and async_fn is not None:
                 result = self._runner.run_async(self.fs.loop, async_fn, *args, timeout=limit, what=what)
