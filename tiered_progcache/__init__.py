@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+# ``compile`` the function shadows ``compile`` the module as a package attribute; import
+# the module's other names with ``from tiered_progcache.compile import ...``.
+from .compile import CompileEvent, compile, compile_count, on_compile
 from .errors import EntryRejected, TierUnavailable
+from .headers import header_digest
 from .policy import TierPolicy
 from .stats import CacheStats, TierStats
 from .tier import Tier
@@ -11,10 +15,15 @@ from .tiered import DEFAULT_MAX_MEMORY_BYTES, TieredProgramCache
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
     "CacheStats",
+    "CompileEvent",
     "EntryRejected",
     "Tier",
     "TierPolicy",
     "TierStats",
     "TierUnavailable",
     "TieredProgramCache",
+    "compile",
+    "compile_count",
+    "header_digest",
+    "on_compile",
 ]

@@ -449,6 +449,9 @@ def _compile_and_store(
         raise
     finally:
         program.close()
+        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
+        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
+        del program
     _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=True))
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None

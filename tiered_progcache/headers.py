@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
-__all__ = ["header_digest", "needs_header_digest"]
+__all__ = ["clear_memo", "files_hashed", "header_digest", "needs_header_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,10 @@ MAX_MEMO_SCANS = 4096
 
 Signature = Union[tuple[Any, ...], None]
 
+#: A file changed this recently (ns) may change again within one coarse clock tick
+#: without its signature changing ("racy git"): it is hashed again on every call.
+RACY_NS = 2_000_000_000
+
 
 @dataclasses.dataclass(frozen=True)
 class _FileInfo:
@@ -81,6 +85,7 @@ class _ScanResult:
 _file_memo: dict[str, tuple[Signature, _FileInfo]] = {}
 _scan_memo: dict[tuple[Any, ...], _ScanResult] = {}
 _memo_lock = threading.Lock()
+_files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
 
 
 def _signature(path: str) -> Signature:
@@ -117,6 +122,22 @@ def _parse_includes(data: bytes) -> tuple[tuple[int, str], ...]:
     return tuple(found)
 
 
+def _is_racy(sig: Signature) -> bool:
+    """Modified within RACY_NS of now (by mtime, as git does): a stat cannot vouch for it yet."""
+    if sig is None:
+        return False
+    if sig[0] == "f":
+        return sig[3] > time.time_ns() - RACY_NS
+    if sig[0] == "d":
+        return sig[2] > time.time_ns() - RACY_NS
+    return False
+
+
+def _count_hashed() -> None:
+    global _files_hashed
+    _files_hashed += 1
+
+
 def _file_info(path: str, sig: Signature) -> _FileInfo | None:
     """Digest and include list of a regular file, memoized by its stat signature."""
     if sig is None or sig[0] != "f":
@@ -129,9 +150,10 @@ def _file_info(path: str, sig: Signature) -> _FileInfo | None:
             data = fh.read()
     except OSError:
         return None
+    _count_hashed()
     info = _FileInfo(hashlib.sha256(data, usedforsecurity=False).digest(), _parse_includes(data))
     after = _signature(path)
-    if after == sig:  # not rewritten while we read it; otherwise hash again next time
+    if after == sig and not _is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
             if len(_file_memo) >= MAX_MEMO_FILES:
                 _file_memo.clear()
@@ -150,6 +172,7 @@ class _Scan:
         self.queue: list[tuple[str, str | None, tuple[tuple[int, str], ...]]] = []
         self.fallback_dirs: dict[str, str] = {}
         self.read_anything = False
+        self.racy = False  # something changed too recently to trust a stat next time
 
     def emit(self, label: str, payload: bytes) -> None:
         self.hasher.update(label.encode("ascii"))
@@ -157,10 +180,11 @@ class _Scan:
         self.hasher.update(payload)
 
     def probe(self, path: str) -> Signature:
-        sig = self.checks.get(path)
-        if path not in self.checks:
-            sig = _signature(path)
-            self.checks[path] = sig
+        if path in self.checks:
+            return self.checks[path]
+        sig = self.checks[path] = _signature(path)
+        if _is_racy(sig):
+            self.racy = True
         return sig
 
     def dir_tag(self, directory: str) -> str:
@@ -376,11 +400,19 @@ def header_digest(
     with _memo_lock:
         if len(_scan_memo) >= MAX_MEMO_SCANS:
             _scan_memo.clear()
-        _scan_memo[memo_key] = _ScanResult(digest, read_anything, tuple(scan.checks.items()), time.monotonic())
+        if scan.racy:
+            _scan_memo.pop(memo_key, None)
+        else:
+            _scan_memo[memo_key] = _ScanResult(digest, read_anything, tuple(scan.checks.items()), time.monotonic())
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
     return digest if read_anything or needs_header_digest(options, code_type) else None
+
+
+def files_hashed() -> int:
+    """Header files this process has read and hashed so far (each memo miss counts one)."""
+    return _files_hashed
 
 
 def clear_memo() -> None:

@@ -83,9 +83,10 @@ def _backoff(delay: float, limit: float) -> float:
 
 
 class _Flight(Generic[T]):
-    __slots__ = ("_done", "_result", "_error")
+    __slots__ = ("_done", "_result", "_error", "followers")
 
     def __init__(self) -> None:
+        self.followers = 0
         self._done = threading.Event()
         self._result: T | None = None
         self._error: BaseException | None = None
@@ -123,8 +124,15 @@ class ThreadSingleFlight(Generic[T]):
         self._flights = {}
 
     def in_flight(self) -> int:
+        """Keys being worked on now."""
         with self._lock:
             return len(self._flights)
+
+    def followers(self, key: Any) -> int:
+        """Threads that joined the flight for ``key`` as followers (0 if none is under way)."""
+        with self._lock:
+            flight = self._flights.get(key)
+            return flight.followers if flight is not None else 0
 
     @contextlib.contextmanager
     def lead(self, key: Any) -> Iterator[_Seat[T]]:
@@ -134,6 +142,8 @@ class ThreadSingleFlight(Generic[T]):
             leader = flight is None
             if leader:
                 flight = self._flights[key] = _Flight()
+            else:
+                flight.followers += 1
         assert flight is not None
         seat: _Seat[T] = _Seat(leader, flight)
         if not leader:
@@ -475,7 +485,15 @@ def wait_for_lease(
     delay, limit = LEASE_POLL_S
     unreadable_since: float | None = None
     quick_retries = 0  # retries without a pause (lease just released or broken); capped
+    first = True
     while True:
+        if not first:
+            # Look for the holder's result before trying the lease again: once it is
+            # published there is no point taking (and releasing) a lease for it.
+            found = poll()
+            if found is not None:
+                return found, False
+        first = False
         try:
             if lease.try_acquire():
                 return None, True
@@ -484,11 +502,7 @@ def wait_for_lease(
             _log_once(f"lease-io:{type(exc).__name__}", logging.WARNING,
                       "lease store failed (%r): going ahead without a lease", exc)
             return None, False
-        found = poll()
-        if found is not None:
-            return found, False
         now = time.time()
-        pause = delay
         if info is None:
             pause = 0.0  # released between our create and our read: try to take it
         elif isinstance(info, LeaseInfo):

@@ -1,0 +1,188 @@
+"""The compile helper on one thread: keys, hits per tier, name expressions, errors, the hook."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cuda.core import Program, ProgramOptions
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
+
+import tiered_progcache
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.compile import CompileEvent, default_cache, symbols_key
+from tiered_progcache.samples import matmul_source
+
+ARCH = "sm_90"
+TEMPLATED = r"""
+template <typename T>
+__global__ void fill(T* out, T value, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+"""
+NAMES = ("fill<float>", "fill<int>")
+
+
+def _opts(**kw) -> ProgramOptions:
+    return ProgramOptions(arch=ARCH, std="c++17", **kw)
+
+
+@pytest.fixture
+def events():
+    seen: list[CompileEvent] = []
+    stop = tpc.on_compile(seen.append)
+    yield seen
+    stop()
+
+
+def test_plain_compile_uses_cuda_cores_key_so_entries_are_shared(tmp_path, events):
+    src = matmul_source(16)
+    with TieredProgramCache(tmp_path) as cache:
+        obj = tiered_progcache.compile(src, "c++", _opts(), cache=cache)
+        key = make_program_cache_key(code=src, code_type="c++", options=_opts(), target_type="cubin")
+        assert cache.get(key) == bytes(obj.code)
+        assert [e.key for e in events] == [key] and events[0].ok and events[0].target_type == "cubin"
+    # cuda-core's own Program.compile(cache=...) hits the entry the helper wrote
+    with FileStreamProgramCache(tmp_path) as plain:
+        again = Program(src, "c++", _opts()).compile("cubin", cache=plain)
+    assert bytes(again.code) == bytes(obj.code)
+
+
+def test_second_call_is_a_memory_hit_and_a_new_process_view_is_a_local_hit(tmp_path, events):
+    src = matmul_source(32, "relu")
+    with TieredProgramCache(tmp_path) as cache:
+        first = tiered_progcache.compile(src, "c++", _opts(), cache=cache)
+        before = cache.stats()
+        second = tiered_progcache.compile(src, "c++", _opts(), cache=cache)
+        delta = cache.stats() - before
+    assert delta["memory"].hits == 1 and delta["local"].lookups == 0
+    assert bytes(second.code) == bytes(first.code) and second.code_type == "cubin"
+    with TieredProgramCache(tmp_path) as fresh:
+        third = tiered_progcache.compile(src, "c++", _opts(), cache=fresh)
+        assert fresh.stats()["local"].hits == 1
+    assert bytes(third.code) == bytes(first.code)
+    assert len(events) == 1
+
+
+def test_name_expressions_are_cached_with_their_symbol_mapping(tmp_path, events):
+    cache = InMemoryProgramCache()
+    with pytest.raises(ValueError, match="name_expressions"):  # cuda-core on its own
+        Program(TEMPLATED, "c++", _opts()).compile("cubin", name_expressions=NAMES, cache=cache)
+    first = tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=NAMES)
+    hit = tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=NAMES)
+    assert len(events) == 1
+    assert hit.symbol_mapping == first.symbol_mapping
+    assert hit.symbol_mapping["fill<float>"] == b"_Z4fillIfEvPT_S0_i"
+    assert hit.symbol_mapping["fill<int>"] == b"_Z4fillIiEvPT_S0_i"
+    assert bytes(hit.code) == bytes(first.code)
+
+    key = events[0].key
+    doc = json.loads(cache.get(symbols_key(key)))  # plain JSON beside the binary
+    assert doc["format"] == "tiered-progcache/symbols"
+    # another set of names is another key (cuda-core keys them), compiled once as well
+    tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=["fill<int>"])
+    assert len(events) == 2
+
+
+def test_bytes_name_expressions_keep_their_type(events):
+    cache = InMemoryProgramCache()
+    tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=[b"fill<int>"])
+    hit = tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=[b"fill<int>"])
+    assert list(hit.symbol_mapping) == [b"fill<int>"] and len(events) == 1
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "wrong-names"])
+def test_a_hit_without_a_usable_symbol_mapping_recompiles(damage, events):
+    cache = InMemoryProgramCache()
+    tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=NAMES)
+    skey = symbols_key(events[0].key)
+    if damage == "missing":
+        del cache[skey]
+    elif damage == "garbage":
+        cache[skey] = b"\x80\x04not json"
+    else:
+        cache[skey] = json.dumps(
+            {"format": "tiered-progcache/symbols", "version": 1, "symbols": [[["s", "other"], ["s", "_Z1x"]]]}
+        ).encode()
+    again = tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=NAMES)
+    assert len(events) == 2
+    assert set(again.symbol_mapping) == set(NAMES)
+    hit = tiered_progcache.compile(TEMPLATED, "c++", _opts(), cache=cache, name_expressions=NAMES)
+    assert len(events) == 2 and set(hit.symbol_mapping) == set(NAMES)  # repaired
+
+
+def test_user_extra_digest_is_kept_alone_and_mixed_with_header_digests(tmp_path, monkeypatch, events):
+    monkeypatch.chdir(tmp_path)
+    src = matmul_source(16)
+    cache = InMemoryProgramCache()
+    tiered_progcache.compile(src, "c++", _opts(), cache=cache, extra_digest=b"v1")
+    assert events[-1].key == make_program_cache_key(
+        code=src, code_type="c++", options=_opts(), target_type="cubin", extra_digest=b"v1"
+    )
+    tiered_progcache.compile(src, "c++", _opts(), cache=cache, extra_digest=b"v2")
+    assert len(events) == 2  # a different user digest is a different entry
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "h.h").write_text("#define H 1\n")
+    with_inc = "#include <h.h>\n" + src
+    opts = _opts(include_path=[str(tmp_path / "inc")])
+    tiered_progcache.compile(with_inc, "c++", opts, cache=cache, extra_digest=b"v1")
+    tiered_progcache.compile(with_inc, "c++", opts, cache=cache, extra_digest=b"v2")
+    assert len(events) == 4
+    tiered_progcache.compile(with_inc, "c++", opts, cache=cache, extra_digest=b"v2")
+    assert len(events) == 4
+
+
+def test_compile_errors_reach_the_caller_and_nothing_is_stored(tmp_path, events):
+    bad = 'extern "C" __global__ void broken(int* p) { *p = not_declared; }'
+    with TieredProgramCache(tmp_path) as cache:
+        for _ in range(2):
+            with pytest.raises(Exception, match="not_declared"):
+                tiered_progcache.compile(bad, "c++", _opts(), cache=cache)
+        assert len(cache) == 0
+    assert [e.ok for e in events] == [False, False]  # a failure is not cached: it compiles again
+    assert not any((tmp_path / "locks").iterdir())  # and left no lock behind
+
+
+def test_ltoir_target_round_trips(events):
+    # (PTX output needs the CUDA driver in cuda-core 1.2, so it is not tried on a GPU-less host)
+    cache = InMemoryProgramCache()
+    opts = ProgramOptions(arch=ARCH, link_time_optimization=True)
+    first = tiered_progcache.compile(matmul_source(16), "c++", opts, "ltoir", cache=cache)
+    hit = tiered_progcache.compile(matmul_source(16), "c++", opts, "ltoir", cache=cache)
+    assert hit.code_type == "ltoir" and bytes(hit.code) == bytes(first.code)
+    assert len(events) == 1
+
+
+def test_default_cache_is_one_lazily_built_chain(tmp_path, events):
+    cache = default_cache()
+    assert cache is default_cache()
+    src = matmul_source(16, "relu")
+    tiered_progcache.compile(src, "c++", _opts())
+    tiered_progcache.compile(src, "c++", _opts())
+    assert len(events) == 1
+    key = make_program_cache_key(code=src, code_type="c++", options=_opts(), target_type="cubin")
+    assert cache.get(key) is not None
+
+
+def test_compile_count_counts_every_compiler_run():
+    start = tpc.compile_count()
+    cache = InMemoryProgramCache()
+    tiered_progcache.compile(matmul_source(16), "c++", _opts(), cache=cache)
+    tiered_progcache.compile(matmul_source(16), "c++", _opts(), cache=cache)
+    tiered_progcache.compile(matmul_source(32), "c++", _opts(), cache=cache)
+    assert tpc.compile_count() - start == 2
+
+
+def test_a_failing_hook_does_not_fail_the_compile(caplog):
+    def boom(event: CompileEvent) -> None:
+        raise RuntimeError("hook broke")
+
+    stop = tpc.on_compile(boom)
+    try:
+        obj = tiered_progcache.compile(matmul_source(16), "c++", _opts(), cache=InMemoryProgramCache())
+    finally:
+        stop()
+    assert bytes(obj.code)[:4] == b"\x7fELF"
+    assert "hook broke" in caplog.text

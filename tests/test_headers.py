@@ -1,0 +1,206 @@
+"""Header digests: which file changes change the key, which do not, and what the memo saves."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from cuda.core import Program, ProgramOptions
+from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
+
+import tiered_progcache as tpc
+from tiered_progcache import headers
+from tiered_progcache.headers import header_digest, needs_header_digest
+
+ARCH = "sm_90"
+OLD = time.time() - 3600  # mtimes an hour back: old enough for the memo to trust a stat
+
+
+def _write(path: Path, text: str, *, settled: bool = True) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if settled:
+        os.utime(path, (OLD, OLD))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_memo():
+    headers.clear_memo()
+    yield
+    headers.clear_memo()
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """inc/ with a reachable chain (a.h -> sub/b.h -> c.h by quoted-relative include) and bystanders."""
+    inc = tmp_path / "inc"
+    _write(inc / "a.h", '#pragma once\n#include "sub/b.h"\n#define A_VAL (B_VAL + 1)\n')
+    _write(inc / "sub" / "b.h", '#pragma once\n#include "c.h"\n#define B_VAL (C_VAL * 2)\n')
+    _write(inc / "sub" / "c.h", "#pragma once\n#define C_VAL 3\n")
+    _write(inc / "unrelated.h", "#define NOT_USED 1\n")
+    _write(inc / "sub" / "also_unrelated.h", "#define ALSO_NOT_USED 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the source's own directory is the working directory
+    return inc
+
+
+SRC = '#include <a.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
+
+
+def _opts(inc: Path, **kw) -> ProgramOptions:
+    return ProgramOptions(arch=ARCH, include_path=[str(inc)], **kw)
+
+
+# -- what changes the digest -----------------------------------------------------------------
+
+
+def test_editing_a_reachable_header_changes_the_digest(tree):
+    before = header_digest(SRC, _opts(tree))
+    _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 4\n")  # two includes deep
+    assert header_digest(SRC, _opts(tree)) != before
+
+
+def test_editing_an_unreachable_file_keeps_the_digest(tree):
+    before = header_digest(SRC, _opts(tree))
+    _write(tree / "unrelated.h", "#define NOT_USED 2\n")
+    _write(tree / "sub" / "also_unrelated.h", "#define ALSO_NOT_USED 2\n")
+    _write(tree / "new_file.h", "#define NEW 1\n")
+    assert header_digest(SRC, _opts(tree)) == before
+
+
+def test_touching_without_change_keeps_the_digest_and_rehashes_only_that_file(tree):
+    before = header_digest(SRC, _opts(tree))
+    hashed = headers.files_hashed()
+    os.utime(tree / "sub" / "b.h", (OLD + 60, OLD + 60))
+    assert header_digest(SRC, _opts(tree)) == before
+    assert headers.files_hashed() - hashed == 1
+
+
+def test_a_warm_memo_hashes_nothing(tree):
+    header_digest(SRC, _opts(tree))
+    hashed = headers.files_hashed()
+    for _ in range(50):
+        header_digest(SRC, _opts(tree))
+    assert headers.files_hashed() == hashed
+    headers.clear_memo()
+    header_digest(SRC, _opts(tree))
+    assert headers.files_hashed() - hashed == 3  # a.h, b.h, c.h: the reachable ones only
+
+
+def test_a_freshly_written_header_is_rehashed_until_it_settles(tree):
+    """Two edits inside one coarse clock tick can leave size, mtime and ctime alike, so a
+    stat cannot vouch for a header modified in the last RACY_NS: it is read every time."""
+    _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 5\n", settled=False)
+    first = header_digest(SRC, _opts(tree))
+    hashed = headers.files_hashed()
+    assert header_digest(SRC, _opts(tree)) == first
+    assert headers.files_hashed() - hashed == 1  # c.h, read again; a.h and b.h trusted
+    os.utime(tree / "sub" / "c.h", (OLD, OLD))  # settled now
+    header_digest(SRC, _opts(tree))
+    hashed = headers.files_hashed()
+    header_digest(SRC, _opts(tree))
+    assert headers.files_hashed() == hashed
+
+
+def test_a_header_appearing_earlier_on_the_path_changes_the_digest(tree, tmp_path):
+    early = tmp_path / "early"
+    early.mkdir()
+    opts = ProgramOptions(arch=ARCH, include_path=[str(early), str(tree)])
+    before = header_digest(SRC, opts)
+    _write(early / "a.h", "#define A_VAL 99\n")  # now shadows inc/a.h
+    assert header_digest(SRC, opts) != before
+
+
+def test_a_missing_header_is_keyed_by_name_and_its_arrival_changes_the_digest(tree):
+    src = "#include <not_there_yet.h>\n" + SRC
+    before = header_digest(src, _opts(tree))
+    assert before != header_digest(SRC, _opts(tree))  # the name alone counts
+    _write(tree / "not_there_yet.h", "#define LATE 1\n")
+    assert header_digest(src, _opts(tree)) != before
+
+
+def test_computed_include_falls_back_to_the_whole_include_directory(tree):
+    src = '#define HEADER <a.h>\n#include HEADER\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
+    before = header_digest(src, _opts(tree))
+    _write(tree / "unrelated.h", "#define NOT_USED 3\n")  # not reachable by name, but could be
+    after_edit = header_digest(src, _opts(tree))
+    assert after_edit != before
+    _write(tree / "sub" / "brand_new.h", "#define BRAND_NEW 1\n")  # a new file too
+    assert header_digest(src, _opts(tree)) != after_edit
+    # ... and without the computed include the same edits do not matter
+    plain = header_digest(SRC, _opts(tree))
+    _write(tree / "unrelated.h", "#define NOT_USED 4\n")
+    assert header_digest(SRC, _opts(tree)) == plain
+
+
+def test_quoted_include_next_to_the_source_is_keyed_without_any_include_path(tree):
+    """NVRTC reads "x.h" from the working directory (the source's directory): cuda-core's key misses that."""
+    _write(Path.cwd() / "local.h", "#define LOCAL_VAL 1\n")
+    src = '#include "local.h"\nextern "C" __global__ void k(int* out) { *out = LOCAL_VAL; }\n'
+    opts = ProgramOptions(arch=ARCH)
+    assert not needs_header_digest(opts)
+    before = header_digest(src, opts)
+    assert before is not None
+    _write(Path.cwd() / "local.h", "#define LOCAL_VAL 2\n")
+    assert header_digest(src, opts) != before
+    # no_source_include turns that lookup off, and with it the digest
+    assert header_digest(src, ProgramOptions(arch=ARCH, no_source_include=True)) is None
+
+
+def test_pre_include_is_hashed(tree):
+    opts = _opts(tree, pre_include="sub/c.h")
+    src = 'extern "C" __global__ void k(int* out) { *out = C_VAL; }\n'
+    before = header_digest(src, opts)
+    _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 7\n")
+    assert header_digest(src, opts) != before
+
+
+def test_no_external_input_gives_none_so_keys_match_cuda_core():
+    src = 'extern "C" __global__ void k(int* out) { *out = 1; }\n'
+    assert header_digest(src, ProgramOptions(arch=ARCH)) is None
+    # a builtin-only include (found on no path) adds nothing either
+    assert header_digest("#include <cuda/std/cstdint>\n" + src, ProgramOptions(arch=ARCH)) is None
+
+
+def test_nvvm_use_libdevice_is_keyed_by_the_libdevice_file():
+    opts = ProgramOptions(arch="compute_90", use_libdevice=True)
+    digest = header_digest(b"; nvvm ir", opts, "nvvm")
+    assert isinstance(digest, bytes) and len(digest) == 32
+    assert header_digest(b"; nvvm ir", ProgramOptions(arch="compute_90"), "nvvm") is None
+    # the digest is what cuda-core asks for: it now builds the key
+    make_program_cache_key(code=b"; nvvm ir", code_type="nvvm", options=opts, target_type="ptx", extra_digest=digest)
+
+
+def test_recheck_window_trusts_a_scan_for_that_long(tree):
+    before = header_digest(SRC, _opts(tree), recheck_s=3600)
+    _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 8\n")
+    assert header_digest(SRC, _opts(tree), recheck_s=3600) == before  # trusted, as asked
+    assert header_digest(SRC, _opts(tree)) != before  # recheck_s=0 looks again
+
+
+# -- through the compile helper, with real NVRTC ---------------------------------------------------
+
+
+def test_compile_with_include_path_is_cached_and_a_header_edit_recompiles(tree):
+    cache = InMemoryProgramCache()
+    with pytest.raises(ValueError, match="extra_digest"):  # what cuda-core does on its own
+        Program(SRC, "c++", _opts(tree)).compile("cubin", cache=cache)
+    start = tpc.compile_count()
+    first = tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    again = tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert tpc.compile_count() - start == 1
+    assert bytes(again.code) == bytes(first.code)
+
+    _write(tree / "unrelated.h", "#define NOT_USED 5\n")
+    os.utime(tree / "a.h", (OLD + 1, OLD + 1))
+    tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert tpc.compile_count() - start == 1  # unreachable edit and a touch: still a hit
+
+    _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 40\n")
+    edited = tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert tpc.compile_count() - start == 2
+    assert bytes(edited.code) != bytes(first.code)

@@ -1,0 +1,209 @@
+"""Single-flight on one node: threads of a process, and processes sharing a cache directory.
+
+The compiler runs are counted with the helper's ``on_compile`` hook (each process appends
+one line per NVRTC run to a shared file), never inferred from timing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import threading
+import traceback
+from pathlib import Path
+
+import pytest
+from cuda.core import ProgramOptions
+from cuda.core.utils import InMemoryProgramCache
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+
+ARCH = "sm_90"
+SPAWN = mp.get_context("spawn")
+JOIN_S = 90
+
+
+def kernel(i: int) -> str:
+    return f'extern "C" __global__ void k{i}(float* a) {{ a[threadIdx.x] *= {i + 1}.0f; }}\n'
+
+
+BROKEN = 'extern "C" __global__ void broken(float* a) { a[0] = undeclared_symbol; }\n'
+
+
+def options() -> ProgramOptions:
+    return ProgramOptions(arch=ARCH)
+
+
+def log_compiles(log_path: str) -> None:
+    """Append ``<pid> <key hex> <ok>`` to ``log_path`` for each compiler run in this process."""
+
+    def hook(event: tpc.CompileEvent) -> None:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{os.getpid()} {event.key.hex()} {int(event.ok)}\n".encode())
+        finally:
+            os.close(fd)
+
+    tpc.on_compile(hook)
+
+
+def read_log(log_path: Path) -> list[tuple[str, str, bool]]:
+    if not log_path.exists():
+        return []
+    return [(p, k, ok == "1") for p, k, ok in (line.split() for line in log_path.read_text().splitlines())]
+
+
+def _process_worker(cache_dir: str, log_path: str, sources: list[str], seed: int, barrier, results) -> None:
+    try:
+        log_compiles(log_path)
+        order = list(sources)
+        random.Random(seed).shuffle(order)
+        with TieredProgramCache(cache_dir) as cache:
+            barrier.wait(JOIN_S)
+            outcomes = []
+            for src in order:
+                try:
+                    obj = tpc.compile(src, "c++", options(), cache=cache, wait_timeout=60)
+                    outcomes.append(("ok", bytes(obj.code)[:4] == b"\x7fELF"))
+                except Exception as exc:
+                    outcomes.append(("error", type(exc).__name__ + ": " + str(exc)[-200:]))
+        results.put((os.getpid(), outcomes))
+    except BaseException:
+        results.put((os.getpid(), [("crash", traceback.format_exc())]))
+
+
+def _run_processes(n: int, cache_dir: Path, log_path: Path, sources: list[str]) -> list[list[tuple[str, object]]]:
+    barrier = SPAWN.Barrier(n)
+    results = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(target=_process_worker, args=(str(cache_dir), str(log_path), sources, seed, barrier, results))
+        for seed in range(n)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        collected = [results.get(timeout=JOIN_S)[1] for _ in procs]
+    finally:
+        for p in procs:
+            p.join(JOIN_S)
+            if p.is_alive():
+                p.kill()
+                pytest.fail("a process hung")
+    for outcomes in collected:
+        assert not [o for o in outcomes if o[0] == "crash"], outcomes
+    return collected
+
+
+def test_eight_processes_sixteen_kernels_compile_each_kernel_once(tmp_path):
+    sources = [kernel(i) for i in range(16)]
+    log = tmp_path / "compiles.log"
+    collected = _run_processes(8, tmp_path / "cache", log, sources)
+    assert all(outcome == ("ok", True) for outcomes in collected for outcome in outcomes)
+    runs = read_log(log)
+    assert len(runs) == 16, f"{len(runs)} NVRTC runs for 16 kernels"
+    assert len({key for _, key, _ in runs}) == 16
+    assert not os.listdir(tmp_path / "cache" / "locks")  # no lock file left behind
+
+
+def test_a_compile_error_reaches_every_process_and_nobody_hangs(tmp_path):
+    log = tmp_path / "compiles.log"
+    collected = _run_processes(4, tmp_path / "cache", log, [BROKEN, kernel(0)])
+    for outcomes in collected:
+        errors = [o for o in outcomes if o[0] == "error"]
+        assert len(errors) == 1 and "undeclared_symbol" in errors[0][1]
+        assert ("ok", True) in outcomes  # and the good kernel after it still works
+    runs = read_log(log)
+    assert [ok for _, _, ok in runs].count(True) == 1  # the good kernel: once
+    failed = [ok for _, _, ok in runs].count(False)
+    assert 1 <= failed <= 4  # each waiter retries (serially) and gets the error itself
+
+
+# -- threads -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chain", ["memory-only", "tiered"])
+def test_threads_compiling_one_kernel_run_the_compiler_once(tmp_path, chain):
+    cache = InMemoryProgramCache() if chain == "memory-only" else TieredProgramCache(tmp_path)
+    seen = []
+    stop = tpc.on_compile(seen.append)
+    barrier = threading.Barrier(8)
+    out: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            barrier.wait(JOIN_S)
+            out.append(bytes(tpc.compile(kernel(99), "c++", options(), cache=cache).code))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+            assert not t.is_alive()
+    finally:
+        stop()
+        cache.close()
+    assert not errors
+    assert len(seen) == 1
+    assert len(out) == 8 and len(set(out)) == 1
+
+
+def test_threads_waiting_on_a_failing_compile_all_get_its_error(tmp_path):
+    cache = InMemoryProgramCache()
+    seen = []
+    stop = tpc.on_compile(seen.append)
+    barrier = threading.Barrier(6)
+    errors: list[str] = []
+
+    def work() -> None:
+        barrier.wait(JOIN_S)
+        try:
+            tpc.compile(BROKEN, "c++", options(), cache=cache)
+        except Exception as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+            assert not t.is_alive()
+    finally:
+        stop()
+    assert len(errors) == 6 and all("undeclared_symbol" in e for e in errors)
+    # Threads that joined the failing flight share its error; a thread that arrived after
+    # it finished compiles again. Never one run per thread in lockstep, never a hang.
+    assert 1 <= len(seen) < 6
+
+
+def test_without_single_flight_threads_each_compile(tmp_path):
+    """The control for the tests above: the same race with single_flight=False compiles more than once."""
+    cache = InMemoryProgramCache()
+    seen = []
+    stop = tpc.on_compile(seen.append)
+    gate = threading.Barrier(4)
+
+    def hold(event: tpc.CompileEvent) -> None:
+        gate.wait(JOIN_S)  # no compile finishes until all four have run: a guaranteed stampede
+
+    stop_hold = tpc.on_compile(hold)
+    threads = [
+        threading.Thread(target=tpc.compile, args=(kernel(98), "c++", options()), kwargs={"cache": cache, "single_flight": False})
+        for _ in range(4)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+    finally:
+        stop_hold()
+        stop()
+    assert len(seen) == 4

@@ -1,0 +1,192 @@
+"""Single-flight across nodes: separate local directories, one shared remote (file:// and moto S3).
+
+Each "node" is a process with its own local cache directory, so node-level locks cannot
+help: only the remote lease keeps the compiles at one per kernel.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.localdir import entry_name
+from tiered_progcache.locks import LeaseInfo, RemoteLease
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+from test_single_flight import BROKEN, kernel, options
+
+SPAWN = mp.get_context("spawn")
+JOIN_S = 90
+LEASE_TTL_S = 2.0
+
+
+@pytest.fixture(params=["file", "s3"])
+def remote(request, tmp_path):
+    """(url, storage_options) of an empty shared remote."""
+    if request.param == "file":
+        return f"file://{tmp_path / 'remote'}", None
+    bucket = request.getfixturevalue("s3_bucket")
+    return bucket.url, bucket.storage_options
+
+
+def _log_compiles(log_path: str) -> None:
+    def hook(event: tpc.CompileEvent) -> None:
+        started = time.time() - event.seconds
+        line = f"{os.getpid()} {event.key.hex()} {int(event.ok)} {started:.6f}\n"
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    tpc.on_compile(hook)
+
+
+def _read_log(log_path: Path) -> list[tuple[str, str, bool, float]]:
+    if not log_path.exists():
+        return []
+    rows = (line.split() for line in log_path.read_text().splitlines())
+    return [(p, k, ok == "1", float(t)) for p, k, ok, t in rows]
+
+
+def _node(local_dir, url, storage_options, log_path, sources, seed, go, results) -> None:
+    try:
+        _log_compiles(log_path)
+        order = list(sources)
+        random.Random(seed).shuffle(order)
+        with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
+            go.wait(JOIN_S)
+            outcomes = []
+            for src in order:
+                called = time.time()
+                try:
+                    obj = tpc.compile(src, "c++", options(), cache=cache, lease_ttl=LEASE_TTL_S, wait_timeout=60)
+                    outcomes.append(("ok", bytes(obj.code)[:4] == b"\x7fELF", called, time.time()))
+                except Exception as exc:
+                    outcomes.append(("error", str(exc)[-300:], called, time.time()))
+        results.put(outcomes)
+    except BaseException:
+        results.put([("crash", traceback.format_exc(), 0.0, 0.0)])
+
+
+def _start_nodes(n, tmp_path, url, storage_options, log, sources, go):
+    results = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(
+            target=_node,
+            args=(str(tmp_path / f"node{i}"), url, storage_options, str(log), sources, i, go, results),
+        )
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    return procs, results
+
+
+def _collect(procs, results):
+    try:
+        collected = [results.get(timeout=JOIN_S) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(JOIN_S)
+            if p.is_alive():
+                p.kill()
+                pytest.fail("a node hung")
+    for outcomes in collected:
+        assert not [o for o in outcomes if o[0] == "crash"], outcomes
+    return collected
+
+
+def _lease_holder(local_dir, url, storage_options, key_source, taken) -> None:
+    """Take the lease for one kernel the way a compiling node would, then hang until SIGKILLed."""
+    from cuda.core.utils import make_program_cache_key
+
+    with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
+        key = make_program_cache_key(code=key_source, code_type="c++", options=options(), target_type="cubin")
+        lease = RemoteLease(cache.remote.fs, cache.remote.root, entry_name(key), LEASE_TTL_S)
+        assert lease.try_acquire()
+        lease._stop.set()  # a process frozen mid-compile renews nothing
+        taken.set()
+        threading.Event().wait(JOIN_S)
+
+
+def _lease_paths(url: str, storage_options) -> list[str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    fs.invalidate_cache()
+    try:
+        return fs.ls(f"{root.rstrip('/')}/leases")
+    except FileNotFoundError:
+        return []
+
+
+def test_four_nodes_compile_each_kernel_once_in_total(tmp_path, remote):
+    url, storage_options = remote
+    sources = [kernel(i) for i in range(6)]
+    log = tmp_path / "compiles.log"
+    go = SPAWN.Event()
+    procs, results = _start_nodes(4, tmp_path, url, storage_options, log, sources, go)
+    go.set()
+    collected = _collect(procs, results)
+    assert all(o[:2] == ("ok", True) for outcomes in collected for o in outcomes)
+    runs = _read_log(log)
+    assert len(runs) == 6, f"{len(runs)} compiles across 4 nodes for 6 kernels"
+    assert len({key for _, key, _, _ in runs}) == 6
+    assert _lease_paths(url, storage_options) == []  # every lease released
+
+
+def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_path, remote):
+    url, storage_options = remote
+    log = tmp_path / "compiles.log"
+    go = SPAWN.Event()
+    procs, results = _start_nodes(3, tmp_path, url, storage_options, log, [kernel(42)], go)
+    taken = SPAWN.Event()
+    holder = SPAWN.Process(target=_lease_holder, args=(str(tmp_path / "holder"), url, storage_options, kernel(42), taken))
+    holder.start()
+    assert taken.wait(JOIN_S)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(JOIN_S)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    (lease_path,) = _lease_paths(url, storage_options)
+    lease = RemoteLease(fs, root, os.path.basename(lease_path), LEASE_TTL_S).read()
+    assert isinstance(lease, LeaseInfo)
+    go.set()
+    collected = _collect(procs, results)
+
+    runs = _read_log(log)
+    assert len(runs) == 1, "one node compiles once the dead holder's lease expires"
+    (_, _, ok, compile_started) = runs[0]
+    assert ok and compile_started >= lease.expires_at - 0.05  # it did wait for the lease
+    for ((status, good, called, done),) in collected:
+        assert status == "ok" and good
+        assert called < lease.expires_at  # each node asked while the dead lease still stood
+        # held up by the dead lease until it expired, then one compile and one poll interval
+        assert done - lease.expires_at < 2.5, f"finished {done - lease.expires_at:.2f} s after the lease expired"
+    assert _lease_paths(url, storage_options) == []
+
+
+def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote):
+    url, storage_options = remote
+    log = tmp_path / "compiles.log"
+    go = SPAWN.Event()
+    procs, results = _start_nodes(3, tmp_path, url, storage_options, log, [BROKEN], go)
+    go.set()
+    collected = _collect(procs, results)
+    for ((status, message, _, _),) in collected:
+        assert status == "error" and "undeclared_symbol" in message
+    runs = _read_log(log)
+    assert 1 <= len(runs) <= 3 and not any(ok for _, _, ok, _ in runs)
+    assert _lease_paths(url, storage_options) == []  # released on the error path too
