@@ -40,6 +40,7 @@ __all__ = [
     "RemoteEntry",
     "RemoteProgramCache",
     "TransferReport",
+    "check_url",
 ]
 
 logger = logging.getLogger(__name__)
@@ -152,22 +153,13 @@ class RemoteProgramCache(ProgramCacheResource):
         succeeds). ``options`` go to :class:`RemoteProgramCache` (``breaker``,
         ``transfer_concurrency``, ``max_entry_bytes``).
         """
-        import fsspec
         from fsspec.core import url_to_fs
 
-        if not isinstance(url, str) or not url.strip():
-            raise ValueError(f"remote URL must be a non-empty str, got {url!r}")
         if storage_options is None:
             storage_options = {}
         if not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
-        known = set(fsspec.available_protocols())
-        for part in url.split("::"):
-            scheme = part.split("://", 1)[0] if "://" in part else "file"
-            if scheme not in known:
-                raise ValueError(
-                    f"unknown URL scheme {scheme!r} in remote URL {url!r} (fsspec knows e.g. s3, gs, file, memory)"
-                )
+        check_url(url)
         fs, root = url_to_fs(url, **dict(storage_options))
         return cls(
             fs,
@@ -560,6 +552,19 @@ def _unreachable_message(url: str, exc: BaseException, timeout: float) -> str:
     if isinstance(exc, TimeoutError):
         return f"remote cache {url}: no answer within {timeout:g} s"
     return f"remote cache {url} is unreachable: {type(exc).__name__}: {exc}"
+
+
+def check_url(url: str) -> None:
+    """``ValueError`` unless ``url`` is non-empty and each scheme in it is one fsspec knows."""
+    import fsspec
+
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"remote URL must be a non-empty str, got {url!r}")
+    known = set(fsspec.available_protocols())
+    for part in url.split("::"):
+        scheme = part.split("://", 1)[0] if "://" in part else "file"
+        if scheme not in known:
+            raise ValueError(f"unknown URL scheme {scheme!r} in {url!r} (fsspec knows e.g. s3, gs, file, memory)")
 
 
 def _check_timeout(timeout: float | None) -> float:
