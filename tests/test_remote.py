@@ -337,3 +337,22 @@ def test_envelope_codec_is_the_one_on_the_wire():
     remote[b"key"] = b"value"
     blob = remote.fs.cat_file(remote._path(entry_name(b"key")))
     assert EnvelopeCodec(b"k" * 32).open(entry_name(b"key"), blob) == b"value"
+
+
+def test_chain_warm_and_push_delegate_to_the_remote(s3_bucket, tmp_path):
+    options = {"remote": s3_bucket.url, "remote_options": s3_bucket.storage_options}
+    ci = TieredProgramCache(tmp_path / "ci", **options)
+    FileStreamProgramCache(tmp_path / "ci")[b"built in CI"] = b"cubin"  # on disk, never uploaded
+    assert ci.remote.verify_entry(entry_name(b"built in CI")) == "missing"
+    assert ci.push().entries == 1
+    node = TieredProgramCache(tmp_path / "node", **options)
+    seen = []
+    report = node.warm(progress=lambda done, total: seen.append((done, total)))
+    assert (report.entries, seen[-1]) == (1, (1, 1))
+    assert node.get(b"built in CI") == b"cubin"
+    stats = node.stats()
+    assert (stats["local"].hits, stats["remote"].lookups) == (1, 0)  # warmed: no network on the lookup
+    with pytest.raises(ValueError, match="needs a remote"):
+        TieredProgramCache(tmp_path / "alone").warm()
+    ci.close()
+    node.close()

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from cuda.core import ObjectCode
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
@@ -17,6 +17,9 @@ from .localdir import default_local_dir
 from .policy import TierPolicy
 from .stats import _GIL_DISABLED, CacheStats
 from .tier import Tier
+
+if TYPE_CHECKING:
+    from .remote import RemoteProgramCache, TransferReport
 
 __all__ = ["DEFAULT_MAX_MEMORY_BYTES", "TieredProgramCache"]
 
@@ -283,6 +286,33 @@ class TieredProgramCache(ProgramCacheResource):
 
     def __enter__(self) -> TieredProgramCache:
         return self
+
+    # -- bulk transfer with the remote ---------------------------------------------------
+
+    def warm(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
+        """Prefetch remote entries into the local directory, many at a time (see ``RemoteProgramCache.warm``).
+
+        >>> cache.warm(progress=lambda done, total: print(done, "/", total))  # at node start-up
+        """
+        remote, local = self._remote_and_local("warm")
+        return remote.warm(local, names, progress=progress)
+
+    def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
+        """Upload local entries the remote lacks (see ``RemoteProgramCache.push``); e.g. at the end of a CI job.
+
+        >>> cache.push().entries
+        """
+        remote, local = self._remote_and_local("push")
+        return remote.push(local, names, progress=progress)
+
+    def _remote_and_local(self, what: str) -> tuple[RemoteProgramCache, FileStreamProgramCache]:
+        from .remote import RemoteProgramCache
+
+        remote = next((t.resource for t in self._tiers if isinstance(t.resource, RemoteProgramCache)), None)
+        local = next((t.resource for t in self._tiers if isinstance(t.resource, FileStreamProgramCache)), None)
+        if remote is None or local is None:
+            raise ValueError(f"{what} needs a remote tier and a local directory tier; the chain is {self!r}")
+        return remote, local
 
     # -- construction from the environment ---------------------------------------------
 
