@@ -79,21 +79,17 @@ class Problem(Exception):
 
 # -- units ------------------------------------------------------------------------------------
 
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
-}  # fmt: skip
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str) -> int:
-    """``"10G"`` -> 10_000_000_000, ``"10Gi"`` -> 10 * 2**30, ``"4096"`` -> 4096 (ccache's convention)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if not match or unit not in _SIZE_UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 500M, 10G, 10Gi, 4096)")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    """``"10G"`` -> 10**10, ``"10Gi"`` -> 10 * 2**30, ``"4096"`` -> 4096: the units of the environment variables."""
+    from .config import parse_size as parse
+
+    try:
+        return parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 500M, 10G, 10Gi, 4096)") from None
 
 
 def parse_duration(text: str) -> float:
@@ -362,11 +358,33 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({name: {"value": value, "source": source} for name, value, source in rows})
         return EXIT_OK
-    width = max(len(name) for name, _, _ in rows)
-    for name, value, source in rows:
-        text = "-" if value is None else json.dumps(value) if isinstance(value, dict) else str(value)
-        print(f"{name:<{width}}  {text}  ({source})")
+    texts = [(name, _describe(name, value), source) for name, value, source in rows]
+    width = max(len(name) for name, _, _ in texts)
+    value_width = max(len(text) for _, text, _ in texts)
+    for name, text, source in texts:
+        print(f"{name:<{width}}  {text:<{value_width}}  {source}")
     return EXIT_OK
+
+
+def _describe(field: str, value: Any) -> str:
+    """A config value for people: sizes in binary units too, and what None means for each field."""
+    if value is None:
+        if field.endswith("_bytes"):
+            return "no limit"
+        if field == "remote":
+            return "none (local only)"
+        if field == "remote_timeout":
+            from .remote import DEFAULT_TIMEOUT_S
+
+            return f"{DEFAULT_TIMEOUT_S:g} s (the remote tier's default)"
+        return "-"
+    if field.endswith("_bytes") and isinstance(value, int):
+        return f"{value} ({format_size(value)})"
+    if field == "remote_timeout":
+        return f"{value:g} s"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
