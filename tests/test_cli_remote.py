@@ -123,7 +123,7 @@ def test_verify_checks_signatures(tmp_path, s3_bucket, local):
 def test_prune_remote_dry_run_then_yes(s3_bucket, local, cubins):
     flags = remote_flags(s3_bucket)
     assert run_cli("push", "--dir", str(local.root), *flags).returncode == 0
-    sizes = {e.split()[0]: int(e.split()[1]) for e in run_cli("ls", "--long", *flags).stdout.splitlines()[:-1]}
+    sizes = {e.split()[0]: int(e.split()[1]) for e in run_cli("ls", "--long", *flags).stdout.splitlines()[1:-1]}
     cap = str(sum(sizes.values()) - 1)  # one entry over: exactly one must go
 
     dry = run_cli("prune", "--max-bytes", cap, *flags)

@@ -539,12 +539,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows = [(e.name, e.size, e.mtime, e.atime) for e in local.iter_entries()]
         where = str(local.root)
     rows.sort()
+    if args.long:
+        print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}")
     for name, size, mtime, atime in rows:
-        age = _age(now, mtime, atime)
+        age = format_age(_age(now, mtime, atime))
         if args.long:
-            print(f"{name}  {size:>10}  modified {_iso(mtime)}  read {_iso(atime)}  age {format_age(age)}")
+            print(f"{name}  {size:>10}  {_iso(mtime):<20}  {_iso(atime):<20}  {age:>5}")
         else:
-            print(f"{name}  {format_size(size):>10}  {format_age(age):>5}")
+            print(f"{name}  {format_size(size):>10}  {age:>5}")
     if args.long:
         print(f"total {len(rows)} entries, {format_size(sum(r[1] for r in rows))} in {where}")
     return EXIT_OK
