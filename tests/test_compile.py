@@ -186,3 +186,52 @@ def test_a_failing_hook_does_not_fail_the_compile(caplog):
         stop()
     assert bytes(obj.code)[:4] == b"\x7fELF"
     assert "hook broke" in caplog.text
+
+
+class _SharedTierWithoutConditionalCreate(InMemoryProgramCache):
+    """A shared tier on a filesystem the lease does not trust (fsspec's racy generic create)."""
+
+    class _FS:
+        protocol = ("ftp",)
+
+    fs = _FS()
+    root = "cache"
+    read_only = False
+
+
+def test_a_remote_without_conditional_create_falls_back_to_node_level_and_says_so_once(tmp_path, caplog, events):
+    from tiered_progcache import TierPolicy
+
+    remote = _SharedTierWithoutConditionalCreate()
+    chain = TieredProgramCache(
+        tiers=[
+            InMemoryProgramCache(),
+            (FileStreamProgramCache(tmp_path / "local"), TierPolicy("local")),
+            (remote, TierPolicy("remote", shared=True)),
+        ]
+    )
+    with chain as cache, caplog.at_level("WARNING", logger="tiered_progcache.compile"):
+        assert cache.remote is remote
+        tiered_progcache.compile(matmul_source(16), "c++", _opts(), cache=cache)
+        tiered_progcache.compile(matmul_source(32), "c++", _opts(), cache=cache)
+    assert len(events) == 2
+    assert caplog.text.count("no atomic create-if-absent") == 1
+    assert len(remote) == 2  # the entries still reach the shared tier
+
+
+def test_threads_on_two_caches_each_fill_their_own(tmp_path, events):
+    import threading
+
+    caches = [InMemoryProgramCache(), InMemoryProgramCache()]
+    barrier = threading.Barrier(2)
+
+    def work(cache) -> None:
+        barrier.wait(30)
+        tiered_progcache.compile(matmul_source(16), "c++", _opts(), cache=cache)
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(len(c) == 1 for c in caches)

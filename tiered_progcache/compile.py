@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_LEASE_TTL_S = 60.0
 #: The longest any waiter waits for another thread, process or node before compiling itself.
 DEFAULT_WAIT_TIMEOUT_S = 300.0
+#: The longest one lease request may take when the remote tier names no timeout of its own.
+LEASE_OP_TIMEOUT_S = 10.0
 #: How long the lease holder waits for its upload to land before letting the others look.
 UPLOAD_FLUSH_TIMEOUT_S = 30.0
 
@@ -219,8 +221,8 @@ def _local_dir(cache: ProgramCacheResource) -> str | None:
     return os.fspath(root) if root is not None else None
 
 
-def _remote_fs(cache: ProgramCacheResource) -> tuple[Any, str] | None:
-    """The shared store's fsspec filesystem and root, where leases go; None if there is none."""
+def _remote_fs(cache: ProgramCacheResource) -> tuple[Any, str, float | None] | None:
+    """The shared store's fsspec filesystem, root and request timeout, for leases; None if none usable."""
     remote = getattr(cache, "remote", None)
     if remote is None and hasattr(cache, "fs") and hasattr(cache, "root"):
         remote = cache
@@ -232,6 +234,9 @@ def _remote_fs(cache: ProgramCacheResource) -> tuple[Any, str] | None:
         return None
     if getattr(remote, "read_only", False):
         return None  # this node will not upload, so nobody could wait for it
+    breaker = getattr(remote, "breaker", None)
+    if breaker is not None and getattr(breaker, "state", "closed") == "open":
+        return None  # the remote is known to be down: do not wait on it for a lease
     if not lease_supported(fs):
         _log_once(
             f"no-create:{type(fs).__name__}",
@@ -239,7 +244,8 @@ def _remote_fs(cache: ProgramCacheResource) -> tuple[Any, str] | None:
             type(fs).__name__,
         )
         return None
-    return fs, str(root)
+    timeout = getattr(remote, "timeout", None)
+    return fs, str(root), float(timeout) if isinstance(timeout, (int, float)) else LEASE_OP_TIMEOUT_S
 
 
 _logged: set[str] = set()
@@ -315,15 +321,18 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         extra_digest=_combine(extra_digest, digest),
     )
     target = target_type.lower()
-    found = _lookup(cache, key, target, options, names)
+    found = _find(cache, key, target, options, names)
     if found is not None:
-        return found
+        return found[0]
     if not single_flight:
         return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
 
     deadline = time.monotonic() + wait_timeout
+    # Per cache: a thread compiling into another cache would not store into this one.
+    # (The leader's frame holds ``cache`` for the flight's life, so its id is not reused.)
+    flight_key = (id(cache), key)
     while True:
-        with _flights.lead(key) as seat:
+        with _flights.lead(flight_key) as seat:
             if not seat.leader:
                 outcome = seat.wait(timeout=max(0.0, deadline - time.monotonic()))
                 if outcome is not None:
@@ -357,13 +366,7 @@ def _lead(
     local = _local_dir(cache)
 
     def recheck() -> tuple[ObjectCode, _Outcome] | None:
-        data = cache.get(key)
-        if data is None:
-            return None
-        mapping = _decode_symbols(cache.get(symbols_key(key)), names) if names else None
-        if names and mapping is None:
-            return None
-        return _wrap(data, target, options, mapping), _Outcome(data, mapping)
+        return _find(cache, key, target, options, names)
 
     with _maybe_node_lock(local, name, wait_s):
         found = recheck()  # another thread or process may have just finished it
@@ -372,7 +375,7 @@ def _lead(
         remote = _remote_fs(cache)
         if remote is None:
             return _compile_and_store(cache, key, source, code_type, options, target, names, logs)
-        lease = RemoteLease(remote[0], remote[1], name, lease_ttl)
+        lease = RemoteLease(remote[0], remote[1], name, lease_ttl, op_timeout_s=remote[2])
         found, held = wait_for_lease(lease, recheck, max(0.0, deadline - time.monotonic()))
         if found is not None:
             return found
@@ -382,11 +385,11 @@ def _lead(
                 if found is not None:
                     return found
             result = _compile_and_store(cache, key, source, code_type, options, target, names, logs)
-            if held:
-                flush = getattr(cache, "flush", None)
-                if flush is not None:
-                    # Let the upload land before the lease goes, or the others miss and recompile.
-                    flush(UPLOAD_FLUSH_TIMEOUT_S)
+            flush = getattr(cache, "flush", None)
+            if held and flush is not None and not flush(UPLOAD_FLUSH_TIMEOUT_S):
+                # The others may miss and compile again: slower, never wrong.
+                logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
+                               UPLOAD_FLUSH_TIMEOUT_S)
             return result
         finally:
             lease.release()
@@ -406,13 +409,14 @@ def _maybe_node_lock(local: str | None, name: str, wait_s: float) -> Any:
     return node_lock(os.path.join(local, "locks"), name, wait_s)
 
 
-def _lookup(
+def _find(
     cache: ProgramCacheResource,
     key: bytes,
     target: str,
     options: ProgramOptions,
     names: tuple[str | bytes, ...],
-) -> ObjectCode | None:
+) -> tuple[ObjectCode, _Outcome] | None:
+    """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None."""
     data = cache.get(key)
     if data is None:
         return None
@@ -422,7 +426,7 @@ def _lookup(
         if mapping is None:
             logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
             return None
-    return _wrap(data, target, options, mapping)
+    return _wrap(data, target, options, mapping), _Outcome(data, mapping)
 
 
 def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: dict[Any, Any] | None) -> ObjectCode:

@@ -103,6 +103,23 @@ def _signature(path: str) -> Signature:
     return ("o", st.st_mode)
 
 
+def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
+    """True if every path still stats as it did: the hot loop of a warm call, kept tight."""
+    stat_ = os.stat
+    for path, sig in checks:
+        if sig is not None and sig[0] == "f":
+            try:
+                st = stat_(path)
+            except OSError:
+                return False
+            if (st.st_mtime_ns != sig[3] or st.st_size != sig[2] or st.st_ino != sig[1]
+                    or st.st_ctime_ns != sig[4] or not stat.S_ISREG(st.st_mode)):
+                return False
+        elif _signature(path) != sig:
+            return False
+    return True
+
+
 def _parse_includes(data: bytes) -> tuple[tuple[int, str], ...]:
     found: list[tuple[int, str]] = []
     for m in _DIRECTIVE_RE.finditer(data):
@@ -350,6 +367,9 @@ def header_digest(
     if code_type != "c++":
         return None  # PTX: the linker reads no headers; cuda-core drops include options there
 
+    if (isinstance(source, str) and "include" not in source and "import" not in source
+            and not needs_header_digest(options, code_type)):
+        return None  # no directive can read a file (the common case, kept cheap)
     if isinstance(source, str):
         data = source.encode("utf-8", "surrogateescape")
     elif isinstance(source, (bytes, bytearray, memoryview)):
@@ -368,13 +388,9 @@ def header_digest(
     if cached is not None:
         now = time.monotonic()
         fresh = recheck_s > 0 and now - cached.checked_at < recheck_s
-        if not fresh:
-            for path, sig in cached.checks:
-                if _signature(path) != sig:
-                    break
-            else:
-                cached.checked_at = now
-                fresh = True
+        if not fresh and _unchanged(cached.checks):
+            cached.checked_at = now
+            fresh = True
         if fresh:
             return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
 

@@ -291,12 +291,14 @@ class RemoteLease:
     (see :func:`lease_supported`); one instance is one attempt by one holder.
     """
 
-    def __init__(self, fs: Any, root: str, name: str, ttl_s: float) -> None:
+    def __init__(self, fs: Any, root: str, name: str, ttl_s: float, *, op_timeout_s: float | None = 10.0) -> None:
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
         self.fs = fs
         self.ttl_s = float(ttl_s)
-        self.path = f"{str(root).rstrip('/')}/leases/{name}"
+        self.op_timeout_s = op_timeout_s
+        base = str(root).rstrip("/")
+        self.path = f"{base}/leases/{name}" if base else f"leases/{name}"
         self._local = bool(_protocols(fs) & _LOCAL_PROTOCOLS)
         if self._local:
             strip = getattr(fs, "_strip_protocol", None)
@@ -323,38 +325,56 @@ class RemoteLease:
             sort_keys=True,
         ).encode()
 
+    def _io(self, fn: Callable[[], T], what: str) -> T:
+        """Run one store request, bounded by ``op_timeout_s`` (a hung mount or endpoint raises TimeoutError)."""
+        if self.op_timeout_s is None:
+            return fn()
+        return _call_with_deadline(fn, self.op_timeout_s, f"lease {what} on {self.path}")
+
     def _create(self, data: bytes) -> bool:
-        if self._local:
-            return _local_create(self._local_path, data)
-        try:
-            self.fs.pipe_file(self.path, data, mode="create")
-        except FileExistsError:
-            return False
-        return True
+        def create() -> bool:
+            if self._local:
+                return _local_create(self._local_path, data)
+            try:
+                self.fs.pipe_file(self.path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        return self._io(create, "create")
 
     def _overwrite(self, data: bytes) -> None:
-        if self._local:
-            _local_replace(self._local_path, data)
-        else:
-            self.fs.pipe_file(self.path, data)
+        def overwrite() -> None:
+            if self._local:
+                _local_replace(self._local_path, data)
+            else:
+                self.fs.pipe_file(self.path, data)
+
+        self._io(overwrite, "renew")
 
     def _read_raw(self) -> bytes | None:
-        try:
-            if self._local:
-                with open(self._local_path, "rb") as fh:
-                    return fh.read()
-            return bytes(self.fs.cat_file(self.path))
-        except FileNotFoundError:
-            return None
+        def read() -> bytes | None:
+            try:
+                if self._local:
+                    with open(self._local_path, "rb") as fh:
+                        return fh.read()
+                return bytes(self.fs.cat_file(self.path))
+            except FileNotFoundError:
+                return None
+
+        return self._io(read, "read")
 
     def _delete(self) -> None:
-        try:
-            if self._local:
-                os.unlink(self._local_path)
-            else:
-                self.fs.rm_file(self.path)
-        except FileNotFoundError:
-            pass
+        def delete() -> None:
+            try:
+                if self._local:
+                    os.unlink(self._local_path)
+                else:
+                    self.fs.rm_file(self.path)
+            except FileNotFoundError:
+                pass
+
+        self._io(delete, "delete")
 
     # -- protocol -------------------------------------------------------------------
 
@@ -412,6 +432,28 @@ class RemoteLease:
                 self._delete()
         except Exception as exc:
             logger.warning("could not release lease %s (it expires by itself): %r", self.path, exc)
+
+
+def _call_with_deadline(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """``fn()`` on a daemon thread; TimeoutError if it takes longer than ``timeout`` (it is abandoned)."""
+    done = threading.Event()
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as exc:  # handed to the caller below
+            box.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="tiered-progcache-lease-io", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"{what} took longer than {timeout:g} s")
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 def _parse_lease(raw: bytes) -> LeaseInfo | None:
