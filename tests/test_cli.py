@@ -272,3 +272,30 @@ def test_stats_run_sums_concurrent_children_and_reports_commands_without_a_cache
     proc = run_cli("stats", "--run", "--", str(tmp_path / "no-such-command"), env=env)
     assert proc.returncode == 127
     assert "command not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- file:// remote, without tqdm ----------------------------------------------------------------
+
+
+def test_push_and_warm_on_a_file_remote_work_without_tqdm(tmp_path, cache_dir):
+    """tqdm is only for the bar: with it unimportable, --progress says so once and the transfer still runs."""
+    remote = (tmp_path / "nfs" / "kernels").as_uri()
+    no_tqdm = (
+        "import sys; sys.modules['tqdm'] = None\n"
+        "from tiered_progcache.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+
+    def cli_without_tqdm(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", no_tqdm, *args], capture_output=True, text=True, timeout=120)
+
+    pushed = cli_without_tqdm("push", "--dir", str(cache_dir), "--remote", remote, "--progress")
+    assert pushed.returncode == 0, pushed.stderr
+    assert "pushed 4 entries" in pushed.stdout
+    assert "tqdm is not installed" in pushed.stderr and "Traceback" not in pushed.stderr
+
+    node = tmp_path / "node"
+    warmed = cli_without_tqdm("warm", "--dir", str(node), "--remote", remote)
+    assert warmed.returncode == 0, warmed.stderr
+    assert "warmed 4 entries" in warmed.stdout and warmed.stderr == ""
+    assert names_in(node) == names_in(cache_dir)
