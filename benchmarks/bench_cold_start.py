@@ -74,15 +74,20 @@ def cold_start(n: int, sources: list[str], single_flight: bool) -> tuple[int, fl
     return sum(c for c, _ in done), max(t for _, t in done) - started
 
 
-def per_call_us(fn, calls: int, rounds: int = 5) -> float:
-    """Median over rounds of the mean microseconds per call."""
-    samples = []
+def per_call_us(fn, calls: int) -> float:
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def interleaved(case, baseline, calls: int, rounds: int = 9) -> tuple[float, float]:
+    """Median us per call of ``case`` and ``baseline``, timed in alternating rounds (noise hits both)."""
+    a, b = [], []
     for _ in range(rounds):
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - started) / calls * 1e6)
-    return statistics.median(samples)
+        a.append(per_call_us(case, calls))
+        b.append(per_call_us(baseline, calls))
+    return statistics.median(a), statistics.median(b)
 
 
 def _project_headers(root: Path, count: int) -> Path:
@@ -109,8 +114,8 @@ def _cccl_dir() -> str | None:
     return None
 
 
-def warm_hits(calls: int) -> list[tuple[str, float, int]]:
-    """(case, us per warm hit, headers behind it)."""
+def warm_hits(calls: int) -> list[tuple[str, float, float, int]]:
+    """(case, us per warm hit, us per baseline hit in the same rounds, paths stat'ed per call)."""
     from tiered_progcache import headers
 
     rows = []
@@ -118,17 +123,22 @@ def warm_hits(calls: int) -> list[tuple[str, float, int]]:
     base_src = matmul_source(16)
     plain = ProgramOptions(arch=ARCH, std="c++17")
 
-    def case(name: str, src: str, options: ProgramOptions, recheck: float = 0.0) -> None:
-        tpc.compile(src, "c++", options, cache=cache, header_recheck_s=recheck)  # compile, warm the memo
-        tpc.compile(src, "c++", options, cache=cache, header_recheck_s=recheck)
-        before = headers.files_hashed()
-        us = per_call_us(lambda: tpc.compile(src, "c++", options, cache=cache, header_recheck_s=recheck), calls)
-        assert headers.files_hashed() == before or name.startswith("cold")
-        scans = [s for s in headers._scan_memo.values()]
-        probed = max((len(s.checks) for s in scans), default=0) if options is not plain else 0
-        rows.append((name, us, 0 if recheck else probed))
+    def baseline() -> None:
+        tpc.compile(base_src, "c++", plain, cache=cache)
 
-    case("no include path (baseline)", base_src, plain)
+    def case(name: str, src: str, options: ProgramOptions, recheck: float = 0.0) -> None:
+        def call() -> None:
+            tpc.compile(src, "c++", options, cache=cache, header_recheck_s=recheck)
+
+        call()  # compiles, warms the memo
+        call()
+        hashed = headers.files_hashed()
+        us, base_us = interleaved(call, baseline, calls)
+        assert headers.files_hashed() == hashed, "a warm hit rehashed headers"
+        probed = 0 if recheck else max((len(s.checks) for s in headers._scan_memo.values()), default=0)
+        rows.append((name, us, base_us, probed))
+
+    baseline()
     with tempfile.TemporaryDirectory(prefix="bench-inc-") as tmp:
         inc = _project_headers(Path(tmp), 3)
         headers.clear_memo()
@@ -177,12 +187,11 @@ def main() -> None:
         print(f"{n:>5} | {c_sf:>23} {c_no:>8} | {w_sf:>21.2f} {w_no:>8.2f} | {w_sf / w_no:>9.2f}x")
 
     print()
-    print("warm hit through compile() (memory tier, header memo warm; headers re-statted every call):")
-    rows = warm_hits(200 if args.quick else 2000)
-    base = rows[0][1]
-    for name, us, probed in rows:
+    print("warm hit through compile() (memory tier, header memo warm), against the same call")
+    print("without include path (baseline), timed in alternating rounds; headers are re-statted every call:")
+    for name, us, base_us, probed in warm_hits(300 if args.quick else 2000):
         extra = f"  ({probed} paths stat'ed per call)" if probed else ""
-        print(f"  {name:<36} {us:8.1f} us   {us / base:5.2f}x{extra}")
+        print(f"  {name:<34} {us:8.1f} us  vs {base_us:6.1f} us   {us / base_us:5.2f}x{extra}")
     cold = cold_process_scan_ms()
     if cold is not None:
         print(f"  first scan in a new process, <cub/block/block_reduce.cuh> (memo cold): {cold:.1f} ms")

@@ -23,7 +23,9 @@ when the name has none (unless ``no_source_include``).
 
 Cost: file digests are memoized by ``(path, inode, size, mtime_ns, ctime_ns)``, and
 a whole scan is memoized with the list of paths it probed; a warm call re-stats
-those paths (about a microsecond each) and hashes nothing.
+those paths (about a microsecond each) and hashes nothing. A file modified in the
+last ``RACY_NS`` is hashed on every call: two edits within one coarse clock tick
+can leave its stat unchanged.
 """
 
 from __future__ import annotations
@@ -298,6 +300,17 @@ def _as_list(value: object) -> list[str]:
     return []
 
 
+def _hashable(value: object) -> object:
+    if value is None or type(value) is str:
+        return value
+    try:
+        if isinstance(value, (list, tuple)):
+            return tuple(map(os.fspath, value))
+        return os.fspath(value)  # type: ignore[arg-type]
+    except TypeError:
+        return repr(value)
+
+
 def _source_dir(options: Any) -> str | None:
     if getattr(options, "no_source_include", False):
         return None
@@ -370,20 +383,20 @@ def header_digest(
     if (isinstance(source, str) and "include" not in source and "import" not in source
             and not needs_header_digest(options, code_type)):
         return None  # no directive can read a file (the common case, kept cheap)
-    if isinstance(source, str):
-        data = source.encode("utf-8", "surrogateescape")
-    elif isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-    else:
+    if not isinstance(source, (str, bytes, bytearray, memoryview)):
         raise TypeError(f"source must be str or bytes, got {type(source).__name__}")
-    include_dirs = tuple(os.path.abspath(p) for p in _as_list(getattr(options, "include_path", None)))
-    pre_includes = tuple(_as_list(getattr(options, "pre_include", None)))
-    source_dir = _source_dir(options)
-    use_pch = getattr(options, "use_pch", None)
-    use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
 
-    memo_key = (hashlib.sha256(data, usedforsecurity=False).digest(), include_dirs, pre_includes, source_dir,
-                use_pch_path)
+    # The memo key is made of what the caller passed, unresolved (cheap to hash: a str
+    # caches its hash); the working directory joins it because relative paths follow it.
+    memo_key = (
+        source if isinstance(source, (str, bytes)) else bytes(source),
+        _hashable(getattr(options, "include_path", None)),
+        _hashable(getattr(options, "pre_include", None)),
+        getattr(options, "name", None),
+        bool(getattr(options, "no_source_include", False)),
+        _hashable(getattr(options, "use_pch", None)),
+        os.getcwd(),
+    )
     cached = _scan_memo.get(memo_key)
     if cached is not None:
         now = time.monotonic()
@@ -393,6 +406,13 @@ def header_digest(
             fresh = True
         if fresh:
             return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
+
+    data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
+    include_dirs = tuple(os.path.abspath(p) for p in _as_list(getattr(options, "include_path", None)))
+    pre_includes = tuple(_as_list(getattr(options, "pre_include", None)))
+    source_dir = _source_dir(options)
+    use_pch = getattr(options, "use_pch", None)
+    use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
 
     scan = _Scan(include_dirs)
     for spelling in pre_includes:
