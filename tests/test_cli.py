@@ -87,6 +87,8 @@ def names_in(root: Path) -> set[str]:
         (["clear"], {}, "--local"),
         (["warm"], {}, "no remote configured"),
         (["warm", "--remote", "file:///nowhere", "not-a-name"], {}, "not an entry name"),
+        (["warm", "--remote", "ab" * 32], {}, "put entry names before --remote"),
+        (["ls", "--", "x"], {}, "only for stats --run"),
         (["stats", "--run"], {}, "needs a command"),
         (["config", "--remote-options", "[1, 2]"], {}, "JSON object"),
         (["config", "--remote-options", "{nope"], {}, "not valid JSON"),
@@ -268,6 +270,11 @@ def test_stats_run_sums_concurrent_children_and_reports_commands_without_a_cache
     proc = run_cli("stats", "--run", "--", sys.executable, "-c", "pass", env=env)
     assert proc.returncode == 0
     assert "no cache reported" in proc.stdout
+
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    proc = run_cli("stats", "--run", "--", sys.executable, "-c", killed, env=env)
+    assert proc.returncode == 128 + 15  # like a shell: 128 + the signal
+    assert "exit code    -15 (killed by SIGTERM)" in proc.stdout
 
     proc = run_cli("stats", "--run", "--", str(tmp_path / "no-such-command"), env=env)
     assert proc.returncode == 127

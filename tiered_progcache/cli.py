@@ -285,6 +285,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     values = vars(args)
     overrides: dict[str, Any] = {}
     if isinstance(values.get("remote"), str):
+        if re.fullmatch(r"[0-9a-f]{64}", values["remote"]):
+            raise UsageError("--remote took an entry name as its URL: put entry names before --remote")
         overrides["remote"] = values["remote"]
     for flag, field in _CONFIG_FLAGS.items():
         if flag in values and field != "remote":
@@ -509,7 +511,8 @@ def _counters(s: Any) -> dict[str, int]:
 
 def _print_run_table(argv: Sequence[str], returncode: int, seconds: float, processes: int, caches: int, totals: Any) -> None:
     print(f"command      {' '.join(argv)}")
-    print(f"exit code    {returncode}")
+    killed = f" (killed by {_signal_name(-returncode)})" if returncode < 0 else ""
+    print(f"exit code    {returncode}{killed}")
     print(f"time         {seconds:.2f} s")
     print(f"caches       {caches} (in {processes} process{'es' if processes != 1 else ''})")
     if not caches:
@@ -526,6 +529,13 @@ def _print_run_table(argv: Sequence[str], returncode: int, seconds: float, proce
     print()
     for r in [header, *rows]:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
