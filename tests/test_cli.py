@@ -90,6 +90,7 @@ def names_in(root: Path) -> set[str]:
         (["warm", "--remote", "ab" * 32], {}, "put entry names before --remote"),
         (["ls", "--", "x"], {}, "only for stats --run"),
         (["stats", "--run"], {}, "needs a command"),
+        (["stats", "--run", "--", "true"], {"TIERED_PROGCACHE_REMOTE_TIMEOUT": "soon"}, "REMOTE_TIMEOUT"),
         (["config", "--remote-options", "[1, 2]"], {}, "JSON object"),
         (["config", "--remote-options", "{nope"], {}, "not valid JSON"),
         (["config"], {"TIERED_PROGCACHE_MAX_LOCAL_BYTES": "lots"}, "TIERED_PROGCACHE_MAX_LOCAL_BYTES"),
@@ -246,7 +247,7 @@ def test_stats_run_counts_the_hits_of_a_child_that_compiles(tmp_path):
     assert second.returncode == 3, second.stderr
     assert "exit code    3" in second.stdout
     assert "hits         3 (100.0% of 3 lookups)" in second.stdout
-    assert "misses       0 (compiled)" in second.stdout
+    assert "misses       0 (missed by every tier)" in second.stdout
     rows = {line.split()[0]: line.split() for line in second.stdout.splitlines() if line.startswith(("memory", "local"))}
     assert rows["memory"][1:5] == ["1", "2", "2", "2"]  # hits, misses, writes, promotions
     assert rows["local"][1:5] == ["2", "0", "0", "0"]

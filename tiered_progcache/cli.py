@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
@@ -40,11 +39,11 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
-#: Flags that map onto :class:`~tiered_progcache.config.CacheConfig` fields.
+#: Flags (argparse dests) that map onto :class:`~tiered_progcache.config.CacheConfig` fields;
+#: ``--remote`` is handled apart, since it also selects the tier.
 _CONFIG_FLAGS = {
     "dir": "local_dir",
     "max_local_bytes": "max_local_bytes",
-    "remote_url": "remote",
     "remote_options": "remote_options",
     "read_only": "remote_read_only",
     "signing_key_file": "signing_key_file",
@@ -53,28 +52,11 @@ _CONFIG_FLAGS = {
     "strict": "strict",
 }
 
-_CONFIG_FIELDS = (
-    "local_dir",
-    "max_memory_bytes",
-    "max_local_bytes",
-    "remote",
-    "remote_options",
-    "remote_read_only",
-    "signing_key_file",
-    "compression",
-    "remote_timeout",
-    "strict",
-)
-
 _SECRET_OPTION = re.compile(r"secret|token|password|passwd|credential|(^|_)key$", re.IGNORECASE)
 
 
 class UsageError(Exception):
     """A mistake in how the command was called: one line on stderr, exit 2."""
-
-
-class Problem(Exception):
-    """The command could not do its job (a bucket that is not there, a denied write): exit 1."""
 
 
 # -- units ------------------------------------------------------------------------------------
@@ -289,7 +271,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError("--remote took an entry name as its URL: put entry names before --remote")
         overrides["remote"] = values["remote"]
     for flag, field in _CONFIG_FLAGS.items():
-        if flag in values and field != "remote":
+        if flag in values:
             overrides[field] = values[flag]
     if "remote_options" in overrides:
         try:
@@ -348,10 +330,7 @@ def _shown(field: str, value: Any) -> Any:
 def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args)
     sources = config.sources()
-    if dataclasses.is_dataclass(config):
-        fields = [f.name for f in dataclasses.fields(config) if not f.name.startswith("_")]
-    else:
-        fields = list(_CONFIG_FIELDS)
+    fields = list(sources)  # every setting, in config.py's order
     rows = [(name, _shown(name, getattr(config, name)), sources.get(name, "default")) for name in fields]
     if "local_dir" in fields and config.local_dir is None:  # show where "default" is on this machine
         from .localdir import default_local_dir
@@ -423,6 +402,7 @@ def _stats_of_run(args: argparse.Namespace) -> int:
     argv = list(args.child_argv)
     if not argv:
         raise UsageError("--run needs a command: stats --run -- CMD [ARG ...]")
+    load_config(args)  # a bad flag or variable is a usage error here, not a failure inside CMD
     env = dict(os.environ)
     for field, value in _overrides(args).items():  # the child sees the configuration the flags give
         env.update(_env_for(field, value))
@@ -432,9 +412,10 @@ def _stats_of_run(args: argparse.Namespace) -> int:
     try:
         started = time.perf_counter()
         try:
-            # Let CMD handle Ctrl-C itself; we still report after it exits.
-            with _ignoring_sigint():
-                returncode = subprocess.run(argv, env=env).returncode
+            child = subprocess.Popen(argv, env=env)
+            # Ctrl-C reaches CMD too (same process group): let it decide, and report after it exits.
+            with _sigint_ignored():
+                returncode = child.wait()
         except FileNotFoundError:
             print(f"{PROG}: error: command not found: {argv[0]}", file=sys.stderr)
             return 127
@@ -468,32 +449,25 @@ def _stats_of_run(args: argparse.Namespace) -> int:
 
 def _env_for(field: str, value: Any) -> dict[str, str]:
     """The TIERED_PROGCACHE_* variable that carries a flag's value to a child process."""
-    name = {
-        "local_dir": "DIR",
-        "max_local_bytes": "MAX_LOCAL_BYTES",
-        "remote": "REMOTE",
-        "remote_options": "REMOTE_OPTIONS",
-        "remote_read_only": "READ_ONLY",
-        "signing_key_file": "SIGNING_KEY_FILE",
-        "compression": "COMPRESSION",
-        "remote_timeout": "REMOTE_TIMEOUT",
-        "strict": "STRICT",
-    }[field]
+    from .config import _SETTINGS, ENV_PREFIX
+
+    name = ENV_PREFIX + _SETTINGS[field][0]
     if isinstance(value, bool):
         text = "1" if value else "0"
     elif isinstance(value, dict):
         text = json.dumps(value)
     else:
         text = str(value)
-    return {f"TIERED_PROGCACHE_{name}": text}
+    return {name: text}
 
 
 @contextlib.contextmanager
-def _ignoring_sigint() -> Iterator[None]:
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C in this process while the child runs; the child gets it too and decides what to do."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         yield
     finally:
@@ -521,7 +495,7 @@ def _print_run_table(argv: Sequence[str], returncode: int, seconds: float, proce
     lookups = totals.tiers[0][1].lookups if totals.tiers else 0
     rate = f" ({100 * totals.hits / lookups:.1f}% of {lookups} lookups)" if lookups else ""
     print(f"hits         {totals.hits}{rate}")
-    print(f"misses       {totals.misses} (compiled)")
+    print(f"misses       {totals.misses} (missed by every tier)")
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]
     rows = [[name] + [format_size(getattr(s, c)) if c.startswith("bytes") else str(getattr(s, c)) for c in _RUN_COLUMNS]
             for name, s in totals.tiers]  # fmt: skip
