@@ -51,6 +51,8 @@ DEFAULT_TIMEOUT_S = 5.0
 MIN_LIST_TIMEOUT_S = 120.0
 #: Requests in flight at once during warm()/push().
 DEFAULT_TRANSFER_CONCURRENCY = 64
+#: Threads that verify and write fetched entries into the local directory during warm().
+LOCAL_WRITERS = 8
 
 Progress = Callable[[int, int], None]
 
@@ -305,23 +307,23 @@ class RemoteProgramCache(ProgramCacheResource):
         done = moved = nbytes = failures = 0
         first_problem = ""
         _tell(progress, 0, len(todo))
-        for batch in _chunks(todo, self.transfer_concurrency):
-            fetched = self._fetch_many(batch)
-            for name in batch:
-                result = fetched[name]
-                try:
-                    if isinstance(result, BaseException):
-                        raise result
-                    payload = self._codec.open(name, result)
-                    local_dir.write(name, payload)
-                except Exception as exc:
-                    failures += 1
-                    first_problem = first_problem or f"{name[:12]}: {_describe(exc)}"
-                    continue
-                moved += 1
-                nbytes += len(payload)
-            done += len(batch)
-            _tell(progress, done, len(todo))
+        # Verify-and-write (hashing and fsync release the GIL) runs on threads, one batch behind
+        # the fetches, so the disk and the network work at the same time.
+        with concurrent.futures.ThreadPoolExecutor(LOCAL_WRITERS, thread_name_prefix="tiered-progcache-warm") as pool:
+            landing: list[tuple[str, concurrent.futures.Future[int]]] = []
+            for batch in [*_chunks(todo, self.transfer_concurrency), []]:
+                fetched = self._fetch_many(batch) if batch else {}
+                for name, future in landing:
+                    try:
+                        nbytes += future.result()
+                        moved += 1
+                    except Exception as exc:
+                        failures += 1
+                        first_problem = first_problem or f"{name[:12]}: {_describe(exc)}"
+                if landing:
+                    done += len(landing)
+                    _tell(progress, done, len(todo))
+                landing = [(name, pool.submit(self._land, local_dir, name, fetched[name])) for name in batch]
         if failures:
             logger.warning("warm from %s: %d of %d entries failed (first: %s)", self.url, failures, len(todo), first_problem)
         return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
@@ -518,6 +520,14 @@ class RemoteProgramCache(ProgramCacheResource):
                 continue
             self._breaker.record_success()
         return out
+
+    def _land(self, local_dir: LocalDir, name: str, fetched: bytes | BaseException) -> int:
+        """Verify one fetched envelope and write its payload into the local directory; its size."""
+        if isinstance(fetched, BaseException):
+            raise fetched
+        payload = self._codec.open(name, fetched)
+        local_dir.write(name, payload)
+        return len(payload)
 
     def _names_or_listing(self, names: Iterable[str] | None) -> list[str]:
         if names is not None:
