@@ -237,7 +237,9 @@ def test_tier_that_raises_on_read_is_a_counted_miss():
 # -- input validation ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs", [{"max_memory_bytes": -1}, {"max_memory_bytes": 0}, {"max_local_bytes": -5}])
+@pytest.mark.parametrize(
+    "kwargs", [{"max_memory_bytes": -1}, {"max_memory_bytes": 0}, {"max_local_bytes": -5}, {"max_pending_uploads": 0}]
+)
 def test_non_positive_sizes_are_value_errors(tmp_path, kwargs):
     with pytest.raises(ValueError, match="must be positive"):
         TieredProgramCache(tmp_path, **kwargs)

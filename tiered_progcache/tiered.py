@@ -112,6 +112,8 @@ class TieredProgramCache(ProgramCacheResource):
                     strict=strict,
                 )
                 specs.append(remote_tier)
+        if _positive_or_none("max_pending_uploads", max_pending_uploads) is None:
+            raise ValueError("max_pending_uploads must be a positive int, got None")
         self._tiers: tuple[Tier, ...] = _build_tiers(specs, max_pending_uploads)
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
