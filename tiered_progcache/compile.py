@@ -62,7 +62,11 @@ _FROM_BYTES = {"cubin": ObjectCode.from_cubin, "ptx": ObjectCode.from_ptx, "ltoi
 
 @dataclasses.dataclass(frozen=True)
 class CompileEvent:
-    """One run of the compiler by :func:`compile` (a cache miss that compiled)."""
+    """One run of the compiler by :func:`compile` (a cache miss that compiled). Immutable.
+
+    ``key`` is the cache key, ``seconds`` the compiler's wall time, ``ok`` False when it
+    raised (the error then propagates to the caller).
+    """
 
     key: bytes
     code_type: str
@@ -157,7 +161,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def symbols_key(key: bytes) -> bytes:
-    """The key under which the symbol mapping of entry ``key`` is stored."""
+    """The key under which the symbol mapping of entry ``key`` is stored (pure; any thread).
+
+    >>> cache.get(symbols_key(key))   # b'{"format": "tiered-progcache/symbols", ...}'
+    """
     return hashlib.sha256(bytes(key) + b"#symbols", usedforsecurity=False).digest()
 
 
@@ -306,6 +313,10 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     Compiler errors propagate to the caller and to the threads waiting on it;
     waiting processes and nodes retry the compile and get the error themselves.
     """
+    if not lease_ttl > 0:
+        raise ValueError(f"lease_ttl must be positive, got {lease_ttl!r}")
+    if not wait_timeout >= 0:
+        raise ValueError(f"wait_timeout must be >= 0, got {wait_timeout!r}")
     if options is None:
         options = ProgramOptions()
     if cache is None:

@@ -321,7 +321,13 @@ def _source_dir(options: Any) -> str | None:
 
 
 def needs_header_digest(options: Any, code_type: str = "c++") -> bool:
-    """True when cuda-core's key cannot be built without an ``extra_digest`` for ``options``."""
+    """True when cuda-core's key cannot be built without an ``extra_digest`` for ``options``.
+
+    Mirrors cuda-core's guard (``make_program_cache_key``); pure, safe from any thread.
+
+    >>> needs_header_digest(ProgramOptions(arch="sm_90", include_path=["inc"]))
+    True
+    """
     code_type = code_type.lower()
     if code_type == "nvvm":
         return bool(getattr(options, "use_libdevice", None))
@@ -447,12 +453,15 @@ def header_digest(
 
 
 def files_hashed() -> int:
-    """Header files this process has read and hashed so far (each memo miss counts one)."""
+    """Header files this process has read and hashed so far (each memo miss counts one).
+
+    Per process; read without a lock (a racing thread's count may show up a call late).
+    """
     return _files_hashed
 
 
 def clear_memo() -> None:
-    """Forget every memoized file and scan (tests, or after remounting a header tree)."""
+    """Forget every memoized file and scan (tests, or after remounting a header tree). Thread-safe."""
     with _memo_lock:
         _file_memo.clear()
         _scan_memo.clear()

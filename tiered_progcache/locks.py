@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, Generic, TypeVar
 
@@ -115,8 +116,7 @@ class ThreadSingleFlight(Generic[T]):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._flights: dict[Any, _Flight[T]] = {}
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget_after_fork)
+        _all_flights.add(self)
 
     def _forget_after_fork(self) -> None:
         # The child has none of the parent's threads: their flights would never finish.
@@ -163,6 +163,18 @@ class ThreadSingleFlight(Generic[T]):
                 if self._flights.get(key) is flight:
                     del self._flights[key]
             flight._done.set()
+
+
+_all_flights: weakref.WeakSet[ThreadSingleFlight[Any]] = weakref.WeakSet()
+
+
+def _forget_flights_after_fork() -> None:
+    for flights in list(_all_flights):
+        flights._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_flights_after_fork)
 
 
 @dataclasses.dataclass
@@ -261,13 +273,17 @@ def _protocols(fs: Any) -> set[str]:
 
 
 def lease_supported(fs: Any) -> bool:
-    """True if ``fs`` can create an object only when absent, atomically."""
+    """True if ``fs`` can create an object only when absent, atomically (by protocol; pure, thread-safe).
+
+    >>> lease_supported(fsspec.filesystem("s3"))      # If-None-Match: *
+    True
+    """
     return bool(_protocols(fs) & (_CONDITIONAL_CREATE_PROTOCOLS | _LOCAL_PROTOCOLS))
 
 
 @dataclasses.dataclass(frozen=True)
 class LeaseInfo:
-    """What a lease object says: who holds it and until when (holder's wall clock)."""
+    """What a lease object says: who holds it and until when (holder's wall clock). Immutable."""
 
     holder: str
     token: str
@@ -517,11 +533,16 @@ def wait_for_lease(
 ) -> tuple[T | None, bool]:
     """Take ``lease``, or wait for whoever holds it to produce the result.
 
+    >>> found, held = wait_for_lease(lease, lambda: cache.get(key), timeout=300)
+
     Returns ``(None, True)`` when this caller now holds the lease (do the work, then
     ``lease.release()``); ``(result, False)`` when ``poll()`` found the holder's
     result; ``(None, False)`` when the wait ran out or the store failed (do the
     work without a lease). An expired lease (a crashed holder) is broken and
     retaken, so a crash costs the others at most the lease TTL.
+
+    Any number of threads, processes and hosts may wait on one lease at once, each
+    with its own :class:`RemoteLease`; ``poll`` is called from the calling thread only.
     """
     deadline = time.monotonic() + timeout
     delay, limit = LEASE_POLL_S
