@@ -162,3 +162,17 @@ def test_signing_key_file_problems_name_the_variable(tmp_path, caplog):
 def test_local_dir_expands_user(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert CacheConfig.from_env({ENV + "DIR": "~/kernels"}).local_dir == Path(tmp_path, "kernels")
+
+
+def test_signing_key_file_keeps_binary_whitespace_and_drops_one_newline(tmp_path):
+    from tiered_progcache.config import CacheConfig
+
+    binary = tmp_path / "binary.key"
+    binary.write_bytes(b" \x00key\t")
+    binary.chmod(0o600)
+    text = tmp_path / "text.key"
+    text.write_bytes(b"deadbeef\n")
+    text.chmod(0o600)
+    env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "d")}
+    assert CacheConfig.from_env({**env, "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(binary)})._signing_key() == b" \x00key\t"
+    assert CacheConfig.from_env({**env, "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(text)})._signing_key() == b"deadbeef"

@@ -242,7 +242,7 @@ class CacheConfig:
         source = self.sources()["signing_key_file"]
         where = source.removeprefix("env ") if source.startswith("env ") else "signing_key_file"
         try:
-            key = self.signing_key_file.read_bytes().strip()
+            key = _strip_one_line_ending(self.signing_key_file.read_bytes())
             mode = self.signing_key_file.stat().st_mode
         except OSError as exc:
             raise ValueError(f"{where}: cannot read the signing key file: {exc}") from None
@@ -254,6 +254,18 @@ class CacheConfig:
                 self.signing_key_file, stat.S_IMODE(mode),
             )
         return key
+
+
+def _strip_one_line_ending(raw: bytes) -> bytes:
+    """The key file's bytes less one trailing newline (``openssl rand -hex 32 > f`` adds one).
+
+    Nothing else is stripped: a binary key (``openssl rand 32 > f``) may begin or end
+    with whitespace bytes, and must sign the same as ``signing_key=`` given those bytes.
+    """
+    for ending in (b"\r\n", b"\n"):
+        if raw.endswith(ending):
+            return raw[: -len(ending)]
+    return raw
 
 
 #: Fields whose argument ``None`` means "the default", not "none": a bool or count has no "none".
