@@ -1,12 +1,13 @@
 """A cold cache under load, and what header digests cost on a warm hit, measured side by side.
 
-    python benchmarks/bench_cold_start.py [--kernels 12] [--procs 1,2,4,8] [--quick]
+    python benchmarks/bench_cold_start.py [--kernels 12] [--procs 1,2,4,8] [--repeat 3] [--quick]
 
 Part 1: N processes start together (a barrier) on one empty cache directory, each
 compiling the same K kernels (the sample matmul, K variants) in its own order, with
 single-flight (``tiered_progcache.compile``) and without (``single_flight=False``, what
-``Program.compile(cache=...)`` does). Compiles are counted by the helper's hook in
-each process; wall time runs from the barrier to the last process done.
+``Program.compile(cache=...)`` does), alternately, ``--repeat`` times; the median run
+is shown. Compiles are counted by the helper's hook in each process; wall time runs
+from the barrier to the last process done.
 
 Part 2: the in-process cost of a warm hit (memory tier) through ``compile()`` with
 include paths against the same call without, once the header memo is warm. The
@@ -172,18 +173,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", type=int, default=12)
     p.add_argument("--procs", default="1,2,4,8")
+    p.add_argument("--repeat", type=int, default=3, help="cold-start runs per cell; the median is shown")
     p.add_argument("--quick", action="store_true", help="fewer kernels and calls (smoke run)")
     args = p.parse_args()
     k = 4 if args.quick else args.kernels
     procs = [int(x) for x in args.procs.split(",")]
     sources = kernel_sources(k)
 
-    print(f"cold start: {k} kernels (sample matmul variants) per process, {os.cpu_count()} CPUs, arch {ARCH}")
+    print(f"cold start: {k} kernels (sample matmul variants) per process, {os.cpu_count()} CPUs, arch {ARCH}, "
+          f"median of {1 if args.quick else max(1, args.repeat)} runs")
     print(f"{'procs':>5} | {'compiles: single-flight':>23} {'without':>8} | "
           f"{'wall s: single-flight':>21} {'without':>8} | {'wall ratio':>10}")
+    repeat = 1 if args.quick else max(1, args.repeat)
     for n in procs:
-        c_sf, w_sf = cold_start(n, sources, single_flight=True)
-        c_no, w_no = cold_start(n, sources, single_flight=False)
+        with_sf, without = [], []
+        for _ in range(repeat):
+            with_sf.append(cold_start(n, sources, single_flight=True))
+            without.append(cold_start(n, sources, single_flight=False))
+        (c_sf, w_sf), (c_no, w_no) = (sorted(runs, key=lambda r: r[1])[len(runs) // 2] for runs in (with_sf, without))
         print(f"{n:>5} | {c_sf:>23} {c_no:>8} | {w_sf:>21.2f} {w_no:>8.2f} | {w_sf / w_no:>9.2f}x")
 
     print()
