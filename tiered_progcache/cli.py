@@ -65,7 +65,7 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str) -> int:
-    """``"10G"`` -> 10**10, ``"10Gi"`` -> 10 * 2**30, ``"4096"`` -> 4096: the units of the environment variables."""
+    """``"10G"`` -> 10**9, ``"10Gi"`` -> 10 * 2**30, ``"4096"`` -> 4096: the units of the environment variables."""
     from .config import parse_size as parse
 
     try:
