@@ -14,9 +14,11 @@ from .tiered import DEFAULT_MAX_MEMORY_BYTES, TieredProgramCache
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
+    "CacheConfig",
     "CacheStats",
     "CompileEvent",
     "EntryRejected",
+    "RemoteProgramCache",
     "Tier",
     "TierPolicy",
     "TierStats",
@@ -27,3 +29,16 @@ __all__ = [
     "header_digest",
     "on_compile",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The remote tier and the configuration load fsspec: import them on first use only."""
+    if name == "RemoteProgramCache":
+        from .remote import RemoteProgramCache
+
+        return RemoteProgramCache
+    if name == "CacheConfig":
+        from .config import CacheConfig
+
+        return CacheConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
