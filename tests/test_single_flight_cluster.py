@@ -174,7 +174,8 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
         assert status == "ok" and good
         assert called < lease.expires_at  # each node asked while the dead lease still stood
         # held up by the dead lease until it expired, then one compile and one poll interval
-        assert done - lease.expires_at < 2.5, f"finished {done - lease.expires_at:.2f} s after the lease expired"
+        # (wait_timeout is 60 s: a node that ignored the expiry would finish a minute late)
+        assert done - lease.expires_at < 5.0, f"finished {done - lease.expires_at:.2f} s after the lease expired"
     assert _lease_paths(url, storage_options) == []
 
 

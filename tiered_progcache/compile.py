@@ -53,7 +53,7 @@ DEFAULT_LEASE_TTL_S = 60.0
 DEFAULT_WAIT_TIMEOUT_S = 300.0
 #: The longest one lease request may take when the remote tier names no timeout of its own.
 LEASE_OP_TIMEOUT_S = 10.0
-#: How long the lease holder waits for its upload to land before letting the others look.
+#: How long the lease holder's background thread waits for the upload before releasing the lease.
 UPLOAD_FLUSH_TIMEOUT_S = 30.0
 
 _SYMBOLS_FORMAT = "tiered-progcache/symbols"
@@ -390,6 +390,7 @@ def _lead(
         found, held = wait_for_lease(lease, recheck, max(0.0, deadline - time.monotonic()))
         if found is not None:
             return found
+        release_here = True
         try:
             if held:
                 found = recheck()
@@ -397,13 +398,33 @@ def _lead(
                     return found
             result = _compile_and_store(cache, key, source, code_type, options, target, names, logs)
             flush = getattr(cache, "flush", None)
-            if held and flush is not None and not flush(UPLOAD_FLUSH_TIMEOUT_S):
-                # The others may miss and compile again: slower, never wrong.
-                logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
-                               UPLOAD_FLUSH_TIMEOUT_S)
+            if held and flush is not None:
+                _release_after_upload(lease, flush, name)
+                release_here = False
             return result
         finally:
+            if release_here:
+                lease.release()
+
+
+def _release_after_upload(lease: RemoteLease, flush: Callable[[float], bool], name: str) -> None:
+    """Hold the lease until the upload lands, on a thread, so the compile returns at once.
+
+    Nodes waiting on the lease find the entry once it is up; if the upload is slow or
+    lost they wait out the lease or their own timeout and compile: slower, never wrong.
+    The thread is not a daemon: a process that exits right after compiling still
+    releases its lease (bounded by the flush timeout and the remote's request timeout).
+    """
+
+    def upload_then_release() -> None:
+        try:
+            if not flush(UPLOAD_FLUSH_TIMEOUT_S):
+                logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
+                               UPLOAD_FLUSH_TIMEOUT_S)
+        finally:
             lease.release()
+
+    threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False).start()
 
 
 class _NoLock:
