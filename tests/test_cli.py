@@ -19,28 +19,9 @@ from cuda.core import Program, ProgramOptions
 from tiered_progcache.localdir import LocalDir, entry_name
 from tiered_progcache.samples import matmul_source
 
+from cli_support import assert_one_line_error, run_cli
+
 DAY = 86400.0
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "tiered_progcache", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-        timeout=120,
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, rc: int = 2) -> str:
-    assert proc.returncode == rc, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

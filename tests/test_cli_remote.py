@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -12,22 +10,10 @@ from cuda.core import Program, ProgramOptions
 
 from tiered_progcache.localdir import LocalDir, entry_name
 from tiered_progcache.samples import EPILOGUES, matmul_source
+
+from cli_support import assert_one_line_error, run_cli
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (pytest fixtures)
 
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tiered_progcache", *args], capture_output=True, text=True, env=dict(os.environ), timeout=120
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, rc: int) -> str:
-    assert proc.returncode == rc, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -176,7 +176,8 @@ def test_warm_fetches_concurrently_through_batched_cat(tmp_path):
     fs.requests.clear()
     report = remote.warm(LocalDir(tmp_path))
     assert report.entries == 64 and fs.requests["get"] == 64
-    assert report.seconds < 0.3 * 64 * 0.05, report
+    assert LocalDir(tmp_path).names() == set(names)
+    assert fs.max_in_flight >= 32, fs.max_in_flight  # sequential gets would never overlap
 
 
 def test_push_uploads_what_remote_lacks(s3_bucket, tmp_path):

@@ -41,11 +41,18 @@ class SlowFileSystem(AsyncFileSystem):
         self.objects: dict[str, tuple[bytes, float]] = {}
         self.buckets: set[str] = set()
         self.requests: collections.Counter[str] = collections.Counter()
+        self.in_flight = 0
+        self.max_in_flight = 0  # the most requests ever waiting at once: proof of concurrency
 
     async def _round_trip(self, op: str) -> None:
         self.requests[op] += 1
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            self.in_flight += 1  # every request runs on the one event loop: no lock needed
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(self.delay_s)
+            finally:
+                self.in_flight -= 1
 
     def _file_info(self, path: str) -> dict[str, Any]:
         data, mtime = self.objects[path]
