@@ -165,21 +165,21 @@ class Tier:
         entries = bytes_held = None
         if not self.policy.shared:
             try:
-                entries = len(self.resource)
-                bytes_held = _bytes_held(self.resource)
+                entries, bytes_held = _size_of(self.resource)
             except Exception as exc:
                 logger.debug("tier %s could not measure its size: %r", self.name, exc)
         return self.counters.snapshot(entries=entries, bytes_held=bytes_held)
 
 
-def _bytes_held(resource: ProgramCacheResource) -> int | None:
-    """Bytes a tier holds, for the tiers whose size we can read without a full scan of a remote."""
+def _size_of(resource: ProgramCacheResource) -> tuple[int, int | None]:
+    """Entries and bytes a tier holds; a local directory is walked once for both."""
     from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
-    if isinstance(resource, InMemoryProgramCache):
-        return getattr(resource, "_total_bytes", None)
     if isinstance(resource, FileStreamProgramCache):
         from .localdir import LocalDir
 
-        return sum(entry.size for entry in LocalDir.of(resource).iter_entries())
-    return None
+        sizes = [entry.size for entry in LocalDir.of(resource).iter_entries()]
+        return len(sizes), sum(sizes)
+    if isinstance(resource, InMemoryProgramCache):
+        return len(resource), getattr(resource, "_total_bytes", None)
+    return len(resource), None
