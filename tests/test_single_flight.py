@@ -83,8 +83,22 @@ def _run_processes(n: int, cache_dir: Path, log_path: Path, sources: list[str]) 
     ]
     for p in procs:
         p.start()
+    return collect_outcomes(procs, results, pick=lambda item: item[1])
+
+
+def start_and_join(threads: list[threading.Thread]) -> None:
+    """Run ``threads`` to the end; one still alive after ``JOIN_S`` is a hang and fails the test."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+        assert not t.is_alive(), "a thread hung"
+
+
+def collect_outcomes(procs, results, pick=lambda item: item) -> list:
+    """One outcome list per process (``pick`` takes it from the queued item); a hung or crashed process fails the test."""
     try:
-        collected = [results.get(timeout=JOIN_S)[1] for _ in procs]
+        collected = [pick(results.get(timeout=JOIN_S)) for _ in procs]
     finally:
         for p in procs:
             p.join(JOIN_S)
@@ -141,11 +155,7 @@ def test_threads_compiling_one_kernel_run_the_compiler_once(tmp_path, chain):
 
     threads = [threading.Thread(target=work) for _ in range(8)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(JOIN_S)
-            assert not t.is_alive()
+        start_and_join(threads)
     finally:
         stop()
         cache.close()
@@ -170,11 +180,7 @@ def test_threads_waiting_on_a_failing_compile_all_get_its_error(tmp_path):
 
     threads = [threading.Thread(target=work) for _ in range(6)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(JOIN_S)
-            assert not t.is_alive()
+        start_and_join(threads)
     finally:
         stop()
     assert len(errors) == 6 and all("undeclared_symbol" in e for e in errors)

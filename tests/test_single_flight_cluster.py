@@ -23,7 +23,7 @@ from tiered_progcache.localdir import entry_name
 from tiered_progcache.locks import LeaseInfo, RemoteLease
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
-from test_single_flight import BROKEN, kernel, options
+from test_single_flight import BROKEN, collect_outcomes, kernel, options
 
 SPAWN = mp.get_context("spawn")
 JOIN_S = 90
@@ -93,20 +93,6 @@ def _start_nodes(n, tmp_path, url, storage_options, log, sources, go):
     return procs, results
 
 
-def _collect(procs, results):
-    try:
-        collected = [results.get(timeout=JOIN_S) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(JOIN_S)
-            if p.is_alive():
-                p.kill()
-                pytest.fail("a node hung")
-    for outcomes in collected:
-        assert not [o for o in outcomes if o[0] == "crash"], outcomes
-    return collected
-
-
 def _lease_holder(local_dir, url, storage_options, key_source, taken) -> None:
     """Take the lease for one kernel the way a compiling node would, then hang until SIGKILLed."""
     from cuda.core.utils import make_program_cache_key
@@ -138,7 +124,7 @@ def test_four_nodes_compile_each_kernel_once_in_total(tmp_path, remote):
     go = SPAWN.Event()
     procs, results = _start_nodes(4, tmp_path, url, storage_options, log, sources, go)
     go.set()
-    collected = _collect(procs, results)
+    collected = collect_outcomes(procs, results)
     assert all(o[:2] == ("ok", True) for outcomes in collected for o in outcomes)
     runs = _read_log(log)
     assert len(runs) == 6, f"{len(runs)} compiles across 4 nodes for 6 kernels"
@@ -164,7 +150,7 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
     lease = RemoteLease(fs, root, os.path.basename(lease_path), LEASE_TTL_S).read()
     assert isinstance(lease, LeaseInfo)
     go.set()
-    collected = _collect(procs, results)
+    collected = collect_outcomes(procs, results)
 
     runs = _read_log(log)
     assert len(runs) == 1, "one node compiles once the dead holder's lease expires"
@@ -185,7 +171,7 @@ def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote
     go = SPAWN.Event()
     procs, results = _start_nodes(3, tmp_path, url, storage_options, log, [BROKEN], go)
     go.set()
-    collected = _collect(procs, results)
+    collected = collect_outcomes(procs, results)
     for ((status, message, _, _),) in collected:
         assert status == "error" and "undeclared_symbol" in message
     runs = _read_log(log)
