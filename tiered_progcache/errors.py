@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EntryRejected", "TierUnavailable"]
+__all__ = ["EntryRejected", "TierUnavailable", "one_line"]
 
 
 class EntryRejected(KeyError):
@@ -14,3 +14,9 @@ class EntryRejected(KeyError):
 
 class TierUnavailable(OSError):
     """The tier is cooling down after repeated failures; the operation was not attempted."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``"Type: first line of the message"``, at most 200 characters: how every log line and CLI error names a failure."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]

@@ -1,4 +1,4 @@
-"""Warnings that cannot flood a log: a dead remote fails every lookup, so say it once a minute."""
+"""Warnings that cannot flood a log: a dead remote fails every lookup, so say it once a minute (or once)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,19 @@ import logging
 import threading
 import time
 
-__all__ = ["RateLimitedLogger"]
+__all__ = ["RateLimitedLogger", "log_once"]
+
+_logged_once: set[tuple[str, str]] = set()
+_logged_once_lock = threading.Lock()
+
+
+def log_once(logger: logging.Logger, tag: str, level: int, msg: str, *args: object) -> None:
+    """Log ``msg`` the first time ``tag`` is seen by ``logger`` in this process; thread-safe."""
+    with _logged_once_lock:
+        if (logger.name, tag) in _logged_once:
+            return
+        _logged_once.add((logger.name, tag))
+    logger.log(level, msg, *args)
 
 
 class RateLimitedLogger:

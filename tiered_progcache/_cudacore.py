@@ -1,0 +1,59 @@
+"""Every private name of cuda-core this package relies on, imported in one place.
+
+cuda-core's public API has no accessor for these; each is pinned by
+``tests/test_cudacore_coupling.py``, which fails naming the symbol when a cuda-core
+release moves it. Nothing else in the package imports from ``cuda.core`` privately.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+from cuda.core.utils._program_cache._abc import _as_key_bytes, _extract_bytes
+from cuda.core.utils._program_cache._file_stream import _default_cache_dir, _stat_key
+
+__all__ = [
+    "PRIVATE_SYMBOLS",
+    "as_key_bytes",
+    "default_cache_dir",
+    "extract_bytes",
+    "file_cache_root",
+    "memory_cache_bytes",
+    "stat_identity",
+]
+
+#: (module, name) of each private cuda-core symbol used, for the coupling test.
+PRIVATE_SYMBOLS = (
+    ("cuda.core.utils._program_cache._abc", "_as_key_bytes"),
+    ("cuda.core.utils._program_cache._abc", "_extract_bytes"),
+    ("cuda.core.utils._program_cache._file_stream", "_default_cache_dir"),
+    ("cuda.core.utils._program_cache._file_stream", "_stat_key"),
+)
+
+#: Key normalisation exactly as cuda-core's tiers do it: ``str`` is UTF-8, ``bytes`` as is, else TypeError.
+as_key_bytes = _as_key_bytes
+#: Value normalisation as cuda-core's tiers do it: bytes-like or ``ObjectCode`` -> bytes, else TypeError.
+extract_bytes = _extract_bytes
+
+
+def default_cache_dir() -> Path:
+    """cuda-core's default program-cache directory (``<user cache>/cuda-python/program-cache``)."""
+    return Path(_default_cache_dir())
+
+
+def file_cache_root(cache: FileStreamProgramCache) -> Path:
+    """The directory a ``FileStreamProgramCache`` was opened on (cuda-core keeps it only privately)."""
+    return Path(cache._root)
+
+
+def memory_cache_bytes(cache: InMemoryProgramCache) -> int:
+    """Payload bytes an ``InMemoryProgramCache`` holds (its private running total)."""
+    return int(cache._total_bytes)
+
+
+def stat_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """cuda-core's guard against deleting a file a writer just replaced: ``(st_ino, st_size, st_mtime_ns)``."""
+    return _stat_key(st)
+

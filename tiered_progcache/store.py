@@ -1,0 +1,203 @@
+"""The declared interface between the cache's parts: stores of entries addressed by name.
+
+cuda-core's tiers are addressed by *key*; everything that works on a whole cache
+(warm, push, prune, verify, ls, single-flight leases) sees entry *names* instead,
+``sha256(key)`` as 64 lowercase hex digits, since that is all a directory or bucket
+listing gives. :class:`EntryStore` is that view. The local directory
+(:class:`~tiered_progcache.localdir.LocalDir`) and every shared tier implement it;
+callers ask a store what it can do through these members and never probe attributes.
+
+:class:`LeaseStore` is the small-object namespace a shared store offers for the
+cluster lease (``<root>/leases/<name>``), with a declared ``atomic_create``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "ENTRY_NAME_LENGTH",
+    "EntryStore",
+    "LeaseStore",
+    "StoredEntry",
+    "check_entry_name",
+    "entry_name",
+    "is_entry_name",
+]
+
+ENTRY_NAME_LENGTH = 64
+_HEX = frozenset("0123456789abcdef")
+
+
+def entry_name(key: bytes | str) -> str:
+    """The 64-hex name cuda-core's file tier (and every store here) keeps ``key`` under."""
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    return hashlib.sha256(key, usedforsecurity=False).hexdigest()
+
+
+def is_entry_name(name: object) -> bool:
+    """True for 64 lowercase hex digits: the only names a store reads, writes or lists."""
+    return isinstance(name, str) and len(name) == ENTRY_NAME_LENGTH and _HEX.issuperset(name)
+
+
+def check_entry_name(name: object) -> str:
+    """``name`` if it is an entry name, else ``ValueError`` saying what one looks like."""
+    if not is_entry_name(name):
+        raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
+    assert isinstance(name, str)
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredEntry:
+    """One entry as a listing saw it. Immutable.
+
+    ``size`` is the stored size (an envelope on a shared store), ``mtime``/``atime``
+    are seconds since the epoch where the store says (``atime`` only locally).
+    ``version`` is the store's opaque identity of exactly this object (cuda-core's
+    ``(inode, size, mtime_ns)`` locally), so :meth:`EntryStore.delete_listed` can
+    refuse to delete an entry a writer replaced since it was listed.
+    """
+
+    name: str
+    size: int
+    mtime: float | None
+    atime: float | None = None
+    version: Any = None
+
+    @property
+    def last_used(self) -> float | None:
+        """The later of the last read and the last write, where the store knows either."""
+        return max((t for t in (self.mtime, self.atime) if t is not None), default=None)
+
+
+class EntryStore(abc.ABC):
+    """A store of cache entries addressed by entry name.
+
+    Reads return the entry's verified payload (the bytes cuda-core would hold) or raise
+    ``KeyError`` on a miss and :class:`~tiered_progcache.errors.EntryRejected` for an entry
+    that fails its checks; a store never returns bytes it cannot vouch for. Other
+    failures (``OSError``, ``TimeoutError``, ``TierUnavailable``) propagate: the chain's
+    failure policy (:mod:`tiered_progcache.tier`) decides what they mean.
+
+    Implementations state their concurrency guarantees; every one shipped here is safe
+    across threads, processes and hosts for whole-entry reads and writes.
+    """
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the entries live, for messages (a URL or a directory); never holds credentials."""
+
+    @property
+    @abc.abstractmethod
+    def read_only(self) -> bool:
+        """True if this process must not write, create or delete here."""
+
+    @property
+    @abc.abstractmethod
+    def shared(self) -> bool:
+        """True if other nodes read and write this store too (never wiped by ``clear()``)."""
+
+    @property
+    def atomic_create(self) -> bool:
+        """True if :meth:`create_entry` is one atomic create-if-absent (a real lock primitive)."""
+        return False
+
+    @property
+    def available(self) -> bool:
+        """False while the store is known to be down (its circuit breaker is open)."""
+        return True
+
+    @property
+    @abc.abstractmethod
+    def max_entry_bytes(self) -> int:
+        """The largest payload this store reads or writes; larger objects are refused while read."""
+
+    @abc.abstractmethod
+    def read_entry(self, name: str) -> bytes:
+        """The verified payload of ``name``; ``KeyError`` if absent, ``EntryRejected`` if bad."""
+
+    @abc.abstractmethod
+    def write_entry(self, name: str, payload: bytes) -> None:
+        """Store ``payload`` under ``name`` whole (readers see all of it or none), replacing any."""
+
+    @abc.abstractmethod
+    def create_entry(self, name: str, payload: bytes) -> bool:
+        """Store ``payload`` under ``name`` only if absent; False if something was there."""
+
+    @abc.abstractmethod
+    def delete_entry(self, name: str) -> None:
+        """Remove ``name``; ``KeyError`` if it is not there."""
+
+    @abc.abstractmethod
+    def iter_entries(self) -> Iterator[StoredEntry]:
+        """Every entry (one listing; nothing cached)."""
+
+    def delete_listed(self, entry: StoredEntry) -> bool:
+        """Remove ``entry`` unless it changed or went since it was listed; True if removed."""
+        try:
+            self.delete_entry(entry.name)
+        except KeyError:
+            return False
+        return True
+
+    def verify_entry(self, name: str) -> str | None:
+        """None if ``name`` passes this store's checks, else a one-line reason (``"missing"`` if absent)."""
+        from .errors import EntryRejected
+
+        try:
+            self.read_entry(name)
+        except EntryRejected as exc:
+            return str(exc)
+        except KeyError:
+            return "missing"
+        return None
+
+    def leases(self) -> LeaseStore | None:
+        """The namespace for cluster leases on this store, or None if it cannot hold them."""
+        return None
+
+
+class LeaseStore(abc.ABC):
+    """Small lease objects by name (``<root>/leases/<name>``) in a shared store.
+
+    Every request goes through the owning store's one request runner (deadline and
+    circuit breaker). ``atomic_create`` says whether :meth:`create` is a real
+    conditional create; a lease on a store without one would be a race, so callers
+    fall back to node-level single-flight.
+    """
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the leases live, for messages."""
+
+    @property
+    @abc.abstractmethod
+    def atomic_create(self) -> bool:
+        """True if :meth:`create` is one atomic create-if-absent."""
+
+    @abc.abstractmethod
+    def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+        """Create lease ``name`` holding ``document`` if absent; False if one exists.
+
+        ``ttl_s`` lets a store that can expire objects (Redis ``PX``) do so; others ignore it.
+        """
+
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes | None:
+        """The lease's bytes, or None if there is none."""
+
+    @abc.abstractmethod
+    def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+        """Overwrite lease ``name`` (a renewal)."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove lease ``name``; no error if it is already gone."""
