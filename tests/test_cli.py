@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from cuda.core import Program, ProgramOptions
 
-from tiered_progcache.localdir import LocalDir, entry_name
+from tiered_progcache.localdir import LocalDir
 from tiered_progcache.samples import matmul_source
+from tiered_progcache.store import entry_name
 
 from cli_support import assert_one_line_error, run_cli
 
@@ -46,13 +47,13 @@ def cache_dir(tmp_path, cubins) -> Path:
         (b"cut", cubins[1][:1000], 5 * DAY),
     ):
         name = entry_name(key)
-        local.write(name, data)
+        local.write_entry(name, data)
         os.utime(local.path_for(name), (now - age, now - age))
     return root
 
 
 def names_in(root: Path) -> set[str]:
-    return LocalDir(root).names()
+    return {entry.name for entry in LocalDir(root).iter_entries()}
 
 
 # -- usage errors --------------------------------------------------------------------------------
@@ -112,6 +113,19 @@ def test_config_shows_each_value_and_where_it_came_from(tmp_path):
     as_json = json.loads(run_cli("config", "--json", "--dir", str(tmp_path / "flag"), env=env).stdout)
     assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "argument"}
     assert as_json["remote"] == {"value": None, "source": "default"}
+
+
+def test_config_masks_nested_secret_options_and_a_password_in_the_remote_url(tmp_path):
+    options = {"client_kwargs": {"region_name": "eu-west-1", "aws_secret_access_key": "hunter2"}, "anon": False}
+    remote = "sftp://alice:hunter2@build-host/kernels"
+    for extra in ([], ["--json"]):
+        proc = run_cli("config", *extra, "--remote", remote, "--remote-options", json.dumps(options),
+                       env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "hunter2" not in proc.stdout
+        assert "sftp://alice:***@build-host/kernels" in proc.stdout and "eu-west-1" in proc.stdout
+    shown = json.loads(proc.stdout)
+    assert shown["remote_options"]["value"]["client_kwargs"] == {"region_name": "eu-west-1", "aws_secret_access_key": "***"}
 
 
 # -- ls, stats -----------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -79,20 +78,9 @@ def child_env(settings: Mapping[str, Any], environ: Mapping[str, str] | None = N
     """``environ`` (default ``os.environ``) plus each of ``settings`` as its ``TIERED_PROGCACHE_*`` variable."""
     env = dict(os.environ if environ is None else environ)
     for setting in SETTINGS:
-        if setting.name in settings and setting.env is not None:
-            env[setting.env_var] = _env_text(settings[setting.name])
+        if setting.name in settings and setting.variable is not None:
+            env[setting.variable] = setting.text(settings[setting.name])
     return env
-
-
-def _env_text(value: Any) -> str:
-    """A setting's value as its variable spells it (the table's parsers read these back)."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if value is None:
-        return "none"
-    if isinstance(value, Mapping):
-        return json.dumps(value)
-    return os.fspath(value) if isinstance(value, os.PathLike) else str(value)
 
 
 def run_command(argv: Sequence[str], env: Mapping[str, str]) -> RunReport:
