@@ -151,7 +151,7 @@ class LocalDir(EntryStore):
         try:
             return check_code_object(self.read_entry(name))
         except EntryRejected as exc:
-            return str(exc)
+            return str(exc.args[0]) if exc.args else "rejected"
         except KeyError:
             return "missing"
         except OSError as exc:

@@ -105,7 +105,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         self._bucket_store = not fs.root_marker
         base = (self.root if self.root else fs._strip_protocol("")).rstrip("/")
         self._entries = f"{base}/entries"
-        self._objects = _Objects(fs, f"{base}/tmp", whole_puts=self._runner.is_async or _protocol(fs) == "memory")
+        self._objects = _Objects(fs, f"{base}/tmp", is_async=self._runner.is_async)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
@@ -432,14 +432,13 @@ class _Objects:
     Each method is one request's worth of work, run by the caller through the runner.
     """
 
-    def __init__(self, fs: Any, staging_dir: str, *, whole_puts: bool) -> None:
-        from fsspec.asyn import AsyncFileSystem
-
+    def __init__(self, fs: Any, staging_dir: str, *, is_async: bool) -> None:
         self._fs = fs
-        self._async = isinstance(fs, AsyncFileSystem)
+        self._async = is_async
         self._staging_dir = staging_dir
-        self._whole_puts = whole_puts  # a put is one request that replaces the object whole
         protocols = _protocols(fs)
+        # Object stores (every async filesystem, memory://) replace an object whole in one put.
+        self._whole_puts = is_async or "memory" in protocols
         self._local = bool(protocols & _LOCAL_PROTOCOLS)
         self._conditional_put = bool(protocols & _CONDITIONAL_PUT_PROTOCOLS)
 
