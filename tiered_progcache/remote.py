@@ -1,4 +1,4 @@
-"""The remote tier: a ``ProgramCacheResource`` and ``EntryStore`` over any fsspec URL (S3, GCS, NFS, memory://).
+"""The remote tier: one shared store of cache entries on any fsspec URL (S3, GCS, NFS, memory://).
 
 Entries live at ``<url>/entries/<2 hex>/<62 hex>``, the hex being ``sha256(key)``: the
 naming of cuda-core's local file tier, so a bucket and a local cache directory list
@@ -411,14 +411,16 @@ class RemoteLeases(LeaseStore):
         return self._runner.call("lease create", objects.create, objects.create_async_or_none, self._path(name), document)
 
     def read(self, name: str) -> bytes | None:
-        return self._runner.call("lease read", self._objects.read_or_none, None, self._path(name))
+        objects = self._objects
+        return self._runner.call("lease read", objects.read_or_none, objects.read_async_or_none, self._path(name))
 
     def replace(self, name: str, document: bytes, ttl_s: float) -> None:
         objects = self._objects
         self._runner.call("lease renew", objects.put, objects.put_async_or_none, self._path(name), document)
 
     def delete(self, name: str) -> None:
-        self._runner.call("lease delete", self._objects.delete_if_present, None, self._path(name))
+        objects = self._objects
+        self._runner.call("lease delete", objects.delete_if_present, objects.delete_if_present_async_or_none, self._path(name))
 
     def _path(self, name: str) -> str:
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
@@ -509,6 +511,16 @@ class _Objects:
         except FileNotFoundError:
             return None
 
+    @property
+    def read_async_or_none(self) -> Any:
+        return self._read_async if self._async else None
+
+    async def _read_async(self, path: str) -> bytes | None:
+        try:
+            return bytes(await self._fs._cat_file(path))
+        except FileNotFoundError:
+            return None
+
     def delete(self, path: str) -> None:
         """Remove ``path``; ``FileNotFoundError`` if absent (S3 deletes of a miss succeed, so ask first)."""
         with contextlib.suppress(Exception):
@@ -529,6 +541,14 @@ class _Objects:
     def delete_if_present(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._fs.rm_file(path)
+
+    @property
+    def delete_if_present_async_or_none(self) -> Any:
+        return self._delete_if_present_async if self._async else None
+
+    async def _delete_if_present_async(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            await self._fs._rm_file(path)
 
     def delete_if_version(self, path: str, version: Any) -> bool:
         """Remove ``path`` unless its ETag/generation differs from ``version`` (None: no guard known)."""
