@@ -88,10 +88,12 @@ def test_prune_reports_each_failed_delete_and_goes_on(store, monkeypatch):
 
 
 def test_a_read_only_store_is_refused_before_anything_is_listed(tmp_path):
+    (tmp_path / "ro").mkdir()
     remote = RemoteProgramCache.from_url((tmp_path / "ro").as_uri(), read_only=True, strict=True)
     assert prune(remote, older_than=0.0).dry_run  # a dry run is fine
     with pytest.raises(PermissionError, match="read-only"):
         prune(remote, older_than=0.0, dry_run=False)
+    remote.close()
 
 
 def test_plan_prune_puts_entries_of_unknown_age_last():

@@ -476,14 +476,12 @@ def _progress_bar(args: argparse.Namespace, desc: str) -> Iterator[Callable[[int
 def cmd_prune(args: argparse.Namespace) -> int:
     from .prune import prune
 
-    older_than = vars(args).get("older_than")
-    max_bytes = vars(args).get("max_bytes")
-    if older_than is None and max_bytes is None:
+    if args.older_than is None and args.max_bytes is None:
         raise UsageError("say what to prune: --older-than AGE and/or --max-bytes SIZE")
     with _store(args) as store:
         if args.yes:
             _refuse_read_only(store, "prune it")
-        report = prune(store, older_than=older_than, max_bytes=max_bytes, dry_run=not args.yes)
+        report = prune(store, older_than=args.older_than, max_bytes=args.max_bytes, dry_run=not args.yes)
     verb = "would remove" if report.dry_run else "remove"
     for doomed in report.doomed:
         print(f"{verb} {doomed.entry.name}  {format_size(doomed.size):>10}  {format_age(doomed.age):>5}")
@@ -515,10 +513,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 reason = store.verify_entry(entry.name)
                 if reason is not None and reason != _MISSING:  # missing: gone since listed, nothing to check
                     bad.append((entry.name, reason))
-                    try:
-                        deleted += args.delete_bad and store.delete_listed(entry)
-                    except Exception as exc:
-                        print(f"{PROG}: could not delete {entry.name}: {exc}", file=sys.stderr)
+                    if args.delete_bad:
+                        try:
+                            deleted += store.delete_listed(entry)
+                        except Exception as exc:  # report it and go on with the rest
+                            print(f"{PROG}: could not delete {entry.name}: {exc}", file=sys.stderr)
                 if progress:
                     progress(done, len(entries))
         where = store.location
