@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cuda.core.utils import InMemoryProgramCache
 
 from tiered_progcache import DEFAULT_MAX_MEMORY_BYTES, EntryRejected, TieredProgramCache, settings
 from tiered_progcache.config import CacheConfig
@@ -356,7 +357,5 @@ def test_a_setting_added_to_the_table_reaches_every_way_in(monkeypatch, tmp_path
 
     tier_shaping = dataclasses.replace(row, name="lease_dir", env=None, flag=None, builds_tiers=True)
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, tier_shaping))
-    with pytest.raises(ValueError, match="lease_dir"):
-        from cuda.core.utils import InMemoryProgramCache
-
+    with pytest.raises(ValueError, match="lease_dir"):  # a tier-building row is refused with tiers=
         TieredProgramCache(tiers=[InMemoryProgramCache()], lease_dir=1.0)

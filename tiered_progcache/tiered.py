@@ -16,7 +16,7 @@ from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
-from .settings import DEFAULT_MAX_MEMORY_BYTES, by_name
+from .settings import by_name
 from .stats import GIL_DISABLED, CacheStats
 from .store import EntryStore
 from .tier import Tier
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .remote import RemoteProgramCache
     from .transfer import TransferReport
 
-__all__ = ["DEFAULT_MAX_MEMORY_BYTES", "CacheStores", "TieredProgramCache", "default_chain", "stores_of"]
+__all__ = ["CacheStores", "TieredProgramCache", "default_chain", "stores_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,9 @@ class TieredProgramCache(ProgramCacheResource):
             shaping = [name for name in settings if table[name].builds_tiers]
             if shaping:
                 named = ", ".join("path" if name == "local_dir" and path is not None else name for name in shaping)
-                raise ValueError(f"pass either tiers=[...] or the settings that build the default chain ({named}), not both")
+                raise ValueError(
+                    f"pass either tiers=[...] or the settings that build the default chain ({named}), not both"
+                )
             specs = list(tiers)
             if not specs:
                 raise ValueError("tiers must name at least one tier")
