@@ -128,6 +128,13 @@ def test_config_masks_nested_secret_options_and_a_password_in_the_remote_url(tmp
     assert shown["remote_options"]["value"]["client_kwargs"] == {"region_name": "eu-west-1", "aws_secret_access_key": "***"}
 
 
+def test_a_bare_remote_after_the_command_keeps_the_url_given_before_it(tmp_path):
+    remote = (tmp_path / "bucket").as_uri()
+    proc = run_cli("--remote", remote, "ls", "--remote", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"total 0 entries, 0 B in {remote}"
+
+
 # -- ls, stats -----------------------------------------------------------------------------------
 
 

@@ -247,9 +247,9 @@ def _refuse_read_only(store: EntryStore, doing: str) -> None:
 
 def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args)
-    rows = []
-    for name, source in config.sources().items():  # every setting, in the table's order
-        value = getattr(config, name)
+    sources, rows = config.sources(), []
+    for name, value in config.as_dict().items():  # every setting, in the table's order
+        source = sources[name]
         if name == "local_dir" and value is None:  # show where "default" is on this machine
             from .localdir import default_local_dir
 
