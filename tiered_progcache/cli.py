@@ -266,12 +266,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_SECRET_SETTINGS = frozenset(s.name for s in settings.SETTINGS if s.secret)
-
-
 def _shown(name: str, value: Any) -> Any:
     """A setting's value as printed: secrets masked (secret settings, secret-looking options, URL passwords)."""
-    if name in _SECRET_SETTINGS and value:
+    if settings.by_name()[name].secret and value is not None:
         return _MASK
     if isinstance(value, os.PathLike):
         return os.fspath(value)

@@ -21,8 +21,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from . import runstats
-from .settings import SETTINGS
+from . import runstats, settings
 from .stats import CacheStats
 
 __all__ = ["CommandNotStarted", "RunReport", "child_env", "run_command", "signal_name"]
@@ -74,12 +73,12 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def child_env(settings: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``environ`` (default ``os.environ``) plus each of ``settings`` as its ``TIERED_PROGCACHE_*`` variable."""
+def child_env(overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default ``os.environ``) plus each setting in ``overrides`` as its ``TIERED_PROGCACHE_*`` variable."""
     env = dict(os.environ if environ is None else environ)
-    for setting in SETTINGS:
-        if setting.name in settings and setting.variable is not None:
-            env[setting.variable] = setting.text(settings[setting.name])
+    for setting in settings.SETTINGS:
+        if setting.name in overrides and setting.variable is not None:
+            env[setting.variable] = setting.text(overrides[setting.name])
     return env
 
 
