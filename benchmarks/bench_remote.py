@@ -29,10 +29,11 @@ from pathlib import Path
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
-from tiered_progcache import TieredProgramCache
-from tiered_progcache.localdir import LocalDir, entry_name
+from tiered_progcache import TieredProgramCache, transfer
+from tiered_progcache.localdir import LocalDir
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
+from tiered_progcache.store import entry_name
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
 OPTIONS = ProgramOptions(std="c++17", arch="sm_90")
@@ -111,7 +112,7 @@ def bench_remote_hit(label: str, url: str, options: dict, count: int = 60) -> No
     for n, key in enumerate(keys):
         writer[key] = _payload(n)
     fs = writer.fs
-    paths = [writer._path(entry_name(key)) for key in keys]
+    paths = [writer.path_for(entry_name(key)) for key in keys]
     for path in paths[:5]:  # warm the connection pool
         fs.cat_file(path)
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,11 +171,11 @@ def bench_warm(count: int = 1000, rtt_s: float = 0.030) -> None:
         local = LocalDir(tmp)
         for name in names[:20]:
             t = time.perf_counter_ns()
-            local.write(name, remote.read_entry(name))
+            local.write_entry(name, remote.read_entry(name))
             sequential.append(time.perf_counter_ns() - t)
     sequential_estimate_ms = statistics.mean(sequential) / 1e6 * count
     with tempfile.TemporaryDirectory() as tmp:
-        report = remote.warm(LocalDir(tmp))
+        report = transfer.warm(remote, LocalDir(tmp))
     assert report.entries == count and report.failures == 0, report
     _row(f"warm {count} entries, {rtt_s * 1e3:.0f} ms RTT vs sequential gets", report.seconds * 1e3, sequential_estimate_ms, "< 2 s")
 

@@ -46,13 +46,13 @@ def cache_dir(tmp_path, cubins) -> Path:
         (b"cut", cubins[1][:1000], 5 * DAY),
     ):
         name = entry_name(key)
-        local.write(name, data)
+        local.write_entry(name, data)
         os.utime(local.path_for(name), (now - age, now - age))
     return root
 
 
 def names_in(root: Path) -> set[str]:
-    return LocalDir(root).names()
+    return {entry.name for entry in LocalDir(root).iter_entries()}
 
 
 # -- usage errors --------------------------------------------------------------------------------

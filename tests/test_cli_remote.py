@@ -30,7 +30,7 @@ def cubins() -> dict[str, bytes]:
 def local(tmp_path, cubins) -> LocalDir:
     d = LocalDir(tmp_path / "ci-cache")
     for name, data in cubins.items():
-        d.write(name, data)
+        d.write_entry(name, data)
     return d
 
 
@@ -59,7 +59,7 @@ def test_push_ls_stats_then_warm_a_fresh_node_with_progress(tmp_path, s3_bucket,
     assert f"warmed 3 entries ({_kib(cubins)}" in warmed.stdout and "0 already there, 0 failed" in warmed.stdout
     assert "3/3" in warmed.stderr and "100%" in warmed.stderr  # the tqdm bar
     node_dir = LocalDir(node)
-    assert {name: node_dir.read(name) for name in node_dir.names()} == cubins  # raw cubins again, verified
+    assert {e.name: node_dir.read_entry(e.name) for e in node_dir.iter_entries()} == cubins  # raw cubins again, verified
 
     again = run_cli("warm", "--dir", str(node), "--no-progress", *flags)
     assert "warmed 0 entries" in again.stdout and "3 already there" in again.stdout

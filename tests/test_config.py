@@ -132,7 +132,7 @@ def test_build_makes_the_configured_chain(tmp_path):
         cache[b"k"] = b"v"
         assert cache.flush(timeout=10)
         remote = cache.remote
-        blob = remote.fs.cat_file(remote._path(entry_name(b"k")))
+        blob = remote.fs.cat_file(remote.path_for(entry_name(b"k")))
     assert EnvelopeCodec(b"signing key").open(entry_name(b"k"), blob) == b"v"  # key file read, newline stripped
 
 

@@ -11,11 +11,13 @@ import pytest
 from cuda.core.utils import FileStreamProgramCache
 from fsspec.implementations.memory import MemoryFileSystem
 
-from tiered_progcache import EntryRejected, TieredProgramCache, TierUnavailable
+from tiered_progcache import EntryRejected, TieredProgramCache, TierUnavailable, transfer
 from tiered_progcache.breaker import CircuitBreaker
 from tiered_progcache.envelope import MAGIC, EnvelopeCodec
-from tiered_progcache.localdir import LocalDir, entry_name
-from tiered_progcache.remote import RemoteProgramCache, TransferReport
+from tiered_progcache.localdir import LocalDir
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.store import entry_name
+from tiered_progcache.transfer import TransferReport
 from tiered_progcache.testing.servers import blackhole_server, moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
@@ -73,7 +75,8 @@ def test_entries_use_cuda_cores_naming_and_hold_envelopes(s3_bucket, tmp_path):
     remote[b"kernel key"] = b"cubin bytes"
     local = FileStreamProgramCache(tmp_path)
     local[b"kernel key"] = b"cubin bytes"
-    (local_file,) = [e.path for e in LocalDir.of(local).iter_entries()]
+    local_dir = LocalDir.of(local)
+    (local_file,) = [local_dir.path_for(e.name) for e in local_dir.iter_entries()]
     name = entry_name(b"kernel key")
     assert s3_bucket.objects() == [s3_bucket.entry_path(name)]
     assert local_file.relative_to(tmp_path).parts == ("entries", name[:2], name[2:])
@@ -116,7 +119,7 @@ def test_read_only_never_writes_or_deletes():
         lambda: ro.__delitem__(b"k"),
         ro.clear,
         lambda: ro.write_entry(entry_name(b"x"), b"x"),
-        lambda: ro.push(LocalDir("/nonexistent")),
+        lambda: transfer.push(LocalDir("/nonexistent"), ro),
     ):
         with pytest.raises(PermissionError):
             attempt()
@@ -142,27 +145,28 @@ def test_warm_fetches_what_local_lacks_verifies_and_reports(backend, request, tm
         remote = RemoteProgramCache.from_url(_memory_url(), transfer_concurrency=8)
     names = _fill_remote(remote, 20)
     local = LocalDir(tmp_path)
-    local.write(names[0], _payload(0))  # already here: skipped
+    local.write_entry(names[0], _payload(0))  # already here: skipped
     bad = names[1]
-    remote.fs.pipe_file(remote._path(bad), b"TPCE truncated")  # corrupt: never lands locally
+    remote.fs.pipe_file(remote.path_for(bad), b"TPCE truncated")  # corrupt: never lands locally
     calls = []
-    report = remote.warm(local, progress=lambda done, total: calls.append((done, total)))
+    report = transfer.warm(remote, local, progress=lambda done, total: calls.append((done, total)))
     assert isinstance(report, TransferReport)
     assert (report.entries, report.failures, report.skipped) == (18, 1, 1)
     assert report.bytes == 18 * 2000 and report.seconds > 0
     assert calls[0] == (0, 19) and calls[-1] == (19, 19) and len(calls) == 4  # one call per batch of 8
-    assert local.read(bad) is None
-    assert all(local.read(name) == _payload(n) for n, name in enumerate(names) if name != bad)
-    again = remote.warm(local)
+    with pytest.raises(KeyError):
+        local.read_entry(bad)
+    assert all(local.read_entry(name) == _payload(n) for n, name in enumerate(names) if name != bad)
+    again = transfer.warm(remote, local)
     assert (again.entries, again.skipped, again.failures) == (0, 19, 1)
 
 
 def test_warm_named_entries_only(tmp_path):
     remote = RemoteProgramCache.from_url(_memory_url())
     names = _fill_remote(remote, 5)
-    report = remote.warm(FileStreamProgramCache(tmp_path), names=names[:2])
+    report = transfer.warm(remote, LocalDir.of(FileStreamProgramCache(tmp_path)), names=names[:2])
     assert report.entries == 2
-    assert LocalDir(tmp_path).names() == set(names[:2])
+    assert {e.name for e in LocalDir(tmp_path).iter_entries()} == set(names[:2])
 
 
 def test_warm_fetches_concurrently_through_batched_cat(tmp_path):
@@ -174,9 +178,9 @@ def test_warm_fetches_concurrently_through_batched_cat(tmp_path):
     names = _fill_remote(remote, 64)
     fs.delay_s = 0.05
     fs.requests.clear()
-    report = remote.warm(LocalDir(tmp_path))
+    report = transfer.warm(remote, LocalDir(tmp_path))
     assert report.entries == 64 and fs.requests["get"] == 64
-    assert LocalDir(tmp_path).names() == set(names)
+    assert {e.name for e in LocalDir(tmp_path).iter_entries()} == set(names)
     assert fs.max_in_flight >= 32, fs.max_in_flight  # sequential gets would never overlap
 
 
@@ -189,13 +193,13 @@ def test_push_uploads_what_remote_lacks(s3_bucket, tmp_path):
     )
     remote[b"push-0"] = _payload(0)
     calls = []
-    report = remote.push(local, progress=lambda done, total: calls.append((done, total)))
+    report = transfer.push(LocalDir.of(local), remote, progress=lambda done, total: calls.append((done, total)))
     assert (report.entries, report.bytes, report.failures, report.skipped) == (5, 5 * 2000, 0, 1)
     assert calls == [(0, 5), (4, 5), (5, 5)]
     reader = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, signing_key=b"s" * 32)
     assert all(reader[b"push-%d" % n] == _payload(n) for n in range(6))
-    assert remote.push(local).entries == 0
-    only = remote.push(local, names=[entry_name(b"push-1")])
+    assert transfer.push(LocalDir.of(local), remote).entries == 0
+    only = transfer.push(LocalDir.of(local), remote, names=[entry_name(b"push-1")])
     assert (only.entries, only.skipped) == (0, 1)
 
 
@@ -203,7 +207,7 @@ def test_push_to_a_file_url_stages_and_renames(tmp_path):
     local = FileStreamProgramCache(tmp_path / "local")
     local[b"k"] = b"v"
     remote = RemoteProgramCache.from_url((tmp_path / "nfs").as_uri())
-    assert remote.push(local).entries == 1
+    assert transfer.push(LocalDir.of(local), remote).entries == 1
     assert remote[b"k"] == b"v"
     assert list((tmp_path / "nfs" / "tmp").iterdir()) == []  # staged file renamed into place
 
@@ -254,7 +258,7 @@ def test_breaker_opens_after_repeated_failures_and_probes_after_cooldown():
 
 def test_a_miss_or_a_rejected_entry_is_not_a_failure():
     fs, remote = _flaky_remote(breaker=CircuitBreaker(failure_threshold=1, cooldown_s=30))
-    fs.pipe_file(remote._path(entry_name(b"bad")), b"junk")
+    fs.pipe_file(remote.path_for(entry_name(b"bad")), b"junk")
     for _ in range(3):
         with pytest.raises(KeyError):
             remote[b"absent"]
@@ -336,11 +340,11 @@ def test_envelope_codec_is_the_one_on_the_wire():
     url = _memory_url()
     remote = RemoteProgramCache.from_url(url, signing_key=b"k" * 32)
     remote[b"key"] = b"value"
-    blob = remote.fs.cat_file(remote._path(entry_name(b"key")))
+    blob = remote.fs.cat_file(remote.path_for(entry_name(b"key")))
     assert EnvelopeCodec(b"k" * 32).open(entry_name(b"key"), blob) == b"value"
 
 
-def test_chain_warm_and_push_delegate_to_the_remote(s3_bucket, tmp_path):
+def test_chain_warm_and_push_delegate_to_transfer(s3_bucket, tmp_path):
     options = {"remote": s3_bucket.url, "remote_options": s3_bucket.storage_options}
     ci = TieredProgramCache(tmp_path / "ci", **options)
     FileStreamProgramCache(tmp_path / "ci")[b"built in CI"] = b"cubin"  # on disk, never uploaded

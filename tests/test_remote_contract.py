@@ -1,4 +1,4 @@
-"""The shared ProgramCacheResource contract, run against the remote tier on four fsspec backends."""
+"""The shared ProgramCacheResource and EntryStore contracts, run against the remote tier on four fsspec backends."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from tiered_progcache.remote import RemoteProgramCache
-from tiered_progcache.testing import ProgramCacheContract
+from tiered_progcache.testing import EntryStoreTests, ProgramCacheContract
 from tiered_progcache.testing.servers import gcs_bucket, gcs_server, moto_server, s3_bucket  # noqa: F401
 
 
@@ -54,6 +54,35 @@ class TestRemoteSignedCompressed(ProgramCacheContract):
             strict=True,
         ) as c:
             yield c
+
+
+class TestRemoteStoreOnMemory(EntryStoreTests):
+    @pytest.fixture
+    def store(self):
+        with RemoteProgramCache.from_url(f"memory://store-{uuid.uuid4().hex}/kernels", strict=True) as s:
+            yield s
+            s.clear()
+
+
+class TestRemoteStoreOnLocalPath(EntryStoreTests):
+    @pytest.fixture
+    def store(self, tmp_path):
+        with RemoteProgramCache.from_url((tmp_path / "nfs").as_uri(), strict=True) as s:
+            yield s
+
+
+class TestRemoteStoreOnS3(EntryStoreTests):
+    @pytest.fixture
+    def store(self, s3_bucket):
+        with RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True) as s:
+            yield s
+
+
+class TestRemoteStoreOnGCS(EntryStoreTests):
+    @pytest.fixture
+    def store(self, gcs_bucket):
+        with RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True) as s:
+            yield s
 
 
 def test_server_clients_are_recent_enough():

@@ -12,7 +12,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.breaker import CircuitBreaker
 from tiered_progcache.envelope import EnvelopeCodec
-from tiered_progcache.localdir import entry_name
+from tiered_progcache.store import entry_name
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.testing.servers import moto_server, private_moto_server, s3_bucket  # noqa: F401

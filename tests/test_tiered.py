@@ -47,7 +47,7 @@ def test_second_compile_is_a_memory_hit_with_identical_cubin(tmp_path, tile):
     assert bytes(second.code) == bytes(first.code)
     assert bytes(first.code)[:4] == b"\x7fELF"
     # The local tier holds the raw cubin under cuda-core's own naming.
-    assert LocalDir(tmp_path).read(entry_name(_key(tile))) == bytes(first.code)
+    assert LocalDir(tmp_path).read_entry(entry_name(_key(tile))) == bytes(first.code)
 
 
 def test_tile_sizes_get_distinct_entries(tmp_path):

@@ -43,8 +43,10 @@ def test_node_b_gets_node_a_compile_from_the_bucket(s3_bucket, tmp_path):
     b = node_b.stats() - before
     assert (b["memory"].misses, b["local"].misses, b["remote"].hits) == (1, 1, 1)
     assert b["remote"].writes == 0 and b["local"].promotions == 1 and b["memory"].promotions == 1
-    (entry,) = LocalDir(tmp_path / "node-b").iter_entries()
-    assert entry.path.read_bytes() == cubin  # raw cubin on B's disk, readable by cuobjdump
+    node_b_dir = LocalDir(tmp_path / "node-b")
+    (entry,) = node_b_dir.iter_entries()
+    entry_path = node_b_dir.path_for(entry.name)
+    assert entry_path.read_bytes() == cubin  # raw cubin on B's disk, readable by cuobjdump
 
     before = node_b.stats()
     assert _compile(node_b) == cubin
@@ -69,7 +71,7 @@ def test_node_b_gets_node_a_compile_from_the_bucket(s3_bucket, tmp_path):
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(s3_bucket.storage_options), str(entry.path)],
+        [sys.executable, "-c", script, json.dumps(s3_bucket.storage_options), str(entry_path)],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -1,82 +1,118 @@
-"""Name-addressed access to a cuda-core ``FileStreamProgramCache`` directory.
+"""A cuda-core ``FileStreamProgramCache`` directory seen as an :class:`~tiered_progcache.store.EntryStore`.
 
 cuda-core's file tier is addressed by key; bulk work (warm a node from the remote,
 push, list, prune, verify) sees entry *names* (``sha256(key)``) instead, since that
-is all a directory listing or a bucket listing gives. This module reads and writes
-the same layout (``<root>/entries/<2 hex>/<62 hex>``, staged in ``<root>/tmp`` and
-renamed into place) so both views stay one cache.
+is all a directory listing gives. This module reads and writes the same layout
+(``<root>/entries/<2 hex>/<62 hex>``, staged in ``<root>/tmp`` and renamed into
+place) so both views stay one cache.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from cuda.core.utils import FileStreamProgramCache
 
-__all__ = ["LocalDir", "LocalEntry", "default_local_dir", "entry_name"]
+from . import _cudacore, fsutil
+from .codeobject import check_code_object
+from .envelope import MAX_ENTRY_BYTES
+from .errors import EntryRejected
+from .store import EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+
+# ``entry_name`` is re-exported for modules not yet moved to ``store.entry_name``.
+__all__ = ["LocalDir", "default_local_dir", "entry_name"]
 
 _ENTRIES = "entries"
 _TMP = "tmp"
-
-
-def entry_name(key: bytes | str) -> str:
-    """The 64-hex name cuda-core's file tier (and our remote tier) stores ``key`` under."""
-    if isinstance(key, str):
-        key = key.encode("utf-8")
-    return hashlib.sha256(key, usedforsecurity=False).hexdigest()
+_LOCKS = "locks"
 
 
 def default_local_dir() -> Path:
-    """cuda-core's default program-cache directory, so an existing cuda-core cache keeps working.
+    """cuda-core's default program-cache directory, so an existing cuda-core cache keeps working."""
+    return _cudacore.default_cache_dir()
 
-    Uses cuda-core's own rule when it is importable (it is private API); otherwise the
-    same place by platformdirs (``<user cache>/cuda-python/program-cache``).
+
+class LocalDir(EntryStore):
+    """A cache directory seen by entry name. Safe across threads and processes like cuda-core's tier.
+
+    >>> local = LocalDir.of(FileStreamProgramCache("/var/cache/kernels"))
+    >>> [entry.name for entry in local.iter_entries()]
+
+    Entries hold raw payloads (no envelope); writes stage in ``tmp/`` and rename, so a
+    reader sees a whole file or none. Deletes after a listing use cuda-core's own guard
+    (inode, size, mtime_ns), so an entry a writer replaced since is never removed.
     """
-    try:
-        from cuda.core.utils._program_cache._file_stream import _default_cache_dir
 
-        return Path(_default_cache_dir())
-    except ImportError:  # pragma: no cover - a future cuda-core that moved it
-        import platformdirs
-
-        return platformdirs.user_cache_path("cuda-python", appauthor=False) / "program-cache"
-
-
-def _is_entry_name(name: str) -> bool:
-    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
-
-
-@dataclasses.dataclass(frozen=True)
-class LocalEntry:
-    name: str
-    path: Path
-    size: int
-    mtime: float
-    atime: float
-
-
-class LocalDir:
-    """A cache directory seen by entry name. Safe across threads and processes like cuda-core's tier."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
         self.root = Path(root)
+        #: Where the node-level single-flight lock files live (``<root>/locks``).
+        self.locks_dir = self.root / _LOCKS
+        self._max_entry_bytes = max_entry_bytes
 
     @classmethod
     def of(cls, cache: FileStreamProgramCache) -> LocalDir:
-        return cls(cache._root)  # cuda-core keeps the root only privately
+        """The directory a cuda-core ``FileStreamProgramCache`` was opened on."""
+        return cls(_cudacore.file_cache_root(cache))
+
+    def __repr__(self) -> str:
+        return f"LocalDir({str(self.root)!r})"
+
+    # -- what the store is ------------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    @property
+    def read_only(self) -> bool:
+        return False
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    @property
+    def atomic_create(self) -> bool:
+        return True  # stage, then link(2): atomic on local disks and NFS
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._max_entry_bytes
 
     def path_for(self, name: str) -> Path:
-        if not _is_entry_name(name):
-            raise ValueError(f"not an entry name (64 lowercase hex digits): {name!r}")
+        """The file entry ``name`` lives in (``ValueError`` unless ``name`` is an entry name)."""
+        check_entry_name(name)
         return self.root / _ENTRIES / name[:2] / name[2:]
 
-    def iter_entries(self) -> Iterator[LocalEntry]:
+    # -- entries ----------------------------------------------------------------------
+
+    def read_entry(self, name: str) -> bytes:
+        path = self.path_for(name)
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size > self._max_entry_bytes:
+                    raise EntryRejected(f"{size} bytes, over the {self._max_entry_bytes}-byte entry limit")
+                return fh.read()
+        except FileNotFoundError:
+            raise KeyError(name) from None
+
+    def write_entry(self, name: str, payload: bytes) -> None:
+        """Atomically place ``payload`` under ``name``: stage in tmp/, fsync, rename (as cuda-core does)."""
+        fsutil.write_atomic(self.path_for(name), payload, staging_dir=self.root / _TMP)
+
+    def create_entry(self, name: str, payload: bytes) -> bool:
+        return fsutil.create_exclusive(self.path_for(name), payload, staging_dir=self.root / _TMP)
+
+    def delete_entry(self, name: str) -> None:
+        try:
+            os.unlink(self.path_for(name))
+        except FileNotFoundError:
+            raise KeyError(name) from None
+
+    def iter_entries(self) -> Iterator[StoredEntry]:
         entries = self.root / _ENTRIES
         try:
             subdirs = sorted(os.scandir(entries), key=lambda d: d.name)
@@ -91,51 +127,32 @@ class LocalDir:
                 continue
             for item in files:
                 name = sub.name + item.name
-                if not _is_entry_name(name) or not item.is_file(follow_symlinks=False):
+                if not is_entry_name(name) or not item.is_file(follow_symlinks=False):
                     continue
                 try:
                     st = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                yield LocalEntry(name, Path(item.path), st.st_size, st.st_mtime, st.st_atime)
+                yield StoredEntry(name, st.st_size, st.st_mtime, st.st_atime, _cudacore.stat_identity(st))
 
-    def names(self) -> set[str]:
-        return {entry.name for entry in self.iter_entries()}
-
-    def read(self, name: str) -> bytes | None:
-        try:
-            return self.path_for(name).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def write(self, name: str, data: bytes) -> None:
-        """Atomically place ``data`` under ``name``: stage in tmp/, fsync, rename (as cuda-core does)."""
-        target = self.path_for(name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = self.root / _TMP
-        tmp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp_name = tempfile.mkstemp(prefix="entry-", dir=tmp_dir)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp_name, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp_name)
-            raise
-
-    def delete(self, entry: LocalEntry) -> bool:
+    def delete_listed(self, entry: StoredEntry) -> bool:
         """Unlink ``entry`` unless a writer replaced it since it was listed (cuda-core's stat guard)."""
+        path = self.path_for(entry.name)
         try:
-            st = entry.path.stat()
-        except FileNotFoundError:
-            return False
-        if st.st_size != entry.size or st.st_mtime != entry.mtime:
-            return False
-        try:
-            entry.path.unlink()
+            if _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != entry.version:
+                return False
+            os.unlink(path)
         except FileNotFoundError:
             return False
         return True
+
+    def verify_entry(self, name: str) -> str | None:
+        """None if the file is a whole code object, else why not (local entries carry no digest)."""
+        try:
+            return check_code_object(self.read_entry(name))
+        except EntryRejected as exc:
+            return str(exc.args[0]) if exc.args else "rejected"
+        except KeyError:
+            return "missing"
+        except OSError as exc:
+            return f"unreadable: {exc.strerror or exc}"

@@ -1,45 +1,44 @@
-"""The remote tier: a ``ProgramCacheResource`` over any fsspec URL (S3, GCS, NFS, memory://).
+"""The remote tier: one shared store of cache entries on any fsspec URL (S3, GCS, NFS, memory://).
 
 Entries live at ``<url>/entries/<2 hex>/<62 hex>``, the hex being ``sha256(key)``: the
 naming of cuda-core's local file tier, so a bucket and a local cache directory list
 the same names. Each object is an envelope (:mod:`tiered_progcache.envelope`) that
 carries the payload's digest and, with a signing key, an HMAC; every read is verified.
+Cluster leases live beside them, at ``<url>/leases/<name>`` (:class:`RemoteLeases`).
 
 This tier *raises* on every kind of trouble (``KeyError`` on a miss, ``EntryRejected``
 for a bad entry, ``TimeoutError``, ``TierUnavailable`` while the breaker is open,
 ``OSError``); the chain (:mod:`tiered_progcache.tier`) turns each into a counted miss.
+Every request goes through the tier's one :class:`~tiered_progcache.runner.RequestRunner`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
-import dataclasses
 import datetime
 import functools
 import logging
 import math
 import os
 import posixpath
-import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from cuda.core import ObjectCode
-from cuda.core.utils import FileStreamProgramCache, ProgramCacheResource
-from cuda.core.utils._program_cache._abc import _as_key_bytes, _extract_bytes
+from cuda.core.utils import ProgramCacheResource
 
-from .breaker import CircuitBreaker, DeadlineRunner
+from . import _cudacore, fsutil
+from .breaker import CircuitBreaker
 from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
-from .localdir import LocalDir, _is_entry_name, entry_name
+from .runner import RequestRunner
+from .store import EntryStore, LeaseStore, StoredEntry, check_entry_name, entry_name, is_entry_name
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "RemoteEntry",
+    "DEFAULT_TRANSFER_CONCURRENCY",
+    "RemoteLeases",
     "RemoteProgramCache",
-    "TransferReport",
     "check_url",
 ]
 
@@ -49,35 +48,18 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 5.0
 #: A listing reads the whole prefix page by page, so it gets at least this long.
 MIN_LIST_TIMEOUT_S = 120.0
-#: Requests in flight at once during warm()/push().
+#: Requests in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
 DEFAULT_TRANSFER_CONCURRENCY = 64
-#: Threads that verify and write fetched entries into the local directory during warm().
-LOCAL_WRITERS = 8
 
-Progress = Callable[[int, int], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteEntry:
-    """One object under ``entries/``: its 64-hex name, stored (envelope) size, and mtime if the store says. Immutable."""
-
-    name: str
-    size: int
-    mtime: float | None
+# Object stores whose put can be conditional (S3 ``If-None-Match: *``, GCS
+# ``ifGenerationMatch=0``, memory:// in-process): ``pipe_file(mode="create")`` is atomic.
+# fsspec's generic ``mode="create"`` elsewhere is check-then-write, so it is not.
+_CONDITIONAL_PUT_PROTOCOLS = frozenset({"memory", "s3", "s3a", "gs", "gcs"})
+# Local and NFS paths: create-if-absent is stage-then-link(2) (fsutil.create_exclusive).
+_LOCAL_PROTOCOLS = frozenset({"file", "local"})
 
 
-@dataclasses.dataclass(frozen=True)
-class TransferReport:
-    """What one ``warm`` or ``push`` did: entries and payload bytes moved, failures, names already there. Immutable."""
-
-    entries: int
-    bytes: int
-    seconds: float
-    failures: int
-    skipped: int
-
-
-class RemoteProgramCache(ProgramCacheResource):
+class RemoteProgramCache(ProgramCacheResource, EntryStore):
     """A cache tier on a shared fsspec filesystem, usually below memory and a local directory.
 
     >>> remote = RemoteProgramCache.from_url("s3://ci-kernels/cuda13", storage_options={"anon": False})
@@ -106,26 +88,25 @@ class RemoteProgramCache(ProgramCacheResource):
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
     ) -> None:
-        from fsspec.asyn import AsyncFileSystem
-
         self.fs = fs
         self.root = root.rstrip("/")
         self.url = url if url is not None else f"{_protocol(fs)}://{self.root}"
-        self.read_only = bool(read_only)
+        self._location = _without_password(self.url)
+        self._read_only = bool(read_only)
         self.timeout = _check_timeout(timeout)
         if not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
             raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
         self.transfer_concurrency = transfer_concurrency
         self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
-        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"remote cache {self.url}")
-        self._runner = DeadlineRunner(max_threads=8, name="remote")
-        self._async = isinstance(fs, AsyncFileSystem)
+        self._max_entry_bytes = max_entry_bytes
+        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"remote cache {self._location}")
+        self._runner = RequestRunner(fs, timeout=self.timeout, breaker=self._breaker, name=self._location)
         # Object stores (root_marker "") put whole objects atomically and have buckets.
-        self._bucket_store = not getattr(fs, "root_marker", "/")
-        self._atomic_put = self._async or _protocol(fs) == "memory"
-        base = self.root if self.root else fs._strip_protocol("")
-        self._entries = f"{base.rstrip('/')}/entries"
-        self._tmp = f"{base.rstrip('/')}/tmp"
+        self._bucket_store = not fs.root_marker
+        base = (self.root if self.root else fs._strip_protocol("")).rstrip("/")
+        self._entries = f"{base}/entries"
+        self._objects = _Objects(fs, f"{base}/tmp", is_async=self._runner.is_async)
+        self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
         self._check_reachable(strict)
@@ -177,18 +158,56 @@ class RemoteProgramCache(ProgramCacheResource):
 
     def __repr__(self) -> str:
         return (
-            f"RemoteProgramCache({self.url!r}, read_only={self.read_only}, signed={self._codec.signed}, "
+            f"RemoteProgramCache({self._location!r}, read_only={self._read_only}, signed={self._codec.signed}, "
             f"compression={self._codec.compression!r}, breaker={self._breaker.state})"
         )
+
+    # -- what the store is -----------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        """The URL, with any password in it removed."""
+        return self._location
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    @property
+    def available(self) -> bool:
+        """False while the breaker is open (the remote failed repeatedly and is cooling down)."""
+        return self._breaker.state != "open"
+
+    @property
+    def atomic_create(self) -> bool:
+        return self._objects.atomic_create
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._max_entry_bytes
 
     @property
     def breaker(self) -> CircuitBreaker:
         return self._breaker
 
+    @property
+    def runner(self) -> RequestRunner:
+        """The one door every request to this remote goes through (deadline and breaker)."""
+        return self._runner
+
+    def path_for(self, name: str) -> str:
+        """The object path of entry ``name`` on the filesystem (``ValueError`` unless an entry name)."""
+        check_entry_name(name)
+        return f"{self._entries}/{name[:2]}/{name[2:]}"
+
     # -- the mapping API -------------------------------------------------------------
 
     def __getitem__(self, key: bytes | str) -> bytes:
-        name = entry_name(_as_key_bytes(key))
+        name = entry_name(_cudacore.as_key_bytes(key))
         try:
             return self.read_entry(name)
         except InvalidEnvelope:
@@ -197,12 +216,12 @@ class RemoteProgramCache(ProgramCacheResource):
             raise KeyError(key) from None
 
     def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
-        name = entry_name(_as_key_bytes(key))
-        data = _extract_bytes(value)
+        name = entry_name(_cudacore.as_key_bytes(key))
+        data = _cudacore.extract_bytes(value)
         self.write_entry(name, data)
 
     def __delitem__(self, key: bytes | str) -> None:
-        name = entry_name(_as_key_bytes(key))
+        name = entry_name(_cudacore.as_key_bytes(key))
         try:
             self.delete_entry(name)
         except KeyError:
@@ -215,25 +234,26 @@ class RemoteProgramCache(ProgramCacheResource):
     def clear(self) -> None:
         """Delete every entry under this URL's prefix. Only ever called on purpose (the CLI)."""
         self._require_writable("clear")
-        paths = [self._path(entry.name) for entry in self.iter_entries()]
+        paths = [self.path_for(entry.name) for entry in self.iter_entries()]
+        rm_async = self.fs._rm if self._runner.is_async else None
         for start in range(0, len(paths), 1000):
             batch = paths[start : start + 1000]
-            self._run("delete", self.fs.rm, getattr(self.fs, "_rm", None), batch, timeout=self._list_timeout)
+            self._runner.call("delete", self.fs.rm, rm_async, batch, timeout=self._list_timeout)
 
     def close(self) -> None:
         """Stop the tier's idle threads. The fsspec filesystem is shared (fsspec caches instances), so it stays open."""
         self._runner.close()
 
-    # -- by entry name (what listings, warm, push and the CLI see) ---------------------
+    # -- by entry name (what listings, transfers and the CLI see) -----------------------
 
-    def iter_entries(self) -> Iterator[RemoteEntry]:
+    def iter_entries(self) -> Iterator[StoredEntry]:
         """Every entry under ``entries/`` (one listing of the prefix; not kept in a cache)."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(self._entries)
         find = functools.partial(self.fs.find, detail=True)
-        afind = functools.partial(self.fs._find, detail=True) if self._async else None
+        afind = functools.partial(self.fs._find, detail=True) if self._runner.is_async else None
         try:
-            listing = self._run("list", find, afind, self._entries, timeout=self._list_timeout)
+            listing = self._runner.call("list", find, afind, self._entries, timeout=self._list_timeout)
         except FileNotFoundError:
             return
         prefix = self.fs._strip_protocol(self._entries).rstrip("/") + "/"
@@ -242,34 +262,49 @@ class RemoteProgramCache(ProgramCacheResource):
                 continue
             shard, _, rest = path[len(prefix) :].partition("/")
             name = shard + rest
-            if len(shard) != 2 or "/" in rest or not _is_entry_name(name):
+            if len(shard) != 2 or "/" in rest or not is_entry_name(name):
                 continue
-            yield RemoteEntry(name, int(info.get("size") or 0), _mtime_of(info))
+            yield StoredEntry(name, int(info.get("size") or 0), _mtime_of(info), version=_version_of(info))
 
     def read_entry(self, name: str) -> bytes:
         """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
-        path = self._path(name)
-        try:
-            blob = self._run("read", self.fs.cat_file, getattr(self.fs, "_cat_file", None), path)
-        except FileNotFoundError:
-            raise KeyError(name) from None
-        return self._codec.open(name, blob)
+        return self._codec.open(name, self._read_envelope(name))
 
     def write_entry(self, name: str, payload: bytes) -> None:
         """Seal ``payload`` and store it under ``name``, replacing whatever was there."""
         self._require_writable("write")
-        path = self._path(name)
+        path = self.path_for(name)
         blob = self._codec.seal(name, bytes(payload))
-        self._run("write", self._put_sync, self._put_async if self._async else None, path, blob)
+        self._runner.call("write", self._objects.put, self._objects.put_async_or_none, path, blob)
+
+    def create_entry(self, name: str, payload: bytes) -> bool:
+        """Seal and store ``payload`` only if ``name`` is absent; False if it was there.
+
+        One atomic request where the store has one (:attr:`atomic_create`); else a check
+        then a write, which two writers can both pass (harmless: same compile, same bytes).
+        """
+        self._require_writable("create")
+        path = self.path_for(name)
+        blob = self._codec.seal(name, bytes(payload))
+        return self._runner.call("create", self._objects.create, self._objects.create_async_or_none, path, blob)
 
     def delete_entry(self, name: str) -> None:
         """Remove entry ``name``; ``KeyError`` if it is not there."""
         self._require_writable("delete")
-        path = self._path(name)
+        path = self.path_for(name)
         try:
-            self._run("delete", self._delete_sync, self._delete_async if self._async else None, path)
+            self._runner.call("delete", self._objects.delete, self._objects.delete_async_or_none, path)
         except FileNotFoundError:
             raise KeyError(name) from None
+
+    def delete_listed(self, entry: StoredEntry) -> bool:
+        """Remove ``entry`` unless it went, or (where the listing gave an ETag/generation) was replaced, since listed."""
+        self._require_writable("delete")
+        path = self.path_for(entry.name)
+        try:
+            return self._runner.call("delete", self._objects.delete_if_version, None, path, entry.version)
+        except FileNotFoundError:
+            return False
 
     def verify_entry(self, name: str) -> str | None:
         """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""
@@ -281,148 +316,148 @@ class RemoteProgramCache(ProgramCacheResource):
             return "missing"
         return None
 
-    # -- bulk transfer ---------------------------------------------------------------
+    def leases(self) -> RemoteLeases | None:
+        """The lease namespace ``<url>/leases/``; None on a read-only tier (it would never upload)."""
+        return self._leases
 
-    def warm(
-        self,
-        local: LocalDir | FileStreamProgramCache | str | os.PathLike[str],
-        names: Iterable[str] | None = None,
-        *,
-        progress: Progress | None = None,
-    ) -> TransferReport:
-        """Copy remote entries the local directory lacks into it, verified, many requests at a time.
+    # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
-        >>> report = remote.warm(LocalDir("/var/cache/kernels"), progress=lambda done, total: ...)
+    def seal_envelope(self, name: str, payload: bytes) -> bytes:
+        """The envelope this tier would store for ``payload`` under ``name``."""
+        return self._codec.seal(name, bytes(payload))
 
-        ``names`` limits it to those entries (default: everything listed). Async
-        filesystems fetch with fsspec's batched ``cat`` (``transfer_concurrency``
-        requests in flight); others use the tier's threads. A bad or unreadable
-        entry is counted in ``failures`` and skipped; the rest still land.
-        """
-        local_dir = _as_local_dir(local)
-        started = time.perf_counter()
-        wanted = self._names_or_listing(names)
-        have = local_dir.names()
-        todo = [name for name in wanted if name not in have]
-        done = moved = nbytes = failures = 0
-        first_problem = ""
-        _tell(progress, 0, len(todo))
-        # Verify-and-write (hashing and fsync release the GIL) runs on threads, one batch behind
-        # the fetches, so the disk and the network work at the same time.
-        with concurrent.futures.ThreadPoolExecutor(LOCAL_WRITERS, thread_name_prefix="tiered-progcache-warm") as pool:
-            landing: list[tuple[str, concurrent.futures.Future[int]]] = []
-            for batch in [*_chunks(todo, self.transfer_concurrency), []]:
-                fetched = self._fetch_many(batch) if batch else {}
-                for name, future in landing:
-                    try:
-                        nbytes += future.result()
-                        moved += 1
-                    except Exception as exc:
-                        failures += 1
-                        first_problem = first_problem or f"{name[:12]}: {_describe(exc)}"
-                if landing:
-                    done += len(landing)
-                    _tell(progress, done, len(todo))
-                landing = [(name, pool.submit(self._land, local_dir, name, fetched[name])) for name in batch]
-        if failures:
-            logger.warning("warm from %s: %d of %d entries failed (first: %s)", self.url, failures, len(todo), first_problem)
-        return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
+    def open_envelope(self, name: str, blob: bytes) -> bytes:
+        """The payload of a fetched envelope, verified (``InvalidEnvelope`` if it fails)."""
+        return self._codec.open(name, blob)
 
-    def push(
-        self,
-        local: LocalDir | FileStreamProgramCache | str | os.PathLike[str],
-        names: Iterable[str] | None = None,
-        *,
-        progress: Progress | None = None,
-    ) -> TransferReport:
-        """Upload local entries the remote lacks, as envelopes, many requests at a time.
+    def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
+        """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
+        paths = [self.path_for(name) for name in names]
+        cat_async = self.fs._cat_file if self._runner.is_async else None
+        results = self._runner.call_many("batched read", self.fs.cat_file, cat_async, [(p,) for p in paths])
+        return dict(zip(names, results))
 
-        >>> report = remote.push(FileStreamProgramCache("/ci/cache"), progress=bar.update_to)
+    def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
+        """Store sealed envelopes side by side, one deadline: ``None`` per success, else the exception."""
+        self._require_writable("write")
+        calls = [(self.path_for(name), blob) for name, blob in blobs.items()]
+        results = self._runner.call_many("batched write", self._objects.put, self._objects.put_async_or_none, calls)
+        return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
 
-        ``names`` limits it to those local entries (default: all). ``PermissionError``
-        on a read-only tier.
-        """
-        self._require_writable("push")
-        local_dir = _as_local_dir(local)
-        started = time.perf_counter()
-        wanted = list(dict.fromkeys(_check_name(n) for n in names)) if names is not None else sorted(local_dir.names())
-        there = {entry.name for entry in self.iter_entries()}
-        todo = [name for name in wanted if name not in there]
-        done = moved = nbytes = failures = 0
-        first_problem = ""
-        _tell(progress, 0, len(todo))
-        for batch in _chunks(todo, self.transfer_concurrency):
-            blobs: dict[str, bytes] = {}
-            sizes: dict[str, int] = {}
-            for name in batch:
-                payload = local_dir.read(name)
-                if payload is None:  # pruned since it was listed
-                    failures += 1
-                    first_problem = first_problem or f"{name[:12]}: gone from the local directory"
-                    continue
-                blobs[name] = self._codec.seal(name, payload)
-                sizes[name] = len(payload)
-            for name, error in self._put_many(blobs).items():
-                if error is None:
-                    moved += 1
-                    nbytes += sizes[name]
-                else:
-                    failures += 1
-                    first_problem = first_problem or f"{name[:12]}: {_describe(error)}"
-            done += len(batch)
-            _tell(progress, done, len(todo))
-        if failures:
-            logger.warning("push to %s: %d of %d entries failed (first: %s)", self.url, failures, len(todo), first_problem)
-        return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
-
-    # -- internals: every request goes through _run -----------------------------------
+    # -- internals ---------------------------------------------------------------------
 
     @property
     def _list_timeout(self) -> float:
         return max(self.timeout, MIN_LIST_TIMEOUT_S)
 
-    def _run(
-        self,
-        what: str,
-        sync_fn: Callable[..., Any],
-        async_fn: Callable[..., Any] | None,
-        *args: Any,
-        timeout: float | None = None,
-    ) -> Any:
-        """One request under the failure policy: breaker check, deadline, breaker bookkeeping."""
-        self._breaker.before_call()
-        limit = self.timeout if timeout is None else timeout
-        what = f"{what} on {self.url}"
+    def _read_envelope(self, name: str) -> bytes:
+        path = self.path_for(name)
+        cat_async = self.fs._cat_file if self._runner.is_async else None
         try:
-            if self._async and async_fn is not None:
-                result = self._runner.run_async(self.fs.loop, async_fn, *args, timeout=limit, what=what)
-            else:
-                result = self._runner.run_sync(sync_fn, *args, timeout=limit, what=what)
+            return self._runner.call("read", self.fs.cat_file, cat_async, path)
         except FileNotFoundError:
-            self._breaker.record_success()  # an answer: the remote works
-            raise
-        except Exception as exc:
-            self._breaker.record_failure(exc)
-            raise
-        self._breaker.record_success()
-        return result
-
-    def _path(self, name: str) -> str:
-        _check_name(name)
-        return f"{self._entries}/{name[:2]}/{name[2:]}"
+            raise KeyError(name) from None
 
     def _require_writable(self, what: str) -> None:
-        if self.read_only:
-            raise PermissionError(f"remote cache {self.url} is read-only; refusing to {what}")
+        if self._read_only:
+            raise PermissionError(f"remote cache {self._location} is read-only; refusing to {what}")
 
-    def _put_sync(self, path: str, blob: bytes) -> None:
-        fs = self.fs
-        if self._atomic_put:
+    def _check_reachable(self, strict: bool) -> None:
+        """Probe the bucket (object stores) or directory once, so a bad config shows up now."""
+        info_async = self.fs._info if self._runner.is_async else None
+        try:
+            if self._bucket_store:
+                bucket = self.root.split("/", 1)[0]
+                self._runner.call("probe", self.fs.info, info_async, bucket)
+            elif self.root not in ("", "/"):
+                if not self._runner.call("probe", self.fs.isdir, None, self.root):
+                    if self._read_only:
+                        raise FileNotFoundError(f"{self.root} does not exist")
+                    self._runner.call("probe", functools.partial(self.fs.makedirs, exist_ok=True), None, self.root)
+        except Exception as exc:
+            message = _unreachable_message(self._location, exc, self.timeout)
+            if strict:
+                error = type(exc) if type(exc) in (FileNotFoundError, PermissionError, TimeoutError) else OSError
+                raise error(message) from exc
+            logger.warning("%s; continuing without it, probing again in %.0f s", message, self._breaker.cooldown_s)
+            self._breaker.trip(exc)
+
+
+class RemoteLeases(LeaseStore):
+    """Lease objects at ``<url>/leases/<name>`` on a remote tier, every request through its runner.
+
+    >>> leases = remote.leases()
+    >>> if leases is not None and leases.atomic_create and leases.create(name, doc, ttl_s=60): ...
+
+    Safe across threads, processes and hosts where :attr:`atomic_create` is True.
+    """
+
+    def __init__(self, objects: _Objects, runner: RequestRunner, directory: str, location: str) -> None:
+        self._objects = objects
+        self._runner = runner
+        self._directory = directory
+        self._location = f"{location}/leases"
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    @property
+    def atomic_create(self) -> bool:
+        return self._objects.atomic_create
+
+    def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+        objects = self._objects
+        return self._runner.call("lease create", objects.create, objects.create_async_or_none, self._path(name), document)
+
+    def read(self, name: str) -> bytes | None:
+        objects = self._objects
+        return self._runner.call("lease read", objects.read_or_none, objects.read_async_or_none, self._path(name))
+
+    def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+        objects = self._objects
+        self._runner.call("lease renew", objects.put, objects.put_async_or_none, self._path(name), document)
+
+    def delete(self, name: str) -> None:
+        objects = self._objects
+        self._runner.call("lease delete", objects.delete_if_present, objects.delete_if_present_async_or_none, self._path(name))
+
+    def _path(self, name: str) -> str:
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise ValueError(f"not a lease name (one path component): {name!r}")
+        return f"{self._directory}/{name}"
+
+
+class _Objects:
+    """Whole-object requests on one fsspec filesystem: the only place that decides how an object is put or created.
+
+    Each method is one request's worth of work, run by the caller through the runner.
+    """
+
+    def __init__(self, fs: Any, staging_dir: str, *, is_async: bool) -> None:
+        self._fs = fs
+        self._async = is_async
+        self._staging_dir = staging_dir
+        protocols = _protocols(fs)
+        # Object stores (every async filesystem, memory://) replace an object whole in one put.
+        self._whole_puts = is_async or "memory" in protocols
+        self._local = bool(protocols & _LOCAL_PROTOCOLS)
+        self._conditional_put = bool(protocols & _CONDITIONAL_PUT_PROTOCOLS)
+
+    @property
+    def atomic_create(self) -> bool:
+        return self._local or self._conditional_put
+
+    # -- put: replace whole ------------------------------------------------------------
+
+    def put(self, path: str, blob: bytes) -> None:
+        fs = self._fs
+        if self._whole_puts:
             fs.pipe_file(path, blob)
             return
         # A file system: stage next to the entries and rename, so readers never see a partial file.
-        fs.makedirs(self._tmp, exist_ok=True)
-        staged = f"{self._tmp}/{uuid.uuid4().hex}"
+        fs.makedirs(self._staging_dir, exist_ok=True)
+        staged = f"{self._staging_dir}/{uuid.uuid4().hex}"
         fs.pipe_file(staged, blob)
         try:
             fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -432,136 +467,108 @@ class RemoteProgramCache(ProgramCacheResource):
                 fs.rm_file(staged)
             raise
 
-    async def _put_async(self, path: str, blob: bytes) -> None:
-        await self.fs._pipe_file(path, blob)
+    @property
+    def put_async_or_none(self) -> Any:
+        return self._put_async if self._async else None
 
-    def _delete_sync(self, path: str) -> None:
-        # S3 deletes of a missing object succeed, so ask first: delete of a miss is a KeyError.
+    async def _put_async(self, path: str, blob: bytes) -> None:
+        await self._fs._pipe_file(path, blob)
+
+    # -- create: only if absent --------------------------------------------------------
+
+    def create(self, path: str, blob: bytes) -> bool:
+        if self._local:
+            return fsutil.create_exclusive(os.path.normpath(path), blob, staging_dir=os.path.normpath(self._staging_dir))
+        if self._conditional_put:
+            try:
+                self._fs.pipe_file(path, blob, mode="create")
+            except FileExistsError:
+                return False
+            return True
+        with contextlib.suppress(Exception):  # no atomic create here: check, then put
+            self._fs.invalidate_cache(path)
+        if self._fs.exists(path):
+            return False
+        self.put(path, blob)
+        return True
+
+    @property
+    def create_async_or_none(self) -> Any:
+        return self._create_async if self._async and self._conditional_put else None
+
+    async def _create_async(self, path: str, blob: bytes) -> bool:
+        try:
+            await self._fs._pipe_file(path, blob, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    # -- read and delete ---------------------------------------------------------------
+
+    def read_or_none(self, path: str) -> bytes | None:
+        try:
+            return bytes(self._fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    @property
+    def read_async_or_none(self) -> Any:
+        return self._read_async if self._async else None
+
+    async def _read_async(self, path: str) -> bytes | None:
+        try:
+            return bytes(await self._fs._cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    def delete(self, path: str) -> None:
+        """Remove ``path``; ``FileNotFoundError`` if absent (S3 deletes of a miss succeed, so ask first)."""
         with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(path)
-        self.fs.info(path)
-        self.fs.rm_file(path)
+            self._fs.invalidate_cache(path)
+        self._fs.info(path)
+        self._fs.rm_file(path)
+
+    @property
+    def delete_async_or_none(self) -> Any:
+        return self._delete_async if self._async else None
 
     async def _delete_async(self, path: str) -> None:
         with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(path)
-        await self.fs._info(path)
-        await self.fs._rm_file(path)
+            self._fs.invalidate_cache(path)
+        await self._fs._info(path)
+        await self._fs._rm_file(path)
 
-    def _fetch_many(self, names: list[str]) -> dict[str, bytes | BaseException]:
-        """Raw envelopes for ``names`` (or the exception each failed with), one batch."""
-        paths = {self._path(name): name for name in names}
-        out: dict[str, bytes | BaseException] = {}
-        try:
-            if self._async:
-                got = self._run(
-                    "batched read",
-                    self.fs.cat,
-                    functools.partial(self.fs._cat, on_error="return", batch_size=len(paths)),
-                    list(paths),
-                    timeout=self._batch_timeout(len(paths)),
-                )
-                for path, name in paths.items():
-                    out[name] = got.get(path, FileNotFoundError(path))
-                broken = [r for r in out.values() if isinstance(r, Exception) and not isinstance(r, FileNotFoundError)]
-                if broken and len(broken) == len(out):  # every request failed: the remote, not the entries
-                    self._breaker.record_failure(broken[0])
-                return out
-            futures = {name: self._submit_checked(self.fs.cat_file, path) for path, name in paths.items()}
-        except Exception as exc:  # the whole batch failed (breaker open, timeout)
-            return {name: exc for name in names}
-        return self._collect(futures)
+    def delete_if_present(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.rm_file(path)
 
-    def _put_many(self, blobs: dict[str, bytes]) -> dict[str, BaseException | None]:
-        """Store each sealed blob; ``None`` for a success, else the exception."""
-        if not blobs:
-            return {}
-        items = [(self._path(name), blob) for name, blob in blobs.items()]
-        try:
-            if self._async:
+    @property
+    def delete_if_present_async_or_none(self) -> Any:
+        return self._delete_if_present_async if self._async else None
 
-                async def put_all() -> list[Any]:
-                    return await asyncio.gather(*(self.fs._pipe_file(p, b) for p, b in items), return_exceptions=True)
+    async def _delete_if_present_async(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            await self._fs._rm_file(path)
 
-                results = self._run(
-                    "batched write", self._put_sync, put_all, timeout=self._batch_timeout(len(items))
-                )
-                return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
-            futures = {name: self._submit_checked(self._put_sync, path, blob) for name, (path, blob) in zip(blobs, items)}
-        except Exception as exc:
-            return {name: exc for name in blobs}
-        return {name: (r if isinstance(r, BaseException) else None) for name, r in self._collect(futures).items()}
-
-    def _batch_timeout(self, requests: int) -> float:
-        # A batch's requests run side by side; allow for a connection pool smaller than the batch.
-        return self.timeout * max(2, math.ceil(requests / 16))
-
-    def _submit_checked(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self._breaker.before_call()
-        return self._runner.submit(fn, *args)
-
-    def _collect(self, futures: dict[str, Any]) -> dict[str, Any]:
-        """Wait for per-entry futures (blocking filesystems), the whole batch under one deadline."""
-        deadline = time.monotonic() + self._batch_timeout(len(futures))
-        out: dict[str, Any] = {}
-        for name, future in futures.items():
-            try:
-                out[name] = future.result(max(0.0, deadline - time.monotonic()))
-            except FileNotFoundError as exc:
-                out[name] = exc
-            except concurrent.futures.TimeoutError:  # not the builtin TimeoutError before Python 3.11
-                future.cancel()
-                out[name] = TimeoutError(f"{self.url}: request took longer than {self.timeout:g} s")
-                self._breaker.record_failure(out[name])
-                continue
-            except Exception as exc:
-                out[name] = exc
-                self._breaker.record_failure(exc)
-                continue
-            self._breaker.record_success()
-        return out
-
-    def _land(self, local_dir: LocalDir, name: str, fetched: bytes | BaseException) -> int:
-        """Verify one fetched envelope and write its payload into the local directory; its size."""
-        if isinstance(fetched, BaseException):
-            raise fetched
-        payload = self._codec.open(name, fetched)
-        local_dir.write(name, payload)
-        return len(payload)
-
-    def _names_or_listing(self, names: Iterable[str] | None) -> list[str]:
-        if names is not None:
-            return list(dict.fromkeys(_check_name(n) for n in names))
-        return [entry.name for entry in self.iter_entries()]
-
-    def _check_reachable(self, strict: bool) -> None:
-        """Probe the bucket (object stores) or directory once, so a bad config shows up now."""
-        try:
-            if self._bucket_store:
-                bucket = self.root.split("/", 1)[0]
-                self._run("probe", self.fs.info, getattr(self.fs, "_info", None), bucket)
-            elif self.root not in ("", "/"):
-                if not self._run("probe", self.fs.isdir, None, self.root):
-                    if self.read_only:
-                        raise FileNotFoundError(f"{self.root} does not exist")
-                    self._run("probe", functools.partial(self.fs.makedirs, exist_ok=True), None, self.root)
-        except Exception as exc:
-            message = _unreachable_message(self.url, exc, self.timeout)
-            if strict:
-                error = type(exc) if type(exc) in (FileNotFoundError, PermissionError, TimeoutError) else OSError
-                raise error(message) from exc
-            logger.warning("%s; continuing without it, probing again in %.0f s", message, self._breaker.cooldown_s)
-            self._breaker.trip(exc)
+    def delete_if_version(self, path: str, version: Any) -> bool:
+        """Remove ``path`` unless its ETag/generation differs from ``version`` (None: no guard known)."""
+        with contextlib.suppress(Exception):
+            self._fs.invalidate_cache(path)
+        info = self._fs.info(path)
+        if version is not None and _version_of(info) != version:
+            return False
+        self._fs.rm_file(path)
+        return True
 
 
-def _unreachable_message(url: str, exc: BaseException, timeout: float) -> str:
+def _unreachable_message(location: str, exc: BaseException, timeout: float) -> str:
     if isinstance(exc, FileNotFoundError):
-        return f"remote cache {url}: the bucket or directory does not exist ({exc})"
+        return f"remote cache {location}: the bucket or directory does not exist ({exc})"
     if isinstance(exc, PermissionError):
-        return f"remote cache {url}: access denied, check the credentials ({exc})"
+        return f"remote cache {location}: access denied, check the credentials ({exc})"
     if isinstance(exc, TimeoutError):
-        return f"remote cache {url}: no answer within {timeout:g} s"
-    return f"remote cache {url} is unreachable: {type(exc).__name__}: {exc}"
+        return f"remote cache {location}: no answer within {timeout:g} s"
+    return f"remote cache {location} is unreachable: {type(exc).__name__}: {exc}"
 
 
 def check_url(url: str) -> None:
@@ -577,6 +584,22 @@ def check_url(url: str) -> None:
             raise ValueError(f"unknown URL scheme {scheme!r} in {url!r} (fsspec knows e.g. s3, gs, file, memory)")
 
 
+def _without_password(url: str) -> str:
+    """``url`` with the password of any ``user:password@`` removed (each part of a chained URL)."""
+    parts = []
+    for part in url.split("::"):
+        scheme, sep, rest = part.partition("://")
+        if sep:
+            netloc, slash, path = rest.partition("/")
+            userinfo, at, host = netloc.rpartition("@")
+            if at:
+                user = userinfo.split(":", 1)[0]
+                netloc = f"{user}@{host}" if user else host
+            part = f"{scheme}://{netloc}{slash}{path}"
+        parts.append(part)
+    return "::".join(parts)
+
+
 def _check_timeout(timeout: float | None) -> float:
     if timeout is None:
         return DEFAULT_TIMEOUT_S
@@ -587,10 +610,9 @@ def _check_timeout(timeout: float | None) -> float:
     return float(timeout)
 
 
-def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not _is_entry_name(name):
-        raise ValueError(f"not an entry name (64 lowercase hex digits): {name!r}")
-    return name
+def _protocols(fs: Any) -> set[str]:
+    protocol = fs.protocol
+    return {protocol} if isinstance(protocol, str) else set(protocol)
 
 
 def _protocol(fs: Any) -> str:
@@ -598,14 +620,13 @@ def _protocol(fs: Any) -> str:
     return protocol if isinstance(protocol, str) else protocol[0]
 
 
-def _as_local_dir(local: LocalDir | FileStreamProgramCache | str | os.PathLike[str]) -> LocalDir:
-    if isinstance(local, LocalDir):
-        return local
-    if isinstance(local, FileStreamProgramCache):
-        return LocalDir.of(local)
-    if isinstance(local, (str, os.PathLike)):
-        return LocalDir(local)
-    raise TypeError(f"local must be a LocalDir, FileStreamProgramCache or path, got {type(local).__name__}")
+def _version_of(info: Mapping[str, Any]) -> Any:
+    """The object's identity from a listing or ``info`` (S3 ETag, GCS generation); None where the store gives none."""
+    for field in ("ETag", "etag", "generation"):
+        value = info.get(field)
+        if value:
+            return str(value)
+    return None
 
 
 def _mtime_of(info: Mapping[str, Any]) -> float | None:
@@ -622,17 +643,3 @@ def _mtime_of(info: Mapping[str, Any]) -> float | None:
             with contextlib.suppress(ValueError):
                 return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     return None
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _tell(progress: Progress | None, done: int, total: int) -> None:
-    if progress is not None:
-        progress(done, total)
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, InvalidEnvelope) else f"{type(exc).__name__}: {exc}"

@@ -1,7 +1,7 @@
-"""Test helpers for tier authors: the shared contract suite (and, with the test extra, server fixtures)."""
+"""Test helpers for tier authors: the shared contract suites (and, with the test extra, server fixtures)."""
 
 from __future__ import annotations
 
-from .contract import ProgramCacheContract
+from .contract import EntryStoreTests, ProgramCacheContract
 
-__all__ = ["ProgramCacheContract"]
+__all__ = ["EntryStoreTests", "ProgramCacheContract"]

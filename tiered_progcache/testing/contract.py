@@ -1,4 +1,4 @@
-"""The contract every ``ProgramCacheResource`` passes, written once (zarr's ``StoreTests`` style).
+"""The contracts every ``ProgramCacheResource`` and every ``EntryStore`` pass, written once (zarr's ``StoreTests`` style).
 
 Subclass :class:`ProgramCacheContract` in a pytest module and provide a ``cache``
 fixture that yields a fresh, empty resource::
@@ -8,6 +8,9 @@ fixture that yields a fresh, empty resource::
         def cache(self, tmp_path):
             with MyTier(tmp_path) as c:
                 yield c
+
+Likewise :class:`EntryStoreTests` with a ``store`` fixture yielding a fresh, empty,
+writable :class:`~tiered_progcache.store.EntryStore`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import hashlib
 import pytest
 from cuda.core import ObjectCode
 
-__all__ = ["ProgramCacheContract"]
+from ..store import entry_name
+
+__all__ = ["EntryStoreTests", "ProgramCacheContract"]
 
 
 def _key(n: int) -> bytes:
@@ -140,3 +145,76 @@ class ProgramCacheContract:
     def test_context_manager_returns_cache(self, cache):
         with cache as entered:
             assert entered is cache
+
+
+class EntryStoreTests:
+    """Behaviour shared by every :class:`~tiered_progcache.store.EntryStore`. Needs a ``store`` fixture (empty, writable)."""
+
+    def test_describes_itself(self, store):
+        assert isinstance(store.location, str) and store.location
+        assert store.read_only is False
+        assert isinstance(store.shared, bool) and isinstance(store.atomic_create, bool)
+        assert store.available is True
+        assert store.max_entry_bytes > 0
+
+    def test_read_miss_is_keyerror(self, store):
+        with pytest.raises(KeyError):
+            store.read_entry(entry_name(_key(0)))
+
+    def test_write_read_roundtrip(self, store):
+        name = entry_name(_key(1))
+        store.write_entry(name, _payload(1))
+        assert store.read_entry(name) == _payload(1)
+        store.write_entry(name, _payload(2, 100))
+        assert store.read_entry(name) == _payload(2, 100)
+
+    def test_create_entry_only_if_absent(self, store):
+        name = entry_name(_key(2))
+        assert store.create_entry(name, _payload(2)) is True
+        assert store.create_entry(name, _payload(3)) is False
+        assert store.read_entry(name) == _payload(2)
+
+    def test_delete_entry(self, store):
+        name = entry_name(_key(3))
+        store.write_entry(name, b"x")
+        store.delete_entry(name)
+        with pytest.raises(KeyError):
+            store.read_entry(name)
+        with pytest.raises(KeyError):
+            store.delete_entry(name)
+
+    def test_iter_entries_lists_what_was_written_with_sizes(self, store):
+        assert list(store.iter_entries()) == []
+        written = {entry_name(_key(n)): _payload(n, 500 + n) for n in range(4)}
+        for name, payload in written.items():
+            store.write_entry(name, payload)
+        listed = {entry.name: entry for entry in store.iter_entries()}
+        assert set(listed) == set(written)
+        for name, entry in listed.items():
+            assert entry.size >= len(written[name])  # a shared store keeps an envelope around the payload
+            if not store.shared:
+                assert entry.size == len(written[name])
+
+    def test_delete_listed(self, store):
+        name = entry_name(_key(4))
+        store.write_entry(name, _payload(4))
+        (entry,) = store.iter_entries()
+        assert store.delete_listed(entry) is True
+        assert list(store.iter_entries()) == []
+        assert store.delete_listed(entry) is False  # gone since listed
+
+    def test_verify_entry(self, store):
+        assert store.verify_entry(entry_name(_key(5))) == "missing"
+
+    @pytest.mark.parametrize("bad", ["../../etc/passwd", "AB" * 32, "ab" * 31, "", "ab" * 32 + "/"])
+    def test_names_are_validated(self, store, bad):
+        for attempt in (
+            lambda: store.read_entry(bad),
+            lambda: store.write_entry(bad, b"x"),
+            lambda: store.create_entry(bad, b"x"),
+            lambda: store.delete_entry(bad),
+            lambda: store.verify_entry(bad),
+        ):
+            with pytest.raises(ValueError):
+                attempt()
+        assert list(store.iter_entries()) == []

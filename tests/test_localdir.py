@@ -1,0 +1,109 @@
+"""The local directory as an EntryStore: cuda-core's layout, its stat guard on delete, code-object checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from cuda.core.utils import FileStreamProgramCache
+
+from tiered_progcache import _cudacore
+from tiered_progcache.errors import EntryRejected
+from tiered_progcache.localdir import LocalDir, default_local_dir
+from tiered_progcache.store import entry_name
+from tiered_progcache.testing import EntryStoreTests
+
+ELF = b"\x7fELF\x02\x01" + bytes(58)  # a 64-bit little-endian ELF header, no program or section headers
+
+
+class TestLocalDirStore(EntryStoreTests):
+    @pytest.fixture
+    def store(self, tmp_path):
+        return LocalDir(tmp_path / "cache")
+
+
+def test_shares_cuda_cores_layout_both_ways(tmp_path):
+    cache = FileStreamProgramCache(tmp_path)
+    local = LocalDir.of(cache)
+    assert local.root == tmp_path and local.locks_dir == tmp_path / "locks"
+    assert (local.location, local.shared, local.read_only, local.atomic_create) == (str(tmp_path), False, False, True)
+    cache[b"from cuda-core"] = b"one"
+    local.write_entry(entry_name(b"from LocalDir"), b"two")
+    assert local.read_entry(entry_name(b"from cuda-core")) == b"one"
+    assert cache[b"from LocalDir"] == b"two"
+    name = entry_name(b"from cuda-core")
+    assert local.path_for(name) == tmp_path / "entries" / name[:2] / name[2:]
+
+
+def test_iter_entries_carries_times_and_cuda_cores_stat_identity(tmp_path):
+    local = LocalDir(tmp_path)
+    name = entry_name(b"k")
+    local.write_entry(name, b"payload")
+    (entry,) = local.iter_entries()
+    st = os.stat(local.path_for(name))
+    assert (entry.name, entry.size, entry.mtime, entry.atime) == (name, 7, st.st_mtime, st.st_atime)
+    assert entry.version == _cudacore.stat_identity(st) == (st.st_ino, 7, st.st_mtime_ns)
+
+
+def test_delete_listed_refuses_an_entry_replaced_since_listed_even_with_same_size_and_mtime(tmp_path):
+    """The old guard compared size and mtime only; a rewrite of equal size within one mtime tick slipped past it."""
+    local = LocalDir(tmp_path)
+    name = entry_name(b"k")
+    local.write_entry(name, b"old bytes")
+    (listed,) = local.iter_entries()
+    before = os.stat(local.path_for(name))
+    local.write_entry(name, b"new bytes")  # same size; staged and renamed: a new inode
+    os.utime(local.path_for(name), ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same mtime
+    after = os.stat(local.path_for(name))
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert after.st_ino != before.st_ino
+    assert local.delete_listed(listed) is False
+    assert local.read_entry(name) == b"new bytes"
+    (fresh,) = local.iter_entries()
+    assert local.delete_listed(fresh) is True
+    assert list(local.iter_entries()) == []
+
+
+def test_delete_listed_refuses_an_entry_without_a_version(tmp_path):
+    local = LocalDir(tmp_path)
+    name = entry_name(b"k")
+    local.write_entry(name, b"x")
+    (listed,) = local.iter_entries()
+    from dataclasses import replace
+
+    assert local.delete_listed(replace(listed, version=None)) is False
+    assert local.read_entry(name) == b"x"
+
+
+def test_create_entry_is_exclusive_and_leaves_no_staged_files(tmp_path):
+    local = LocalDir(tmp_path)
+    name = entry_name(b"k")
+    assert local.create_entry(name, b"first") is True
+    assert local.create_entry(name, b"second") is False
+    assert local.read_entry(name) == b"first"
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_verify_entry_checks_code_object_framing(tmp_path):
+    local = LocalDir(tmp_path)
+    good, cut, foreign = entry_name(b"good"), entry_name(b"cut"), entry_name(b"foreign")
+    local.write_entry(good, ELF)
+    local.write_entry(cut, ELF[:20])
+    local.write_entry(foreign, b"hello")
+    assert local.verify_entry(good) is None
+    assert "truncated" in local.verify_entry(cut)
+    assert "unknown format" in local.verify_entry(foreign)
+    assert local.verify_entry(entry_name(b"absent")) == "missing"
+
+
+def test_read_refuses_an_entry_over_the_cap(tmp_path):
+    local = LocalDir(tmp_path, max_entry_bytes=4)
+    name = entry_name(b"k")
+    local.write_entry(name, b"12345")
+    with pytest.raises(EntryRejected):
+        local.read_entry(name)
+    assert "limit" in local.verify_entry(name)
+
+
+def test_default_local_dir_is_cuda_cores():
+    assert default_local_dir() == _cudacore.default_cache_dir()

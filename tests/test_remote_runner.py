@@ -1,0 +1,267 @@
+"""The remote's one door: RequestRunner's deadlines and breaker bookkeeping, bulk batches and lease requests included."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from tiered_progcache import TierUnavailable
+from tiered_progcache.breaker import CircuitBreaker
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.runner import RequestRunner
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+from tiered_progcache.testing.slowfs import SlowFileSystem
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _half_open(clock: FakeClock) -> CircuitBreaker:
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30, clock=clock)
+    breaker.trip(ConnectionError("down"))
+    clock.now += 31
+    assert breaker.state == "half-open"
+    return breaker
+
+
+def _blocking_runner(breaker: CircuitBreaker, timeout: float = 5.0) -> RequestRunner:
+    return RequestRunner(MemoryFileSystem(), timeout=timeout, breaker=breaker, name="test remote")
+
+
+def _fail(n: int) -> int:
+    raise ConnectionError(f"request {n} failed")
+
+
+# -- the bulk path ------------------------------------------------------------------------
+
+
+def test_bulk_records_a_half_open_probes_failure():
+    clock = FakeClock()
+    breaker = _half_open(clock)
+    runner = _blocking_runner(breaker)
+    results = runner.call_many("batch", _fail, None, [(n,) for n in range(5)])
+    assert len(results) == 5 and all(isinstance(r, ConnectionError) for r in results)  # every request went out
+    assert breaker.state == "open"  # the probe failed: another cooldown
+    clock.now += 31
+    assert breaker.state == "half-open"  # and a later probe may go: the breaker is not stuck open
+    runner.close()
+
+
+def test_bulk_records_a_half_open_probes_success():
+    clock = FakeClock()
+    breaker = _half_open(clock)
+    runner = _blocking_runner(breaker)
+    assert runner.call_many("batch", lambda n: n * 2, None, [(n,) for n in range(5)]) == [0, 2, 4, 6, 8]
+    assert breaker.state == "closed"
+    runner.close()
+
+
+def test_bulk_a_miss_is_an_answer_and_one_answer_means_the_remote_works():
+    clock = FakeClock()
+    breaker = _half_open(clock)
+    runner = _blocking_runner(breaker)
+
+    def some_missing(n: int) -> int:
+        if n == 0:
+            raise FileNotFoundError(n)
+        raise ConnectionError(n)
+
+    results = runner.call_many("batch", some_missing, None, [(n,) for n in range(3)])
+    assert isinstance(results[0], FileNotFoundError) and isinstance(results[2], ConnectionError)
+    assert breaker.state == "closed"
+    runner.close()
+
+
+def test_bulk_abandoned_by_an_interrupt_still_records_the_probe():
+    clock = FakeClock()
+    breaker = _half_open(clock)
+    runner = _blocking_runner(breaker)
+
+    def interrupted(n: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.call_many("batch", interrupted, None, [(0,), (1,)])
+    assert breaker.state == "open"
+    clock.now += 31
+    assert breaker.state == "half-open"
+    runner.close()
+
+
+def test_bulk_on_an_open_breaker_sends_nothing():
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30)
+    breaker.trip(ConnectionError("down"))
+    runner = _blocking_runner(breaker)
+    sent = []
+    results = runner.call_many("batch", sent.append, None, [(1,), (2,)])
+    assert sent == [] and all(isinstance(r, TierUnavailable) for r in results)
+
+
+def test_bulk_that_fails_whole_opens_a_closed_breaker():
+    breaker = CircuitBreaker(failure_threshold=3, cooldown_s=30)
+    runner = _blocking_runner(breaker)
+    runner.call_many("batch", _fail, None, [(n,) for n in range(4)])
+    assert breaker.state == "open"  # each failed request counted
+    runner.close()
+
+
+def test_bulk_on_a_blocking_filesystem_times_out_as_one_batch():
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30)
+    runner = _blocking_runner(breaker, timeout=0.1)
+    release = threading.Event()
+    started = time.monotonic()
+    try:
+        results = runner.call_many("batch", lambda n: release.wait(), None, [(n,) for n in range(3)], timeout=0.3)
+    finally:
+        release.set()
+    assert time.monotonic() - started < 3
+    assert all(isinstance(r, TimeoutError) for r in results)
+    assert breaker.state == "open"
+    runner.close()
+
+
+def test_bulk_on_an_async_filesystem_is_cancelled_at_its_deadline_and_records_the_probe():
+    clock = FakeClock()
+    breaker = _half_open(clock)
+    fs = SlowFileSystem(delay_s=3600)
+    fs.mkdir("bucket")
+    runner = RequestRunner(fs, timeout=0.2, breaker=breaker, name="slow")
+    assert runner.is_async
+    started = time.monotonic()
+    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",), ("bucket/b",)], timeout=0.2)
+    assert time.monotonic() - started < 3
+    assert all(isinstance(r, TimeoutError) for r in results)
+    assert breaker.state == "open"
+    fs.delay_s = 0
+    fs.pipe_file("bucket/a", b"A")
+    clock.now += 31
+    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",), ("bucket/b",)])
+    assert results[0] == b"A" and isinstance(results[1], FileNotFoundError)
+    assert breaker.state == "closed"
+
+
+# -- single requests ----------------------------------------------------------------------
+
+
+def test_call_records_success_failure_and_answers():
+    breaker = CircuitBreaker(failure_threshold=2, cooldown_s=30)
+    runner = _blocking_runner(breaker)
+    assert runner.call("op", lambda: 42, None) == 42
+    for answer in (FileNotFoundError, FileExistsError):
+
+        def raises(answer=answer):
+            raise answer("answer")
+
+        with pytest.raises(answer):
+            runner.call("op", raises, None)
+    assert breaker.consecutive_failures == 0
+    for _ in range(2):
+        with pytest.raises(ConnectionError):
+            runner.call("op", _fail, None, 0)
+    with pytest.raises(TierUnavailable):
+        runner.call("op", lambda: 42, None)
+    runner.close()
+
+
+def test_remote_batches_go_through_its_runner():
+    fs = SlowFileSystem()
+    fs.mkdir("bucket")
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30)
+    remote = RemoteProgramCache(fs, "bucket/kernels", breaker=breaker)
+    assert remote.runner.breaker is breaker and remote.available
+    breaker.trip(ConnectionError("down"))
+    assert not remote.available
+    fs.requests.clear()
+    got = remote.read_envelopes(["ab" * 32])
+    assert isinstance(got["ab" * 32], TierUnavailable) and sum(fs.requests.values()) == 0
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+def _lease_roundtrip(remote: RemoteProgramCache) -> None:
+    leases = remote.leases()
+    assert leases is not None and leases.atomic_create is True
+    assert leases.read("n") is None
+    assert leases.create("n", b"first", 10) is True
+    assert leases.create("n", b"second", 10) is False
+    assert leases.read("n") == b"first"
+    leases.replace("n", b"renewed", 10)
+    assert leases.read("n") == b"renewed"
+    leases.delete("n")
+    leases.delete("n")  # already gone: no error
+    assert leases.read("n") is None
+    assert remote.breaker.state == "closed"  # FileExistsError and misses are answers, not failures
+    with pytest.raises(ValueError):
+        leases.create("../escape", b"x", 10)
+
+
+def test_leases_on_memory(tmp_path):
+    remote = RemoteProgramCache.from_url(f"memory://leases-{uuid.uuid4().hex}/k", strict=True)
+    assert remote.atomic_create is True
+    _lease_roundtrip(remote)
+    remote.clear()
+
+
+def test_leases_on_a_file_url_link_into_place(tmp_path):
+    remote = RemoteProgramCache.from_url((tmp_path / "nfs").as_uri(), strict=True)
+    assert remote.atomic_create is True
+    leases = remote.leases()
+    assert leases.location == f"{remote.location}/leases"
+    assert leases.create("n", b"doc", 10) is True
+    assert (tmp_path / "nfs" / "leases" / "n").read_bytes() == b"doc"
+    assert list((tmp_path / "nfs" / "tmp").iterdir()) == []  # staged, linked, unstaged
+    leases.delete("n")
+    _lease_roundtrip(remote)
+
+
+def test_leases_on_s3(s3_bucket):
+    remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True)
+    assert remote.atomic_create is True
+    _lease_roundtrip(remote)
+
+
+def test_no_leases_on_a_read_only_remote():
+    url = f"memory://leases-{uuid.uuid4().hex}/k"
+    RemoteProgramCache.from_url(url, strict=True)
+    assert RemoteProgramCache.from_url(url, read_only=True).leases() is None
+
+
+def test_a_filesystem_without_conditional_create_says_so():
+    fs = SlowFileSystem()  # its pipe_file(mode="create") is not declared atomic: fsspec's generic one is not
+    fs.mkdir("bucket")
+    remote = RemoteProgramCache(fs, "bucket/kernels")
+    assert remote.atomic_create is False and remote.leases().atomic_create is False
+    name = "cd" * 32
+    assert remote.create_entry(name, b"x") is True  # check, then put
+    assert remote.create_entry(name, b"y") is False
+    assert remote.read_entry(name) == b"x"
+
+
+def test_lease_requests_go_through_the_breaker():
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30)
+    remote = RemoteProgramCache.from_url(f"memory://leases-{uuid.uuid4().hex}/k", breaker=breaker)
+    breaker.trip(ConnectionError("down"))
+    leases = remote.leases()
+    for attempt in (
+        lambda: leases.create("n", b"x", 10),
+        lambda: leases.read("n"),
+        lambda: leases.replace("n", b"x", 10),
+        lambda: leases.delete("n"),
+    ):
+        with pytest.raises(TierUnavailable):
+            attempt()
+
+
+def test_location_never_holds_a_password():
+    remote = RemoteProgramCache.from_url(f"memory://user:s3cret@leases-{uuid.uuid4().hex}/k")
+    assert "s3cret" not in remote.location and "s3cret" not in repr(remote) and remote.location.startswith("memory://user@")

@@ -1,0 +1,37 @@
+"""Framing checks for the code objects a local directory holds (cubin, fatbin, LTO-IR, PTX)."""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["check_code_object"]
+
+
+def check_code_object(data: bytes) -> str | None:
+    """None if ``data`` is a whole cubin (ELF), fatbin, LTO-IR or PTX; else why not.
+
+    Local entries carry no digest, so this checks framing only: it catches truncation
+    and foreign files, not a flipped byte inside a well-formed cubin.
+    """
+    if not data:
+        return "empty"
+    if data[:4] == b"\x7fELF":
+        if len(data) < 64 or data[4] != 2 or data[5] != 1:
+            return "truncated or not a 64-bit little-endian ELF"
+        phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+        if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+            return f"truncated ELF ({len(data)} bytes; its headers reach past the end)"
+        return None
+    if data[:4] == b"\x50\xed\x55\xba":  # fatbin
+        if len(data) < 16:
+            return "truncated fatbin"
+        header_size, body_size = struct.unpack_from("<HQ", data, 6)
+        if header_size + body_size > len(data):
+            return f"truncated fatbin ({len(data)} bytes of {header_size + body_size})"
+        return None
+    if data[:4] == b"\xedCN\x7f":  # NVRTC/nvJitLink LTO-IR
+        return None
+    if b"\0" not in data[:4096] and b".version" in data[:4096] and b".target" in data[:4096]:
+        return None  # PTX
+    return "not a cubin, fatbin, LTO-IR or PTX (unknown format)"

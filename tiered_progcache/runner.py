@@ -1,0 +1,277 @@
+"""The one door for requests to a remote store: a deadline on each, one circuit breaker over all.
+
+Single reads and writes, listings, bulk transfers and lease operations of one remote
+all go through its :class:`RequestRunner`, so they share one failure policy: the
+breaker refuses requests while the remote is known to be down, and every request's
+outcome (a bulk batch's included, a half-open probe's always) is recorded on it.
+
+Deadlines are enforced two ways, picked per filesystem:
+
+- async filesystems (s3fs, gcsfs, adlfs): the coroutine runs on the filesystem's own
+  event loop under ``asyncio.wait_for`` (``fsspec.asyn.sync(..., timeout=)``), so a
+  request that runs out of time is *cancelled*, not abandoned;
+- blocking filesystems (local/NFS paths, memory://, sftp): the call runs on a small pool
+  of daemon threads and the caller waits on its future with a timeout. A call that
+  never returns keeps its thread (Python cannot cancel a blocked thread) but not its
+  caller; the pool is bounded, so a remote that hangs every call fills it, the next
+  calls time out waiting for a thread, and the breaker opens. Daemon threads never
+  hold up interpreter exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any, Callable, TypeVar
+
+from .breaker import CircuitBreaker
+
+__all__ = ["ANSWERS", "RequestRunner"]
+
+T = TypeVar("T")
+
+#: Exceptions that are the remote's answer (a miss, an object already there), not its failure.
+ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError)
+#: Requests of one batch that a connection pool is assumed to run side by side.
+BATCH_PARALLELISM = 16
+
+
+class RequestRunner:
+    """Runs every request to one fsspec filesystem under a deadline and the remote's circuit breaker.
+
+    >>> runner = RequestRunner(fs, timeout=5.0, breaker=CircuitBreaker(), name="remote cache s3://b/k")
+    >>> blob = runner.call("read", fs.cat_file, fs._cat_file, path)
+
+    Thread-safe. Blocking calls go to at most ``max_threads`` daemon threads, started on
+    demand and reused; coroutines go to the filesystem's own loop (see module docstring).
+    A timed-out request raises the builtin ``TimeoutError``; an open breaker raises
+    :class:`~tiered_progcache.errors.TierUnavailable` without making the request.
+    """
+
+    def __init__(
+        self,
+        fs: Any,
+        *,
+        timeout: float,
+        breaker: CircuitBreaker,
+        name: str,
+        max_threads: int = 8,
+    ) -> None:
+        from fsspec.asyn import AsyncFileSystem
+
+        self._fs = fs
+        self._async = isinstance(fs, AsyncFileSystem)
+        self.timeout = timeout
+        self.breaker = breaker
+        self.name = name
+        self._threads = _DaemonThreads(max_threads, name="remote")
+
+    @property
+    def is_async(self) -> bool:
+        """True if requests run as coroutines on the filesystem's loop (cancelled at their deadline)."""
+        return self._async
+
+    def batch_timeout(self, requests: int) -> float:
+        """The deadline for ``requests`` run side by side, allowing for a connection pool smaller than the batch."""
+        return self.timeout * max(2, math.ceil(requests / BATCH_PARALLELISM))
+
+    def call(
+        self,
+        what: str,
+        sync_fn: Callable[..., T],
+        async_fn: Callable[..., Awaitable[T]] | None,
+        *args: Any,
+        timeout: float | None = None,
+    ) -> T:
+        """One request: ``async_fn(*args)`` on an async filesystem (when given), else ``sync_fn(*args)``.
+
+        ``timeout`` defaults to the runner's per-request timeout. Raises what the request
+        raised; a miss (``FileNotFoundError``) or ``FileExistsError`` counts as an answer.
+        """
+        self.breaker.before_call()
+        limit = self.timeout if timeout is None else timeout
+        what = f"{what} on {self.name}"
+        try:
+            if self._async and async_fn is not None:
+                result = _run_async(self._fs.loop, async_fn, args, limit, what)
+            else:
+                result = self._run_sync(sync_fn, args, limit, what)
+        except ANSWERS:
+            self.breaker.record_success()  # an answer: the remote works
+            raise
+        except BaseException as exc:  # a half-open probe's outcome is always recorded
+            self.breaker.record_failure(exc)
+            raise
+        self.breaker.record_success()
+        return result
+
+    def call_many(
+        self,
+        what: str,
+        sync_fn: Callable[..., Any],
+        async_fn: Callable[..., Awaitable[Any]] | None,
+        calls: Sequence[tuple[Any, ...]],
+        *,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Many requests side by side, one per argument tuple in ``calls``, under one deadline.
+
+        Returns one item per call, in order: its result, or the exception it raised (a
+        refused or timed-out batch gives every item the same exception). Never raises an
+        ``Exception``. The batch is one pass through the breaker: if any request was
+        answered the remote works (success, which closes a half-open breaker);
+        if none was, each failed request counts as a failure. ``timeout`` defaults to
+        :meth:`batch_timeout`.
+        """
+        if not calls:
+            return []
+        try:
+            self.breaker.before_call()
+        except Exception as exc:
+            return [exc] * len(calls)
+        limit = self.batch_timeout(len(calls)) if timeout is None else timeout
+        what = f"{what} on {self.name}"
+        try:
+            if self._async and async_fn is not None:
+                results = self._many_async(async_fn, calls, limit, what)
+            else:
+                results = self._many_sync(sync_fn, calls, limit, what)
+        except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
+            self.breaker.record_failure(exc)
+            raise
+        if any(not isinstance(r, BaseException) or isinstance(r, ANSWERS) for r in results):
+            self.breaker.record_success()
+        else:
+            for error in results:
+                self.breaker.record_failure(error)
+        return results
+
+    def close(self) -> None:
+        """Let the idle threads go; a later request starts fresh ones."""
+        self._threads.close()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _run_sync(self, fn: Callable[..., T], args: tuple[Any, ...], timeout: float, what: str) -> T:
+        future = self._threads.submit(fn, *args)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+            if future.done() and not future.cancelled():
+                raise  # fn's own TimeoutError (a socket timeout), not our deadline
+            future.cancel()  # still queued: never runs. Running: its thread finishes on its own.
+            raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+    def _many_sync(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str
+    ) -> list[Any]:
+        futures = [self._threads.submit(fn, *args) for args in calls]
+        deadline = time.monotonic() + timeout
+        results: list[Any] = []
+        try:
+            for future in futures:
+                try:
+                    results.append(future.result(max(0.0, deadline - time.monotonic())))
+                except concurrent.futures.TimeoutError as exc:
+                    if future.done() and not future.cancelled():
+                        results.append(exc)  # the request's own TimeoutError
+                    else:
+                        future.cancel()
+                        results.append(TimeoutError(f"{what} took longer than {timeout:g} s"))
+                except Exception as exc:
+                    results.append(exc)
+        finally:
+            for future in futures[len(results) :]:
+                future.cancel()
+        return results
+
+    def _many_async(
+        self, fn: Callable[..., Awaitable[Any]], calls: Sequence[tuple[Any, ...]], timeout: float, what: str
+    ) -> list[Any]:
+        async def run_all() -> list[Any]:
+            return await asyncio.gather(*(fn(*args) for args in calls), return_exceptions=True)
+
+        try:
+            return list(_run_async(self._fs.loop, run_all, (), timeout, what))
+        except Exception as exc:  # the whole batch: timed out, or the loop is gone
+            return [exc] * len(calls)
+
+
+def _run_async(
+    loop: Any, coro_fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], timeout: float, what: str
+) -> T:
+    """``await coro_fn(*args)`` on ``loop`` (a running loop in another thread), cancelled at ``timeout``."""
+    from fsspec.asyn import sync
+    from fsspec.exceptions import FSTimeoutError
+
+    try:
+        return sync(loop, coro_fn, *args, timeout=timeout)
+    except FSTimeoutError:  # an asyncio.TimeoutError, not the builtin one before Python 3.11
+        raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+class _DaemonThreads:
+    """At most ``max_threads`` daemon threads that run submitted calls; started on demand, reused."""
+
+    def __init__(self, max_threads: int, *, name: str) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads!r}")
+        self._max_threads = max_threads
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            self._jobs.put((future, fn, args))
+            if self._idle == 0 and self._threads < self._max_threads:
+                self._threads += 1
+                threading.Thread(
+                    target=self._work,
+                    args=(self._jobs,),
+                    name=f"tiered-progcache-{self._name}-{self._threads}",
+                    daemon=True,
+                ).start()
+            elif self._idle:
+                self._idle -= 1
+        return future
+
+    def close(self) -> None:
+        """Let the threads go; a thread stuck in a call exits when the call returns.
+
+        A later call starts fresh threads, so a closed runner still works (as cuda-core's
+        tiers do after ``close()``).
+        """
+        with self._lock:
+            jobs, threads = self._jobs, self._threads
+            self._jobs = queue.SimpleQueue()
+            self._threads = self._idle = 0
+        for _ in range(threads):
+            jobs.put(None)
+
+    def _work(self, jobs: queue.SimpleQueue[Any]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args)
+                except BaseException as exc:  # handed to the waiting caller
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            with self._lock:
+                if jobs is self._jobs:
+                    self._idle += 1
