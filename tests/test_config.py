@@ -1,17 +1,22 @@
-"""CacheConfig: environment parsing, precedence, sources, bad values naming their variable, build()."""
+"""CacheConfig and the settings table: environment parsing, precedence, sources, bad values naming
+their variable, the command's options, build(), and that a new setting is one row of the table."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
+import re
 import uuid
 from pathlib import Path
 
 import pytest
+from cuda.core.utils import InMemoryProgramCache
 
-from tiered_progcache import DEFAULT_MAX_MEMORY_BYTES, TieredProgramCache
-from tiered_progcache.config import CacheConfig, parse_size
-from tiered_progcache.envelope import EnvelopeCodec
-from tiered_progcache.localdir import entry_name
+from tiered_progcache import DEFAULT_MAX_MEMORY_BYTES, EntryRejected, TieredProgramCache, settings
+from tiered_progcache.config import CacheConfig
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.units import parse_size
 
 ENV = "TIERED_PROGCACHE_"
 
@@ -50,7 +55,9 @@ def test_every_variable_is_read(tmp_path):
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
-    assert all(where.startswith("env ") for where in sources.values())
+    variables = {s.name: s.variable for s in settings.SETTINGS}
+    assert all(sources[name] == f"env {variable}" for name, variable in variables.items() if variable)
+    assert [name for name, variable in variables.items() if not variable] == ["signing_key"]  # bytes: no variable
 
 
 def test_arguments_beat_the_environment_and_empty_variables_are_unset():
@@ -128,19 +135,21 @@ def test_build_makes_the_configured_chain(tmp_path):
     }
     with TieredProgramCache.from_env(environ) as cache:
         assert [t.name for t in cache.tiers] == ["memory", "local", "remote"]
-        assert cache.local_dir == tmp_path / "local"
+        assert cache.local_store.root == tmp_path / "local"
         cache[b"k"] = b"v"
         assert cache.flush(timeout=10)
-        remote = cache.remote
-        blob = remote.fs.cat_file(remote.path_for(entry_name(b"k")))
-    assert EnvelopeCodec(b"signing key").open(entry_name(b"k"), blob) == b"v"  # key file read, newline stripped
+    # The entry was signed with the file's bytes less the newline: that key reads it, the raw bytes do not.
+    with RemoteProgramCache.from_url(url, signing_key=b"signing key") as same_key:
+        assert same_key[b"k"] == b"v"
+    with RemoteProgramCache.from_url(url, signing_key=b"signing key\n") as raw_bytes, pytest.raises(EntryRejected):
+        raw_bytes[b"k"]
 
 
 def test_build_from_env_reads_os_environ(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV + "DIR", str(tmp_path / "from-os-environ"))
     with TieredProgramCache.from_env() as cache:
-        assert cache.local_dir == tmp_path / "from-os-environ"
-        assert cache.remote is None
+        assert cache.local_store.root == tmp_path / "from-os-environ"
+        assert cache.shared_store is None
 
 
 def test_signing_key_file_problems_name_the_variable(tmp_path, caplog):
@@ -165,8 +174,6 @@ def test_local_dir_expands_user(monkeypatch, tmp_path):
 
 
 def test_signing_key_file_keeps_binary_whitespace_and_drops_one_newline(tmp_path):
-    from tiered_progcache.config import CacheConfig
-
     binary = tmp_path / "binary.key"
     binary.write_bytes(b" \x00key\t")
     binary.chmod(0o600)
@@ -174,5 +181,181 @@ def test_signing_key_file_keeps_binary_whitespace_and_drops_one_newline(tmp_path
     text.write_bytes(b"deadbeef\n")
     text.chmod(0o600)
     env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "d")}
-    assert CacheConfig.from_env({**env, "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(binary)})._signing_key() == b" \x00key\t"
-    assert CacheConfig.from_env({**env, "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(text)})._signing_key() == b"deadbeef"
+    assert CacheConfig.from_env({**env, "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(binary)}).read_signing_key() == b" \x00key\t"
+    assert CacheConfig.from_env({**env, "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(text)}).read_signing_key() == b"deadbeef"
+
+
+# -- one validation for every way in ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["remote_read_only", "strict"])
+def test_boolean_words_are_text_only(name):
+    """``"false"`` is a true string in Python: as an argument it is refused, not read as a word."""
+    assert getattr(CacheConfig.from_env({settings.by_name()[name].variable: "false"}), name) is False
+    with pytest.raises(TypeError, match=f"^{name}: "):
+        CacheConfig.from_env({}, **{name: "false"})
+    with pytest.raises(TypeError, match=f"^{name}: "):
+        TieredProgramCache(**{name: "false"})
+
+
+def test_key_and_key_file_together_are_a_value_error(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"k")
+    with pytest.raises(ValueError, match="signing_key and TIERED_PROGCACHE_SIGNING_KEY_FILE"):
+        CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(key_file)}, signing_key=b"k")
+
+
+def test_a_signing_key_argument_is_used_as_given():
+    assert CacheConfig(signing_key=b"raw\n").read_signing_key() == b"raw\n"
+
+
+def test_repr_masks_secrets_and_storage_option_values():
+    config = CacheConfig(signing_key=b"hunter2", remote_options={"key": "AKIA-secret", "anon": False})
+    text = repr(config)
+    assert "hunter2" not in text and "AKIA-secret" not in text
+    assert "signing_key='***'" in text and "'key': '***'" in text and "'anon': '***'" in text
+    assert config.signing_key == b"hunter2" and config.remote_options["key"] == "AKIA-secret"
+
+
+def test_config_is_immutable_and_compares_by_value():
+    config = CacheConfig(max_local_bytes=10)
+    with pytest.raises(AttributeError):
+        config.max_local_bytes = 5
+    with pytest.raises(AttributeError):
+        config.no_such_setting
+    assert config == CacheConfig.from_env({ENV + "MAX_LOCAL_BYTES": "10"})
+    assert config.as_dict() == {s.name: (10 if s.name == "max_local_bytes" else s.default) for s in settings.SETTINGS}
+
+
+def test_every_setting_is_a_row_of_the_documented_table():
+    """docs/configuration.md is written by hand: each row of SETTINGS appears with its variable and flag."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        match = re.match(r"\| `(\w+)` \|", line)
+        if match:
+            rows[match.group(1)] = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    for setting in settings.SETTINGS:
+        assert setting.name in rows, f"docs/configuration.md has no row for {setting.name}"
+        _, variable, _, flag = rows[setting.name][:4]
+        assert variable == (f"`{setting.variable}`" if setting.variable else "-"), setting.name
+        assert flag.startswith(f"`{setting.flag}") if setting.flag else flag == "-", setting.name
+    assert set(rows) == {s.name for s in settings.SETTINGS}  # and no row for a setting that is gone
+
+
+# -- the command's options ------------------------------------------------------------------------
+
+#: The configuration flags the command had before they came from the table.
+OLD_FLAGS = {
+    "--dir", "--remote", "--remote-options", "--read-only", "--signing-key-file",
+    "--compression", "--remote-timeout", "--strict", "--max-local-bytes",
+}  # fmt: skip
+
+
+def _parser(**kwargs):
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    settings.add_arguments(parser, **kwargs)
+    return parser
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+
+
+def test_add_arguments_gives_the_old_flags():
+    assert _flags(_parser()) == OLD_FLAGS
+    assert _flags(_parser(exclude={"remote"})) == OLD_FLAGS - {"--remote"}
+
+
+def test_flags_parse_into_settings(tmp_path):
+    argv = [
+        "--dir", str(tmp_path / "d"), "--max-local-bytes", "20G", "--remote", "s3://bucket/k",
+        "--remote-options", '{"anon": true}', "--read-only", "--signing-key-file", str(tmp_path / "key"),
+        "--compression", "zstd", "--remote-timeout", "2.5", "--strict",
+    ]  # fmt: skip
+    overrides = settings.overrides_from_args(_parser().parse_args(argv))
+    assert overrides == {
+        "local_dir": tmp_path / "d",
+        "max_local_bytes": 20 * 10**9,
+        "remote": "s3://bucket/k",
+        "remote_options": {"anon": True},
+        "remote_read_only": True,
+        "signing_key_file": tmp_path / "key",
+        "compression": "zstd",
+        "remote_timeout": 2.5,
+        "strict": True,
+    }
+    config = CacheConfig.from_env({ENV + "MAX_LOCAL_BYTES": "1G", ENV + "STRICT": "0"}, **overrides)
+    assert config.max_local_bytes == 20 * 10**9 and config.strict is True
+    assert settings.overrides_from_args(_parser().parse_args([])) == {}  # unset flags leave the environment be
+    assert settings.overrides_from_args(_parser(exclude={"remote"}).parse_args(["--dir", "x"]), exclude={"remote"}) == {
+        "local_dir": Path("x")
+    }
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--max-local-bytes", "lots"], "not a size"),
+        (["--remote-timeout", "soon"], "not a number of seconds"),
+        (["--remote-options", "[1, 2]"], "JSON object"),
+        (["--remote-options", "{nope"], "not valid JSON"),
+        (["--compression", "gzip"], "zstd or none"),
+    ],
+)
+def test_bad_flag_values_are_usage_errors_naming_the_flag(argv, needle):
+    with pytest.raises(argparse.ArgumentError, match=needle) as caught:
+        _parser().parse_args(argv)
+    assert argv[0] in str(caught.value)
+
+
+def test_help_names_each_variable():
+    text = _parser().format_help()
+    for setting in settings.SETTINGS:
+        if setting.flag:
+            assert setting.flag in text and setting.variable in text
+
+
+@pytest.mark.parametrize("setting", [s for s in settings.SETTINGS if s.variable], ids=lambda s: s.name)
+def test_text_reads_back_as_the_value(setting, tmp_path):
+    """What ``stats --run`` hands a child process in its environment means what the flag meant."""
+    samples = {
+        "local_dir": tmp_path, "max_memory_bytes": None, "max_local_bytes": 5 << 30, "remote": "memory://x/y",
+        "remote_options": {"anon": True}, "remote_read_only": True, "signing_key_file": tmp_path / "k",
+        "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
+    }  # fmt: skip
+    value = samples[setting.name]
+    text = setting.text(value)
+    assert CacheConfig.from_env({setting.variable: text}).as_dict()[setting.name] == value
+
+
+# -- a new setting is one row -------------------------------------------------------------------------
+
+
+def test_a_setting_added_to_the_table_reaches_every_way_in(monkeypatch, tmp_path):
+    """Adding a row (and nothing else) gives a variable, a constructor argument and a flag, all checked."""
+    row = settings.Setting(
+        "lease_ttl", settings.SECONDS, 30.0, "seconds a cluster lease lasts",
+        env="LEASE_TTL", flag="--lease-ttl",
+    )  # fmt: skip
+    monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, row))
+
+    config = CacheConfig.from_env({ENV + "LEASE_TTL": "45"})
+    assert config.lease_ttl == 45.0 and config.sources()["lease_ttl"] == "env TIERED_PROGCACHE_LEASE_TTL"
+    assert CacheConfig.from_env({}).lease_ttl == 30.0
+    with pytest.raises(ValueError, match="^TIERED_PROGCACHE_LEASE_TTL: "):
+        CacheConfig.from_env({ENV + "LEASE_TTL": "soon"})
+
+    with TieredProgramCache(tmp_path, lease_ttl=10.0) as cache:  # accepted: a chain-wide setting
+        assert [t.name for t in cache.tiers] == ["memory", "local"]
+    with pytest.raises(ValueError, match="^lease_ttl: "):
+        TieredProgramCache(tmp_path, lease_ttl=-1)
+
+    overrides = settings.overrides_from_args(_parser().parse_args(["--lease-ttl", "12"]))
+    assert overrides == {"lease_ttl": 12.0}
+    assert "TIERED_PROGCACHE_LEASE_TTL" in _parser().format_help()
+
+    tier_shaping = dataclasses.replace(row, name="lease_dir", env=None, flag=None, builds_tiers=True)
+    monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, tier_shaping))
+    with pytest.raises(ValueError, match="lease_dir"):  # a tier-building row is refused with tiers=
+        TieredProgramCache(tiers=[InMemoryProgramCache()], lease_dir=1.0)

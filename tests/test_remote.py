@@ -348,7 +348,7 @@ def test_chain_warm_and_push_delegate_to_transfer(s3_bucket, tmp_path):
     options = {"remote": s3_bucket.url, "remote_options": s3_bucket.storage_options}
     ci = TieredProgramCache(tmp_path / "ci", **options)
     FileStreamProgramCache(tmp_path / "ci")[b"built in CI"] = b"cubin"  # on disk, never uploaded
-    assert ci.remote.verify_entry(entry_name(b"built in CI")) == "missing"
+    assert ci.shared_store.verify_entry(entry_name(b"built in CI")) == "missing"
     assert ci.push().entries == 1
     node = TieredProgramCache(tmp_path / "node", **options)
     seen = []

@@ -157,7 +157,7 @@ def test_full_write_back_queue_drops_and_counts_never_blocks(tmp_path):
     finally:
         gate.set()
     assert chain.flush(timeout=30)
-    remote = chain.remote
+    remote = chain.shared_store
     assert sorted(e.name for e in remote.iter_entries()) == sorted(entry_name(b"k%d" % n) for n in range(3))
     assert remote[b"k1"] == b"v1 again"
     assert chain.stats()["remote"].writes == 3
@@ -176,7 +176,7 @@ def test_flush_times_out_while_an_upload_is_stuck(tmp_path):
     finally:
         gate.set()
     assert chain.flush(timeout=30) is True
-    assert chain.remote[b"k"] == b"v"
+    assert chain.shared_store[b"k"] == b"v"
     chain.close()
 
 

@@ -45,7 +45,7 @@ def test_counts_one_miss_write_hit_and_promotion(cache):
     assert delta.hits == 1 and delta.misses == 1
 
     # A fresh chain on the same directory hits the local tier and promotes into memory.
-    with TieredProgramCache(cache.local_dir) as second:
+    with TieredProgramCache(cache.local_store.root) as second:
         assert second.get(b"k") == b"x" * 100
         snap = second.stats()
     assert (snap["memory"].misses, snap["local"].hits, snap["memory"].promotions) == (1, 1, 1)
@@ -182,3 +182,30 @@ def test_no_debug_lines_when_debug_is_off(tmp_path, caplog):
         for _ in range(100):
             cache.get(b"k")
     assert not [r for r in caplog.records if r.levelno == logging.DEBUG]
+
+
+def test_count_methods_are_the_one_place_for_the_frequent_counters(frequent_thread_switches):
+    """hits/misses/writes/promotions and their bytes are exact through count_* alone, under threads."""
+    from tiered_progcache.stats import TierCounters
+
+    counters = TierCounters()
+    threads, rounds = 8, 5000
+    barrier = threading.Barrier(threads)
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(rounds):
+            counters.count_hit(3)
+            counters.count_miss()
+            counters.count_write(5)
+            counters.count_promotion()
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    snap = counters.snapshot()
+    ops = threads * rounds
+    assert (snap.hits, snap.misses, snap.writes, snap.promotions) == (ops, ops, ops, ops)
+    assert (snap.bytes_read, snap.bytes_written) == (3 * ops, 5 * ops)

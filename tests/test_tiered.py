@@ -12,7 +12,7 @@ import pytest
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource, make_program_cache_key
 
-from tiered_progcache import TieredProgramCache, TierPolicy
+from tiered_progcache import CacheStores, EntryStore, StoredEntry, TieredProgramCache, TierPolicy, stores_of
 from tiered_progcache.localdir import LocalDir, default_local_dir, entry_name
 from tiered_progcache.samples import matmul_source
 
@@ -259,12 +259,61 @@ def test_bad_arguments_name_the_problem(tmp_path):
         TierPolicy("x", write="later")
 
 
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"signing_key": b"x"}, "signing_key"),
+        ({"max_memory_bytes": 1 << 20, "compression": "zstd"}, "max_memory_bytes, compression"),
+        ({"remote": None}, "remote"),
+        ({"local_dir": "/tmp/x"}, "local_dir"),
+    ],
+)
+def test_tiers_with_a_tier_building_setting_is_a_value_error(settings, named):
+    with pytest.raises(ValueError, match="not both") as caught:
+        TieredProgramCache(tiers=[InMemoryProgramCache()], **settings)
+    assert f"({named})" in str(caught.value)
+
+
+def test_chain_wide_settings_still_apply_with_tiers():
+    with pytest.raises(ValueError, match="^max_pending_uploads: must be positive"):
+        TieredProgramCache(tiers=[InMemoryProgramCache()], max_pending_uploads=-1)
+
+
+def test_unknown_setting_is_a_type_error(tmp_path):
+    with pytest.raises(TypeError, match="remote_url"):
+        TieredProgramCache(tmp_path, remote_url="s3://x/y")
+    with pytest.raises(TypeError, match="remote_url"):
+        TieredProgramCache(tiers=[InMemoryProgramCache()], remote_url="s3://x/y")
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"max_memory_bytes": -5}, "^max_memory_bytes: must be positive"),
+        ({"compression": "bogus"}, "^compression: must be zstd or none"),  # checked though no remote is named
+        ({"remote_timeout": 0}, "^remote_timeout: "),
+        ({"remote": "nosuchscheme://x/y"}, "^remote: "),
+        ({"signing_key": b""}, "^signing_key: "),
+    ],
+)
+def test_bad_settings_are_value_errors_naming_them(tmp_path, settings, match):
+    with pytest.raises(ValueError, match=match):
+        TieredProgramCache(tmp_path, **settings)
+
+
+def test_path_and_local_dir_name_one_setting(tmp_path):
+    with TieredProgramCache(local_dir=tmp_path / "kw") as by_keyword:
+        assert by_keyword.local_store.root == tmp_path / "kw"
+    with pytest.raises(TypeError, match="path and local_dir"):
+        TieredProgramCache(tmp_path, local_dir=tmp_path)
+
+
 def test_default_dir_is_cuda_cores(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_local_dir() == tmp_path / "cuda-python" / "program-cache"
     with TieredProgramCache() as cache:
         cache[b"k"] = b"v"
-        assert cache.local_dir == tmp_path / "cuda-python" / "program-cache"
+        assert cache.local_store.root == tmp_path / "cuda-python" / "program-cache"
     # cuda-core's own tier on its own default directory sees the entry.
     assert FileStreamProgramCache().get(b"k") == b"v"
 
@@ -300,3 +349,81 @@ def test_counters_are_exact_under_threads(tmp_path):
     assert memory.hits == threads_n * rounds // 2
     assert memory.bytes_read == sum(len(k) * 10 for k in keys[:10]) * threads_n * rounds // 20
 
+
+# -- the stores behind a cache -------------------------------------------------------------------
+
+
+class SharedDictStore(ProgramCacheResource, EntryStore):
+    """A shared entry store kept in a dict: what a remote looks like to the chain, without a network."""
+
+    def __init__(self, *, read_only: bool = False) -> None:
+        self.entries: dict[str, bytes] = {}
+        self._read_only = read_only
+
+    location = "dict://shared"
+    shared = True
+    max_entry_bytes = 1 << 30
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def read_entry(self, name):
+        return self.entries[name]
+
+    def write_entry(self, name, payload):
+        self.entries[name] = payload
+
+    def create_entry(self, name, payload):
+        return self.entries.setdefault(name, payload) is payload
+
+    def delete_entry(self, name):
+        del self.entries[name]
+
+    def iter_entries(self):
+        return iter([StoredEntry(name, len(data), None) for name, data in self.entries.items()])
+
+    def __getitem__(self, key):
+        return self.read_entry(entry_name(key))
+
+    def __setitem__(self, key, value):
+        self.write_entry(entry_name(key), bytes(value))
+
+    def __delitem__(self, key):
+        self.delete_entry(entry_name(key))
+
+    def __len__(self):
+        return len(self.entries)
+
+    def clear(self):
+        self.entries.clear()
+
+
+def test_a_shared_entry_store_gets_the_remote_policy(tmp_path):
+    shared, read_only = SharedDictStore(), SharedDictStore(read_only=True)
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), shared, read_only]) as cache:
+        policies = {t.name: t.policy for t in cache.tiers}
+        assert policies["remote"] == TierPolicy("remote", write="background", shared=True)
+        assert policies["remote2"] == TierPolicy("remote2", read_only=True, write="background", shared=True)
+        assert cache.shared_stores == (shared, read_only) and cache.shared_store is shared
+        cache[b"k"] = b"v"
+        assert cache.flush(timeout=10)
+    assert shared.entries == {entry_name(b"k"): b"v"} and read_only.entries == {}
+
+
+def test_stores_of_a_chain_a_file_tier_a_bare_store_and_anything_else(tmp_path):
+    shared = SharedDictStore()
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "chain"), shared]) as chain:
+        stores = stores_of(chain)
+        assert isinstance(stores.local, LocalDir) and stores.local.root == tmp_path / "chain"
+        assert stores.shared is shared
+        assert (chain.local_store.root, chain.shared_store) == (stores.local.root, shared)
+    with TieredProgramCache(tmp_path / "local-only") as local_only:
+        assert stores_of(local_only).shared is None and local_only.shared_stores == ()
+    with TieredProgramCache(tiers=[InMemoryProgramCache()]) as memory_only:
+        assert stores_of(memory_only) == CacheStores(None, None) and memory_only.local_store is None
+
+    files = stores_of(FileStreamProgramCache(tmp_path / "files"))
+    assert files.local.root == tmp_path / "files" and files.shared is None
+    assert stores_of(shared) == CacheStores(None, shared)
+    assert stores_of(InMemoryProgramCache()) == CacheStores(None, None)

@@ -7,36 +7,50 @@ from __future__ import annotations
 from .compile import CompileEvent, compile, compile_count, on_compile
 from .errors import EntryRejected, TierUnavailable
 from .headers import header_digest
+from .localdir import LocalDir
 from .policy import TierPolicy
+from .settings import DEFAULT_MAX_MEMORY_BYTES
 from .stats import CacheStats, TierStats
+from .store import EntryStore, LeaseStore, StoredEntry
 from .tier import Tier
-from .tiered import DEFAULT_MAX_MEMORY_BYTES, TieredProgramCache
+from .tiered import CacheStores, TieredProgramCache, stores_of
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
     "CacheConfig",
     "CacheStats",
+    "CacheStores",
     "CompileEvent",
     "EntryRejected",
+    "EntryStore",
+    "LeaseStore",
+    "LocalDir",
     "RemoteProgramCache",
+    "StoredEntry",
     "Tier",
     "TierPolicy",
     "TierStats",
     "TierUnavailable",
     "TieredProgramCache",
+    "TransferReport",
     "compile",
     "compile_count",
     "header_digest",
     "on_compile",
+    "stores_of",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """The remote tier and the configuration load fsspec: import them on first use only."""
+    """The remote tier and bulk transfer load fsspec; the configuration is imported on first use too."""
     if name == "RemoteProgramCache":
         from .remote import RemoteProgramCache
 
         return RemoteProgramCache
+    if name == "TransferReport":
+        from .transfer import TransferReport
+
+        return TransferReport
     if name == "CacheConfig":
         from .config import CacheConfig
 

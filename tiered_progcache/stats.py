@@ -1,26 +1,30 @@
 """Per-tier counters and the immutable snapshots that ``stats()`` hands out.
 
 Counters live on the hot path (a memory hit costs well under a microsecond), so
-the hot ones (hits, misses, bytes_read) are plain ``int`` attributes bumped inline
-without a lock: under the GIL an ``obj.attr += n`` with no call inside it is not
+the frequent ones (hits, misses, writes, promotions and their bytes) are plain
+``int`` attributes bumped without a lock by :class:`TierCounters`' ``count_*``
+methods: under the GIL an ``obj.attr += n`` with no call inside it is not
 interleaved with another thread's, because CPython only switches threads at calls
 and backward jumps. The rest go through :meth:`TierCounters.add`, which locks (its
-``getattr``/``setattr`` are calls). On a free-threaded build (no GIL) every
-counter takes the lock, so they stay exact there too.
+``getattr``/``setattr`` are calls). On a free-threaded build (no GIL) the ``count_*``
+methods take the lock too, chosen once when the class is defined, so every counter
+stays exact there as well.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["CacheStats", "TierCounters", "TierStats"]
+__all__ = ["GIL_DISABLED", "CacheStats", "TierCounters", "TierStats"]
 
-_GIL_DISABLED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
+#: True on a free-threaded build running without the GIL: plain ``+=`` on a shared int loses counts there.
+GIL_DISABLED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
 _LATENCY_WINDOW = 2048  # most recent samples kept per operation for percentiles
 
 #: Fields of :class:`TierStats` that count events and so subtract; the others are
@@ -127,6 +131,17 @@ class CacheStats(Mapping[str, TierStats]):
         return {name: s.as_dict() for name, s in self.tiers}
 
 
+def _under_lock(count: Callable[..., None]) -> Callable[..., None]:
+    """``count`` holding the counters' lock: the free-threaded form of a ``count_*`` method."""
+
+    @functools.wraps(count)
+    def locked(self: TierCounters, *args: int) -> None:
+        with self._lock:
+            count(self, *args)
+
+    return locked
+
+
 class TierCounters:
     """The mutable counters behind one tier's :class:`TierStats`."""
 
@@ -139,10 +154,32 @@ class TierCounters:
         self._put_ms: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self._lock = threading.Lock()
 
+    # The frequent counts. Each body has no call in it, so under the GIL it is exact
+    # without a lock; callers take ``len(data)`` before calling, for the same reason.
+
+    def count_hit(self, size: int) -> None:
+        self.hits += 1
+        self.bytes_read += size
+
+    def count_miss(self) -> None:
+        self.misses += 1
+
+    def count_write(self, size: int) -> None:
+        self.writes += 1
+        self.bytes_written += size
+
+    def count_promotion(self) -> None:
+        self.promotions += 1
+
+    if GIL_DISABLED:  # pragma: no cover - free-threaded builds only
+        count_hit = _under_lock(count_hit)
+        count_miss = _under_lock(count_miss)
+        count_write = _under_lock(count_write)
+        count_promotion = _under_lock(count_promotion)
+
     def add(self, name: str, amount: int = 1) -> None:
         """Add under the lock: ``getattr`` and ``setattr`` are calls, and a thread switch between
-        them loses counts even under the GIL. The hot counters (hits, misses, bytes_read) are
-        bumped inline by the chain instead, never through here on a GIL build."""
+        them loses counts even under the GIL. For the rare counters (errors, timeouts, ...)."""
         with self._lock:
             setattr(self, name, getattr(self, name) + amount)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 import time
 
-from cuda.core.utils import ProgramCacheResource
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
 
+from ._cudacore import memory_cache_bytes
 from .errors import EntryRejected, TierUnavailable
+from .localdir import LocalDir
 from .policy import TierPolicy
 from .ratelimit import RateLimitedLogger
-from .stats import _GIL_DISABLED, TierCounters, TierStats
+from .stats import TierCounters, TierStats
 from .writeback import WriteBackQueue
 
 __all__ = ["Tier"]
@@ -65,22 +67,13 @@ class Tier:
             return None
         counters = self.counters
         counters.record_get((time.perf_counter() - started) * 1e3)
-        size = len(data)  # not inside the += below: a call there lets another thread in
-        if _GIL_DISABLED:
-            counters.add("hits")
-            counters.add("bytes_read", size)
-        else:
-            counters.hits += 1
-            counters.bytes_read += size
+        counters.count_hit(len(data))
         return data
 
     def record_read_failure(self, exc: Exception) -> None:
         """Count a read that raised as a miss, with its reason; log what is not a plain miss."""
         counters = self.counters
-        if _GIL_DISABLED:
-            counters.add("misses")
-        else:
-            counters.misses += 1  # inline, like hits: exact under the GIL and cheaper than add()
+        counters.count_miss()
         if type(exc) is KeyError:
             return
         if isinstance(exc, EntryRejected):
@@ -113,10 +106,7 @@ class Tier:
                 self.counters.add("promotions")
             return
         if self._write_now(key, data) and promotion:
-            if _GIL_DISABLED:
-                self.counters.add("promotions")
-            else:
-                self.counters.promotions += 1
+            self.counters.count_promotion()
 
     def _write_now(self, key: bytes, data: bytes) -> bool:
         started = time.perf_counter()
@@ -135,13 +125,7 @@ class Tier:
             return False
         counters = self.counters
         counters.record_put((time.perf_counter() - started) * 1e3)
-        size = len(data)  # before the +=, so no call splits its read and write
-        if _GIL_DISABLED:
-            counters.add("writes")
-            counters.add("bytes_written", size)
-        else:  # every write and promotion passes here: inline, like the hit counters
-            counters.writes += 1
-            counters.bytes_written += size
+        counters.count_write(len(data))
         return True
 
     def delete(self, key: bytes) -> bool:
@@ -173,13 +157,9 @@ class Tier:
 
 def _size_of(resource: ProgramCacheResource) -> tuple[int, int | None]:
     """Entries and bytes a tier holds; a local directory is walked once for both."""
-    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
-
     if isinstance(resource, FileStreamProgramCache):
-        from .localdir import LocalDir
-
         sizes = [entry.size for entry in LocalDir.of(resource).iter_entries()]
         return len(sizes), sum(sizes)
     if isinstance(resource, InMemoryProgramCache):
-        return len(resource), getattr(resource, "_total_bytes", None)
+        return len(resource), memory_cache_bytes(resource)
     return len(resource), None

@@ -1,0 +1,390 @@
+"""The one table of settings: each one's kind, default, variable, flag and help, and the checks they share.
+
+The keyword constructor of :class:`~tiered_progcache.tiered.TieredProgramCache`,
+:meth:`CacheConfig.from_env <tiered_progcache.config.CacheConfig.from_env>` and the
+command's options are all built from :data:`SETTINGS`, so a new setting is one row
+here plus the code that uses its value.
+
+A value comes from one of two places. Text (an environment variable, a command-line
+flag) is read by its kind's ``from_text`` (``"10G"``, ``"true"``, ``'{"anon": true}'``);
+a Python value (a keyword argument) is checked as it is, so ``strict="false"`` is an
+error rather than a true string. Both end in the kind's ``check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+from .units import parse_size
+
+__all__ = [
+    "DEFAULT_MAX_MEMORY_BYTES",
+    "ENV_PREFIX",
+    "SETTINGS",
+    "Kind",
+    "Setting",
+    "add_arguments",
+    "by_name",
+    "check",
+    "overrides_from_args",
+]
+
+#: Every variable is this plus a setting's suffix: ``TIERED_PROGCACHE_REMOTE``.
+ENV_PREFIX = "TIERED_PROGCACHE_"
+
+#: The memory tier's default byte cap: a few thousand typical cubins.
+DEFAULT_MAX_MEMORY_BYTES = 256 << 20
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_UNLIMITED = {"none", "unlimited"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """How one kind of value is read, checked and written back as text.
+
+    ``check`` takes a Python value and returns the setting's value (``TypeError`` for a
+    wrong type, ``ValueError`` for a bad value); ``from_text`` turns a variable's or a
+    flag's text into the Python form ``check`` takes (``ValueError``); ``to_text`` is the
+    text ``from_text`` reads back (so a child process can inherit a flag). A ``switch``
+    kind's flag takes no value (``--strict``).
+    """
+
+    name: str
+    check: Callable[[Any], Any]
+    from_text: Callable[[str], Any]
+    to_text: Callable[[Any], str]
+    metavar: str | None = None
+    switch: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One row of the table.
+
+    ``env`` is the variable's suffix after :data:`ENV_PREFIX` (None: no variable);
+    ``flag`` the command-line option (None: none). ``builds_tiers`` marks settings that
+    only shape the default chain, so they make no sense with ``tiers=[...]``; ``secret``
+    marks values never to be shown (``repr``, ``tiered-progcache config``).
+    """
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    env: str | None = None
+    flag: str | None = None
+    builds_tiers: bool = False
+    secret: bool = False
+
+    @property
+    def variable(self) -> str | None:
+        """The environment variable that sets this, or None."""
+        return None if self.env is None else ENV_PREFIX + self.env
+
+    def parse(self, value: Any) -> Any:
+        """This setting's value from a Python value; ``TypeError``/``ValueError`` saying what is wrong."""
+        return self.kind.check(value)
+
+    def parse_text(self, text: str) -> Any:
+        """This setting's value from a variable's or a flag's text; ``ValueError`` saying what is wrong."""
+        return self.kind.check(self.kind.from_text(text))
+
+    def text(self, value: Any) -> str:
+        """The text that :meth:`parse_text` reads back as ``value`` (``""`` means the default)."""
+        return self.kind.to_text(value)
+
+
+# -- the kinds of value -------------------------------------------------------------------------
+
+
+def _plain_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def _check_size(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"must be an int (bytes) or None (no limit), got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"must be positive (a number of bytes, or none for no limit), got {value}")
+    return value
+
+
+def _size_from_text(text: str) -> int | None:
+    if text.strip().lower() in _UNLIMITED:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or none for no limit") from None
+
+
+def _none_as_word(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
+def _check_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"must be positive, got {value}")
+    return value
+
+
+def _count_from_text(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"not a positive integer: {text!r}")
+    return int(text)
+
+
+def _check_switch(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"must be True or False, got {type(value).__name__}")
+    return value
+
+
+def _switch_from_text(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no, on/off)")
+
+
+def _check_seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"must be a number of seconds or None, got {type(value).__name__}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _seconds_from_text(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {text!r}") from None
+
+
+def _check_path(value: Any) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"must be a path (str or os.PathLike), got {type(value).__name__}")
+    return Path(os.path.expanduser(os.fspath(value)))
+
+
+def _check_url(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"must be a URL (str), got {type(value).__name__}")
+    from .remote import check_url  # fsspec's scheme list: only loaded when a remote is named
+
+    check_url(value)
+    return value
+
+
+def _check_options(value: Any) -> dict[str, Any] | None:
+    """A mapping, or its JSON text (as a variable or flag gives it)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = _options_from_text(value)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"must be a mapping (fsspec storage options) or its JSON text, got {type(value).__name__}")
+    return dict(value)
+
+
+def _options_from_text(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc}); expected an object like '{{\"anon\": true}}'") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a JSON object (fsspec storage options), got {type(value).__name__}")
+    return dict(value)
+
+
+def _options_to_text(value: Mapping[str, Any] | None) -> str:
+    return "" if value is None else json.dumps(dict(value))
+
+
+def _check_compression(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"must be 'zstd', 'none' or None, got {type(value).__name__}")
+    codec = value.strip().lower()
+    if codec not in ("zstd", "none"):
+        raise ValueError(f"must be zstd or none, got {value!r}")
+    return None if codec == "none" else "zstd"
+
+
+def _check_key(value: Any) -> bytes | str | None:
+    if value is None:
+        return None
+    if not isinstance(value, (bytes, str)):
+        raise TypeError(f"must be bytes or str, got {type(value).__name__}")
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _no_text(value: Any) -> Any:
+    raise ValueError("has no text form (give it as a Python value)")
+
+
+SIZE = Kind("size", _check_size, _size_from_text, _none_as_word, metavar="SIZE")
+COUNT = Kind("count", _check_count, _count_from_text, _plain_text, metavar="N")
+SWITCH = Kind("switch", _check_switch, _switch_from_text, lambda value: "1" if value else "0", switch=True)
+SECONDS = Kind("seconds", _check_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
+PATH = Kind("path", _check_path, str, _plain_text, metavar="PATH")
+URL = Kind("url", _check_url, str, _plain_text, metavar="URL")
+OPTIONS = Kind("json", _check_options, _options_from_text, _options_to_text, metavar="JSON")
+CODEC = Kind("codec", _check_compression, str, _none_as_word, metavar="CODEC")
+KEY = Kind("key", _check_key, _no_text, _no_text)
+
+
+#: Every setting, in the order ``tiered-progcache config`` shows them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "local_dir", PATH, None, "local cache directory",
+        env="DIR", flag="--dir", builds_tiers=True,
+    ),
+    Setting(
+        "max_memory_bytes", SIZE, DEFAULT_MAX_MEMORY_BYTES, "cap on the memory tier, e.g. 512M",
+        env="MAX_MEMORY_BYTES", builds_tiers=True,
+    ),
+    Setting(
+        "max_local_bytes", SIZE, None, "cap on the local directory, e.g. 20G",
+        env="MAX_LOCAL_BYTES", flag="--max-local-bytes", builds_tiers=True,
+    ),
+    Setting(
+        "remote", URL, None, "the shared remote tier (s3://bucket/prefix, gs://..., file:///...)",
+        env="REMOTE", flag="--remote", builds_tiers=True,
+    ),
+    Setting(
+        "remote_options", OPTIONS, None, "fsspec storage options as a JSON object, e.g. '{\"anon\": true}'",
+        env="REMOTE_OPTIONS", flag="--remote-options", builds_tiers=True,
+    ),
+    Setting(
+        "remote_read_only", SWITCH, False, "never write the remote",
+        env="READ_ONLY", flag="--read-only", builds_tiers=True,
+    ),
+    Setting(
+        "signing_key", KEY, None, "key that signs remote entries and checks their signatures (bytes)",
+        builds_tiers=True, secret=True,
+    ),
+    Setting(
+        "signing_key_file", PATH, None, "key that signs remote entries and checks their signatures",
+        env="SIGNING_KEY_FILE", flag="--signing-key-file", builds_tiers=True,
+    ),
+    Setting(
+        "compression", CODEC, None, "compress remote entries (zstd)",
+        env="COMPRESSION", flag="--compression", builds_tiers=True,
+    ),
+    Setting(
+        "remote_timeout", SECONDS, None, "give up on one remote operation after this long",
+        env="REMOTE_TIMEOUT", flag="--remote-timeout", builds_tiers=True,
+    ),
+    Setting(
+        "strict", SWITCH, False, "fail at once if the remote is unreachable (default: warn, run local-only)",
+        env="STRICT", flag="--strict", builds_tiers=True,
+    ),
+    Setting(
+        "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
+        env="MAX_PENDING_UPLOADS",
+    ),
+)  # fmt: skip
+
+
+def by_name() -> dict[str, Setting]:
+    """The table keyed by setting name (read at each call, so a patched table is seen)."""
+    return {setting.name: setting for setting in SETTINGS}
+
+
+def check(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Each given Python value checked by its row; errors name the setting.
+
+    An unknown name is a ``TypeError`` (as for any unexpected keyword argument).
+    """
+    table = by_name()
+    unknown = sorted(set(values) - set(table))
+    if unknown:
+        raise TypeError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(table)}")
+    checked = {}
+    for name, value in values.items():
+        try:
+            checked[name] = table[name].parse(value)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}: {exc}") from None
+    return checked
+
+
+# -- the command's options ------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, exclude: Collection[str] = ()) -> None:
+    """Add an option for every setting with a flag (to a parser or an argument group).
+
+    Options default to "not given" (``SUPPRESS``), so an unset flag leaves the setting
+    to its variable. Values are checked as the command line is parsed: a bad one is an
+    argparse usage error naming the flag. ``exclude`` names settings whose flag the
+    caller adds itself (the command's ``--remote`` also picks the tier it acts on).
+    """
+    for setting in SETTINGS:
+        if setting.flag is None or setting.name in exclude:
+            continue
+        help_text = setting.help if setting.variable is None else f"{setting.help} [{setting.variable}]"
+        if setting.kind.switch:
+            parser.add_argument(
+                setting.flag, dest=setting.name, action="store_true", default=argparse.SUPPRESS, help=help_text
+            )
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                metavar=setting.kind.metavar,
+                type=_argument_type(setting),
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+
+
+def overrides_from_args(args: argparse.Namespace, *, exclude: Collection[str] = ()) -> dict[str, Any]:
+    """The settings given on the command line (by :func:`add_arguments`'s options), name -> value."""
+    given = vars(args)
+    return {
+        setting.name: given[setting.name]
+        for setting in SETTINGS
+        if setting.flag is not None and setting.name not in exclude and setting.name in given
+    }
+
+
+def _argument_type(setting: Setting) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return setting.parse_text(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = setting.name
+    return parse
