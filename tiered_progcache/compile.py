@@ -34,6 +34,7 @@ from cuda.core.utils import ProgramCacheResource, make_program_cache_key
 from .headers import header_digest
 from .singleflight import Work, run_once
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
+from .tiered import TieredProgramCache
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -126,15 +127,13 @@ _default: ProgramCacheResource | None = None
 def default_cache() -> ProgramCacheResource:
     """The process-wide cache ``compile(cache=None)`` uses, built on first use.
 
-    From the ``TIERED_PROGCACHE_*`` environment when this install has
-    ``tiered_progcache.config``; otherwise the local-only default chain (memory ->
-    cuda-core's user cache directory). Thread-safe; a forked child builds its own.
+    From the ``TIERED_PROGCACHE_*`` environment; the local-only default chain (memory ->
+    cuda-core's user cache directory) if the configured remote's filesystem package
+    is not installed. Thread-safe; a forked child builds its own.
     """
     global _default
     with _default_lock:
         if _default is None:
-            from .tiered import TieredProgramCache
-
             try:
                 _default = TieredProgramCache.from_env()
             except ImportError:
