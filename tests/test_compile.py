@@ -12,6 +12,8 @@ import tiered_progcache
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.compile import CompileEvent, default_cache, symbols_key
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.store import LeaseStore
 from tiered_progcache.samples import matmul_source
 
 ARCH = "sm_90"
@@ -188,21 +190,51 @@ def test_a_failing_hook_does_not_fail_the_compile(caplog):
     assert "hook broke" in caplog.text
 
 
-class _SharedTierWithoutConditionalCreate(InMemoryProgramCache):
-    """A shared tier on a filesystem the lease does not trust (fsspec's racy generic create)."""
+class _LeasesWithoutAtomicCreate(LeaseStore):
+    """A lease namespace that declares no atomic create: single-flight must not touch it."""
 
-    class _FS:
-        protocol = ("ftp",)
+    def __init__(self, location: str, calls: list[str]) -> None:
+        self._location = location
+        self.calls = calls
 
-    fs = _FS()
-    root = "cache"
-    read_only = False
+    @property
+    def location(self) -> str:
+        return self._location
+
+    @property
+    def atomic_create(self) -> bool:
+        return False
+
+    def create(self, name, document, ttl_s):
+        self.calls.append("create")
+        return True
+
+    def read(self, name):
+        self.calls.append("read")
+        return None
+
+    def replace(self, name, document, ttl_s):
+        self.calls.append("replace")
+
+    def delete(self, name):
+        self.calls.append("delete")
+
+
+class RemoteWithoutAtomicCreate(RemoteProgramCache):
+    """A real shared store whose leases declare no atomic create (as fsspec's racy generic create would)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lease_calls: list[str] = []
+
+    def leases(self) -> LeaseStore | None:
+        return _LeasesWithoutAtomicCreate(f"{self.location}/leases", self.lease_calls)
 
 
 def test_a_remote_without_conditional_create_falls_back_to_node_level_and_says_so_once(tmp_path, caplog, events):
     from tiered_progcache import TierPolicy
 
-    remote = _SharedTierWithoutConditionalCreate()
+    remote = RemoteWithoutAtomicCreate.from_url(f"file://{tmp_path / 'remote'}")
     chain = TieredProgramCache(
         tiers=[
             InMemoryProgramCache(),
@@ -210,13 +242,14 @@ def test_a_remote_without_conditional_create_falls_back_to_node_level_and_says_s
             (remote, TierPolicy("remote", shared=True)),
         ]
     )
-    with chain as cache, caplog.at_level("WARNING", logger="tiered_progcache.compile"):
-        assert cache.remote is remote
+    with chain as cache, caplog.at_level("WARNING", logger="tiered_progcache.singleflight"):
+        assert cache.shared_store is remote
         tiered_progcache.compile(matmul_source(16), "c++", _opts(), cache=cache)
         tiered_progcache.compile(matmul_source(32), "c++", _opts(), cache=cache)
     assert len(events) == 2
     assert caplog.text.count("no atomic create-if-absent") == 1
-    assert len(remote) == 2  # the entries still reach the shared tier
+    assert remote.lease_calls == []  # no lease object read or written
+    assert len(list(remote.iter_entries())) == 2  # the entries still reach the shared tier
 
 
 def test_threads_on_two_caches_each_fill_their_own(tmp_path, events):

@@ -16,13 +16,16 @@ import traceback
 from pathlib import Path
 
 import pytest
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
 import tiered_progcache as tpc
-from tiered_progcache import TieredProgramCache
-from tiered_progcache.localdir import entry_name
-from tiered_progcache.locks import LeaseInfo, RemoteLease
+from tiered_progcache import TieredProgramCache, TierPolicy
+from tiered_progcache.lease import LeaseInfo, RemoteLease
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.store import entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
+from test_compile import RemoteWithoutAtomicCreate
 from test_single_flight import BROKEN, collect_outcomes, kernel, options
 
 SPAWN = mp.get_context("spawn")
@@ -99,9 +102,9 @@ def _lease_holder(local_dir, url, storage_options, key_source, taken) -> None:
 
     with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
         key = make_program_cache_key(code=key_source, code_type="c++", options=options(), target_type="cubin")
-        lease = RemoteLease(cache.remote.fs, cache.remote.root, entry_name(key), LEASE_TTL_S)
+        lease = RemoteLease(cache.shared_store.leases(), entry_name(key), LEASE_TTL_S)
         assert lease.try_acquire()
-        lease._stop.set()  # a process frozen mid-compile renews nothing
+        # Renewals before the SIGKILL only move the expiry, which the test reads after it.
         taken.set()
         threading.Event().wait(JOIN_S)
 
@@ -143,11 +146,9 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
     assert taken.wait(JOIN_S)
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(JOIN_S)
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     (lease_path,) = _lease_paths(url, storage_options)
-    lease = RemoteLease(fs, root, os.path.basename(lease_path), LEASE_TTL_S).read()
+    leases = RemoteProgramCache.from_url(url, storage_options=storage_options).leases()
+    lease = RemoteLease(leases, os.path.basename(lease_path), LEASE_TTL_S).read()
     assert isinstance(lease, LeaseInfo)
     go.set()
     collected = collect_outcomes(procs, results)
@@ -177,3 +178,54 @@ def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote
     runs = _read_log(log)
     assert 1 <= len(runs) <= 3 and not any(ok for _, _, ok, _ in runs)
     assert _lease_paths(url, storage_options) == []  # released on the error path too
+
+
+def test_a_shared_store_without_atomic_create_gets_node_level_single_flight_only(tmp_path):
+    """Two nodes, two caches per node, two threads per cache: one compile per node, at the same time."""
+    url = f"file://{tmp_path / 'remote'}"
+    remotes = []
+
+    def chain(node: str) -> TieredProgramCache:
+        remote = RemoteWithoutAtomicCreate.from_url(url)
+        remotes.append(remote)
+        return TieredProgramCache(tiers=[
+            InMemoryProgramCache(),
+            (FileStreamProgramCache(tmp_path / node), TierPolicy("local")),
+            (remote, TierPolicy("remote", shared=True)),
+        ])
+
+    caches = {node: [chain(node), chain(node)] for node in ("node0", "node1")}
+    both_compiling = threading.Barrier(2, timeout=30)
+    compiled_on: list[str] = []
+
+    def hold(event: tpc.CompileEvent) -> None:
+        compiled_on.append(threading.current_thread().name.split("-")[0])
+        both_compiling.wait()  # passes only if the two nodes compile at once: no lease serialises them
+
+    stop = tpc.on_compile(hold)
+    start = threading.Barrier(8)
+    out: list[bytes] = []
+
+    def work(cache: TieredProgramCache) -> None:
+        start.wait(JOIN_S)
+        out.append(bytes(tpc.compile(kernel(77), "c++", options(), cache=cache).code))
+
+    threads = [
+        threading.Thread(target=work, args=(cache,), name=f"{node}-{i}-{j}")
+        for node, pair in caches.items() for i, cache in enumerate(pair) for j in range(2)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+            assert not t.is_alive(), "a thread hung"
+    finally:
+        stop()
+        for pair in caches.values():
+            for cache in pair:
+                cache.close()
+    assert sorted(compiled_on) == ["node0", "node1"]  # one compile per node
+    assert len(out) == 8 and len(set(out)) == 1
+    assert all(remote.lease_calls == [] for remote in remotes)
+    assert _lease_paths(url, None) == []  # no lease object written

@@ -19,8 +19,8 @@ never a hang.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -32,7 +32,9 @@ from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource, make_program_cache_key
 
 from .headers import header_digest
-from .locks import RemoteLease, ThreadSingleFlight, lease_supported, node_lock, wait_for_lease
+from .singleflight import Work, run_once
+from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
+from .tiered import TieredProgramCache
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -51,12 +53,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_LEASE_TTL_S = 60.0
 #: The longest any waiter waits for another thread, process or node before compiling itself.
 DEFAULT_WAIT_TIMEOUT_S = 300.0
-#: The longest one lease request may take when the remote tier names no timeout of its own.
-LEASE_OP_TIMEOUT_S = 10.0
-#: How long the lease holder's background thread waits for the upload before releasing the lease.
-UPLOAD_FLUSH_TIMEOUT_S = 30.0
-
-_SYMBOLS_FORMAT = "tiered-progcache/symbols"
 _FROM_BYTES = {"cubin": ObjectCode.from_cubin, "ptx": ObjectCode.from_ptx, "ltoir": ObjectCode.from_ltoir}
 
 
@@ -131,15 +127,13 @@ _default: ProgramCacheResource | None = None
 def default_cache() -> ProgramCacheResource:
     """The process-wide cache ``compile(cache=None)`` uses, built on first use.
 
-    From the ``TIERED_PROGCACHE_*`` environment when this install has
-    ``tiered_progcache.config``; otherwise the local-only default chain (memory ->
-    cuda-core's user cache directory). Thread-safe; a forked child builds its own.
+    From the ``TIERED_PROGCACHE_*`` environment; the local-only default chain (memory ->
+    cuda-core's user cache directory) if the configured remote's filesystem package
+    is not installed. Thread-safe; a forked child builds its own.
     """
     global _default
     with _default_lock:
         if _default is None:
-            from .tiered import TieredProgramCache
-
             try:
                 _default = TieredProgramCache.from_env()
             except ImportError:
@@ -157,54 +151,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_default_after_fork)
 
 
-# -- symbol mappings -------------------------------------------------------------------------------
-
-
-def symbols_key(key: bytes) -> bytes:
-    """The key under which the symbol mapping of entry ``key`` is stored (pure; any thread).
-
-    >>> cache.get(symbols_key(key))   # b'{"format": "tiered-progcache/symbols", ...}'
-    """
-    return hashlib.sha256(bytes(key) + b"#symbols", usedforsecurity=False).digest()
-
-
-def _tagged(value: str | bytes) -> list[str]:
-    if isinstance(value, bytes):
-        return ["b", value.decode("latin-1")]
-    return ["s", value]
-
-
-def _untagged(item: object) -> str | bytes:
-    if not (isinstance(item, list) and len(item) == 2 and item[0] in ("s", "b") and isinstance(item[1], str)):
-        raise ValueError(f"bad symbol field {item!r}")
-    return item[1] if item[0] == "s" else item[1].encode("latin-1")
-
-
-def _encode_symbols(mapping: dict[Any, Any]) -> bytes:
-    symbols = [[_tagged(name), _tagged(mangled)] for name, mangled in mapping.items()]
-    symbols.sort(key=lambda pair: json.dumps(pair))
-    return json.dumps({"format": _SYMBOLS_FORMAT, "version": 1, "symbols": symbols}, sort_keys=True).encode()
-
-
-def _decode_symbols(data: bytes | None, names: Sequence[str | bytes]) -> dict[str | bytes, str | bytes] | None:
-    """The stored mapping if it is well-formed and covers every requested name, else None."""
-    if data is None:
-        return None
-    try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or doc.get("format") != _SYMBOLS_FORMAT or doc.get("version") != 1:
-            return None
-        mapping: dict[str | bytes, str | bytes] = {}
-        for pair in doc["symbols"]:
-            name, mangled = pair
-            mapping[_untagged(name)] = _untagged(mangled)
-    except (ValueError, KeyError, TypeError):
-        return None
-    if any(n not in mapping for n in names):
-        return None
-    return mapping
-
-
 # -- the helper ------------------------------------------------------------------------------------
 
 
@@ -220,61 +166,14 @@ def _combine(user_digest: bytes | None, headers: bytes | None) -> bytes | None:
     return h.digest()
 
 
-def _local_dir(cache: ProgramCacheResource) -> str | None:
-    local = getattr(cache, "local_dir", None)
-    if local is not None:
-        return os.fspath(local)
-    root = getattr(cache, "_root", None)  # a bare cuda-core FileStreamProgramCache
-    return os.fspath(root) if root is not None else None
-
-
-def _remote_fs(cache: ProgramCacheResource) -> tuple[Any, str, float | None] | None:
-    """The shared store's fsspec filesystem, root and request timeout, for leases; None if none usable."""
-    remote = getattr(cache, "remote", None)
-    if remote is None and hasattr(cache, "fs") and hasattr(cache, "root"):
-        remote = cache
-    if remote is None:
-        return None
-    fs, root = getattr(remote, "fs", None), getattr(remote, "root", None)
-    if fs is None or root is None:
-        _log_once("no-fs", "remote tier %s exposes no fs/root: node-level single-flight only", type(remote).__name__)
-        return None
-    if getattr(remote, "read_only", False):
-        return None  # this node will not upload, so nobody could wait for it
-    breaker = getattr(remote, "breaker", None)
-    if breaker is not None and getattr(breaker, "state", "closed") == "open":
-        return None  # the remote is known to be down: do not wait on it for a lease
-    if not lease_supported(fs):
-        _log_once(
-            f"no-create:{type(fs).__name__}",
-            "remote filesystem %s has no atomic create-if-absent: node-level single-flight only",
-            type(fs).__name__,
-        )
-        return None
-    timeout = getattr(remote, "timeout", None)
-    return fs, str(root), float(timeout) if isinstance(timeout, (int, float)) else LEASE_OP_TIMEOUT_S
-
-
-_logged: set[str] = set()
-
-
-def _log_once(tag: str, msg: str, *args: object) -> None:
-    if tag not in _logged:
-        _logged.add(tag)
-        logger.warning(msg, *args)
-
-
 class _Outcome:
     """What the thread that compiled hands to the threads that waited for it."""
 
     __slots__ = ("data", "mapping")
 
-    def __init__(self, data: bytes, mapping: dict[Any, Any] | None) -> None:
+    def __init__(self, data: bytes, mapping: SymbolMapping | None) -> None:
         self.data = data
         self.mapping = mapping
-
-
-_flights: ThreadSingleFlight[_Outcome] = ThreadSingleFlight()
 
 
 def compile(  # noqa: A001 - the name users look for; the builtin is not used here
@@ -338,107 +237,13 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if not single_flight:
         return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
 
-    deadline = time.monotonic() + wait_timeout
-    # Per cache: a thread compiling into another cache would not store into this one.
-    # (The leader's frame holds ``cache`` for the flight's life, so its id is not reused.)
-    flight_key = (id(cache), key)
-    while True:
-        with _flights.lead(flight_key) as seat:
-            if not seat.leader:
-                outcome = seat.wait(timeout=max(0.0, deadline - time.monotonic()))
-                if outcome is not None:
-                    return _wrap(outcome.data, target, options, outcome.mapping)
-                if time.monotonic() < deadline:
-                    continue  # the leader was interrupted: take our own turn
-                return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
-            obj, outcome = _lead(cache, key, source, code_type, options, target, names, logs,
-                                 max(0.0, deadline - time.monotonic()), lease_ttl)
-            seat.result = outcome
-            return obj
+    find = functools.partial(_find, cache, key, target, options, names)
+    produce = functools.partial(_compile_and_store, cache, key, source, code_type, options, target, names, logs)
 
+    def adopt(outcome: _Outcome) -> ObjectCode:
+        return _wrap(outcome.data, target, options, outcome.mapping)
 
-def _lead(
-    cache: ProgramCacheResource,
-    key: bytes,
-    source: str | bytes,
-    code_type: str,
-    options: ProgramOptions,
-    target: str,
-    names: tuple[str | bytes, ...],
-    logs: Any,
-    wait_s: float,
-    lease_ttl: float,
-) -> tuple[ObjectCode, _Outcome]:
-    """This process's one attempt at ``key``: node lock, re-check, lease, re-check, compile."""
-    from .localdir import entry_name
-
-    name = entry_name(key)
-    deadline = time.monotonic() + wait_s
-    local = _local_dir(cache)
-
-    def recheck() -> tuple[ObjectCode, _Outcome] | None:
-        return _find(cache, key, target, options, names)
-
-    with _maybe_node_lock(local, name, wait_s):
-        found = recheck()  # another thread or process may have just finished it
-        if found is not None:
-            return found
-        remote = _remote_fs(cache)
-        if remote is None:
-            return _compile_and_store(cache, key, source, code_type, options, target, names, logs)
-        lease = RemoteLease(remote[0], remote[1], name, lease_ttl, op_timeout_s=remote[2])
-        found, held = wait_for_lease(lease, recheck, max(0.0, deadline - time.monotonic()))
-        if found is not None:
-            return found
-        release_here = True
-        try:
-            if held:
-                found = recheck()
-                if found is not None:
-                    return found
-            result = _compile_and_store(cache, key, source, code_type, options, target, names, logs)
-            flush = getattr(cache, "flush", None)
-            if held and flush is not None:
-                _release_after_upload(lease, flush, name)
-                release_here = False
-            return result
-        finally:
-            if release_here:
-                lease.release()
-
-
-def _release_after_upload(lease: RemoteLease, flush: Callable[[float], bool], name: str) -> None:
-    """Hold the lease until the upload lands, on a thread, so the compile returns at once.
-
-    Nodes waiting on the lease find the entry once it is up; if the upload is slow or
-    lost they wait out the lease or their own timeout and compile: slower, never wrong.
-    The thread is not a daemon: a process that exits right after compiling still
-    releases its lease (bounded by the flush timeout and the remote's request timeout).
-    """
-
-    def upload_then_release() -> None:
-        try:
-            if not flush(UPLOAD_FLUSH_TIMEOUT_S):
-                logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
-                               UPLOAD_FLUSH_TIMEOUT_S)
-        finally:
-            lease.release()
-
-    threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False).start()
-
-
-class _NoLock:
-    def __enter__(self) -> bool:
-        return False
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _maybe_node_lock(local: str | None, name: str, wait_s: float) -> Any:
-    if local is None:
-        return _NoLock()
-    return node_lock(os.path.join(local, "locks"), name, wait_s)
+    return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl)
 
 
 def _find(
@@ -454,15 +259,15 @@ def _find(
         return None
     mapping = None
     if names:
-        mapping = _decode_symbols(cache.get(symbols_key(key)), names)
+        mapping = decode_symbols(cache.get(symbols_key(key)), names)
         if mapping is None:
             logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
             return None
     return _wrap(data, target, options, mapping), _Outcome(data, mapping)
 
 
-def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: dict[Any, Any] | None) -> ObjectCode:
-    name = getattr(options, "name", None) or ""
+def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
+    name = options.name or ""
     return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
 
 
@@ -494,7 +299,7 @@ def _compile_and_store(
     try:
         if names:
             # The mapping first: whoever sees the binary must find its mapping.
-            cache[symbols_key(key)] = _encode_symbols(mapping or {})
+            cache[symbols_key(key)] = encode_symbols(mapping or {})
         cache[key] = data
     except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)

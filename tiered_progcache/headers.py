@@ -344,15 +344,10 @@ def needs_header_digest(options: Any, code_type: str = "c++") -> bool:
 
 
 def _libdevice_digest() -> bytes:
-    try:
-        from cuda.core._program import _find_libdevice_path
+    # cuda.pathfinder's public finder: the same file cuda-core's NVVM path links in.
+    from cuda.pathfinder import find_bitcode_lib
 
-        path = _find_libdevice_path()
-    except Exception:  # a cuda-core that moved it: cuda.pathfinder's public finder
-        from cuda.pathfinder import find_bitcode_lib
-
-        path = find_bitcode_lib("device")
-    path = os.fspath(path)
+    path = os.fspath(find_bitcode_lib("device"))
     info = _file_info(path, _signature(path))
     if info is None:
         raise FileNotFoundError(f"libdevice not readable at {path}")

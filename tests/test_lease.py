@@ -1,0 +1,325 @@
+"""The cluster lease on its own: over the real shared stores' leases(), and on a stepped clock.
+
+Expiry and renewal are judged on a :class:`SteppedClock`: the waiter's pauses advance
+both its monotonic clock and the lease's wall clock, so "broken after exactly one TTL"
+is asserted to the hundredth of a second without racing real time.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from tiered_progcache.lease import LEASE_FORMAT, LeaseInfo, RemoteLease, wait_for_lease
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.store import LeaseStore, entry_name
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+SPAWN = mp.get_context("spawn")
+JOIN_S = 30
+NAME = entry_name(b"the kernel's key")
+#: How far past the expiry a waiter may take the lease: its last pause overshoots by 0.01 s.
+EXPIRY_SLACK_S = 0.02
+
+
+class SteppedClock:
+    """A wall clock and a monotonic clock that move only when the code under test sleeps."""
+
+    def __init__(self, wall: float = 1_000_000.0) -> None:
+        self.wall = wall
+        self.mono = 0.0
+        self.sleeps: list[float] = []
+        self.on_sleep: list = []
+
+    def time(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.wall += seconds
+        self.mono += seconds
+        for hook in self.on_sleep:
+            hook()
+
+    def wait(self, lease: RemoteLease, timeout: float, poll=lambda: None):
+        """``wait_for_lease`` on this clock (``lease`` must be built with ``clock=self.time``)."""
+        return wait_for_lease(lease, poll, timeout, clock=self.monotonic, sleep=self.sleep)
+
+
+class DictLeases(LeaseStore):
+    """Leases in a dict: the lease logic alone, with a real atomic create (under a lock)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def location(self) -> str:
+        return "dict://leases"
+
+    @property
+    def atomic_create(self) -> bool:
+        return True
+
+    def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+        with self._lock:
+            if name in self.objects:
+                return False
+            self.objects[name] = document
+            return True
+
+    def read(self, name: str) -> bytes | None:
+        with self._lock:
+            return self.objects.get(name)
+
+    def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+        with self._lock:
+            self.objects[name] = document
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self.objects.pop(name, None)
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def leases(request, tmp_path) -> LeaseStore:
+    """The leases() of an empty shared store with a real conditional create (S3: If-None-Match on moto)."""
+    if request.param == "memory":
+        remote = RemoteProgramCache.from_url(f"memory://leases-test-{uuid.uuid4().hex}")
+    elif request.param == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        remote = RemoteProgramCache.from_url(bucket.url, storage_options=bucket.storage_options)
+    else:
+        remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
+    store = remote.leases()
+    assert store is not None and store.atomic_create
+    return store
+
+
+def _stale_document(expires_at: float) -> bytes:
+    return json.dumps({
+        "format": LEASE_FORMAT, "version": 1, "holder": "gone:1", "token": "t",
+        "acquired_at": expires_at - 60, "expires_at": expires_at,
+    }).encode()
+
+
+def _hold_lease(url: str, name: str, ttl: float, taken) -> None:
+    lease = RemoteLease(RemoteProgramCache.from_url(url).leases(), name, ttl)
+    assert lease.try_acquire()
+    taken.set()
+    threading.Event().wait(JOIN_S)  # until killed
+
+
+# -- on the real stores ------------------------------------------------------------------------
+
+
+def test_only_one_of_many_acquirers_gets_the_lease(leases):
+    barrier = threading.Barrier(16)
+    winners = []
+
+    def attempt() -> None:
+        lease = RemoteLease(leases, NAME, ttl_s=30)
+        barrier.wait()
+        if lease.try_acquire():
+            winners.append(lease)
+
+    threads = [threading.Thread(target=attempt) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert len(winners) == 1
+    info = RemoteLease(leases, NAME, 30).read()
+    assert isinstance(info, LeaseInfo) and info.token == winners[0].token and not info.expired()
+    winners[0].release()
+    assert RemoteLease(leases, NAME, 30).read() is None
+
+
+def test_lease_of_a_crashed_holder_is_broken_at_once_once_expired(leases):
+    clock = SteppedClock()
+    assert leases.create(NAME, _stale_document(expires_at=clock.time() - 60), 30)  # plant the stale lease
+    waiter = RemoteLease(leases, NAME, ttl_s=30, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=10)
+    assert held and found is None
+    assert clock.sleeps == []  # broken and retaken without a single pause
+    info = waiter.read()
+    assert isinstance(info, LeaseInfo) and info.token == waiter.token
+    waiter.release()
+
+
+def test_a_waiter_gets_the_holders_result_when_it_is_published(leases):
+    holder = RemoteLease(leases, NAME, ttl_s=30)
+    assert holder.try_acquire()
+    polled, finished = threading.Event(), threading.Event()
+    out = []
+
+    def poll():
+        # The waiter's first look for the result: let the holder publish and release now.
+        polled.set()
+        assert finished.wait(JOIN_S)
+        return "entry-bytes"
+
+    t = threading.Thread(target=lambda: out.append(wait_for_lease(RemoteLease(leases, NAME, 30), poll, 20)))
+    t.start()
+    assert polled.wait(JOIN_S)  # it polled only after finding the lease taken
+    holder.release()
+    finished.set()
+    t.join(JOIN_S)
+    assert out == [("entry-bytes", False)]
+    assert RemoteLease(leases, NAME, 30).read() is None  # and took no lease for it
+
+
+def test_garbage_in_the_lease_slot_is_respected_for_exactly_one_ttl_then_broken(leases):
+    clock = SteppedClock()
+    assert leases.create(NAME, b"\x00not json", 0.5)
+    waiter = RemoteLease(leases, NAME, ttl_s=0.5, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=10)
+    assert held
+    assert 0.5 <= clock.mono < 0.5 + EXPIRY_SLACK_S
+    waiter.release()
+
+
+def test_the_holder_renews_on_a_daemon_thread_until_released(leases):
+    holder = RemoteLease(leases, NAME, ttl_s=0.3)
+    assert holder.try_acquire()
+    try:
+        first = holder.read()
+        assert isinstance(first, LeaseInfo)
+        renewers = [t for t in threading.enumerate() if t.name == "tiered-progcache-lease"]
+        assert renewers and all(t.daemon for t in renewers)
+        deadline = time.monotonic() + JOIN_S
+        while time.monotonic() < deadline:  # polling a condition, not timing a race
+            info = holder.read()
+            if isinstance(info, LeaseInfo) and info.expires_at > first.expires_at:
+                break
+            time.sleep(0.02)
+        assert isinstance(info, LeaseInfo) and info.token == holder.token and info.expires_at > first.expires_at
+    finally:
+        holder.release()
+    assert holder.read() is None
+
+
+def test_killed_holder_process_blocks_file_waiters_for_exactly_the_ttl(tmp_path):
+    url = f"file://{tmp_path / 'remote'}"
+    taken = SPAWN.Event()
+    child = SPAWN.Process(target=_hold_lease, args=(url, NAME, 30.0, taken))
+    child.start()
+    assert taken.wait(JOIN_S)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(JOIN_S)
+    leases = RemoteProgramCache.from_url(url).leases()
+    info = RemoteLease(leases, NAME, 30.0).read()
+    assert isinstance(info, LeaseInfo)
+    clock = SteppedClock(wall=time.time())
+    waiter = RemoteLease(leases, NAME, 30.0, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=120)
+    assert held
+    assert info.expires_at <= clock.time() < info.expires_at + EXPIRY_SLACK_S
+    waiter.release()
+
+
+def test_lease_support_is_declared_by_the_store(tmp_path):
+    assert RemoteProgramCache.from_url(f"memory://decl-{uuid.uuid4().hex}").leases().atomic_create
+    assert RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}").leases().atomic_create
+    assert RemoteProgramCache.from_url(f"file://{tmp_path / 'ro'}", read_only=True).leases() is None
+
+
+# -- the lease logic, on a stepped clock ------------------------------------------------------------
+
+
+def test_an_unrenewed_lease_is_broken_after_exactly_its_ttl():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)  # its thread would renew in 20 real s
+    assert holder.try_acquire()
+    acquired_at = clock.time()
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=600)
+    assert (found, held) == (None, True)
+    assert acquired_at + 60 <= clock.time() < acquired_at + 60 + EXPIRY_SLACK_S
+    info = waiter.read()
+    assert isinstance(info, LeaseInfo) and info.token == waiter.token
+    assert info.acquired_at == clock.time() and info.expires_at == clock.time() + 60
+    holder.release()  # no longer ours: leaves the waiter's lease alone
+    assert isinstance(waiter.read(), LeaseInfo)
+    waiter.release()
+    assert leases.objects == {}
+
+
+def test_a_renewed_lease_outlives_its_ttl_and_the_waiter_times_out_without_breaking_it():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    next_renewal = [clock.time() + 20]
+
+    def renew_every_third_of_the_ttl() -> None:  # what the holder's thread does, on this clock
+        while clock.time() >= next_renewal[0]:
+            assert holder.renew()
+            next_renewal[0] += 20
+
+    clock.on_sleep.append(renew_every_third_of_the_ttl)
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=180)  # three TTLs
+    assert (found, held) == (None, False)
+    assert 180 <= clock.mono < 180 + 1.0
+    info = waiter.read()
+    assert isinstance(info, LeaseInfo) and info.token == holder.token and info.expires_at > clock.time()
+    holder.release()
+    assert leases.objects == {}
+
+
+def test_a_taken_over_lease_is_not_renewed_nor_deleted_by_its_old_holder():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    clock.sleep(61)
+    other = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    found, held = clock.wait(other, timeout=10)
+    assert held
+    assert holder.renew() is False
+    holder.release()
+    info = other.read()
+    assert isinstance(info, LeaseInfo) and info.token == other.token
+    other.release()
+
+
+def test_a_store_that_keeps_saying_taken_and_gone_is_retried_quickly_at_most_three_times():
+    class Flapping(DictLeases):
+        creates = 0
+
+        def create(self, name, document, ttl_s):
+            Flapping.creates += 1
+            return False  # "taken" ...
+
+        def read(self, name):
+            return None  # ... and "gone"
+
+    clock = SteppedClock()
+    found, held = clock.wait(RemoteLease(Flapping(), NAME, ttl_s=60, clock=clock.time), timeout=5)
+    assert (found, held) == (None, False)
+    assert clock.sleeps and all(s > 0 for s in clock.sleeps)
+    assert Flapping.creates <= 4 * (len(clock.sleeps) + 1)  # one try and three quick retries per pause
+
+
+def test_a_failing_store_means_no_lease_and_no_wait():
+    class Down(DictLeases):
+        def create(self, name, document, ttl_s):
+            raise TimeoutError("lease create took longer than 10 s")
+
+    clock = SteppedClock()
+    assert clock.wait(RemoteLease(Down(), NAME, ttl_s=60, clock=clock.time), timeout=300) == (None, False)
+    assert clock.sleeps == []
+
+
+def test_ttl_must_be_positive():
+    with pytest.raises(ValueError, match="ttl_s"):
+        RemoteLease(DictLeases(), NAME, ttl_s=0)

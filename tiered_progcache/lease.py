@@ -1,0 +1,270 @@
+"""The cluster lease on one cache entry: a small object in a shared store that one node holds while it compiles.
+
+:class:`RemoteLease` is created only if absent (through a :class:`~tiered_progcache.store.LeaseStore`
+whose ``atomic_create`` is True: S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``,
+``link(2)`` on a local or NFS path) and holds its expiry. The holder renews it every
+third of its TTL while it works; a waiter that finds it expired breaks it
+(:func:`wait_for_lease`). Every request goes through the store, which bounds it by its
+own deadline and circuit breaker, so nothing here can hang on a dead endpoint.
+
+A duplicate compile is the worst outcome of any race here, never a wrong entry or a
+hang. Lease expiry compares wall clocks of different hosts: keep them within a few
+seconds of each other (NTP), or make the TTL comfortably larger than the skew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Callable, TypeVar
+
+from .ratelimit import log_once
+from .store import LeaseStore
+
+__all__ = ["LEASE_FORMAT", "LEASE_POLL_S", "LeaseInfo", "RemoteLease", "wait_for_lease"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LEASE_FORMAT = "tiered-progcache/lease"
+#: First and largest pause between looks at a taken lease, in seconds.
+LEASE_POLL_S = (0.05, 1.0)
+#: Retries without a pause (the lease was just released or broken) before pausing anyway.
+QUICK_RETRIES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseInfo:
+    """What a lease object says: who holds it and until when (holder's wall clock). Immutable."""
+
+    holder: str
+    token: str
+    acquired_at: float
+    expires_at: float
+    raw: bytes
+
+    def expired(self, now: float | None = None) -> bool:
+        """True once ``now`` (seconds since the epoch; default: this host's clock) reaches the expiry."""
+        return (time.time() if now is None else now) >= self.expires_at
+
+
+def _parse_lease(raw: bytes) -> LeaseInfo | None:
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != LEASE_FORMAT:
+            return None
+        holder, token = doc["holder"], doc["token"]
+        acquired_at, expires_at = float(doc["acquired_at"]), float(doc["expires_at"])
+        if not isinstance(holder, str) or not isinstance(token, str):
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return LeaseInfo(holder, token, acquired_at, expires_at, raw)
+
+
+class RemoteLease:
+    """One holder's attempt at the lease ``name`` in ``leases``.
+
+    >>> lease = RemoteLease(shared.leases(), entry_name(key), ttl_s=60)
+    >>> if lease.try_acquire():
+    ...     try: compile_and_upload()
+    ...     finally: lease.release()
+
+    Safe across threads, processes and hosts when ``leases.atomic_create`` is True;
+    one instance is one attempt by one holder. ``clock`` is the wall clock the
+    expiry is written and judged by (injectable so tests can step it).
+    """
+
+    def __init__(
+        self, leases: LeaseStore, name: str, ttl_s: float, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        self.leases = leases
+        self.name = name
+        self.ttl_s = float(ttl_s)
+        self.clock = clock
+        self.token = uuid.uuid4().hex
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.held = False
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @property
+    def location(self) -> str:
+        """Where the lease object lives, for messages."""
+        return f"{self.leases.location.rstrip('/')}/{self.name}"
+
+    def _document(self) -> bytes:
+        now = self.clock()
+        return json.dumps(
+            {
+                "format": LEASE_FORMAT,
+                "version": 1,
+                "holder": self.holder,
+                "token": self.token,
+                "acquired_at": now,
+                "expires_at": now + self.ttl_s,
+            },
+            sort_keys=True,
+        ).encode()
+
+    def read(self) -> LeaseInfo | None | bytes:
+        """The current lease; None if there is none; the raw bytes if they are not a lease."""
+        raw = self.leases.read(self.name)
+        if raw is None:
+            return None
+        return _parse_lease(raw) or raw
+
+    def try_acquire(self) -> bool:
+        """Create the lease if absent; True if this instance now holds it. Raises on store errors."""
+        if self.held:
+            return True
+        if not self.leases.create(self.name, self._document(), self.ttl_s):
+            return False
+        self.held = True
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew_loop, name="tiered-progcache-lease", daemon=True)
+        self._renewer.start()
+        return True
+
+    def renew(self) -> bool:
+        """Push the expiry one TTL past now if the lease is still ours; False if someone took it over.
+
+        The holder's background thread calls this every third of the TTL. Raises on store errors.
+        """
+        info = self.read()
+        if not isinstance(info, LeaseInfo) or info.token != self.token:
+            return False
+        self.leases.replace(self.name, self._document(), self.ttl_s)
+        return True
+
+    def break_if_unchanged(self, seen: bytes) -> None:
+        """Delete an expired lease, unless it changed since it was read as ``seen``.
+
+        Check-then-delete is not atomic: two waiters breaking the same lease can both
+        end up compiling. That costs one duplicate compile, nothing else.
+        """
+        if self.leases.read(self.name) == seen:
+            self.leases.delete(self.name)
+
+    def _renew_loop(self) -> None:
+        interval = self.ttl_s / 3
+        while not self._stop.wait(interval):
+            try:
+                if not self.renew():
+                    logger.warning("lease %s was taken over while held; carrying on without it", self.location)
+                    return
+            except Exception as exc:
+                logger.warning("could not renew lease %s: %r", self.location, exc)
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours. Never raises."""
+        if not self.held:
+            return
+        self.held = False
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join(timeout=5)
+        try:
+            info = self.read()
+            if isinstance(info, LeaseInfo) and info.token == self.token:
+                self.leases.delete(self.name)
+        except Exception as exc:
+            logger.warning("could not release lease %s (it expires by itself): %r", self.location, exc)
+
+
+def _backoff(delay: float, limit: float) -> float:
+    return min(delay * 1.5, limit)
+
+
+def wait_for_lease(
+    lease: RemoteLease,
+    poll: Callable[[], T | None],
+    timeout: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+) -> tuple[T | None, bool]:
+    """Take ``lease``, or wait for whoever holds it to produce the result.
+
+    >>> found, held = wait_for_lease(lease, lambda: cache.get(key), timeout=300)
+
+    Returns ``(None, True)`` when this caller now holds the lease (do the work, then
+    ``lease.release()``); ``(result, False)`` when ``poll()`` found the holder's
+    result; ``(None, False)`` when the wait ran out or the store failed (do the
+    work without a lease). An expired lease (a crashed holder) is broken and
+    retaken, so a crash costs the others at most the lease TTL; bytes that are not
+    a lease (a partial write, garbage) are given one TTL, then broken.
+
+    ``timeout`` is measured on ``clock`` (monotonic) and the pauses taken with
+    ``sleep``; expiry is judged on the lease's own wall clock. Both are injectable so
+    tests can step time. Any number of threads, processes and hosts may wait on one
+    lease at once, each with its own :class:`RemoteLease`; ``poll`` is called from
+    the calling thread only.
+    """
+    deadline = clock() + timeout
+    delay, limit = LEASE_POLL_S
+    unreadable_since: float | None = None
+    quick_retries = 0  # retries without a pause (lease just released or broken); capped
+    first = True
+    while True:
+        if not first:
+            # Look for the holder's result before trying the lease again: once it is
+            # published there is no point taking (and releasing) a lease for it.
+            found = poll()
+            if found is not None:
+                return found, False
+        first = False
+        try:
+            if lease.try_acquire():
+                return None, True
+            info = lease.read()
+        except Exception as exc:
+            log_once(logger, f"lease-io:{type(exc).__name__}", logging.WARNING,
+                     "lease store failed (%r): going ahead without a lease", exc)
+            return None, False
+        now = lease.clock()
+        if info is None:
+            pause = 0.0  # released between our create and our read: try to take it
+        elif isinstance(info, LeaseInfo):
+            unreadable_since = None
+            if info.expired(now):
+                logger.info("lease %s held by %s expired; breaking it", lease.location, info.holder)
+                with contextlib.suppress(Exception):
+                    lease.break_if_unchanged(info.raw)
+                pause = 0.0
+            else:
+                pause = min(delay, info.expires_at - now + 0.01)
+        else:
+            # Not a lease document (a partial write, or garbage): give it one TTL.
+            if unreadable_since is None:
+                unreadable_since = now
+            until_expiry = unreadable_since + lease.ttl_s - now
+            if until_expiry <= 0:
+                with contextlib.suppress(Exception):
+                    lease.break_if_unchanged(info)
+                unreadable_since = None
+                pause = 0.0
+            else:
+                pause = min(delay, until_expiry + 0.01)
+        remaining = deadline - clock()
+        if remaining <= 0:
+            logger.info("waited %.1f s for lease %s; going ahead without it", timeout, lease.location)
+            return None, False
+        if pause <= 0.0:
+            quick_retries += 1
+            if quick_retries <= QUICK_RETRIES:
+                continue
+            pause = delay  # a store that keeps answering "taken" and "gone": slow down
+        quick_retries = 0
+        sleep(max(0.0, min(pause, remaining)))
+        delay = _backoff(delay, limit)

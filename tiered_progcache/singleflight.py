@@ -1,0 +1,170 @@
+"""Single-flight across threads, processes and nodes: on a miss, one of them does the work per key.
+
+Three scopes, each re-checking the cache once it gets its turn:
+
+1. threads of a process share one flight per (cache, key) (:class:`~.locks.ThreadSingleFlight`);
+2. processes of a node take the key's file lock in the local directory's ``locks_dir``
+   (:func:`~.locks.node_lock`);
+3. nodes of a cluster take the key's lease in the shared store (:mod:`.lease`), only
+   where that store is up, writable, and declares an atomic create for its leases.
+
+The cache's stores come from :func:`~.tiered.stores_of`; a cache without a local
+directory or a usable shared store simply skips that scope. Every wait is bounded
+(``wait_timeout``): whoever runs out of patience does the work itself, so a crashed
+or stuck holder costs time, never a hang, and a race costs a duplicate compile at worst.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, ContextManager, Generic, TypeVar
+
+from cuda.core.utils import ProgramCacheResource
+
+from .lease import RemoteLease, wait_for_lease
+from .locks import ThreadSingleFlight, node_lock
+from .ratelimit import log_once
+from .store import EntryStore, LeaseStore, entry_name
+from .tiered import TieredProgramCache, stores_of
+
+if TYPE_CHECKING:
+    from .localdir import LocalDir
+
+__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "run_once"]
+
+logger = logging.getLogger(__name__)
+
+#: How long the lease holder's background thread waits for the upload before releasing the lease.
+UPLOAD_FLUSH_TIMEOUT_S = 30.0
+
+R = TypeVar("R")  # what the caller gets back
+S = TypeVar("S")  # what the thread that did the work hands to the threads that waited for it
+
+
+@dataclasses.dataclass(frozen=True)
+class Work(Generic[R, S]):
+    """The work to do once, as three callables (each called on the calling thread). Immutable.
+
+    ``find()`` looks in the cache: ``(result, shared)`` on a hit, else None.
+    ``produce()`` does the work and stores it: ``(result, shared)``; its exceptions propagate.
+    ``adopt(shared)`` turns what another thread produced into this thread's result.
+    """
+
+    find: Callable[[], tuple[R, S] | None]
+    produce: Callable[[], tuple[R, S]]
+    adopt: Callable[[S], R]
+
+
+_flights: ThreadSingleFlight[object] = ThreadSingleFlight()
+
+
+def run_once(
+    cache: ProgramCacheResource, key: bytes, work: Work[R, S], *, wait_timeout: float, lease_ttl: float
+) -> R:
+    """``work``'s result for ``key``, produced by at most one thread per process, process per node, node per cluster.
+
+    >>> run_once(cache, key, Work(find, produce, adopt), wait_timeout=300, lease_ttl=60)
+
+    Call it after a miss. Waits at most ``wait_timeout`` seconds for others in all;
+    ``lease_ttl`` bounds how long a crashed node holds the cluster up. Exceptions of
+    ``produce`` reach the caller and the threads waiting on it; waiting processes and
+    nodes retry and get the error themselves. Safe from any number of threads.
+    """
+    deadline = time.monotonic() + wait_timeout
+    # Per cache: a thread compiling into another cache would not store into this one.
+    # (The leader's frame holds ``cache`` for the flight's life, so its id is not reused.)
+    flight_key = (id(cache), key)
+    while True:
+        with _flights.lead(flight_key) as seat:
+            if not seat.leader:
+                shared = seat.wait(timeout=max(0.0, deadline - time.monotonic()))
+                if shared is not None:
+                    return work.adopt(shared)  # type: ignore[arg-type]
+                if time.monotonic() < deadline:
+                    continue  # the leader was interrupted: take our own turn
+                return work.produce()[0]
+            result, shared = _lead(cache, key, work, max(0.0, deadline - time.monotonic()), lease_ttl)
+            seat.result = shared
+            return result
+
+
+def _lead(
+    cache: ProgramCacheResource, key: bytes, work: Work[R, S], wait_s: float, lease_ttl: float
+) -> tuple[R, S]:
+    """This process's one attempt at ``key``: node lock, re-check, lease, re-check, work."""
+    name = entry_name(key)
+    deadline = time.monotonic() + wait_s
+    stores = stores_of(cache)
+    with _node_lock(stores.local, name, wait_s):
+        found = work.find()  # another thread or process may have just finished it
+        if found is not None:
+            return found
+        leases = _lease_store(stores.shared)
+        if leases is None:
+            return work.produce()
+        lease = RemoteLease(leases, name, lease_ttl)
+        found, held = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()))
+        if found is not None:
+            return found
+        release_here = True
+        try:
+            if held:
+                found = work.find()
+                if found is not None:
+                    return found
+            result = work.produce()
+            if held and isinstance(cache, TieredProgramCache):
+                _release_after_upload(lease, cache, name)
+                release_here = False
+            return result
+        finally:
+            if release_here:
+                lease.release()
+
+
+def _node_lock(local: LocalDir | None, name: str, wait_s: float) -> ContextManager[bool]:
+    if local is None:
+        return contextlib.nullcontext(False)
+    return node_lock(local.locks_dir, name, wait_s)
+
+
+def _lease_store(shared: EntryStore | None) -> LeaseStore | None:
+    """Where this node can take cluster leases, or None for node-level single-flight only."""
+    if shared is None or shared.read_only:
+        return None  # no shared store, or this node will not upload, so nobody could wait for it
+    if not shared.available:
+        return None  # the store is known to be down: do not wait on it for a lease
+    leases = shared.leases()
+    if leases is None:
+        log_once(logger, f"no-leases:{shared.location}", logging.WARNING,
+                 "shared store %s holds no leases: node-level single-flight only", shared.location)
+        return None
+    if not leases.atomic_create:
+        log_once(logger, f"no-create:{leases.location}", logging.WARNING,
+                 "shared store %s has no atomic create-if-absent: node-level single-flight only", leases.location)
+        return None
+    return leases
+
+
+def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, name: str) -> None:
+    """Hold the lease until the upload lands, on a thread, so the compile returns at once.
+
+    Nodes waiting on the lease find the entry once it is up; if the upload is slow or
+    lost they wait out the lease or their own timeout and compile: slower, never wrong.
+    The thread is not a daemon: a process that exits right after compiling still
+    releases its lease (bounded by the flush timeout and the store's request timeout).
+    """
+
+    def upload_then_release() -> None:
+        try:
+            if not cache.flush(UPLOAD_FLUSH_TIMEOUT_S):
+                logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
+                               UPLOAD_FLUSH_TIMEOUT_S)
+        finally:
+            lease.release()
+
+    threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False).start()
