@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from cuda.core import Program, ProgramOptions
 
-from tiered_progcache.localdir import LocalDir, entry_name
+from tiered_progcache.localdir import LocalDir
 from tiered_progcache.samples import matmul_source
+from tiered_progcache.store import entry_name
 
 from cli_support import assert_one_line_error, run_cli
 
@@ -112,6 +113,26 @@ def test_config_shows_each_value_and_where_it_came_from(tmp_path):
     as_json = json.loads(run_cli("config", "--json", "--dir", str(tmp_path / "flag"), env=env).stdout)
     assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "argument"}
     assert as_json["remote"] == {"value": None, "source": "default"}
+
+
+def test_config_masks_nested_secret_options_and_a_password_in_the_remote_url(tmp_path):
+    options = {"client_kwargs": {"region_name": "eu-west-1", "aws_secret_access_key": "hunter2"}, "anon": False}
+    remote = "sftp://alice:hunter2@build-host/kernels"
+    for extra in ([], ["--json"]):
+        proc = run_cli("config", *extra, "--remote", remote, "--remote-options", json.dumps(options),
+                       env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "hunter2" not in proc.stdout
+        assert "sftp://alice:***@build-host/kernels" in proc.stdout and "eu-west-1" in proc.stdout
+    shown = json.loads(proc.stdout)
+    assert shown["remote_options"]["value"]["client_kwargs"] == {"region_name": "eu-west-1", "aws_secret_access_key": "***"}
+
+
+def test_a_bare_remote_after_the_command_keeps_the_url_given_before_it(tmp_path):
+    remote = (tmp_path / "bucket").as_uri()
+    proc = run_cli("--remote", remote, "ls", "--remote", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"total 0 entries, 0 B in {remote}"
 
 
 # -- ls, stats -----------------------------------------------------------------------------------
