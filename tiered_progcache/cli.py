@@ -533,7 +533,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         raise UsageError("clearing a remote deletes it for every node that shares it: add --yes")
     with _store(args) as store:
         _refuse_read_only(store, "clear it")
-        removed = sum(1 for entry in store.iter_entries() if store.delete_listed(entry))
+        removed = store.delete_entries(list(store.iter_entries()))
         print(f"cleared {store.location} ({removed} entries)")
     return EXIT_OK
 

@@ -22,7 +22,7 @@ import math
 import os
 import posixpath
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from cuda.core import ObjectCode
@@ -233,12 +233,17 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
 
     def clear(self) -> None:
         """Delete every entry under this URL's prefix. Only ever called on purpose (the CLI)."""
+        self.delete_entries(list(self.iter_entries()))
+
+    def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
+        """Delete listed entries in batches of 1000 paths per request; the count asked to delete."""
         self._require_writable("clear")
-        paths = [self.path_for(entry.name) for entry in self.iter_entries()]
+        paths = [self.path_for(entry.name) for entry in entries]
         rm_async = self.fs._rm if self._runner.is_async else None
         for start in range(0, len(paths), 1000):
             batch = paths[start : start + 1000]
             self._runner.call("delete", self.fs.rm, rm_async, batch, timeout=self._list_timeout)
+        return len(paths)
 
     def close(self) -> None:
         """Stop the tier's idle threads. The fsspec filesystem is shared (fsspec caches instances), so it stays open."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = [
@@ -146,6 +146,10 @@ class EntryStore(abc.ABC):
         except KeyError:
             return False
         return True
+
+    def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
+        """Remove many listed entries (``clear``); the count removed. Stores batch this where they can."""
+        return sum(1 for entry in entries if self.delete_listed(entry))
 
     def verify_entry(self, name: str) -> str | None:
         """None if ``name`` passes this store's checks, else a one-line reason (``"missing"`` if absent)."""
