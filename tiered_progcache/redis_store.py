@@ -369,6 +369,11 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
             return "missing"
         return None
 
+    @property
+    def transfer_batch(self) -> int:
+        """Entries per pipeline in a bulk transfer: ``transfer_concurrency``."""
+        return self.transfer_concurrency
+
     def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
         """Verified payloads of ``names`` from one pipeline (``KeyError``/``EntryRejected``/... per failed one)."""
         if not names:
