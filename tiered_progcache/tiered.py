@@ -341,6 +341,7 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
                 compression=config.compression,
                 timeout=config.remote_timeout,
                 strict=config.strict,
+                transfer_concurrency=config.transfer_concurrency,
             )
         )
     return specs
