@@ -364,6 +364,10 @@ SETTINGS: tuple[Setting, ...] = (
         env="REDIS_EXPIRE_S", builds_tiers=True,
     ),
     Setting(
+        "transfer_concurrency", COUNT, 64, "remote requests in flight at once during warm and push",
+        env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
+    ),
+    Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
         env="MAX_PENDING_UPLOADS",
     ),

@@ -340,6 +340,7 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
             compression=config.compression,
             timeout=config.remote_timeout,
             strict=config.strict,
+            transfer_concurrency=config.transfer_concurrency,
         )
         shared: ProgramCacheResource
         if is_redis_url(url):
