@@ -272,3 +272,32 @@ def test_lease_store_is_set_nx_px(redis_url, client):
             leases.create("", b"x", ttl_s=1)
         with pytest.raises(ValueError, match="ttl_s"):
             leases.create("M", b"x", ttl_s=0)
+
+
+@pytest.fixture(scope="module")
+def unix_server():
+    with RedisServer(unix_socket=True) as server:
+        yield server
+
+
+class TestRedisOnUnixSocket(EntryStoreTests):
+    @pytest.fixture
+    def store(self, unix_server):
+        server = unix_server
+        client = server.client()
+        client.flushall()
+        client.close()
+        assert server.url.startswith("unix://") and server.url.endswith("?db=0")
+        with RedisProgramCache.from_url(server.url.replace("?db=0", "?db=0&prefix=sock"), strict=True) as s:
+            yield s
+
+
+def test_an_empty_or_bad_value_is_listed_and_verify_names_it(redis_url, client):
+    with RedisProgramCache.from_url(redis_url, strict=True) as tier:
+        tier.write_entry(NAME, b"good")
+        empty = entry_name(b"empty")
+        client.set(f"tiered-progcache:entries:{empty}", b"")
+        client.set("tiered-progcache:entries:not-an-entry-name", b"x")  # never listed
+        assert {e.name: e.size for e in tier.iter_entries()} == {NAME: len(client.get(f"tiered-progcache:entries:{NAME}")), empty: 0}
+        assert tier.verify_entry(NAME) is None
+        assert tier.verify_entry(empty).startswith("truncated: 0 bytes")

@@ -96,7 +96,9 @@ def _split_url(url: str) -> tuple[str, str]:
         path = f"/{db}" if db else ""
     if not prefix or any(c.isspace() for c in prefix):
         raise ValueError(f"Redis key prefix must be non-empty, without spaces, got {prefix!r}")
-    return urlunsplit((parts.scheme, parts.netloc, path, urlencode(kept), "")), prefix
+    query_text = urlencode(kept)
+    # Built by hand: urlunsplit drops the "//" of a unix:// URL that has no host.
+    return f"{parts.scheme}://{parts.netloc}{path}" + (f"?{query_text}" if query_text else ""), prefix
 
 
 def _without_password(url: str) -> str:
@@ -354,7 +356,7 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
             cursor, keys, sizes = self._call("list", self._scan_step, cursor, match, timeout=self._list_timeout)
             for key, size in zip(keys, sizes):
                 name = key[skip:].decode("ascii", "replace")
-                if is_entry_name(name) and size:
+                if is_entry_name(name):  # an empty or odd value is listed too, so verify reports it
                     yield StoredEntry(name, int(size), None)
             if cursor == 0:
                 return

@@ -55,18 +55,21 @@ class RedisServer:
     ...     RedisProgramCache.from_url(server.url)
     """
 
-    def __init__(self, port: int | None = None, *, requirepass: str | None = None) -> None:
+    def __init__(self, port: int | None = None, *, requirepass: str | None = None, unix_socket: bool = False) -> None:
         pytest.importorskip("redis")
         self._binary = _binary()
-        self.port = free_port() if port is None else port
-        self.requirepass = requirepass
         self._dir = tempfile.mkdtemp(prefix="tiered-progcache-redis-")
+        self.unix_socket = f"{self._dir}/redis.sock" if unix_socket else None
+        self.port = 0 if unix_socket else free_port() if port is None else port  # 0: no TCP at all
+        self.requirepass = requirepass
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0`` (with the password, if the server has one)."""
+        """``redis://127.0.0.1:<port>/0`` or ``unix://<dir>/redis.sock?db=0`` (with the password, if the server has one)."""
         auth = f":{self.requirepass}@" if self.requirepass else ""
+        if self.unix_socket:
+            return f"unix://{auth}{self.unix_socket}?db=0"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
@@ -79,6 +82,8 @@ class RedisServer:
         ]  # fmt: skip
         if self.requirepass:
             args += ["--requirepass", self.requirepass]
+        if self.unix_socket:
+            args += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
         deadline = time.monotonic() + START_TIMEOUT_S
