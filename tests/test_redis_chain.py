@@ -199,3 +199,28 @@ def test_cli_redis_password_is_masked_and_a_bare_remote_with_two_tiers_is_a_usag
     assert json.loads(shown.stdout)["remote"]["value"] == ["rediss://:***@cache.example:6380/0", "s3://bucket/k"]
     line = assert_one_line_error(run_cli("ls", "--remote", env=env))
     assert "2 shared tiers are configured" in line and "pick one with --remote URL" in line and "hunter2pw" not in line
+
+
+def test_a_fleet_chain_fills_redis_from_a_read_only_bucket(tmp_path, redis_url, s3_bucket):
+    """docs/cluster.md: nodes write Redis while only reading the bucket, with tiers=[...] and a read-only policy."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    from tiered_progcache import TierPolicy
+
+    with RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True) as ci:
+        ci[b"k"] = b"cubin from CI"
+    bucket = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, read_only=True)
+    redis_tier = RedisProgramCache.from_url(redis_url, strict=True)
+    with TieredProgramCache(tiers=[
+        InMemoryProgramCache(),
+        FileStreamProgramCache(tmp_path / "node"),
+        (redis_tier, TierPolicy("redis", write="background", shared=True)),
+        (bucket, TierPolicy("remote", read_only=True, shared=True)),
+    ]) as fleet:  # fmt: skip
+        assert fleet.get(b"k") == b"cubin from CI"
+        fleet[b"new"] = b"compiled here"
+        assert fleet.flush(timeout=30)
+        stats = fleet.stats()
+        assert (stats["remote"].hits, stats["remote"].writes, stats["redis"].promotions, stats["redis"].writes) == (1, 0, 1, 2)
+    assert redis_tier.read_entry(entry_name(b"k")) == b"cubin from CI"
+    assert len(s3_bucket.objects()) == 1  # the bucket was never written
