@@ -56,3 +56,11 @@ def test_redis_expire_setting():
         CacheConfig(redis_expire_s=0)
     with pytest.raises(ValueError, match=f"^{ENV}REDIS_EXPIRE_S: "):
         CacheConfig.from_env({ENV + "REDIS_EXPIRE_S": "a week"})
+
+
+def test_a_password_in_a_remote_url_never_shows_in_the_repr():
+    config = CacheConfig(remote=["rediss://:hunter2pw@cache:6380/0", "s3://b/k"])
+    assert "hunter2pw" not in repr(config)
+    assert "rediss://:***@cache:6380/0" in repr(config) and "s3://b/k" in repr(config)
+    assert "hunter2pw" not in repr(CacheConfig(remote="redis://user:hunter2pw@cache:6379/0"))
+    assert config.remote[0] == "rediss://:hunter2pw@cache:6380/0"  # the value itself is intact
