@@ -429,10 +429,10 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
             return fn(*args)
         except redis.exceptions.TimeoutError as exc:
             raise TimeoutError(f"no answer from {self._location} within {self.timeout:g} s ({exc})") from None
+        except redis.exceptions.AuthenticationError as exc:  # a ConnectionError too: caught first
+            raise PermissionError(f"{self._location}: access denied, check the password ({exc})") from None
         except redis.exceptions.ConnectionError as exc:
             raise ConnectionError(f"{self._location}: {exc}") from None
-        except redis.exceptions.AuthenticationError as exc:  # pragma: no cover - a ConnectionError in redis-py 5
-            raise PermissionError(f"{self._location}: {exc}") from None
 
     def _read_value(self, key: str) -> bytes | InvalidEnvelope | None:
         """One round trip: ``EXISTS``, ``STRLEN`` and ``GETRANGE`` bounded by the cap (a huge value is never pulled)."""
