@@ -224,3 +224,14 @@ def test_a_fleet_chain_fills_redis_from_a_read_only_bucket(tmp_path, redis_url, 
         assert (stats["remote"].hits, stats["remote"].writes, stats["redis"].promotions, stats["redis"].writes) == (1, 0, 1, 2)
     assert redis_tier.read_entry(entry_name(b"k")) == b"cubin from CI"
     assert len(s3_bucket.objects()) == 1  # the bucket was never written
+
+
+def test_the_default_bulk_methods_loop_over_single_calls(tmp_path):
+    """EntryStore.read_many/write_many's defaults (the local directory uses them): one result per name, never raising."""
+    local = LocalDir(tmp_path / "d")
+    a, b, bad = entry_name(b"a"), entry_name(b"b"), "not-a-name"
+    assert local.transfer_batch == 64
+    assert local.write_many({a: b"A", b: b"B"}) == {a: None, b: None}
+    got = local.read_many([a, entry_name(b"absent"), bad])
+    assert got[a] == b"A" and type(got[entry_name(b"absent")]) is KeyError and isinstance(got[bad], ValueError)
+    assert isinstance(local.write_many({bad: b"x"})[bad], ValueError)
