@@ -43,6 +43,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "COMPRESSION": "zstd",
         ENV + "REMOTE_TIMEOUT": "2.5",
         ENV + "STRICT": "1",
+        ENV + "REDIS_EXPIRE_S": "3600",
         ENV + "MAX_PENDING_UPLOADS": "64",
         ENV + "TRANSFER_CONCURRENCY": "16",
     }
@@ -325,6 +326,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "local_dir": tmp_path, "max_memory_bytes": None, "max_local_bytes": 5 << 30, "remote": "memory://x/y",
         "remote_options": {"anon": True}, "remote_read_only": True, "signing_key_file": tmp_path / "k",
         "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
+        "redis_expire_s": 3600.0,
         "transfer_concurrency": 16,
     }  # fmt: skip
     value = samples[setting.name]
