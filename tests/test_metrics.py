@@ -1,0 +1,144 @@
+"""Prometheus metrics: scraped text equals ``cache.stats()`` in every tier; compiler runs as a histogram."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from cuda.core import ProgramOptions
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+import tiered_progcache  # noqa: E402
+from tiered_progcache import TieredProgramCache, metrics  # noqa: E402
+from tiered_progcache.compile import CompileEvent  # noqa: E402
+from tiered_progcache.samples import matmul_source  # noqa: E402
+from tiered_progcache.stats import COUNTER_FIELDS  # noqa: E402
+
+OPTS = ProgramOptions(arch="sm_90", std="c++17")
+K_REMOTE, K_LOCAL, K_NEW = matmul_source(16), matmul_source(32), matmul_source(16, "relu")
+#: stats field -> metric family name, as documented in docs/operations.md
+FAMILY = {
+    "hits": "hits", "misses": "misses", "writes": "writes", "promotions": "promotions", "errors": "errors",
+    "timeouts": "timeouts", "skipped": "skipped", "dropped": "dropped_writes", "rejected": "rejected",
+    "bytes_read": "read_bytes", "bytes_written": "written_bytes",
+}  # fmt: skip
+
+
+def _scrape(registry) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} from the text exposition, as Prometheus would parse it."""
+    text = prometheus_client.generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture
+def events():
+    seen: list[CompileEvent] = []
+    stop = tiered_progcache.on_compile(seen.append)
+    yield seen
+    stop()
+
+
+def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
+    remote = (tmp_path / "bucket").as_uri()
+    with TieredProgramCache(tmp_path / "a", remote=remote) as other_node:  # fills the remote
+        tiered_progcache.compile(K_REMOTE, "c++", OPTS, cache=other_node)
+        assert other_node.flush(30)
+    with TieredProgramCache(tmp_path / "b") as same_node:  # fills this node's local directory only
+        tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=same_node)
+
+    registry = prometheus_client.CollectorRegistry()
+    with TieredProgramCache(tmp_path / "b", remote=remote) as cache:
+        metrics.register(cache, registry, name="node-b")
+        ran_before = len(events)
+        tiered_progcache.compile(K_REMOTE, "c++", OPTS, cache=cache)  # remote hit, promoted
+        tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=cache)  # local hit, promoted
+        for _ in range(3):
+            tiered_progcache.compile(K_REMOTE, "c++", OPTS, cache=cache)  # memory hits
+        tiered_progcache.compile(K_NEW, "c++", OPTS, cache=cache)  # a miss everywhere: NVRTC
+        assert cache.flush(30)
+        stats = cache.stats()
+        scraped = _scrape(registry)
+
+    assert stats["memory"].hits == 3 and stats["local"].hits == 1 and stats["remote"].hits == 1
+    assert stats["remote"].writes == 1 and stats["local"].promotions == 1
+    for tier, tier_stats in stats.tiers:
+        for field in COUNTER_FIELDS:
+            sample = (f"tiered_progcache_{FAMILY[field]}_total", (("cache", "node-b"), ("tier", tier)))
+            assert scraped[sample] == getattr(tier_stats, field), (tier, field)
+        if tier_stats.entries is not None:
+            labels = (("cache", "node-b"), ("tier", tier))
+            assert scraped[("tiered_progcache_entries", labels)] == tier_stats.entries
+            assert scraped[("tiered_progcache_held_bytes", labels)] == tier_stats.bytes_held
+        for op, quantile, field in (("get", "0.5", "get_p50_ms"), ("get", "0.99", "get_p99_ms")):
+            labels = (("cache", "node-b"), ("op", op), ("quantile", quantile), ("tier", tier))
+            assert scraped[("tiered_progcache_latency_seconds", labels)] == pytest.approx(getattr(tier_stats, field) / 1e3)
+    assert ("tiered_progcache_entries", (("cache", "node-b"), ("tier", "remote"))) not in scraped  # a bucket: unknown
+
+    # the compiler ran exactly once since registration, and its seconds are the hook's
+    assert len(events) - ran_before == 1
+    seconds = events[-1].seconds
+    assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "ok"),))] == 1
+    assert scraped[("tiered_progcache_compile_seconds_sum", (("outcome", "ok"),))] == seconds
+    for bound in metrics.COMPILE_BUCKETS:
+        sample = ("tiered_progcache_compile_seconds_bucket", (("le", repr(bound)), ("outcome", "ok")))
+        assert scraped[sample] == (1 if seconds <= bound else 0)
+    assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "error"),))] == 0
+    assert scraped[("tiered_progcache_compile_seconds_saved_total", ())] == 0
+
+
+def test_a_failed_compile_is_counted_as_an_error(tmp_path):
+    registry = prometheus_client.CollectorRegistry()
+    with TieredProgramCache(tmp_path) as cache:
+        metrics.register(cache, registry)
+        with pytest.raises(Exception):
+            tiered_progcache.compile("this is not C++ {", "c++", OPTS, cache=cache)
+        scraped = _scrape(registry)
+    assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "error"),))] == 1
+    assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "ok"),))] == 0
+
+
+def test_several_caches_share_a_registry_by_name_and_a_dropped_cache_goes(tmp_path):
+    registry = prometheus_client.CollectorRegistry()
+    first = TieredProgramCache(tmp_path / "1")
+    second = TieredProgramCache(tmp_path / "2")
+    metrics.register(first, registry, name="one")
+    unregister = metrics.register(second, registry, name="two")
+    with pytest.raises(ValueError, match="'one' is already registered"):
+        metrics.register(second, registry, name="one")
+    first.get(b"absent")
+    scraped = _scrape(registry)
+    assert scraped[("tiered_progcache_misses_total", (("cache", "one"), ("tier", "local")))] == 1
+    assert scraped[("tiered_progcache_misses_total", (("cache", "two"), ("tier", "local")))] == 0
+    unregister()
+    assert ("tiered_progcache_misses_total", (("cache", "two"), ("tier", "local"))) not in _scrape(registry)
+    first.close()
+    del first
+    gc.collect()
+    assert not any(name == "tiered_progcache_misses_total" for name, _ in _scrape(registry))
+    metrics.register(second, registry, name="one")  # the name is free again
+    second.close()
+
+
+def test_exposition_of_a_directory_has_gauges_only(tmp_path):
+    with TieredProgramCache(tmp_path) as cache:
+        tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=cache)
+        stats = cache.stats()
+    text = metrics.exposition(stats, name="node", counters=False)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert set(families) == {"tiered_progcache_entries", "tiered_progcache_held_bytes"}
+    local = [s for s in families["tiered_progcache_entries"].samples if s.labels["tier"] == "local"]
+    assert [s.value for s in local] == [stats["local"].entries] == [1]
+
+
+def test_register_names_bad_arguments(tmp_path):
+    registry = prometheus_client.CollectorRegistry()
+    with pytest.raises(TypeError, match="TieredProgramCache"):
+        metrics.register(object(), registry)
+    with TieredProgramCache(tmp_path) as cache, pytest.raises(ValueError, match="non-empty str"):
+        metrics.register(cache, registry, name="")
