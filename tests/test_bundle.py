@@ -312,3 +312,80 @@ def test_bad_arguments_are_named(tmp_path):
     with pytest.raises(ValueError, match="compression"):
         export_bundle(local, tmp_path / "x", compression="gzip")
     assert not (tmp_path / "x").exists()
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def _cli(*args, env=None):
+    from cli_support import run_cli
+
+    return run_cli(*args, env=env)
+
+
+def test_cli_export_then_import_into_a_fresh_directory_and_to_a_remote(tmp_path):
+    names = _fill(tmp_path / "builder")
+    out = tmp_path / "k.tpcb"
+    proc = _cli("export", str(out), "--arch", "sm_90", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "builder")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"exported 2 entries (") and "0 filtered out, 0 unreadable" in proc.stdout
+    proc = _cli("import", str(out), "--dir", str(tmp_path / "fresh"))
+    assert proc.returncode == 0, proc.stderr
+    assert "imported 2 entries" in proc.stdout and "0 already there, 0 failed" in proc.stdout
+    assert _names(LocalDir(tmp_path / "fresh")) == names
+    remote = (tmp_path / "bucket").as_uri()
+    proc = _cli("import", str(out), "--remote", remote, "--dir", str(tmp_path / "unused"))
+    assert proc.returncode == 0, proc.stderr
+    assert _names(RemoteProgramCache.from_url(remote)) == names
+    proc = _cli("export", str(tmp_path / "from-remote"), names[0], "--remote", remote, "--format", "tar")
+    assert proc.returncode == 0, proc.stderr
+    assert list(read_bundle(tmp_path / "from-remote")) == [names[0]]
+
+
+def _refused_by_cli(bundle, target, *extra, env=None) -> str:
+    from cli_support import assert_one_line_error
+
+    proc = _cli("import", str(bundle), "--dir", str(target), *extra, env=env)
+    line = assert_one_line_error(proc, rc=1)
+    assert line.startswith(f"tiered-progcache import: refused {bundle}: ") and line.endswith("; nothing landed")
+    assert _names(LocalDir(target)) == []
+    return line
+
+
+def test_cli_refuses_tampered_escaping_truncated_and_unsigned_bundles_with_one_line(tmp_path):
+    path = _plain_bundle(tmp_path)
+    whole = path.read_bytes()
+    tampered = bytearray(whole)
+    tampered[tarfile.open(path).getmembers()[0].offset_data + 300] ^= 0x80
+    (tmp_path / "tampered").write_bytes(bytes(tampered))
+    assert "payload digest mismatch" in _refused_by_cli(tmp_path / "tampered", tmp_path / "t1")
+
+    name, blob = _sealed()
+    _handmade(tmp_path / "escape", [_file(f"entries/../../{name}", blob)], index=1)
+    assert "is not named entries/" in _refused_by_cli(tmp_path / "escape", tmp_path / "t2")
+
+    (tmp_path / "cut").write_bytes(whole[: len(whole) // 2])
+    assert "truncated" in _refused_by_cli(tmp_path / "cut", tmp_path / "t3")
+
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY)
+    key_file.chmod(0o600)
+    env = {"TIERED_PROGCACHE_SIGNING_KEY_FILE": str(key_file)}
+    assert "unsigned entry" in _refused_by_cli(path, tmp_path / "t4", env=env)
+    # signed with that key by the command itself, it lands
+    signed = tmp_path / "signed"
+    assert _cli("export", str(signed), "--dir", str(tmp_path / "builder"), env=env).returncode == 0
+    assert _cli("import", str(signed), "--dir", str(tmp_path / "t5"), env=env).returncode == 0
+    assert len(_names(LocalDir(tmp_path / "t5"))) == 2
+
+
+def test_cli_usage_and_missing_files(tmp_path):
+    from cli_support import assert_one_line_error
+
+    line = assert_one_line_error(_cli("export", str(tmp_path / "x"), "--arch", "hopper", "--dir", str(tmp_path)))
+    assert "arch must look like sm_90" in line
+    line = assert_one_line_error(_cli("export", str(tmp_path / "x"), "not-a-name", "--dir", str(tmp_path)))
+    assert "not an entry name" in line
+    line = assert_one_line_error(_cli("import", str(tmp_path / "absent"), "--dir", str(tmp_path)), rc=1)
+    assert "FileNotFoundError" in line
+    assert not (tmp_path / "x").exists()

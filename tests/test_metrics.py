@@ -142,3 +142,53 @@ def test_register_names_bad_arguments(tmp_path):
         metrics.register(object(), registry)
     with TieredProgramCache(tmp_path) as cache, pytest.raises(ValueError, match="non-empty str"):
         metrics.register(cache, registry, name="")
+
+
+# -- tiered-progcache stats --prometheus ---------------------------------------------------------
+
+_CHILD = r"""
+import json, sys
+import tiered_progcache
+from cuda.core import ProgramOptions
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.samples import matmul_source
+cache = TieredProgramCache.from_env()
+for src in (matmul_source(16), matmul_source(16), matmul_source(32)):
+    tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_90"), cache=cache)
+open(sys.argv[1], "w").write(json.dumps(cache.stats().as_dict()))
+"""
+
+
+def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
+    import json
+    import sys
+
+    from cli_support import run_cli
+
+    env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "c")}
+    proc = run_cli("stats", "--run", "--prometheus", "--", sys.executable, "-c", _CHILD, str(tmp_path / "s.json"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((tmp_path / "s.json").read_text())
+    assert seen["memory"]["hits"] == 1 and seen["local"]["writes"] == 2
+    samples = {
+        (s.name, s.labels["tier"]): s.value
+        for family in text_string_to_metric_families(proc.stdout)
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    for tier, fields in seen.items():
+        for field in COUNTER_FIELDS:
+            assert samples[(f"tiered_progcache_{FAMILY[field]}_total", tier)] == fields[field], (tier, field)
+
+    local = run_cli("stats", "--prometheus", env=env)
+    assert local.returncode == 0, local.stderr
+    gauges = {(s.name, s.labels["tier"]): s.value for f in text_string_to_metric_families(local.stdout) for s in f.samples}
+    assert gauges == {("tiered_progcache_entries", "local"): 2, ("tiered_progcache_held_bytes", "local"): pytest.approx(
+        sum(p.stat().st_size for p in (tmp_path / "c" / "entries").rglob("*") if p.is_file()))}
+
+
+def test_stats_prometheus_and_json_are_a_usage_error(tmp_path):
+    from cli_support import assert_one_line_error, run_cli
+
+    line = assert_one_line_error(run_cli("stats", "--prometheus", "--json", "--dir", str(tmp_path)))
+    assert "pick one" in line
