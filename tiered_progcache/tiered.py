@@ -91,6 +91,7 @@ class TieredProgramCache(ProgramCacheResource):
             if not specs:
                 raise ValueError("tiers must name at least one tier")
         self._tiers: tuple[Tier, ...] = _build_tiers(specs, config.max_pending_uploads)
+        self._min_upload_compile_s: float | None = config.min_upload_compile_s
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
         self._first_counters = self._first.counters
@@ -198,6 +199,33 @@ class TieredProgramCache(ProgramCacheResource):
         data = extract_bytes(value)
         for tier in self._tiers:
             tier.store(k, data)
+
+    def put(
+        self,
+        key: bytes | str,
+        value: bytes | bytearray | memoryview | ObjectCode,
+        *,
+        compile_seconds: float | None = None,
+    ) -> None:
+        """``cache[key] = value``, with admission: ``compile()`` says how long the compile took.
+
+        An entry whose ``compile_seconds`` is under the ``min_upload_compile_s`` setting
+        is written to the non-shared tiers only (memory, local directory): cheaper to
+        compile again elsewhere than to upload. ``None`` (not known) writes every tier.
+        """
+        if compile_seconds is not None and (
+            isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float))
+        ):
+            raise TypeError(f"compile_seconds must be a number of seconds or None, got {type(compile_seconds).__name__}")
+        if compile_seconds is not None and not 0 <= compile_seconds < float("inf"):
+            raise ValueError(f"compile_seconds must be a non-negative, finite number, got {compile_seconds!r}")
+        k = as_key_bytes(key)
+        data = extract_bytes(value)
+        threshold = self._min_upload_compile_s
+        local_only = threshold is not None and compile_seconds is not None and compile_seconds < threshold
+        for tier in self._tiers:
+            if not (local_only and tier.policy.shared):
+                tier.store(k, data)
 
     def __delitem__(self, key: bytes | str) -> None:
         """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it."""
