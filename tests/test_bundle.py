@@ -389,3 +389,57 @@ def test_cli_usage_and_missing_files(tmp_path):
     line = assert_one_line_error(_cli("import", str(tmp_path / "absent"), "--dir", str(tmp_path)), rc=1)
     assert "FileNotFoundError" in line
     assert not (tmp_path / "x").exists()
+
+
+def test_the_documented_default_caps():
+    """docs/operations.md: 100,000 entries, a 1 GiB payload per member, 4 GiB in all."""
+    import inspect
+
+    from tiered_progcache import bundle
+
+    assert (bundle.DEFAULT_MAX_MEMBERS, bundle.DEFAULT_MAX_TOTAL_BYTES, bundle.MAX_ENTRY_BYTES) == (100_000, 4 << 30, 1 << 30)
+    for function in (import_bundle, read_bundle):
+        params = inspect.signature(function).parameters
+        assert params["max_members"].default == 100_000 and params["max_total_bytes"].default == 4 << 30
+    assert inspect.signature(read_bundle).parameters["max_entry_bytes"].default == 1 << 30
+
+
+def test_export_leaves_out_and_counts_an_entry_that_fails_its_check(tmp_path):
+    names = _fill(tmp_path / "builder")
+    remote = RemoteProgramCache.from_url((tmp_path / "bucket").as_uri())
+    for name in names:
+        remote.write_entry(name, LocalDir(tmp_path / "builder").read_entry(name))
+    victim = tmp_path / "bucket" / "entries" / names[0][:2] / names[0][2:]
+    blob = bytearray(victim.read_bytes())
+    blob[-1] ^= 0xFF
+    victim.write_bytes(bytes(blob))
+    report = export_bundle(remote, tmp_path / "k.tpcb")
+    assert (report.entries, report.failures) == (1, 1)
+    assert list(read_bundle(tmp_path / "k.tpcb")) == names[1:]
+
+
+class _DiesMidway(LocalDir):
+    """A local directory whose disk fails after the first entry has gone into the bundle."""
+
+    @property
+    def transfer_batch(self) -> int:
+        return 1
+
+    def read_many(self, names):
+        self.reads = getattr(self, "reads", 0) + 1
+        if self.reads > 1:
+            raise OSError(5, "Input/output error")
+        return super().read_many(names)
+
+
+def test_a_failed_export_leaves_no_file(tmp_path, monkeypatch):
+    _fill(tmp_path / "builder")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError, match="Input/output error"):
+        export_bundle(_DiesMidway(tmp_path / "builder"), tmp_path / "out" / "k.tpcb")
+    assert list((tmp_path / "out").iterdir()) == []  # neither the bundle nor its staging file
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)
+    with pytest.raises(ImportError, match="zstandard"):
+        export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "out" / "k.tpcb", compression="zstd")
+    assert export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "out" / "k.tpcb").compressed is False  # auto: tar
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["k.tpcb"]
