@@ -80,6 +80,7 @@ def stats_families(stats: Iterable[tuple[str, CacheStats]], *, counters: bool = 
     Every sample is labelled ``cache`` and ``tier``. Gauges are emitted only where the
     tier knows the value (entries and bytes held locally; latency once it has samples).
     """
+    _client()  # the install hint, where the package is missing
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     pairs = list(stats)
