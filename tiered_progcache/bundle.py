@@ -78,9 +78,10 @@ class BundleReport:
     """What one export or import did. Immutable.
 
     ``entries``/``bytes``: entries written into the bundle (export) or landed in the
-    store (import) and their payload bytes; ``skipped``: left out by a filter (export)
-    or already in the store (import); ``failures``: entries that could not be read
-    (export) or written (import), each logged.
+    store (import) and their payload bytes; ``skipped``: left out by the age or arch
+    filter (export; entries not among ``names`` are not counted) or already in the
+    store (import); ``failures``: entries that could not be read (export) or written
+    (import), each logged.
     """
 
     path: str
