@@ -443,3 +443,27 @@ def test_a_failed_export_leaves_no_file(tmp_path, monkeypatch):
         export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "out" / "k.tpcb", compression="zstd")
     assert export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "out" / "k.tpcb").compressed is False  # auto: tar
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["k.tpcb"]
+
+
+def test_index_version_size_and_json_are_checked(tmp_path):
+    name, blob = _sealed()
+    member = _file(f"entries/{name[:2]}/{name[2:]}", blob)
+    cases = {
+        "version": (json.dumps({"format": BUNDLE_FORMAT, "version": 2, "entries": 1}).encode(), "bundle version 2 is not supported"),
+        "json": (b"{not json", "index.json is not JSON"),
+        "big": (b" " * (64 << 10) + b"{}", r"index is 65538 bytes, over 65536"),
+    }
+    for label, (doc, match) in cases.items():
+        _handmade(tmp_path / f"{label}.tar", [member, _file("index.json", doc)])
+        _assert_refused(tmp_path / f"{label}.tar", LocalDir(tmp_path / label), match)
+
+
+def test_a_zstd_bundle_without_zstandard_is_refused_and_a_read_only_store_is_not_written(tmp_path, monkeypatch):
+    _fill(tmp_path / "builder")
+    export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k.tpcb", compression="zstd")
+    url = (tmp_path / "bucket").as_uri()
+    with pytest.raises(PermissionError, match="read-only"):
+        import_bundle(tmp_path / "k.tpcb", RemoteProgramCache.from_url(url, read_only=True))
+    assert not (tmp_path / "bucket" / "entries").exists()
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)
+    _assert_refused(tmp_path / "k.tpcb", LocalDir(tmp_path / "fresh"), "zstd-compressed and the zstandard package is not installed")
