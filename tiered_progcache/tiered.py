@@ -91,13 +91,13 @@ class TieredProgramCache(ProgramCacheResource):
             if not specs:
                 raise ValueError("tiers must name at least one tier")
         self._tiers: tuple[Tier, ...] = _build_tiers(specs, config.max_pending_uploads)
-        self._min_upload_compile_s: float | None = config.min_upload_compile_s
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
         self._first_counters = self._first.counters
         self._untimed_mask = _untimed_mask()
         self._rest = self._tiers[1:]
         self._closed = False
+        self._min_upload_compile_s: float | None = config.min_upload_compile_s
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
