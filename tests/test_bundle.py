@@ -467,3 +467,40 @@ def test_a_zstd_bundle_without_zstandard_is_refused_and_a_read_only_store_is_not
     assert not (tmp_path / "bucket" / "entries").exists()
     monkeypatch.setitem(__import__("sys").modules, "zstandard", None)
     _assert_refused(tmp_path / "k.tpcb", LocalDir(tmp_path / "fresh"), "zstd-compressed and the zstandard package is not installed")
+
+
+def test_the_arch_filter_keeps_the_symbol_maps_of_name_expression_compiles(tmp_path):
+    with TieredProgramCache(tmp_path / "builder") as cache:
+        obj = tiered_progcache.compile(NAMED, "c++", _opts(), cache=cache, name_expressions=["fill<float>"])
+    names = _names(LocalDir(tmp_path / "builder"))
+    assert len(names) == 2  # the binary and its symbol map
+    report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k", arch="sm_90")
+    assert (report.entries, report.skipped) == (2, 0) and sorted(read_bundle(tmp_path / "k")) == names
+    report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k80", arch="sm_80")
+    assert (report.entries, report.skipped) == (1, 1)  # the map goes along, the sm_90 binary does not
+    assert bytes(obj.code) not in read_bundle(tmp_path / "k80").values()
+
+
+def test_caps_are_inclusive_and_checked(tmp_path):
+    name, blob = _sealed(b"\x7fELF" + b"x" * 1000)  # a 1092-byte envelope of a 1004-byte payload
+    doc = json.dumps({"format": BUNDLE_FORMAT, "version": 1, "entries": 1}).encode()
+    doc = doc[:-1] + b" " * ((64 << 10) - len(doc)) + b"}"  # an index of exactly 64 KiB
+    _handmade(tmp_path / "b.tar", [_file(f"entries/{name[:2]}/{name[2:]}", blob), _file("index.json", doc)])
+    with pytest.raises(BundleRefused, match="raw length 1004 exceeds the 972-byte cap"):  # member cap met exactly: on to the envelope
+        read_bundle(tmp_path / "b.tar", max_entry_bytes=972)
+    assert list(read_bundle(tmp_path / "b.tar", max_entry_bytes=1004, max_total_bytes=1092, max_members=1)) == [name]
+    for bad in (0, -1, True, 1.5, None):
+        for cap in ("max_members", "max_total_bytes", "max_entry_bytes"):
+            with pytest.raises(ValueError, match=f"^{cap} must be a positive int"):
+                read_bundle(tmp_path / "b.tar", **{cap: bad})
+
+
+def test_a_zstd_bundle_of_several_frames_is_read_whole(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    path = _plain_bundle(tmp_path)
+    raw = path.read_bytes()
+    cut = len(raw) // 2
+    frames = zstandard.ZstdCompressor().compress(raw[:cut]) + zstandard.ZstdCompressor().compress(raw[cut:])
+    (tmp_path / "frames.tpcb").write_bytes(frames)  # as pzstd or a concatenating tool writes them
+    assert sorted(read_bundle(tmp_path / "frames.tpcb")) == sorted(read_bundle(path))
+    assert len(read_bundle(path)) == 2
