@@ -504,3 +504,31 @@ def test_a_zstd_bundle_of_several_frames_is_read_whole(tmp_path):
     (tmp_path / "frames.tpcb").write_bytes(frames)  # as pzstd or a concatenating tool writes them
     assert sorted(read_bundle(tmp_path / "frames.tpcb")) == sorted(read_bundle(path))
     assert len(read_bundle(path)) == 2
+
+
+def test_import_reports_bytes_form_and_path_and_counts_a_failed_write(tmp_path):
+    names = _fill(tmp_path / "builder")
+    source = LocalDir(tmp_path / "builder")
+    sizes = {name: len(source.read_entry(name)) for name in names}
+    for compression, zstd in (("auto", True), (None, False)):
+        path = tmp_path / f"k-{zstd}"
+        made = export_bundle(source, path, compression=compression)
+        assert (made.path, made.bytes, made.compressed) == (str(path), sum(sizes.values()), zstd)
+        assert 0 <= made.seconds < 600
+        target = LocalDir(tmp_path / f"t-{zstd}")
+        blocked = target.path_for(names[0])
+        blocked.mkdir(parents=True)  # a directory where the first entry's file would go: its write fails
+        report = import_bundle(path, target)
+        assert (report.path, report.entries, report.failures, report.skipped) == (str(path), len(names) - 1, 1, 0)
+        assert (report.bytes, report.compressed) == (sum(sizes[n] for n in names[1:]), zstd)
+        assert 0 <= report.seconds < 600
+        assert _names(target) == names[1:]
+
+
+def test_import_caps_entries_at_the_target_stores_limit(tmp_path):
+    names = _fill(tmp_path / "builder")
+    biggest = max(len(LocalDir(tmp_path / "builder").read_entry(n)) for n in names)
+    export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k")
+    small = LocalDir(tmp_path / "small", max_entry_bytes=biggest - 1)
+    _assert_refused(tmp_path / "k", small, f"exceeds the {biggest - 1}-byte cap")
+    assert import_bundle(tmp_path / "k", LocalDir(tmp_path / "fits", max_entry_bytes=biggest)).entries == 2
