@@ -532,3 +532,42 @@ def test_import_caps_entries_at_the_target_stores_limit(tmp_path):
     small = LocalDir(tmp_path / "small", max_entry_bytes=biggest - 1)
     _assert_refused(tmp_path / "k", small, f"exceeds the {biggest - 1}-byte cap")
     assert import_bundle(tmp_path / "k", LocalDir(tmp_path / "fits", max_entry_bytes=biggest)).entries == 2
+
+
+def test_code_arch_reads_the_old_abi_and_short_headers():
+    import struct
+
+    old = bytearray(b"\x7fELF" + b"\x02\x01\x01\x33" + b"\x07" + b"\0" * 0x2B)  # ELF ABI version 7: SM in bits 0-7
+    struct.pack_into("<I", old, 0x30, 0x0000_0056)
+    assert len(old) == 0x34 and code_arch(bytes(old)) == 0x56
+    assert code_arch(bytes(old[:0x33])) is None
+    new = bytearray(old)
+    new[8] = 8
+    assert code_arch(bytes(new)) == 0  # the same flags read as the new ABI: bits 8-15
+    struct.pack_into("<I", new, 0x30, 0x0000_5600)
+    assert code_arch(bytes(new)) == 0x56 and code_arch(bytes(new[:8]) + b"\x09" + bytes(new[9:])) == 0x56
+    struct.pack_into("<I", new, 0x30, 0x8600_5a04)
+    assert code_arch(bytes(new)) == 90
+    assert code_arch(b".version 8.0\n\0.target sm_86\n") is None  # a NUL: not PTX text
+
+
+def test_export_skips_an_entry_gone_since_listed_and_records_mtime_and_mode(tmp_path):
+    names = _fill(tmp_path / "builder")
+
+    class RacingPrune(LocalDir):
+        """A prune deletes the first listed entry between the listing and the read."""
+
+        def read_many(self, batch):
+            self.delete_entry(batch[0])
+            return super().read_many(batch)
+
+    report = export_bundle(RacingPrune(tmp_path / "builder"), tmp_path / "k", compression=None)
+    assert (report.entries, report.failures) == (1, 0)
+    members = {m.name: m for m in tarfile.open(tmp_path / "k").getmembers()}
+    entry = LocalDir(tmp_path / "builder")
+    (listed,) = entry.iter_entries()
+    member = members[f"entries/{names[1][:2]}/{names[1][2:]}"]
+    assert (member.mtime, member.mode, member.isreg()) == (int(listed.mtime), 0o644, True)
+    with pytest.raises(ValueError, match="max_age"):
+        export_bundle(entry, tmp_path / "x", max_age=True)
+    assert export_bundle(entry, tmp_path / "x", max_age=0, now=listed.last_used).entries == 1
