@@ -571,3 +571,29 @@ def test_export_skips_an_entry_gone_since_listed_and_records_mtime_and_mode(tmp_
     with pytest.raises(ValueError, match="max_age"):
         export_bundle(entry, tmp_path / "x", max_age=True)
     assert export_bundle(entry, tmp_path / "x", max_age=0, now=listed.last_used).entries == 1
+
+
+@pytest.mark.parametrize(("arch", "error"), [(9, ValueError), (256, ValueError), ("sm_9", ValueError), (True, TypeError), (9.0, TypeError)])
+def test_arch_outside_10_to_255_or_of_another_type_is_refused(tmp_path, arch, error):
+    with pytest.raises(error, match="arch"):
+        export_bundle(LocalDir(tmp_path), tmp_path / "x", arch=arch)
+
+
+def test_arch_bounds_compression_none_and_the_default_clock(tmp_path):
+    _fill(tmp_path / "builder")
+    local = LocalDir(tmp_path / "builder")
+    for arch in (10, 255, "compute_90", "sm_100a"):
+        assert export_bundle(local, tmp_path / "x", arch=arch).failures == 0
+    assert export_bundle(local, tmp_path / "x", compression="none").compressed is False
+    assert export_bundle(local, tmp_path / "x", max_age=10**9).entries == 2  # now defaults to the wall clock
+    assert export_bundle(local, tmp_path / "x", arch=75).skipped == 2  # both sm_90 binaries filtered out
+
+
+def test_every_failed_write_is_counted(tmp_path):
+    names = _fill(tmp_path / "builder")
+    export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k")
+    target = LocalDir(tmp_path / "t")
+    for name in names:
+        target.path_for(name).mkdir(parents=True)
+    report = import_bundle(tmp_path / "k", target)
+    assert (report.entries, report.failures, report.bytes) == (0, 2, 0)
