@@ -52,13 +52,21 @@ class FlakyFileSystem(MemoryFileSystem):
         self.release = threading.Event()
         self.hang = False
 
-    def cat_file(self, path, *args, **kwargs):
+    def _fault(self) -> None:
         self.calls += 1
         if self.hang:
             self.release.wait()
         if self.broken:
             raise ConnectionError("remote is down")
+
+    def cat_file(self, path, *args, **kwargs):
+        self._fault()
         return super().cat_file(path, *args, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):  # entry reads stream from an open file
+        if mode == "rb":
+            self._fault()
+        return super()._open(path, mode, **kwargs)
 
 
 def _flaky_remote(**kwargs) -> tuple[FlakyFileSystem, RemoteProgramCache]:

@@ -16,27 +16,32 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import logging
 import math
 import os
 import posixpath
+import stat
+import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Callable
 
 from cuda.core import ObjectCode
 from cuda.core.utils import ProgramCacheResource
 
 from . import _cudacore, fsutil
 from .breaker import CircuitBreaker
-from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
+from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope, max_stored_bytes, stored_length
 from .runner import RequestRunner
 from .store import EntryStore, LeaseStore, StoredEntry, check_entry_name, entry_name, is_entry_name
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TRANSFER_CONCURRENCY",
+    "MAX_LEASE_BYTES",
+    "READ_CHUNK_BYTES",
     "RemoteLeases",
     "RemoteProgramCache",
     "check_url",
@@ -50,6 +55,11 @@ DEFAULT_TIMEOUT_S = 5.0
 MIN_LIST_TIMEOUT_S = 120.0
 #: Requests in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
 DEFAULT_TRANSFER_CONCURRENCY = 64
+#: Bytes an entry read takes at a time: the first request's size on an object store, the
+#: step between deadline checks on a file system. A read holds at most the stated length.
+READ_CHUNK_BYTES = 1 << 20
+#: Largest lease document read (they are a few hundred bytes of JSON).
+MAX_LEASE_BYTES = 1 << 16
 
 # Object stores whose put can be conditional (S3 ``If-None-Match: *``, GCS
 # ``ifGenerationMatch=0``, memory:// in-process): ``pipe_file(mode="create")`` is atomic.
@@ -105,7 +115,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         self._bucket_store = not fs.root_marker
         base = (self.root if self.root else fs._strip_protocol("")).rstrip("/")
         self._entries = f"{base}/entries"
-        self._objects = _Objects(fs, f"{base}/tmp", is_async=self._runner.is_async)
+        self._objects = _Objects(fs, f"{base}/tmp", is_async=self._runner.is_async, max_entry_bytes=max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
@@ -338,8 +348,11 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
     def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
         """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
         paths = [self.path_for(name) for name in names]
-        cat_async = self.fs._cat_file if self._runner.is_async else None
-        results = self._runner.call_many("batched read", self.fs.cat_file, cat_async, [(p,) for p in paths])
+        objects = self._objects
+        results = self._runner.call_many(
+            "batched read", objects.read_envelope, objects.read_envelope_async_or_none, [(p,) for p in paths],
+            stoppable=True,
+        )
         return dict(zip(names, results))
 
     def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
@@ -355,11 +368,11 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
     def _list_timeout(self) -> float:
         return max(self.timeout, MIN_LIST_TIMEOUT_S)
 
-    def _read_envelope(self, name: str) -> bytes:
+    def _read_envelope(self, name: str) -> bytes | memoryview:
         path = self.path_for(name)
-        cat_async = self.fs._cat_file if self._runner.is_async else None
+        objects = self._objects
         try:
-            return self._runner.call("read", self.fs.cat_file, cat_async, path)
+            return self._runner.call("read", objects.read_envelope, objects.read_envelope_async_or_none, path, stoppable=True)
         except FileNotFoundError:
             raise KeyError(name) from None
 
@@ -439,9 +452,10 @@ class _Objects:
     Each method is one request's worth of work, run by the caller through the runner.
     """
 
-    def __init__(self, fs: Any, staging_dir: str, *, is_async: bool) -> None:
+    def __init__(self, fs: Any, staging_dir: str, *, is_async: bool, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
         self._fs = fs
         self._async = is_async
+        self._max_entry_bytes = max_entry_bytes
         self._staging_dir = staging_dir
         protocols = _protocols(fs)
         # Object stores (every async filesystem, memory://) replace an object whole in one put.
@@ -510,9 +524,39 @@ class _Objects:
 
     # -- read and delete ---------------------------------------------------------------
 
+    def read_envelope(self, stop: threading.Event, path: str) -> bytes | memoryview:
+        """An entry's envelope, read up to the length its header states and never past the cap.
+
+        Stops between chunks once ``stop`` is set (the caller's deadline passed). Raises
+        ``InvalidEnvelope`` for an object that states (or has) more than the cap, and on a
+        local path for a symbolic link or anything but a regular file, unread.
+        """
+        if self._local:
+            fd = _open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes))
+            with open(fd, "rb", buffering=0) as fh:
+                return _read_capped(fh.read, stop, self._max_entry_bytes)
+        with self._fs.open(path, "rb") as fh:
+            return _read_capped(fh.read, stop, self._max_entry_bytes)
+
+    @property
+    def read_envelope_async_or_none(self) -> Any:
+        return self._read_envelope_async if self._async else None
+
+    async def _read_envelope_async(self, path: str) -> bytes:
+        """As :meth:`read_envelope`, in ranged requests: one chunk, then only the rest the header states."""
+        first = bytes(await self._fs._cat_file(path, start=0, end=READ_CHUNK_BYTES))
+        if len(first) < HEADER_SIZE:
+            return first
+        limit = stored_length(first[:HEADER_SIZE], self._max_entry_bytes) + 1  # one more byte shows trailing bytes
+        if len(first) < READ_CHUNK_BYTES or len(first) >= limit:
+            return _checked_length(first[:limit], limit)
+        rest = bytes(await self._fs._cat_file(path, start=len(first), end=limit))
+        return _checked_length(first + rest, limit)
+
     def read_or_none(self, path: str) -> bytes | None:
+        """A small object (a lease), at most ``MAX_LEASE_BYTES``; None if absent."""
         try:
-            return bytes(self._fs.cat_file(path))
+            return bytes(self._fs.cat_file(path, start=0, end=MAX_LEASE_BYTES))
         except FileNotFoundError:
             return None
 
@@ -522,7 +566,7 @@ class _Objects:
 
     async def _read_async(self, path: str) -> bytes | None:
         try:
-            return bytes(await self._fs._cat_file(path))
+            return bytes(await self._fs._cat_file(path, start=0, end=MAX_LEASE_BYTES))
         except FileNotFoundError:
             return None
 
@@ -564,6 +608,63 @@ class _Objects:
             return False
         self._fs.rm_file(path)
         return True
+
+
+def _open_regular(path: str, max_bytes: int) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file of at most ``max_bytes``; else ``InvalidEnvelope``.
+
+    The last component is not followed (``O_NOFOLLOW``): a planted link to ``/dev/zero``
+    or a file outside the tree is refused, as is a FIFO or device (opened non-blocking,
+    so a FIFO cannot hang the open).
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidEnvelope("a symbolic link, not an entry (not followed)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidEnvelope("not a regular file")
+        if st.st_size > max_bytes:
+            raise InvalidEnvelope(f"object is {st.st_size} bytes, over the {max_bytes}-byte cap of an envelope")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_capped(read: Callable[[int], bytes], stop: threading.Event, max_entry_bytes: int) -> memoryview:
+    """Read an envelope through ``read(n)``: its header, then up to the length it states, checking ``stop`` per chunk."""
+    head = b""
+    while len(head) < HEADER_SIZE:
+        chunk = read(HEADER_SIZE - len(head))
+        if not chunk:
+            return memoryview(head)  # truncated: the codec says so
+        head += chunk
+    limit = stored_length(head, max_entry_bytes) + 1  # one more byte shows trailing bytes
+    buffer = bytearray(limit)
+    view = memoryview(buffer)
+    view[:HEADER_SIZE] = head
+    filled = HEADER_SIZE
+    while filled < limit:
+        if stop.is_set():
+            raise TimeoutError("read stopped at its deadline")
+        chunk = read(min(READ_CHUNK_BYTES, limit - filled))
+        if not chunk:
+            break
+        view[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return _checked_length(view[:filled], limit)
+
+
+def _checked_length(blob: Any, limit: int) -> Any:
+    """``blob`` unless it reached ``limit`` (one byte past the stated length): then ``InvalidEnvelope``."""
+    if len(blob) >= limit:
+        raise InvalidEnvelope(f"trailing bytes: the object is longer than the {limit - 1} bytes its header states")
+    return blob
 
 
 def _unreachable_message(location: str, exc: BaseException, timeout: float) -> str:

@@ -11,9 +11,11 @@ Deadlines are enforced two ways, picked per filesystem:
   event loop under ``asyncio.wait_for`` (``fsspec.asyn.sync(..., timeout=)``), so a
   request that runs out of time is *cancelled*, not abandoned;
 - blocking filesystems (local/NFS paths, memory://, sftp): the call runs on a small pool
-  of daemon threads and the caller waits on its future with a timeout. A call that
-  never returns keeps its thread (Python cannot cancel a blocked thread) but not its
-  caller; the pool is bounded, so a remote that hangs every call fills it, the next
+  of daemon threads and the caller waits on its future with a timeout. A call made with
+  ``stoppable=True`` gets a stop flag (a ``threading.Event``) as its first argument, set
+  when its caller stops waiting, so a long read checks it between chunks and ends at
+  its deadline. A call that never returns keeps its thread (Python cannot cancel a
+  blocked thread) but not its caller; the pool is bounded, so a remote that hangs every call fills it, the next
   calls time out waiting for a thread, and the breaker opens. Daemon threads never
   hold up interpreter exit.
 """
@@ -30,13 +32,15 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Callable, TypeVar
 
 from .breaker import CircuitBreaker
+from .errors import EntryRejected
 
 __all__ = ["ANSWERS", "RequestRunner"]
 
 T = TypeVar("T")
 
-#: Exceptions that are the remote's answer (a miss, an object already there), not its failure.
-ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError)
+#: Exceptions that are the remote's answer (a miss, an object already there, an object refused
+#: while read), not its failure.
+ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, EntryRejected)
 #: Requests of one batch that a connection pool is assumed to run side by side.
 BATCH_PARALLELISM = 16
 
@@ -87,11 +91,14 @@ class RequestRunner:
         async_fn: Callable[..., Awaitable[T]] | None,
         *args: Any,
         timeout: float | None = None,
+        stoppable: bool = False,
     ) -> T:
         """One request: ``async_fn(*args)`` on an async filesystem (when given), else ``sync_fn(*args)``.
 
-        ``timeout`` defaults to the runner's per-request timeout. Raises what the request
-        raised; a miss (``FileNotFoundError``) or ``FileExistsError`` counts as an answer.
+        ``timeout`` defaults to the runner's per-request timeout. With ``stoppable``,
+        ``sync_fn`` is called as ``sync_fn(stop, *args)`` (see the module docstring). Raises
+        what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
+        ``EntryRejected`` counts as an answer.
         """
         self.breaker.before_call()
         limit = self.timeout if timeout is None else timeout
@@ -100,7 +107,7 @@ class RequestRunner:
             if self._async and async_fn is not None:
                 result = _run_async(self._fs.loop, async_fn, args, limit, what)
             else:
-                result = self._run_sync(sync_fn, args, limit, what)
+                result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
             self.breaker.record_success()  # an answer: the remote works
             raise
@@ -118,6 +125,7 @@ class RequestRunner:
         calls: Sequence[tuple[Any, ...]],
         *,
         timeout: float | None = None,
+        stoppable: bool = False,
     ) -> list[Any]:
         """Many requests side by side, one per argument tuple in ``calls``, under one deadline.
 
@@ -126,7 +134,7 @@ class RequestRunner:
         ``Exception``. The batch is one pass through the breaker: if any request was
         answered the remote works (success, which closes a half-open breaker);
         if none was, each failed request counts as a failure. ``timeout`` defaults to
-        :meth:`batch_timeout`.
+        :meth:`batch_timeout`; ``stoppable`` as for :meth:`call` (one stop flag for the batch).
         """
         if not calls:
             return []
@@ -140,7 +148,7 @@ class RequestRunner:
             if self._async and async_fn is not None:
                 results = self._many_async(async_fn, calls, limit, what)
             else:
-                results = self._many_sync(sync_fn, calls, limit, what)
+                results = self._many_sync(sync_fn, calls, limit, what, stoppable)
         except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
             self.breaker.record_failure(exc)
             raise
@@ -157,20 +165,25 @@ class RequestRunner:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _run_sync(self, fn: Callable[..., T], args: tuple[Any, ...], timeout: float, what: str) -> T:
-        future = self._threads.submit(fn, *args)
+    def _run_sync(
+        self, fn: Callable[..., T], args: tuple[Any, ...], timeout: float, what: str, stoppable: bool = False
+    ) -> T:
+        stop = threading.Event()
+        future = self._threads.submit(fn, *((stop, *args) if stoppable else args))
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
             if future.done() and not future.cancelled():
                 raise  # fn's own TimeoutError (a socket timeout), not our deadline
+            stop.set()  # a stoppable call ends at its next check
             future.cancel()  # still queued: never runs. Running: its thread finishes on its own.
             raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
 
     def _many_sync(
-        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str, stoppable: bool = False
     ) -> list[Any]:
-        futures = [self._threads.submit(fn, *args) for args in calls]
+        stop = threading.Event()
+        futures = [self._threads.submit(fn, *((stop, *args) if stoppable else args)) for args in calls]
         deadline = time.monotonic() + timeout
         results: list[Any] = []
         try:
@@ -181,11 +194,14 @@ class RequestRunner:
                     if future.done() and not future.cancelled():
                         results.append(exc)  # the request's own TimeoutError
                     else:
+                        stop.set()
                         future.cancel()
                         results.append(TimeoutError(f"{what} took longer than {timeout:g} s"))
                 except Exception as exc:
                     results.append(exc)
         finally:
+            if len(results) < len(futures):
+                stop.set()
             for future in futures[len(results) :]:
                 future.cancel()
         return results
