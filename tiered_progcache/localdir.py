@@ -10,6 +10,8 @@ place) so both views stay one cache.
 from __future__ import annotations
 
 import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from . import _cudacore, fsutil
 from .codeobject import check_code_object
 from .envelope import MAX_ENTRY_BYTES
 from .errors import EntryRejected
-from .store import EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .store import STALE_STAGED_AGE_S, EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
 
 # ``entry_name`` is re-exported for modules not yet moved to ``store.entry_name``.
 __all__ = ["LocalDir", "default_local_dir", "entry_name"]
@@ -145,6 +147,29 @@ class LocalDir(EntryStore):
         except FileNotFoundError:
             return False
         return True
+
+    def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
+        """Remove files in ``tmp/`` that writers (ours or cuda-core's) staged over ``older_than`` seconds ago.
+
+        A writer killed between staging and rename leaves its file there. Runs only when
+        called (``prune`` and ``clear`` do); a younger file may be a live write.
+        """
+        cutoff = (time.time() if now is None else now) - older_than
+        removed = 0
+        try:
+            staged = list(os.scandir(self.root / _TMP))
+        except FileNotFoundError:
+            return 0
+        for item in staged:
+            try:
+                st = item.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) or st.st_mtime >= cutoff:
+                    continue
+                os.unlink(item.path)
+            except FileNotFoundError:
+                continue
+            removed += 1
+        return removed
 
     def verify_entry(self, name: str) -> str | None:
         """None if the file is a whole code object, else why not (local entries carry no digest)."""

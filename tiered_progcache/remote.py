@@ -24,6 +24,7 @@ import os
 import posixpath
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
@@ -35,7 +36,15 @@ from . import _cudacore, fsutil
 from .breaker import CircuitBreaker
 from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope, max_stored_bytes, stored_length
 from .runner import RequestRunner
-from .store import EntryStore, LeaseStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .store import (
+    STALE_STAGED_AGE_S,
+    EntryStore,
+    LeaseStore,
+    StoredEntry,
+    check_entry_name,
+    entry_name,
+    is_entry_name,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -335,6 +344,18 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         """The lease namespace ``<url>/leases/``; None on a read-only tier (it would never upload)."""
         return self._leases
 
+    def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
+        """Remove files left in ``<url>/tmp/`` by uploads that died over ``older_than`` seconds ago; the count.
+
+        Only file systems stage (object stores put whole objects). Runs only when called:
+        ``prune`` and ``clear`` call it, the write path never does (a younger staged file
+        may be another node's upload in flight). One listing, through the runner.
+        """
+        if self._read_only or not self._objects.stages:
+            return 0
+        cutoff = (time.time() if now is None else now) - older_than
+        return self._runner.call("sweep", self._objects.sweep_staged, None, cutoff, timeout=self._list_timeout)
+
     # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
     def seal_envelope(self, name: str, payload: bytes) -> bytes:
@@ -466,6 +487,27 @@ class _Objects:
     @property
     def atomic_create(self) -> bool:
         return self._local or self._conditional_put
+
+    @property
+    def stages(self) -> bool:
+        """True if writes stage a file in the staging directory first (file systems)."""
+        return not self._whole_puts
+
+    def sweep_staged(self, cutoff: float) -> int:
+        """Remove staged files last modified before ``cutoff`` (seconds since the epoch); the count removed."""
+        try:
+            listing = self._fs.ls(self._staging_dir, detail=True)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for info in listing:
+            mtime = _mtime_of(info)
+            if info.get("type") == "directory" or mtime is None or mtime >= cutoff:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.rm_file(info["name"])
+                removed += 1
+        return removed
 
     # -- put: replace whole ------------------------------------------------------------
 
