@@ -412,7 +412,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
                 if not self._runner.call("probe", self.fs.isdir, None, self.root):
                     if self._read_only:
                         raise FileNotFoundError(f"{self.root} does not exist")
-                    self._runner.call("probe", functools.partial(self.fs.makedirs, exist_ok=True), None, self.root)
+                    self._runner.call("probe", self._objects.make_root, None, self.root)
         except Exception as exc:
             message = _unreachable_message(self._location, exc, self.timeout)
             if strict:
@@ -488,6 +488,19 @@ class _Objects:
     def atomic_create(self) -> bool:
         return self._local or self._conditional_put
 
+    def make_root(self, root: str) -> None:
+        """Create the remote's root directory (explicit modes on a local path)."""
+        if self._local:
+            fsutil.make_dirs(os.path.normpath(root))
+        else:
+            self._fs.makedirs(root, exist_ok=True)
+
+    def _make_dirs(self, path: str, mode: int = fsutil.DIR_MODE) -> None:
+        if self._local:  # explicit modes; no symbolic link under the root written through
+            fsutil.make_dirs(os.path.normpath(path), mode, below=os.path.dirname(os.path.normpath(self._staging_dir)))
+        else:
+            self._fs.makedirs(path, exist_ok=True)
+
     @property
     def stages(self) -> bool:
         """True if writes stage a file in the staging directory first (file systems)."""
@@ -517,11 +530,11 @@ class _Objects:
             fs.pipe_file(path, blob)
             return
         # A file system: stage next to the entries and rename, so readers never see a partial file.
-        fs.makedirs(self._staging_dir, exist_ok=True)
+        self._make_dirs(self._staging_dir, fsutil.STAGING_DIR_MODE)
         staged = f"{self._staging_dir}/{uuid.uuid4().hex}"
         fs.pipe_file(staged, blob)
         try:
-            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self._make_dirs(posixpath.dirname(path))
             fs.mv(staged, path)
         except BaseException:
             with contextlib.suppress(Exception):
