@@ -35,7 +35,7 @@ from cuda.core.utils import ProgramCacheResource
 from . import _cudacore, fsutil
 from .breaker import CircuitBreaker
 from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope, max_stored_bytes, stored_length
-from .runner import RequestRunner
+from .runner import FilesystemFactory, RequestRunner
 from .store import (
     STALE_STAGED_AGE_S,
     EntryStore,
@@ -94,7 +94,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
 
     def __init__(
         self,
-        fs: Any,
+        fs: Any | None,
         root: str,
         *,
         url: str | None = None,
@@ -106,10 +106,13 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         breaker: CircuitBreaker | None = None,
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
+        factory: FilesystemFactory | None = None,
     ) -> None:
-        self.fs = fs
+        if fs is None and factory is None:
+            raise TypeError("RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)")
+        fs_class = type(fs) if fs is not None else factory.cls
         self.root = root.rstrip("/")
-        self.url = url if url is not None else f"{_protocol(fs)}://{self.root}"
+        self.url = url if url is not None else f"{_protocol(fs_class)}://{self.root}"
         self._location = _without_password(self.url)
         self._read_only = bool(read_only)
         self.timeout = _check_timeout(timeout)
@@ -119,12 +122,14 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
         self._max_entry_bytes = max_entry_bytes
         self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"remote cache {self._location}")
-        self._runner = RequestRunner(fs, timeout=self.timeout, breaker=self._breaker, name=self._location)
+        self._runner = RequestRunner(
+            fs, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
+        )
         # Object stores (root_marker "") put whole objects atomically and have buckets.
-        self._bucket_store = not fs.root_marker
-        base = (self.root if self.root else fs._strip_protocol("")).rstrip("/")
+        self._bucket_store = not fs_class.root_marker
+        base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
         self._entries = f"{base}/entries"
-        self._objects = _Objects(fs, f"{base}/tmp", is_async=self._runner.is_async, max_entry_bytes=max_entry_bytes)
+        self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
@@ -154,18 +159,23 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         and starts with its breaker open (the chain works local-only until a probe
         succeeds). ``options`` go to :class:`RemoteProgramCache` (``breaker``,
         ``transfer_concurrency``, ``max_entry_bytes``).
-        """
-        from fsspec.core import url_to_fs
 
+        The filesystem is built through the tier's request runner, under ``timeout``:
+        one whose constructor connects (ftp://, sftp) or looks for credentials (gs://)
+        and hangs costs one deadline; with ``strict=False`` the tier then starts with
+        its breaker open and builds it again at the next probe. A forked child builds
+        its own (see :mod:`tiered_progcache.runner`).
+        """
         if storage_options is None:
             storage_options = {}
         if not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
         check_url(url)
-        fs, root = url_to_fs(url, **dict(storage_options))
+        fs, root, factory = _plan_filesystem(url, dict(storage_options))
         return cls(
             fs,
             root,
+            factory=factory,
             url=url.rstrip("/"),
             read_only=read_only,
             signing_key=signing_key,
@@ -182,6 +192,11 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         )
 
     # -- what the store is -----------------------------------------------------------
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (built on first use, and again in a forked child; see :mod:`.runner`)."""
+        return self._runner.fs
 
     @property
     def location(self) -> str:
@@ -402,9 +417,9 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
             raise PermissionError(f"remote cache {self._location} is read-only; refusing to {what}")
 
     def _check_reachable(self, strict: bool) -> None:
-        """Probe the bucket (object stores) or directory once, so a bad config shows up now."""
-        info_async = self.fs._info if self._runner.is_async else None
+        """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
         try:
+            info_async = self.fs._info if self._runner.is_async else None
             if self._bucket_store:
                 bucket = self.root.split("/", 1)[0]
                 self._runner.call("probe", self.fs.info, info_async, bucket)
@@ -473,16 +488,20 @@ class _Objects:
     Each method is one request's worth of work, run by the caller through the runner.
     """
 
-    def __init__(self, fs: Any, staging_dir: str, *, is_async: bool, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        self._fs = fs
-        self._async = is_async
+    def __init__(self, runner: RequestRunner, staging_dir: str, *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
+        self._runner = runner
+        self._async = is_async = runner.is_async
         self._max_entry_bytes = max_entry_bytes
         self._staging_dir = staging_dir
-        protocols = _protocols(fs)
+        protocols = _protocols(runner.filesystem_class)
         # Object stores (every async filesystem, memory://) replace an object whole in one put.
         self._whole_puts = is_async or "memory" in protocols
         self._local = bool(protocols & _LOCAL_PROTOCOLS)
         self._conditional_put = bool(protocols & _CONDITIONAL_PUT_PROTOCOLS)
+
+    @property
+    def _fs(self) -> Any:
+        return self._runner.fs  # the current one: rebuilt after a fork
 
     @property
     def atomic_create(self) -> bool:
@@ -769,6 +788,24 @@ def _check_timeout(timeout: float | None) -> float:
     if not 0 < timeout < math.inf:
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
     return float(timeout)
+
+
+def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:
+    """The filesystem of ``url`` as (instance or None, root path, factory or None), building nothing that may block.
+
+    A plain URL gives a factory (the runner builds it under the deadline); a chained one
+    (``simplecache::s3://...``) is built here by fsspec, whose layers construct lazily.
+    """
+    import fsspec
+    from fsspec.core import split_protocol, url_to_fs
+
+    if "::" in url:
+        fs, root = url_to_fs(url, **storage_options)
+        return fs, root, None
+    protocol = split_protocol(url)[0] or "file"
+    fs_class = fsspec.get_filesystem_class(protocol)
+    kwargs = {**fs_class._get_kwargs_from_urls(url), **storage_options}
+    return None, fs_class._strip_protocol(url), FilesystemFactory(fs_class, kwargs)
 
 
 def _protocols(fs: Any) -> set[str]:

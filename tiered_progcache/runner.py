@@ -18,23 +18,38 @@ Deadlines are enforced two ways, picked per filesystem:
   blocked thread) but not its caller; the pool is bounded, so a remote that hangs every call fills it, the next
   calls time out waiting for a thread, and the breaker opens. Daemon threads never
   hold up interpreter exit.
+
+The filesystem itself is built through the runner where a :class:`FilesystemFactory` is
+given: on first use, under the request deadline and the breaker (ftp:// and sftp
+connect in their constructor, gcsfs looks for credentials), so a remote that cannot
+even be constructed costs one deadline, not 30 s.
+
+Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
+loop and sessions (s3fs is not fork-safe). ``os.register_at_fork`` marks every runner;
+in the child its thread pool starts empty and its filesystem is rebuilt on first use,
+a new instance outside fsspec's instance cache (a blocking filesystem handed in by the
+caller is kept: it holds no threads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
 import math
+import os
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+import weakref
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 from .breaker import CircuitBreaker
 from .errors import EntryRejected
 
-__all__ = ["ANSWERS", "RequestRunner"]
+__all__ = ["ANSWERS", "FilesystemFactory", "RequestRunner"]
 
 T = TypeVar("T")
 
@@ -43,6 +58,33 @@ T = TypeVar("T")
 ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, EntryRejected)
 #: Requests of one batch that a connection pool is assumed to run side by side.
 BATCH_PARALLELISM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class FilesystemFactory:
+    """How to build one fsspec filesystem: its class and keyword arguments. Immutable.
+
+    ``build(fresh=True)`` makes a new instance (``skip_instance_cache``): after a fork
+    the parent's cached instance holds a dead event loop and sessions. Otherwise fsspec
+    may hand back an equal instance it already holds (warm sessions, as ``url_to_fs``).
+    """
+
+    cls: type
+    kwargs: Mapping[str, Any]
+
+    @classmethod
+    def like(cls, fs: Any) -> FilesystemFactory:
+        """A factory that rebuilds ``fs`` from the options it was made with."""
+        return cls(type(fs), dict(getattr(fs, "storage_options", {})))
+
+    @property
+    def is_async(self) -> bool:
+        from fsspec.asyn import AsyncFileSystem
+
+        return issubclass(self.cls, AsyncFileSystem)
+
+    def build(self, fresh: bool = False) -> Any:
+        return self.cls(**{**self.kwargs, "skip_instance_cache": True}) if fresh else self.cls(**self.kwargs)
 
 
 class RequestRunner:
@@ -59,26 +101,77 @@ class RequestRunner:
 
     def __init__(
         self,
-        fs: Any,
+        fs: Any | None,
         *,
         timeout: float,
         breaker: CircuitBreaker,
         name: str,
         max_threads: int = 8,
+        factory: FilesystemFactory | None = None,
     ) -> None:
-        from fsspec.asyn import AsyncFileSystem
-
+        if fs is None and factory is None:
+            raise ValueError("RequestRunner needs a filesystem or a factory to build one")
+        if factory is None:
+            factory = FilesystemFactory.like(fs)
+            self._rebuild_after_fork = factory.is_async  # a blocking one handed in is kept
+        else:
+            self._rebuild_after_fork = True
+        self._factory = factory
         self._fs = fs
-        self._async = isinstance(fs, AsyncFileSystem)
+        self._async = factory.is_async
         self.timeout = timeout
         self.breaker = breaker
         self.name = name
+        self._max_threads = max_threads
         self._threads = _DaemonThreads(max_threads, name="remote")
+        self._connect_lock = threading.Lock()
+        self._forked = False
+        _RUNNERS.add(self)
 
     @property
     def is_async(self) -> bool:
         """True if requests run as coroutines on the filesystem's loop (cancelled at their deadline)."""
         return self._async
+
+    @property
+    def filesystem_class(self) -> type:
+        """The filesystem's class, known before it is built (``root_marker``, ``_strip_protocol``)."""
+        return self._factory.cls
+
+    @property
+    def fs(self) -> Any:
+        """The filesystem, built on first use under the deadline and the breaker.
+
+        Raises ``TimeoutError`` (construction took past ``timeout``), ``TierUnavailable``
+        (breaker open) or what the constructor raised (recorded on the breaker).
+        """
+        fs = self._fs
+        if fs is not None:
+            return fs
+        self.breaker.before_call()
+        try:
+            fs = self._build()
+        except BaseException as exc:
+            self.breaker.record_failure(exc)
+            raise
+        self.breaker.record_success()  # built; a half-open probe's outcome is always recorded
+        return fs
+
+    def _build(self) -> Any:
+        """The filesystem, built now if it is not yet (under the deadline); the caller keeps the breaker's books."""
+        with self._connect_lock:
+            if self._fs is None:
+                build = functools.partial(self._factory.build, fresh=self._forked)
+                self._fs = _in_daemon_thread(build, self.timeout, f"connecting to {self.name}")
+            return self._fs
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: no parent threads, and a filesystem rebuilt on first use where it cannot cross a fork."""
+        self._threads = _DaemonThreads(self._max_threads, name="remote")
+        self._connect_lock = threading.Lock()
+        if self._rebuild_after_fork:
+            self._fs = None
+            self._forked = True
 
     def batch_timeout(self, requests: int) -> float:
         """The deadline for ``requests`` run side by side, allowing for a connection pool smaller than the batch."""
@@ -104,8 +197,10 @@ class RequestRunner:
         limit = self.timeout if timeout is None else timeout
         what = f"{what} on {self.name}"
         try:
+            if self._fs is None:
+                self._build()
             if self._async and async_fn is not None:
-                result = _run_async(self._fs.loop, async_fn, args, limit, what)
+                result = _run_async(self.fs.loop, async_fn, args, limit, what)
             else:
                 result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
@@ -144,6 +239,12 @@ class RequestRunner:
             return [exc] * len(calls)
         limit = self.batch_timeout(len(calls)) if timeout is None else timeout
         what = f"{what} on {self.name}"
+        try:
+            if self._fs is None:
+                self._build()
+        except Exception as exc:  # could not even build the filesystem: the batch failed
+            self.breaker.record_failure(exc)
+            return [exc] * len(calls)
         try:
             if self._async and async_fn is not None:
                 results = self._many_async(async_fn, calls, limit, what)
@@ -213,7 +314,7 @@ class RequestRunner:
             return await asyncio.gather(*(fn(*args) for args in calls), return_exceptions=True)
 
         try:
-            return list(_run_async(self._fs.loop, run_all, (), timeout, what))
+            return list(_run_async(self.fs.loop, run_all, (), timeout, what))
         except Exception as exc:  # the whole batch: timed out, or the loop is gone
             return [exc] * len(calls)
 
@@ -229,6 +330,38 @@ def _run_async(
         return sync(loop, coro_fn, *args, timeout=timeout)
     except FSTimeoutError:  # an asyncio.TimeoutError, not the builtin one before Python 3.11
         raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+def _in_daemon_thread(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """``fn()`` on a new daemon thread, waited for at most ``timeout`` s (a hung constructor keeps only its thread)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name="tiered-progcache-connect", daemon=True).start()
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        if future.done():
+            raise
+        raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+_RUNNERS: weakref.WeakSet[RequestRunner] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for runner in list(_RUNNERS):
+        runner._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _DaemonThreads:
