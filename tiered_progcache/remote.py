@@ -266,8 +266,9 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         return sum(1 for _ in self.iter_entries())
 
     def clear(self) -> None:
-        """Delete every entry under this URL's prefix. Only ever called on purpose (the CLI)."""
+        """Delete every entry under this URL's prefix, and stale staged files. Only ever called on purpose (the CLI)."""
         self.delete_entries(list(self.iter_entries()))
+        self.sweep_staged()
 
     def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
         """Delete listed entries in batches of 1000 paths per request; the count asked to delete."""
@@ -819,11 +820,14 @@ def _protocol(fs: Any) -> str:
 
 
 def _version_of(info: Mapping[str, Any]) -> Any:
-    """The object's identity from a listing or ``info`` (S3 ETag, GCS generation); None where the store gives none."""
+    """The object's identity from a listing or ``info`` (S3 ETag, GCS generation, inode+size+mtime on a
+    file system); None where the store gives none."""
     for field in ("ETag", "etag", "generation"):
         value = info.get(field)
         if value:
             return str(value)
+    if info.get("ino") is not None and info.get("mtime") is not None:  # a local or NFS path: cuda-core's guard
+        return f"{info['ino']}:{info.get('size')}:{info['mtime']}"
     return None
 
 
