@@ -16,7 +16,9 @@ from tiered_progcache.envelope import (
     MAGIC,
     EnvelopeCodec,
     InvalidEnvelope,
+    max_stored_bytes,
     read_header,
+    stored_length,
 )
 
 NAME = hashlib.sha256(b"some key").hexdigest()
@@ -160,3 +162,29 @@ def test_zstd_without_zstandard_is_a_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "zstandard", None)
     with pytest.raises(ImportError, match=r"tiered-progcache\[zstd\]"):
         EnvelopeCodec(compression="zstd")
+
+
+@pytest.mark.parametrize("compression", [None, pytest.param("zstd", marks=zstd_needed)])
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_payload_of_exactly_the_cap_is_sealed_and_opened_one_more_byte_is_not(key, compression):
+    cap = 4096
+    codec = EnvelopeCodec(key, compression, max_entry_bytes=cap)
+    at_cap = bytes(range(256)) * (cap // 256)
+    assert codec.open(NAME, codec.seal(NAME, at_cap)) == at_cap
+    with pytest.raises(ValueError, match="over the 4096-byte entry cap"):
+        codec.seal(NAME, at_cap + b"!")
+    over = EnvelopeCodec(key, compression).seal(NAME, at_cap + b"!")
+    assert "cap" in _reject(codec, over)
+
+
+def test_stored_length_is_what_the_header_states_and_refuses_a_header_over_the_cap():
+    blob = EnvelopeCodec(KEY).seal(NAME, b"x" * 100)
+    assert stored_length(blob[:HEADER_SIZE], 100) == len(blob) == HEADER_SIZE + 32 + 100
+    assert max_stored_bytes(100) == HEADER_SIZE + 32 + 100
+    with pytest.raises(InvalidEnvelope, match="raw length 100 exceeds the 99-byte cap"):
+        stored_length(blob[:HEADER_SIZE], 99)
+    body_over = struct.pack(">4sBBH32sQQ32s", MAGIC, 1, FLAG_ZSTD, 0, bytes.fromhex(NAME), 10, 200, b"\0" * 32)
+    with pytest.raises(InvalidEnvelope, match="body length 200 exceeds the 100-byte cap"):
+        stored_length(body_over, 100)
+    with pytest.raises(InvalidEnvelope, match="truncated"):
+        stored_length(blob[: HEADER_SIZE - 1], 100)

@@ -149,6 +149,59 @@ def test_bulk_on_an_async_filesystem_is_cancelled_at_its_deadline_and_records_th
     assert breaker.state == "closed"
 
 
+# -- the thread pool -----------------------------------------------------------------------
+
+
+def _pool_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(f"tiered-progcache-remote {name}-")]
+
+
+def test_the_pool_never_grows_past_its_maximum_and_reuses_idle_threads():
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(
+        MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(failure_threshold=100), name=name, max_threads=2
+    )
+    gate = threading.Event()
+    try:
+        results = runner.call_many("batch", lambda n: gate.wait(), None, [(n,) for n in range(5)], timeout=0.2)
+        assert all(isinstance(r, TimeoutError) for r in results)
+        assert len(_pool_threads(name)) == 2  # five hung requests, two threads: the rest waited in the queue
+    finally:
+        gate.set()
+    for _ in range(3):  # the two threads come free and serve what follows; no third is started
+        assert runner.call("op", lambda: threading.current_thread().name, None).startswith(f"tiered-progcache-remote {name}-")
+    assert len(_pool_threads(name)) == 2
+    runner.close()
+
+
+def test_a_closed_runner_still_serves_requests_on_fresh_threads():
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name=name, max_threads=1)
+    assert runner.call("op", lambda: 1, None) == 1
+    runner.close()
+    assert runner.call("op", lambda: 2, None) == 2
+
+
+def test_a_request_that_outlives_its_deadline_is_a_timeout_error_naming_it():
+    runner = RequestRunner(MemoryFileSystem(), timeout=0.1, breaker=CircuitBreaker(), name="remote Z")
+    gate = threading.Event()
+    try:
+        with pytest.raises(TimeoutError, match="read on remote Z took longer than 0.1 s"):
+            runner.call("read", gate.wait, None)
+    finally:
+        gate.set()
+    with pytest.raises(ValueError, match="max_threads"):
+        RequestRunner(MemoryFileSystem(), timeout=1, breaker=CircuitBreaker(), name="x", max_threads=0)
+    with pytest.raises(ValueError, match="filesystem or a factory"):
+        RequestRunner(None, timeout=1, breaker=CircuitBreaker(), name="x")
+    runner.close()
+
+
+def test_batch_timeout_scales_with_the_batch():
+    runner = RequestRunner(MemoryFileSystem(), timeout=2.0, breaker=CircuitBreaker(), name="x")
+    assert [runner.batch_timeout(n) for n in (1, 16, 32, 33, 64, 65)] == [4.0, 4.0, 4.0, 6.0, 8.0, 10.0]
+
+
 # -- single requests ----------------------------------------------------------------------
 
 

@@ -123,7 +123,7 @@ class RequestRunner:
         self.breaker = breaker
         self.name = name
         self._max_threads = max_threads
-        self._threads = _DaemonThreads(max_threads, name="remote")
+        self._threads = _DaemonThreads(max_threads, name=f"remote {name}")
         self._connect_lock = threading.Lock()
         self._forked = False
         _RUNNERS.add(self)
@@ -167,7 +167,7 @@ class RequestRunner:
 
     def _after_fork_in_child(self) -> None:
         """In a forked child: no parent threads, and a filesystem rebuilt on first use where it cannot cross a fork."""
-        self._threads = _DaemonThreads(self._max_threads, name="remote")
+        self._threads = _DaemonThreads(self._max_threads, name=f"remote {self.name}")
         self._connect_lock = threading.Lock()
         if self._rebuild_after_fork:
             self._fs = None
