@@ -126,3 +126,20 @@ def test_zero_cooldown_is_allowed():
     breaker = CircuitBreaker(failure_threshold=1, cooldown_s=0, clock=clock)
     breaker.record_failure(ConnectionError("x"))
     assert breaker.state == "half-open"
+
+
+def test_a_single_failure_then_a_success_starts_the_count_again():
+    breaker = CircuitBreaker(failure_threshold=3, cooldown_s=30, clock=FakeClock())
+    breaker.record_failure(ConnectionError("one"))
+    breaker.record_success()
+    assert breaker.consecutive_failures == 0
+    breaker.record_failure(ConnectionError("a"))
+    breaker.record_failure(ConnectionError("b"))
+    assert breaker.state == "closed"
+
+
+def test_the_default_name_is_remote():
+    breaker = CircuitBreaker(failure_threshold=1)
+    breaker.record_failure(ConnectionError("x"))
+    with pytest.raises(TierUnavailable, match=r"^remote skipped after 1 consecutive failures"):
+        breaker.before_call()
