@@ -318,3 +318,70 @@ def test_lease_requests_go_through_the_breaker():
 def test_location_never_holds_a_password():
     remote = RemoteProgramCache.from_url(f"memory://user:s3cret@leases-{uuid.uuid4().hex}/k")
     assert "s3cret" not in remote.location and "s3cret" not in repr(remote) and remote.location.startswith("memory://user@")
+
+
+# -- explicit deadlines, the request's own timeouts, building the filesystem -------------
+
+
+def test_an_explicit_timeout_overrides_the_runners_own():
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="remote Y")
+    gate = threading.Event()
+    try:
+        with pytest.raises(TimeoutError, match=r"^op on remote Y took longer than 0.1 s$"):
+            runner.call("op", gate.wait, None, timeout=0.1)
+        results = runner.call_many("batch", lambda n: gate.wait(), None, [(1,), (2,)], timeout=0.1)
+        assert [str(r) for r in results] == ["batch on remote Y took longer than 0.1 s"] * 2
+    finally:
+        gate.set()
+    runner.close()
+
+
+def test_a_requests_own_timeout_error_is_passed_on_as_it_is():
+    breaker = CircuitBreaker(failure_threshold=5)
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=breaker, name="remote Y")
+
+    def socket_timeout(n: int = 0) -> None:
+        raise TimeoutError(f"socket timed out {n}")
+
+    with pytest.raises(TimeoutError, match=r"^socket timed out 0$"):
+        runner.call("op", socket_timeout, None)
+    results = runner.call_many("batch", socket_timeout, None, [(1,), (2,)])
+    assert [str(r) for r in results] == ["socket timed out 1", "socket timed out 2"]
+    assert breaker.consecutive_failures == 3
+    runner.close()
+
+
+class _Unbuildable(MemoryFileSystem):
+    cachable = False
+
+    def __init__(self, *args, **kwargs):
+        raise ConnectionError("cannot connect")
+
+
+def test_a_filesystem_that_cannot_be_built_fails_the_request_and_is_recorded():
+    from tiered_progcache.runner import FilesystemFactory
+
+    breaker = CircuitBreaker(failure_threshold=3)
+    runner = RequestRunner(None, timeout=5, breaker=breaker, name="remote W", factory=FilesystemFactory(_Unbuildable, {}))
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        runner.call("op", lambda: 1, None)
+    results = runner.call_many("batch", lambda n: n, None, [(1,), (2,)])
+    assert [str(r) for r in results] == ["cannot connect", "cannot connect"]
+    assert breaker.consecutive_failures == 2
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        runner.fs
+    assert breaker.state == "open"
+    with pytest.raises(TierUnavailable, match=r"last: ConnectionError: cannot connect"):
+        runner.fs
+
+
+def test_a_factory_rebuilds_from_storage_options_and_fresh_skips_fsspecs_cache():
+    from tiered_progcache.runner import FilesystemFactory
+
+    fs = SlowFileSystem(delay_s=0.5)
+    factory = FilesystemFactory.like(fs)
+    assert factory.cls is SlowFileSystem and dict(factory.kwargs) == {"delay_s": 0.5} and factory.is_async
+    assert factory.build().delay_s == 0.5
+    assert FilesystemFactory(MemoryFileSystem, {}).build() is MemoryFileSystem()  # fsspec's cached instance
+    assert FilesystemFactory(MemoryFileSystem, {}).build(fresh=True) is not MemoryFileSystem()
+    assert not FilesystemFactory(MemoryFileSystem, {}).is_async
