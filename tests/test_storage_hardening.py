@@ -27,9 +27,10 @@ def test_push_never_signs_a_truncated_local_file(tmp_path):
     good, cut = entry_name(b"good"), entry_name(b"cut")
     local.write_entry(good, ELF)
     local.write_entry(cut, ELF[:20])  # a cubin cut short (a full disk, a killed copy)
+    local.write_entry(entry_name(b"empty"), b"")
     remote = RemoteProgramCache.from_url(f"memory://push-{uuid.uuid4().hex}/k", signing_key=b"k" * 32)
     report = push(local, remote)
-    assert (report.entries, report.failures) == (1, 1)
+    assert (report.entries, report.failures) == (1, 2)
     assert [e.name for e in remote.iter_entries()] == [good]
     assert remote.read_entry(good) == ELF
 

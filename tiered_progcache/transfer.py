@@ -101,8 +101,8 @@ def push(
 
     >>> report = push(LocalDir("/ci/cache"), remote, progress=bar.update_to)
 
-    ``names`` limits it to those local entries (default: all). A local file that is not
-    a whole code object (truncated, foreign) is counted in ``failures`` and never sealed.
+    ``names`` limits it to those local entries (default: all). A local file that is a
+    cubin or fatbin cut short, or empty, is counted in ``failures`` and never sealed.
     ``PermissionError`` on a read-only remote.
     """
     if remote.read_only:
@@ -128,8 +128,8 @@ def push(
                 failures += 1
                 first_problem = first_problem or f"{name[:12]}: gone from the local directory"
                 continue
-            problem = check_code_object(payload)
-            if problem is not None:  # a truncated or foreign file: signing it would vouch for it
+            problem = check_code_object(payload, unknown_ok=True)
+            if problem is not None:  # a cut-short cubin, fatbin or nothing: signing it would vouch for it
                 failures += 1
                 first_problem = first_problem or f"{name[:12]}: {problem}"
                 continue
