@@ -106,3 +106,19 @@ def test_object_stores_and_read_only_remotes_sweep_nothing(tmp_path):
     assert RemoteProgramCache.from_url(root.as_uri(), read_only=True, strict=True).sweep_staged() == 0
     assert (root / "tmp" / "stage-x").exists()
     assert RemoteProgramCache.from_url("memory://sweep-nothing/k").sweep_staged(older_than=0.0) == 0
+
+
+def test_clear_sweeps_stale_staged_files_and_keeps_young_ones(tmp_path, capsys):
+    from tiered_progcache.cli import main
+
+    root = tmp_path / "cache"
+    local = LocalDir(root)
+    local.write_entry(entry_name(b"k"), b"x")
+    now = time.time()
+    for name, age in (("stale", 2 * HOUR), ("young", 60.0)):
+        (root / "tmp" / name).write_bytes(b"partial")
+        os.utime(root / "tmp" / name, (now - age, now - age))
+    assert main(["clear", "--local", "--dir", str(root)]) == 0
+    assert "(1 entries)" in capsys.readouterr().out
+    assert sorted(p.name for p in (root / "tmp").iterdir()) == ["young"]
+    assert list(local.iter_entries()) == []
