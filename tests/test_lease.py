@@ -209,22 +209,81 @@ def test_the_holder_renews_on_a_daemon_thread_until_released(leases):
     assert holder.read() is None
 
 
-def test_killed_holder_process_blocks_file_waiters_for_exactly_the_ttl(tmp_path):
-    url = f"file://{tmp_path / 'remote'}"
+def _kill_a_holder(url: str, ttl: float):
+    """A real process takes the lease and is SIGKILLed (and reaped); its lease as it left it."""
     taken = SPAWN.Event()
-    child = SPAWN.Process(target=_hold_lease, args=(url, NAME, 30.0, taken))
+    child = SPAWN.Process(target=_hold_lease, args=(url, NAME, ttl, taken))
     child.start()
     assert taken.wait(JOIN_S)
     os.kill(child.pid, signal.SIGKILL)
     child.join(JOIN_S)
     leases = RemoteProgramCache.from_url(url).leases()
-    info = RemoteLease(leases, NAME, 30.0).read()
-    assert isinstance(info, LeaseInfo)
-    clock = SteppedClock(wall=time.time())
+    info = RemoteLease(leases, NAME, ttl).read()
+    assert isinstance(info, LeaseInfo) and info.process is not None and info.process.pid == child.pid
+    return leases, info
+
+
+def test_a_killed_holder_on_this_host_is_broken_at_once_without_waiting(tmp_path):
+    """Its PID is gone: the waiter breaks the lease on its first look; the stepped clock never moves."""
+    leases, info = _kill_a_holder(f"file://{tmp_path / 'remote'}", 3600.0)
+    clock = SteppedClock(wall=info.acquired_at)  # an hour before the lease expires
+    waiter = RemoteLease(leases, NAME, 3600.0, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=7200)
+    assert (found, held) == (None, True)
+    assert clock.sleeps == [] and clock.mono == 0.0
+    waiter.release()
+
+
+def test_a_live_holder_on_this_host_is_waited_for(leases):
+    """The control: a holder whose process runs (this one) is not broken before its expiry."""
+    clock = SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    try:
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        found, held = clock.wait(waiter, timeout=30)
+        assert (found, held) == (None, False) and clock.mono >= 30
+    finally:
+        holder.release()
+
+
+def _rewritten(raw: bytes, **process) -> bytes:
+    doc = json.loads(raw)
+    doc["process"].update(process)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("elsewhere", [{"host": "another-node"}, {"boot_id": "an-earlier-boot"},
+                                       {"pid_ns": "pid:[1]"}, {"start": 1}])
+def test_a_dead_pid_is_only_trusted_on_this_host_boot_and_namespace(tmp_path, elsewhere):
+    """Another node's (or boot's, or container's) PID says nothing here: that lease stands for exactly its TTL.
+
+    A different start time is the exception: the PID was reused, so the holder is gone at once.
+    """
+    leases, info = _kill_a_holder(f"file://{tmp_path / 'remote'}", 30.0)
+    leases.replace(NAME, _rewritten(info.raw, **elsewhere), 30.0)
+    clock = SteppedClock(wall=info.acquired_at)
     waiter = RemoteLease(leases, NAME, 30.0, clock=clock.time)
     found, held = clock.wait(waiter, timeout=120)
     assert held
-    assert info.expires_at <= clock.time() < info.expires_at + EXPIRY_SLACK_S
+    if "start" in elsewhere:
+        assert clock.mono == 0.0
+    else:
+        assert info.expires_at <= clock.time() < info.expires_at + EXPIRY_SLACK_S
+    waiter.release()
+
+
+def test_a_reused_pid_of_a_live_process_is_not_taken_for_the_holder(tmp_path):
+    """The lease names this very process's PID but another start time: the holder is gone."""
+    leases = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}").leases()
+    clock = SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    raw = holder.read().raw
+    holder.release()  # stop its renewer; write its document back by hand with another start time
+    leases.create(NAME, _rewritten(raw, start=(holder.process.start or 0) + 1), 60)
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert clock.wait(waiter, timeout=30) == (None, True) and clock.mono == 0.0
     waiter.release()
 
 

@@ -6,6 +6,7 @@ help: only the remote lease keeps the compiles at one per kernel.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import random
@@ -96,13 +97,13 @@ def _start_nodes(n, tmp_path, url, storage_options, log, sources, go):
     return procs, results
 
 
-def _lease_holder(local_dir, url, storage_options, key_source, taken) -> None:
+def _lease_holder(local_dir, url, storage_options, key_source, taken, ttl=LEASE_TTL_S) -> None:
     """Take the lease for one kernel the way a compiling node would, then hang until SIGKILLed."""
     from cuda.core.utils import make_program_cache_key
 
     with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
         key = make_program_cache_key(code=key_source, code_type="c++", options=options(), target_type="cubin")
-        lease = RemoteLease(cache.shared_store.leases(), entry_name(key), LEASE_TTL_S)
+        lease = RemoteLease(cache.shared_store.leases(), entry_name(key), ttl)
         assert lease.try_acquire()
         # Renewals before the SIGKILL only move the expiry, which the test reads after it.
         taken.set()
@@ -148,8 +149,14 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
     holder.join(JOIN_S)
     (lease_path,) = _lease_paths(url, storage_options)
     leases = RemoteProgramCache.from_url(url, storage_options=storage_options).leases()
-    lease = RemoteLease(leases, os.path.basename(lease_path), LEASE_TTL_S).read()
+    name = os.path.basename(lease_path)
+    lease = RemoteLease(leases, name, LEASE_TTL_S).read()
     assert isinstance(lease, LeaseInfo)
+    # As if the holder ran on another node: here its dead PID would end the wait at once
+    # (test_lease.py), there only the TTL can.
+    doc = json.loads(lease.raw)
+    doc["process"]["host"] = "another-node"
+    leases.replace(name, json.dumps(doc).encode(), LEASE_TTL_S)
     go.set()
     collected = collect_outcomes(procs, results)
 
@@ -164,6 +171,23 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
         # (wait_timeout is 60 s: a node that ignored the expiry would finish a minute late)
         assert done - lease.expires_at < 5.0, f"finished {done - lease.expires_at:.2f} s after the lease expired"
     assert _lease_paths(url, storage_options) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_lease_holder_killed_on_this_host_does_not_hold_up_the_next_compile(tmp_path):
+    """Its PID is gone, so the lease (an hour's TTL) is broken at once: one compile, no wait for the TTL."""
+    url = f"file://{tmp_path / 'remote'}"
+    taken = SPAWN.Event()
+    holder = SPAWN.Process(target=_lease_holder, args=(str(tmp_path / "holder"), url, None, kernel(43), taken, 3600.0))
+    holder.start()
+    assert taken.wait(JOIN_S)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(JOIN_S)
+    assert len(_lease_paths(url, None)) == 1
+    start = tpc.compile_count()
+    with TieredProgramCache(tmp_path / "waiter", remote=url) as cache:
+        obj = tpc.compile(kernel(43), "c++", options(), cache=cache, lease_ttl=3600, wait_timeout=3600)
+    assert bytes(obj.code)[:4] == b"\x7fELF" and tpc.compile_count() - start == 1
 
 
 def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote):
