@@ -35,7 +35,7 @@ from .writeback import EXIT_FLUSH_TIMEOUT_S
 if TYPE_CHECKING:
     from .localdir import LocalDir
 
-__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "run_once"]
+__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "followers", "run_once"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,14 @@ class Work(Generic[R, S]):
 
 
 _flights: ThreadSingleFlight[object] = ThreadSingleFlight()
+
+
+def followers(cache: ProgramCacheResource, key: bytes) -> int:
+    """Threads of this process waiting for another thread's work on ``key`` in ``cache`` now (0 if none).
+
+    For observability and for tests that must know every waiter has joined. Thread-safe.
+    """
+    return _flights.followers((id(cache), key))
 
 
 def run_once(
