@@ -32,7 +32,6 @@ from .units import format_age, format_size, parse_duration, parse_size
 if TYPE_CHECKING:
     from .config import CacheConfig
     from .localdir import LocalDir
-    from .remote import RemoteProgramCache
     from .store import EntryStore
     from .supervise import RunReport
 
@@ -215,16 +214,23 @@ def _local(args: argparse.Namespace) -> LocalDir:
 
 
 @contextlib.contextmanager
-def _remote(args: argparse.Namespace) -> Iterator[RemoteProgramCache]:
-    """The configured remote tier, built strict: an unreachable bucket is an error now, not a warning."""
+def _remote(args: argparse.Namespace) -> Iterator[EntryStore]:
+    """The configured shared tier (an fsspec remote or Redis), built strict: unreachable is an error now.
+
+    Where several are configured, ``--remote URL`` picks one; a bare ``--remote`` is a usage error.
+    """
     config = load_config(args, strict=True)
-    if not config.remote:
+    urls = settings.remote_urls(config.remote)
+    if not urls:
         raise UsageError("no remote configured: pass --remote URL or set TIERED_PROGCACHE_REMOTE")
+    if len(urls) > 1:
+        shown = ", ".join(_masked(url) for url in urls)
+        raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
     with config.build() as cache:
         remote = cache.shared_store
         if remote is None:  # pragma: no cover - build() always adds the configured remote
             raise UsageError("the configured chain has no remote tier")
-        yield remote  # type: ignore[misc]  # build() makes the shared tier a RemoteProgramCache
+        yield remote
 
 
 @contextlib.contextmanager
@@ -303,6 +309,8 @@ def _describe(field: str, value: Any) -> str:
         return f"{value:g} s"
     if isinstance(value, dict):
         return json.dumps(value)
+    if field == "remote" and isinstance(value, (list, tuple)):
+        return ", ".join(value)
     return str(value)
 
 
@@ -314,9 +322,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         with _remote(args) as remote:
             rows.append(_held("remote", remote))
     else:
-        url = load_config(args).remote
-        if url:  # listing a bucket can take a while: only on request
-            rows.append({"tier": "remote", "where": _masked(url), "entries": None, "bytes": None})
+        urls = settings.remote_urls(load_config(args).remote)
+        for n, url in enumerate(urls, start=1):  # listing a bucket can take a while: only on request
+            tier = "remote" if n == 1 else f"remote{n}"
+            rows.append({"tier": tier, "where": _masked(url), "entries": None, "bytes": None})
     if args.json:
         _print_json({row.pop("tier"): row for row in rows})
         return EXIT_OK

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ __all__ = ["ENV_PREFIX", "CacheConfig"]
 logger = logging.getLogger(__name__)
 
 _MASK = "***"
+#: The password of a ``scheme://user:password@host`` URL (Redis URLs often carry one).
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
 
 
 class CacheConfig:
@@ -122,6 +125,9 @@ class CacheConfig:
                 value = _MASK
             elif name == "remote_options" and value is not None:
                 value = dict.fromkeys(value, _MASK)
+            elif name == "remote" and value is not None:
+                masked = tuple(_URL_PASSWORD.sub(rf"\1{_MASK}@", url) for url in settings.remote_urls(value))
+                value = masked[0] if isinstance(value, str) else masked
             shown[name] = value
         return shown
 
