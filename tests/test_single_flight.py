@@ -226,3 +226,38 @@ def test_without_single_flight_threads_each_compile(tmp_path):
         stop_hold()
         stop()
     assert len(seen) == 4
+
+
+def test_a_thread_waiting_on_a_stuck_leader_gives_up_after_wait_timeout_and_compiles_itself():
+    """The leader's compile is held (in the hook); a follower with wait_timeout=0.2 must not wait for it."""
+    cache = InMemoryProgramCache()
+    leader_in = threading.Event()
+    let_go = threading.Event()
+    runs: list[str] = []
+
+    def hold_the_first(event: tpc.CompileEvent) -> None:
+        runs.append(threading.current_thread().name)
+        if len(runs) == 1:
+            leader_in.set()
+            assert let_go.wait(JOIN_S)
+
+    stop = tpc.on_compile(hold_the_first)
+    out: dict[str, bytes] = {}
+
+    def compile_as(name: str, wait_timeout: float) -> None:
+        out[name] = bytes(tpc.compile(kernel(97), "c++", options(), cache=cache, wait_timeout=wait_timeout).code)
+
+    leader = threading.Thread(target=compile_as, args=("leader", 300), name="leader")
+    follower = threading.Thread(target=compile_as, args=("follower", 0.2), name="follower")
+    try:
+        leader.start()
+        assert leader_in.wait(JOIN_S)
+        follower.start()
+        follower.join(JOIN_S)
+        assert not follower.is_alive(), "the follower waited past its wait_timeout"
+        assert leader.is_alive() and runs == ["leader", "follower"]  # it compiled itself, the leader still held
+    finally:
+        let_go.set()
+        leader.join(JOIN_S)
+        stop()
+    assert out["leader"] == out["follower"]
