@@ -382,3 +382,76 @@ def test_a_failing_store_means_no_lease_and_no_wait():
 def test_ttl_must_be_positive():
     with pytest.raises(ValueError, match="ttl_s"):
         RemoteLease(DictLeases(), NAME, ttl_s=0)
+
+
+# -- the holder process, as a waiter on its host judges it ------------------------------------------
+
+
+def test_the_holder_process_of_this_process_is_alive_and_round_trips():
+    from tiered_progcache.lease import HolderProcess
+
+    me = HolderProcess.current()
+    assert me.pid == os.getpid() and me.host and me.boot_id and me.pid_ns and isinstance(me.start, int)
+    assert HolderProcess.from_json(json.loads(json.dumps(me.as_json()))) == me
+    assert not me.is_gone()
+
+
+def test_an_unreaped_dead_holder_counts_as_gone():
+    """A SIGKILLed holder whose parent has not reaped it yet still has a PID (a zombie): it is gone."""
+    from tiered_progcache.lease import HolderProcess
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, json.dumps(HolderProcess.current().as_json()).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        child = HolderProcess.from_json(json.loads(fh.read()))
+    try:
+        assert child is not None and child.pid == pid
+        waited = 0
+        while not _zombie(pid):
+            waited += 1
+            assert waited < 100_000, "the child never exited"
+            os.sched_yield()
+        assert child.is_gone()  # a zombie, not yet reaped
+    finally:
+        os.waitpid(pid, 0)
+    assert child.is_gone()  # reaped: no such PID
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("doc", [
+    None, [], "x", {"host": 1, "boot_id": "b", "pid_ns": "n", "pid": 5, "start": 1},
+    {"host": "h", "boot_id": None, "pid_ns": "n", "pid": 5, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": 7, "pid": 5, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": "5", "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": True, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": 0, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": 5, "start": "1"},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": 5, "start": False},
+])
+def test_a_malformed_holder_process_is_ignored_and_the_ttl_decides(doc):
+    from tiered_progcache.lease import HolderProcess
+
+    assert HolderProcess.from_json(doc) is None
+    leases = DictLeases()
+    leases.objects[NAME] = json.dumps({"format": LEASE_FORMAT, "version": 1, "holder": "h:5", "token": "t",
+                                       "acquired_at": 1.0, "expires_at": 2.0, "process": doc}).encode()
+    info = RemoteLease(leases, NAME, 60).read()
+    assert isinstance(info, LeaseInfo) and info.process is None and not info.holder_gone()
+
+
+def test_a_holder_process_without_proc_information_is_never_judged():
+    from tiered_progcache.lease import HolderProcess
+
+    me = HolderProcess.current()
+    for blank in ({"boot_id": ""}, {"pid_ns": ""}):
+        doc = {**me.as_json(), **blank, "pid": 2**22 + 12345}  # no such PID, but no way to be sure here
+        assert not HolderProcess.from_json(doc).is_gone()
