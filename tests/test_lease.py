@@ -455,3 +455,99 @@ def test_a_holder_process_without_proc_information_is_never_judged():
     for blank in ({"boot_id": ""}, {"pid_ns": ""}):
         doc = {**me.as_json(), **blank, "pid": 2**22 + 12345}  # no such PID, but no way to be sure here
         assert not HolderProcess.from_json(doc).is_gone()
+
+
+# -- the waiter's loop, step by step on the stepped clock -------------------------------------------
+
+
+def test_the_waiter_looks_for_the_result_after_every_pause_and_backs_off_by_half():
+    """The holder keeps its lease; its result appears on the waiter's third look, after its third pause."""
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    looks = []
+
+    def poll():
+        looks.append(clock.mono)
+        return "entry" if len(looks) == 3 else None
+
+    try:
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        assert wait_for_lease(waiter, poll, 30, clock=clock.monotonic, sleep=clock.sleep) == ("entry", False)
+    finally:
+        holder.release()
+    assert clock.sleeps == pytest.approx([0.05, 0.075, 0.1125])  # LEASE_POLL_S, then x1.5 each time
+    assert looks == pytest.approx([0.05, 0.125, 0.2375])  # one look after each pause, none before the first try
+
+
+def test_a_free_lease_is_taken_without_looking_for_a_result_or_pausing():
+    clock = SteppedClock()
+    polls = []
+    waiter = RemoteLease(DictLeases(), NAME, ttl_s=60, clock=clock.time)
+    assert wait_for_lease(waiter, lambda: polls.append(1), 30, clock=clock.monotonic, sleep=clock.sleep) == (None, True)
+    assert polls == [] and clock.sleeps == []
+    waiter.release()
+
+
+def test_a_lease_released_between_the_create_and_the_read_is_retried_without_a_pause():
+    class JustReleased(DictLeases):
+        creates = 0
+
+        def create(self, name, document, ttl_s):
+            JustReleased.creates += 1
+            return JustReleased.creates > 1 and super().create(name, document, ttl_s)  # taken, then free
+
+    clock = SteppedClock()
+    waiter = RemoteLease(JustReleased(), NAME, ttl_s=60, clock=clock.time)
+    assert clock.wait(waiter, timeout=30) == (None, True)
+    assert clock.sleeps == [] and JustReleased.creates == 2
+    waiter.release()
+
+
+class _Undeletable(DictLeases):
+    """A store that keeps refusing to delete: a waiter's break fails every time."""
+
+    def delete(self, name):
+        raise PermissionError("delete refused")
+
+
+@pytest.mark.parametrize("slot", ["expired", "garbage"])
+def test_a_failing_break_is_not_an_error_and_the_wait_still_ends_on_time(slot):
+    leases, clock = _Undeletable(), SteppedClock()
+    leases.objects[NAME] = _stale_document(clock.time() - 1) if slot == "expired" else b"\x00garbage"
+    waiter = RemoteLease(leases, NAME, ttl_s=1, clock=clock.time)
+    assert clock.wait(waiter, timeout=5) == (None, False)  # no exception; the slot was never freed
+    assert 5 <= clock.mono < 5 + 1.0
+
+
+def test_renewal_passes_the_ttl_to_the_store():
+    class Recording(DictLeases):
+        ttls: list = []
+
+        def replace(self, name, document, ttl_s):
+            Recording.ttls.append(ttl_s)
+            super().replace(name, document, ttl_s)
+
+    holder = RemoteLease(Recording(), NAME, ttl_s=42, clock=SteppedClock().time)
+    assert holder.try_acquire()
+    try:
+        assert holder.renew()
+    finally:
+        holder.release()
+    assert Recording.ttls == [42.0]  # a store that expires objects by itself (Redis PX) needs it
+
+
+def test_a_store_that_keeps_saying_taken_and_gone_pauses_after_exactly_three_quick_retries():
+    class Flapping(DictLeases):
+        creates = 0
+
+        def create(self, name, document, ttl_s):
+            Flapping.creates += 1
+            return False
+
+        def read(self, name):
+            return None
+
+    clock = SteppedClock()
+    assert clock.wait(RemoteLease(Flapping(), NAME, ttl_s=60, clock=clock.time), timeout=1) == (None, False)
+    assert Flapping.creates == 4 * len(clock.sleeps) + 1  # four tries per pause, and the last look
