@@ -286,3 +286,67 @@ def test_a_symlinked_locks_directory_is_refused(tmp_path):
     with node_lock(tmp_path / "locks", "kd", timeout=5) as held:
         assert not held
     assert os.listdir(elsewhere) == []
+
+
+def test_the_lock_file_is_private_to_its_owner(tmp_path):
+    old = os.umask(0)
+    try:
+        with node_lock(tmp_path, "km", timeout=5) as held:
+            assert held
+            assert oct(os.stat(tmp_path / "km.lock").st_mode & 0o777) == "0o600"
+    finally:
+        os.umask(old)
+
+
+def test_a_child_forked_after_the_release_keeps_a_descriptor_that_reused_the_number(tmp_path):
+    """Only descriptors held now are dropped at fork: a number the lock used before is someone else's now."""
+    with node_lock(tmp_path, "kr", timeout=5) as held:
+        assert held
+        (lock_fd,) = _lock_fds(os.path.realpath(os.path.join(tmp_path, "kr.lock")))
+    opened = [os.open(os.devnull, os.O_RDONLY)]
+    while opened[-1] < lock_fd:  # until one of them gets the lock's old number
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+    other = opened[-1]
+    try:
+        assert other == lock_fd
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.fstat(other)
+                os.write(w, b"\0")
+            except OSError:
+                os.write(w, b"\1")
+            os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"
+        os.waitpid(pid, 0)
+        os.close(r)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def test_followers_are_counted_exactly():
+    flights = ThreadSingleFlight()
+    assert flights.followers("k") == 0
+    joined, release = threading.Barrier(3), threading.Event()
+
+    def follow() -> None:
+        with flights.lead("k") as seat:
+            assert not seat.leader
+            joined.wait(JOIN_S)
+            release.wait(JOIN_S)
+
+    with flights.lead("k") as seat:
+        assert seat.leader and flights.followers("k") == 0
+        threads = [threading.Thread(target=follow) for _ in range(2)]
+        for t in threads:
+            t.start()
+        joined.wait(JOIN_S)
+        assert flights.followers("k") == 2
+        release.set()
+        seat.result = "done"
+    for t in threads:
+        t.join(JOIN_S)
+    assert flights.followers("k") == 0
