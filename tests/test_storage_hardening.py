@@ -85,6 +85,9 @@ _UMASK_000 = textwrap.dedent(
     remote.write_entry("ab" * 32, b"x")
     remote.create_entry("cd" * 32, b"y")
     remote.leases().create("lease", b"doc", 10)
+    from tiered_progcache.locks import node_lock
+    with node_lock(os.path.join(local_root, "locks"), "ab" * 32, 1.0) as held:
+        assert held
     modes = {}
     for top in (local_root, remote_root):
         for path, dirs, files in os.walk(top):
@@ -107,4 +110,5 @@ def test_umask_000_leaves_no_directory_world_writable_and_tmp_private(tmp_path):
     wide = {path: oct(mode) for path, mode in modes.items() if mode & stat.S_IWOTH}
     assert wide == {}
     assert modes[str(local_root / "tmp")] == 0o700
+    assert str(local_root / "locks") in modes  # the node-lock directory is checked too
     assert modes[str(remote_root / "tmp")] & 0o077 == 0

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from .fsutil import make_dirs
 from .ratelimit import log_once
 
 try:
@@ -193,7 +194,7 @@ def node_lock(locks_dir: str | os.PathLike[str], name: str, timeout: float) -> I
         return
     locks_dir = os.fspath(locks_dir)
     try:
-        os.makedirs(locks_dir, exist_ok=True)
+        make_dirs(locks_dir)  # never world-writable, whatever the umask
         dir_fd = os.open(locks_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         log_once(logger, f"locks-dir:{locks_dir}", logging.WARNING,
