@@ -73,6 +73,18 @@ def test_prune_leaves_an_entry_that_went_since_it_was_listed(store, monkeypatch)
     assert (report.removed, report.changed, report.failed) == (0, 3, ())
 
 
+def test_prune_leaves_an_entry_a_writer_replaced_since_it_was_listed(store, monkeypatch):
+    """The stat guard: an entry rewritten after the listing (a fresh compile landed) is not pruned."""
+    listed = list(store.iter_entries())
+    for entry in listed:
+        store.write_entry(entry.name, bytes(1000))  # replaced: staged and renamed, a new file
+    monkeypatch.setattr(store, "iter_entries", lambda: iter(listed))
+    report = prune(store, older_than=0.0, now=time.time() + DAY, dry_run=False)
+    assert (report.removed, report.changed, report.failed) == (0, 3, ())
+    monkeypatch.undo()
+    assert {e.name for e in store.iter_entries()} == set(AGES)
+
+
 def test_prune_reports_each_failed_delete_and_goes_on(store, monkeypatch):
     delete_listed = store.delete_listed
 

@@ -268,3 +268,50 @@ def test_threads_on_two_caches_each_fill_their_own(tmp_path, events):
     for t in threads:
         t.join(60)
     assert all(len(c) == 1 for c in caches)
+
+
+# -- bad arguments: a clear error naming the argument, before anything runs --------------------------
+
+_GOOD_SRC = 'extern "C" __global__ void k(int* out) { *out = 1; }\n'
+
+
+@pytest.mark.parametrize(("kwargs", "error", "names"), [
+    ({"cache": "x"}, TypeError, "cache"),
+    ({"cache": {}}, TypeError, "cache"),
+    ({"source": 42}, TypeError, "source"),
+    ({"source": None}, TypeError, "source"),
+    ({"source": b"bytes are for nvvm"}, TypeError, "source"),
+    ({"code_type": 3}, TypeError, "code_type"),
+    ({"code_type": "fortran"}, ValueError, "code_type"),
+    ({"options": {"arch": "sm_90"}}, TypeError, "options"),
+    ({"target_type": "exe"}, ValueError, "target_type"),
+    ({"target_type": b"cubin"}, TypeError, "target_type"),
+    ({"name_expressions": "f<int>"}, TypeError, "name_expressions"),
+    ({"name_expressions": [1, 2]}, TypeError, "name_expressions"),
+    ({"name_expressions": 5}, TypeError, "name_expressions"),
+    ({"extra_digest": "abc"}, TypeError, "extra_digest"),
+    ({"wait_timeout": "soon"}, TypeError, "wait_timeout"),
+    ({"wait_timeout": -1}, ValueError, "wait_timeout"),
+    ({"wait_timeout": float("nan")}, ValueError, "wait_timeout"),
+    ({"wait_timeout": True}, TypeError, "wait_timeout"),
+    ({"lease_ttl": "60"}, TypeError, "lease_ttl"),
+    ({"lease_ttl": 0}, ValueError, "lease_ttl"),
+    ({"lease_ttl": float("inf")}, ValueError, "lease_ttl"),
+    ({"header_recheck_s": "1"}, TypeError, "header_recheck_s"),
+    ({"header_recheck_s": -1.0}, ValueError, "header_recheck_s"),
+    ({"single_flight": "false"}, TypeError, "single_flight"),
+])
+def test_a_bad_argument_is_a_clear_error_naming_it(kwargs, error, names, events):
+    call = {"source": _GOOD_SRC, "code_type": "c++", "options": _opts(), "cache": InMemoryProgramCache()}
+    call.update(kwargs)
+    with pytest.raises(error, match=names):
+        tpc.compile(call.pop("source"), **call)
+    assert events == []  # nothing compiled
+
+
+def test_good_arguments_of_every_kind_are_accepted(events):
+    cache = InMemoryProgramCache()
+    obj = tpc.compile(_GOOD_SRC, "C++", _opts(), "CUBIN", cache=cache, name_expressions=(),
+                      extra_digest=bytearray(b"x"), wait_timeout=0, lease_ttl=1, header_recheck_s=0,
+                      single_flight=False)
+    assert bytes(obj.code)[:4] == b"\x7fELF" and len(events) == 1

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 
@@ -204,3 +206,168 @@ def test_compile_with_include_path_is_cached_and_a_header_edit_recompiles(tree):
     edited = tpc.compile(SRC, "c++", _opts(tree), cache=cache)
     assert tpc.compile_count() - start == 2
     assert bytes(edited.code) != bytes(first.code)
+
+
+# -- every spelling the compiler accepts, and paths as the OS resolves them ------------------------
+
+KERNEL = '\nextern "C" __global__ void k(int* out) { *out = VAL; }\n'
+
+#: Include directives as the compiler reads them after translation phases 1-3 (splices
+#: removed, comments one space, ``%:`` is ``#``): each one really includes val.h.
+SPELLINGS = {
+    "comment-before-name": '#include /* c */ "val.h"',
+    "splice-in-directive": '#inc\\\nlude "val.h"',
+    "splice-in-header-name": '#include "va\\\nl.h"',
+    "splice-after-hash-crlf": '#\\\r\ninclude "val.h"',
+    "digraph": '%:include "val.h"',
+    "comment-after-hash": "# /**/ include \"val.h\"",
+    "multiline-comment-before-hash": '/* a\n   b */ #include "val.h"',
+    "multiline-comment-after-hash": '#/*\n*/include "val.h"',
+    "angle-no-space": "#include<val.h>",
+    "after-a-string-with-a-comment-opener": '__device__ const char s[] = "/*";\n#include "val.h"',
+    "after-a-raw-string": '__device__ const char r[] = R"x(*/ /*)x";\n#include "val.h"',
+    "after-digit-separators": "__device__ const int n = 1'000'000; /* ' */\n#include \"val.h\"",
+}
+
+
+@pytest.fixture
+def valdir(tmp_path, monkeypatch):
+    inc = tmp_path / "inc"
+    _write(inc / "val.h", "#define VAL 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return inc
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_every_include_spelling_the_compiler_accepts_is_digested(valdir, spelling):
+    """Edit val.h and compile() compiles again, exactly once, and returns new bytes (real NVRTC)."""
+    src = SPELLINGS[spelling] + KERNEL
+    cache = InMemoryProgramCache()
+    start = tpc.compile_count()
+    first = tpc.compile(src, "c++", _opts(valdir), cache=cache)
+    tpc.compile(src, "c++", _opts(valdir), cache=cache)
+    assert tpc.compile_count() - start == 1
+    _write(valdir / "val.h", "#define VAL 2\n", settled=False)
+    edited = tpc.compile(src, "c++", _opts(valdir), cache=cache)
+    assert tpc.compile_count() - start == 2
+    assert bytes(edited.code) != bytes(first.code)
+
+
+def test_a_spliced_include_without_include_path_is_not_taken_for_a_plain_compile(tmp_path, monkeypatch):
+    """No include path and no literal "include" in the source: the fast path must still see the splice."""
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "val.h", "#define VAL 1\n")
+    src = '#inc\\\nlude "val.h"' + KERNEL
+    cache = InMemoryProgramCache()
+    first = tpc.compile(src, "c++", ProgramOptions(arch=ARCH), cache=cache)
+    start = tpc.compile_count()
+    _write(tmp_path / "val.h", "#define VAL 2\n", settled=False)
+    edited = tpc.compile(src, "c++", ProgramOptions(arch=ARCH), cache=cache)
+    assert tpc.compile_count() - start == 1
+    assert bytes(edited.code) != bytes(first.code)
+
+
+def test_dotdot_is_resolved_through_a_symlinked_directory_as_the_compiler_does(tmp_path, monkeypatch):
+    """inc/sub -> real/sub; inc/sub/x.h says ``#include "../b.h"``: the compiler reads real/b.h, not inc/b.h."""
+    monkeypatch.chdir(tmp_path)
+    _write(tmp_path / "real" / "sub" / "x.h", '#include "../b.h"\n')
+    _write(tmp_path / "real" / "b.h", "#define VAL 1\n")
+    _write(tmp_path / "inc" / "b.h", "#define VAL 100\n")  # what a textual ``..`` would name
+    (tmp_path / "inc" / "sub").symlink_to(tmp_path / "real" / "sub")
+    src = '#include "sub/x.h"' + KERNEL
+    opts = _opts(tmp_path / "inc")
+    cache = InMemoryProgramCache()
+    first = tpc.compile(src, "c++", opts, cache=cache)
+    start = tpc.compile_count()
+    _write(tmp_path / "real" / "b.h", "#define VAL 2\n", settled=False)
+    edited = tpc.compile(src, "c++", opts, cache=cache)
+    assert tpc.compile_count() - start == 1
+    assert bytes(edited.code) != bytes(first.code)
+
+
+def test_retargeting_a_symlinked_directory_changes_the_digest_on_a_warm_memo(tmp_path):
+    for name, val in (("one", 1), ("two", 2)):
+        _write(tmp_path / name / "sub" / "x.h", '#include "../b.h"\n')
+        _write(tmp_path / name / "b.h", f"#define VAL {val}\n")
+    (tmp_path / "inc").mkdir()
+    link = tmp_path / "inc" / "sub"
+    link.symlink_to(tmp_path / "one" / "sub")
+    src = '#include "sub/x.h"' + KERNEL
+    before = header_digest(src, _opts(tmp_path / "inc"))
+    assert header_digest(src, _opts(tmp_path / "inc")) == before
+    link.unlink()
+    link.symlink_to(tmp_path / "two" / "sub")
+    assert header_digest(src, _opts(tmp_path / "inc")) != before
+
+
+@pytest.mark.parametrize("odd", [
+    "/* an unterminated comment\n#include \"val.h\"",
+    '__device__ const char r[] = R"x(never closed\n#include "val.h"',
+    "#define HDR <val.h>\n#include HDR",
+    "#define H(x) __has_include(x)\n#if H(<val.h>)\n#endif",
+])
+def test_what_the_scanner_cannot_read_falls_back_to_the_whole_include_directories(valdir, odd):
+    before = header_digest(odd + KERNEL, _opts(valdir))
+    _write(valdir / "unrelated_new.h", "#define X 1\n")  # a file reachable only through the fallback
+    assert header_digest(odd + KERNEL, _opts(valdir)) != before
+
+
+def test_includes_in_comments_and_strings_are_not_followed(valdir):
+    src = '// #include "val.h"\n/* #include "val.h" */\n__device__ const char s[] = "#include \\"val.h\\"";\n'
+    src += 'extern "C" __global__ void k(int* out) { *out = 1; }\n'
+    before = header_digest(src, _opts(valdir))
+    _write(valdir / "val.h", "#define VAL 3\n")
+    assert header_digest(src, _opts(valdir)) == before
+
+
+# -- a property: any spelling built from what phases 1-3 allow is digested ---------------------------
+
+_GAPS = st.lists(st.sampled_from([" ", "\t", "/**/", "/* c */", "/*\n*/", "\\\n", "\\\r\n", "\f"]), max_size=3).map("".join)
+
+
+def _splice_into(word: str, at: int) -> str:
+    at %= len(word) + 1
+    return word[:at] + "\\\n" + word[at:]
+
+
+@st.composite
+def include_spellings(draw) -> str:
+    lead = draw(st.sampled_from(["", " ", "\t", "/* c */ ", "/* two\nlines */ "]))
+    hash_ = draw(st.sampled_from(["#", "%:", "#\\\n", "%\\\n:"]))
+    name = draw(st.sampled_from(["include", "include_next"]))
+    if draw(st.booleans()):
+        name = _splice_into(name, draw(st.integers(0, 20)))
+    header = draw(st.sampled_from(['"val.h"', "<val.h>"]))
+    if draw(st.booleans()):
+        header = _splice_into(header, draw(st.integers(0, 20)))
+    tail = draw(st.sampled_from(["", " // c", " /* c */", " /* c\n c */"]))
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    before = draw(st.sampled_from([
+        "", "// #include \"other.h\"\n", '__device__ const char s[] = "/*";\n', "__device__ const int n = 1'000;\n",
+        '__device__ const char r[] = R"(/*)";\n', "/* c */\n",
+    ]))
+    return before + lead + hash_ + draw(_GAPS) + name + draw(_GAPS) + header + tail + newline
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spelling=include_spellings())
+def test_property_the_digest_follows_the_included_header_whatever_the_spelling(valdir, spelling):
+    src = spelling + KERNEL
+    _write(valdir / "val.h", "#define VAL 1\n")
+    one = header_digest(src, _opts(valdir))
+    _write(valdir / "val.h", "#define VAL 22\n")
+    assert header_digest(src, _opts(valdir)) != one
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(spelling=include_spellings())
+def test_property_nvrtc_agrees_that_each_generated_spelling_includes_the_header(valdir, spelling):
+    """The oracle for the property above: NVRTC's output does change with val.h for these spellings."""
+    src = spelling + KERNEL
+    out = []
+    for val in (1, 22):
+        _write(valdir / "val.h", f"#define VAL {val}\n")
+        out.append(bytes(Program(src, "c++", _opts(valdir)).compile("cubin").code))
+    assert out[0] != out[1]

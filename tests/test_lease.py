@@ -209,22 +209,81 @@ def test_the_holder_renews_on_a_daemon_thread_until_released(leases):
     assert holder.read() is None
 
 
-def test_killed_holder_process_blocks_file_waiters_for_exactly_the_ttl(tmp_path):
-    url = f"file://{tmp_path / 'remote'}"
+def _kill_a_holder(url: str, ttl: float):
+    """A real process takes the lease and is SIGKILLed (and reaped); its lease as it left it."""
     taken = SPAWN.Event()
-    child = SPAWN.Process(target=_hold_lease, args=(url, NAME, 30.0, taken))
+    child = SPAWN.Process(target=_hold_lease, args=(url, NAME, ttl, taken))
     child.start()
     assert taken.wait(JOIN_S)
     os.kill(child.pid, signal.SIGKILL)
     child.join(JOIN_S)
     leases = RemoteProgramCache.from_url(url).leases()
-    info = RemoteLease(leases, NAME, 30.0).read()
-    assert isinstance(info, LeaseInfo)
-    clock = SteppedClock(wall=time.time())
+    info = RemoteLease(leases, NAME, ttl).read()
+    assert isinstance(info, LeaseInfo) and info.process is not None and info.process.pid == child.pid
+    return leases, info
+
+
+def test_a_killed_holder_on_this_host_is_broken_at_once_without_waiting(tmp_path):
+    """Its PID is gone: the waiter breaks the lease on its first look; the stepped clock never moves."""
+    leases, info = _kill_a_holder(f"file://{tmp_path / 'remote'}", 3600.0)
+    clock = SteppedClock(wall=info.acquired_at)  # an hour before the lease expires
+    waiter = RemoteLease(leases, NAME, 3600.0, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=7200)
+    assert (found, held) == (None, True)
+    assert clock.sleeps == [] and clock.mono == 0.0
+    waiter.release()
+
+
+def test_a_live_holder_on_this_host_is_waited_for(leases):
+    """The control: a holder whose process runs (this one) is not broken before its expiry."""
+    clock = SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    try:
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        found, held = clock.wait(waiter, timeout=30)
+        assert (found, held) == (None, False) and clock.mono >= 30
+    finally:
+        holder.release()
+
+
+def _rewritten(raw: bytes, **process) -> bytes:
+    doc = json.loads(raw)
+    doc["process"].update(process)
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("elsewhere", [{"host": "another-node"}, {"boot_id": "an-earlier-boot"},
+                                       {"pid_ns": "pid:[1]"}, {"start": 1}])
+def test_a_dead_pid_is_only_trusted_on_this_host_boot_and_namespace(tmp_path, elsewhere):
+    """Another node's (or boot's, or container's) PID says nothing here: that lease stands for exactly its TTL.
+
+    A different start time is the exception: the PID was reused, so the holder is gone at once.
+    """
+    leases, info = _kill_a_holder(f"file://{tmp_path / 'remote'}", 30.0)
+    leases.replace(NAME, _rewritten(info.raw, **elsewhere), 30.0)
+    clock = SteppedClock(wall=info.acquired_at)
     waiter = RemoteLease(leases, NAME, 30.0, clock=clock.time)
     found, held = clock.wait(waiter, timeout=120)
     assert held
-    assert info.expires_at <= clock.time() < info.expires_at + EXPIRY_SLACK_S
+    if "start" in elsewhere:
+        assert clock.mono == 0.0
+    else:
+        assert info.expires_at <= clock.time() < info.expires_at + EXPIRY_SLACK_S
+    waiter.release()
+
+
+def test_a_reused_pid_of_a_live_process_is_not_taken_for_the_holder(tmp_path):
+    """The lease names this very process's PID but another start time: the holder is gone."""
+    leases = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}").leases()
+    clock = SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    raw = holder.read().raw
+    holder.release()  # stop its renewer; write its document back by hand with another start time
+    leases.create(NAME, _rewritten(raw, start=(holder.process.start or 0) + 1), 60)
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert clock.wait(waiter, timeout=30) == (None, True) and clock.mono == 0.0
     waiter.release()
 
 
@@ -323,3 +382,172 @@ def test_a_failing_store_means_no_lease_and_no_wait():
 def test_ttl_must_be_positive():
     with pytest.raises(ValueError, match="ttl_s"):
         RemoteLease(DictLeases(), NAME, ttl_s=0)
+
+
+# -- the holder process, as a waiter on its host judges it ------------------------------------------
+
+
+def test_the_holder_process_of_this_process_is_alive_and_round_trips():
+    from tiered_progcache.lease import HolderProcess
+
+    me = HolderProcess.current()
+    assert me.pid == os.getpid() and me.host and me.boot_id and me.pid_ns and isinstance(me.start, int)
+    assert HolderProcess.from_json(json.loads(json.dumps(me.as_json()))) == me
+    assert not me.is_gone()
+
+
+def test_an_unreaped_dead_holder_counts_as_gone():
+    """A SIGKILLed holder whose parent has not reaped it yet still has a PID (a zombie): it is gone."""
+    from tiered_progcache.lease import HolderProcess
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, json.dumps(HolderProcess.current().as_json()).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        child = HolderProcess.from_json(json.loads(fh.read()))
+    try:
+        assert child is not None and child.pid == pid
+        waited = 0
+        while not _zombie(pid):
+            waited += 1
+            assert waited < 100_000, "the child never exited"
+            os.sched_yield()
+        assert child.is_gone()  # a zombie, not yet reaped
+    finally:
+        os.waitpid(pid, 0)
+    assert child.is_gone()  # reaped: no such PID
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("doc", [
+    None, [], "x", {"host": 1, "boot_id": "b", "pid_ns": "n", "pid": 5, "start": 1},
+    {"host": "h", "boot_id": None, "pid_ns": "n", "pid": 5, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": 7, "pid": 5, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": "5", "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": True, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": 0, "start": 1},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": 5, "start": "1"},
+    {"host": "h", "boot_id": "b", "pid_ns": "n", "pid": 5, "start": False},
+])
+def test_a_malformed_holder_process_is_ignored_and_the_ttl_decides(doc):
+    from tiered_progcache.lease import HolderProcess
+
+    assert HolderProcess.from_json(doc) is None
+    leases = DictLeases()
+    leases.objects[NAME] = json.dumps({"format": LEASE_FORMAT, "version": 1, "holder": "h:5", "token": "t",
+                                       "acquired_at": 1.0, "expires_at": 2.0, "process": doc}).encode()
+    info = RemoteLease(leases, NAME, 60).read()
+    assert isinstance(info, LeaseInfo) and info.process is None and not info.holder_gone()
+
+
+def test_a_holder_process_without_proc_information_is_never_judged():
+    from tiered_progcache.lease import HolderProcess
+
+    me = HolderProcess.current()
+    for blank in ({"boot_id": ""}, {"pid_ns": ""}):
+        doc = {**me.as_json(), **blank, "pid": 2**22 + 12345}  # no such PID, but no way to be sure here
+        assert not HolderProcess.from_json(doc).is_gone()
+
+
+# -- the waiter's loop, step by step on the stepped clock -------------------------------------------
+
+
+def test_the_waiter_looks_for_the_result_after_every_pause_and_backs_off_by_half():
+    """The holder keeps its lease; its result appears on the waiter's third look, after its third pause."""
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    looks = []
+
+    def poll():
+        looks.append(clock.mono)
+        return "entry" if len(looks) == 3 else None
+
+    try:
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        assert wait_for_lease(waiter, poll, 30, clock=clock.monotonic, sleep=clock.sleep) == ("entry", False)
+    finally:
+        holder.release()
+    assert clock.sleeps == pytest.approx([0.05, 0.075, 0.1125])  # LEASE_POLL_S, then x1.5 each time
+    assert looks == pytest.approx([0.05, 0.125, 0.2375])  # one look after each pause, none before the first try
+
+
+def test_a_free_lease_is_taken_without_looking_for_a_result_or_pausing():
+    clock = SteppedClock()
+    polls = []
+    waiter = RemoteLease(DictLeases(), NAME, ttl_s=60, clock=clock.time)
+    assert wait_for_lease(waiter, lambda: polls.append(1), 30, clock=clock.monotonic, sleep=clock.sleep) == (None, True)
+    assert polls == [] and clock.sleeps == []
+    waiter.release()
+
+
+def test_a_lease_released_between_the_create_and_the_read_is_retried_without_a_pause():
+    class JustReleased(DictLeases):
+        creates = 0
+
+        def create(self, name, document, ttl_s):
+            JustReleased.creates += 1
+            return JustReleased.creates > 1 and super().create(name, document, ttl_s)  # taken, then free
+
+    clock = SteppedClock()
+    waiter = RemoteLease(JustReleased(), NAME, ttl_s=60, clock=clock.time)
+    assert clock.wait(waiter, timeout=30) == (None, True)
+    assert clock.sleeps == [] and JustReleased.creates == 2
+    waiter.release()
+
+
+class _Undeletable(DictLeases):
+    """A store that keeps refusing to delete: a waiter's break fails every time."""
+
+    def delete(self, name):
+        raise PermissionError("delete refused")
+
+
+@pytest.mark.parametrize("slot", ["expired", "garbage"])
+def test_a_failing_break_is_not_an_error_and_the_wait_still_ends_on_time(slot):
+    leases, clock = _Undeletable(), SteppedClock()
+    leases.objects[NAME] = _stale_document(clock.time() - 1) if slot == "expired" else b"\x00garbage"
+    waiter = RemoteLease(leases, NAME, ttl_s=1, clock=clock.time)
+    assert clock.wait(waiter, timeout=5) == (None, False)  # no exception; the slot was never freed
+    assert 5 <= clock.mono < 5 + 1.0
+
+
+def test_renewal_passes_the_ttl_to_the_store():
+    class Recording(DictLeases):
+        ttls: list = []
+
+        def replace(self, name, document, ttl_s):
+            Recording.ttls.append(ttl_s)
+            super().replace(name, document, ttl_s)
+
+    holder = RemoteLease(Recording(), NAME, ttl_s=42, clock=SteppedClock().time)
+    assert holder.try_acquire()
+    try:
+        assert holder.renew()
+    finally:
+        holder.release()
+    assert Recording.ttls == [42.0]  # a store that expires objects by itself (Redis PX) needs it
+
+
+def test_a_store_that_keeps_saying_taken_and_gone_pauses_after_exactly_three_quick_retries():
+    class Flapping(DictLeases):
+        creates = 0
+
+        def create(self, name, document, ttl_s):
+            Flapping.creates += 1
+            return False
+
+        def read(self, name):
+            return None
+
+    clock = SteppedClock()
+    assert clock.wait(RemoteLease(Flapping(), NAME, ttl_s=60, clock=clock.time), timeout=1) == (None, False)
+    assert Flapping.creates == 4 * len(clock.sleeps) + 1  # four tries per pause, and the last look

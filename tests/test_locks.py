@@ -150,3 +150,203 @@ def test_thread_single_flight_shares_the_result_and_the_exception():
     t.join(JOIN_S)
     w.join(JOIN_S)
     assert errors == ["compile failed"]
+
+
+# -- fork, and a hostile locks directory --------------------------------------------------------------
+
+
+def _try_flock(path: str) -> bool:
+    """From a separate open file description: could another process take the lock now?"""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _fork_child_that_waits() -> tuple[int, int]:
+    """A real forked child that stays alive until the returned pipe's write end is closed."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: inherits every descriptor, then blocks
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    return pid, w
+
+
+def _end_child(pid: int, w: int) -> None:
+    os.close(w)
+    os.waitpid(pid, 0)
+
+
+def _lock_fds(path: str) -> list[int]:
+    return [int(fd) for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == path]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _hold_then_fork_then_die(locks_dir: str, name: str, out) -> None:
+    with node_lock(locks_dir, name, timeout=10) as held:
+        assert held
+        pid = os.fork()
+        if pid == 0:  # the child outlives its parent, until the test kills it
+            signal.pause()
+            os._exit(0)
+        out.put(pid)
+        threading.Event().wait(JOIN_S)  # until SIGKILLed
+
+
+def test_a_forked_child_does_not_keep_the_node_lock_after_its_parent_dies(tmp_path):
+    """The parent is SIGKILLed while holding the lock; its forked child lives on: the lock is free at once."""
+    out = SPAWN.Queue()
+    parent = SPAWN.Process(target=_hold_then_fork_then_die, args=(str(tmp_path), "kf", out))
+    parent.start()
+    child_pid = out.get(timeout=JOIN_S)
+    path = os.path.join(tmp_path, "kf.lock")
+    try:
+        assert not _try_flock(path)  # held by the parent
+        os.kill(parent.pid, signal.SIGKILL)
+        os.waitpid(parent.pid, 0)  # (not join: the child holds a copy of the process sentinel too)
+        assert _alive(child_pid)  # the forked child is still alive ...
+        assert _try_flock(path)  # ... and does not hold the lock
+    finally:
+        os.kill(child_pid, signal.SIGKILL)
+        parent.join(JOIN_S)
+
+
+def test_releasing_the_node_lock_frees_it_though_another_process_inherited_the_descriptor(tmp_path):
+    """A process that got the descriptor without our fork handler (here: passed to a spawned program)."""
+    import subprocess
+
+    path = os.path.realpath(os.path.join(tmp_path, "kp.lock"))
+    with node_lock(tmp_path, "kp", timeout=10) as held:
+        assert held
+        (fd,) = _lock_fds(path)
+        os.set_inheritable(fd, True)
+        inheritor = subprocess.Popen(["sleep", "600"], pass_fds=[fd])
+        waiter_fd = os.open(path, os.O_RDWR)  # a waiter that opened the file before the release
+    try:
+        import fcntl
+
+        fcntl.flock(waiter_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+        assert inheritor.poll() is None  # while the inheritor still lives
+    finally:
+        os.close(waiter_fd)
+        inheritor.kill()
+        inheritor.wait()
+
+
+def test_a_child_forked_while_the_lock_is_held_closes_its_copy_and_leaves_the_file_alone(tmp_path):
+    path = os.path.realpath(os.path.join(tmp_path, "kc.lock"))
+    with node_lock(tmp_path, "kc", timeout=10) as held:
+        assert held
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            # the child leaves the with-block too: it must neither unlink nor unlock the parent's file
+            code = 0 if not _lock_fds(path) else 1
+            os.write(w, bytes([code]))
+            os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"  # no lock descriptor in the child
+        os.waitpid(pid, 0)
+        os.close(r)
+        assert os.path.exists(path) and not _try_flock(path)  # still ours
+
+
+def test_a_planted_symlink_in_the_locks_directory_is_not_written_through(tmp_path):
+    """locks/ks.lock -> a path that does not exist yet: opening it with O_CREAT would create the target."""
+    target = tmp_path / "created-through-the-link"
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    (locks / "ks.lock").symlink_to(target)
+    with node_lock(locks, "ks", timeout=5) as held:
+        assert held  # on a lock file of its own
+    assert not target.exists()
+    assert os.listdir(locks) == []  # the planted link is gone with the lock file
+
+
+def test_a_symlinked_locks_directory_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "locks").symlink_to(elsewhere)
+    with node_lock(tmp_path / "locks", "kd", timeout=5) as held:
+        assert not held
+    assert os.listdir(elsewhere) == []
+
+
+def test_the_lock_file_is_private_to_its_owner(tmp_path):
+    old = os.umask(0)
+    try:
+        with node_lock(tmp_path, "km", timeout=5) as held:
+            assert held
+            assert oct(os.stat(tmp_path / "km.lock").st_mode & 0o777) == "0o600"
+    finally:
+        os.umask(old)
+
+
+def test_a_child_forked_after_the_release_keeps_a_descriptor_that_reused_the_number(tmp_path):
+    """Only descriptors held now are dropped at fork: a number the lock used before is someone else's now."""
+    with node_lock(tmp_path, "kr", timeout=5) as held:
+        assert held
+        (lock_fd,) = _lock_fds(os.path.realpath(os.path.join(tmp_path, "kr.lock")))
+    opened = [os.open(os.devnull, os.O_RDONLY)]
+    while opened[-1] < lock_fd:  # until one of them gets the lock's old number
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+    other = opened[-1]
+    try:
+        assert other == lock_fd
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.fstat(other)
+                os.write(w, b"\0")
+            except OSError:
+                os.write(w, b"\1")
+            os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"
+        os.waitpid(pid, 0)
+        os.close(r)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def test_followers_are_counted_exactly():
+    flights = ThreadSingleFlight()
+    assert flights.followers("k") == 0
+    joined, release = threading.Barrier(3), threading.Event()
+
+    def follow() -> None:
+        with flights.lead("k") as seat:
+            assert not seat.leader
+            joined.wait(JOIN_S)
+            release.wait(JOIN_S)
+
+    with flights.lead("k") as seat:
+        assert seat.leader and flights.followers("k") == 0
+        threads = [threading.Thread(target=follow) for _ in range(2)]
+        for t in threads:
+            t.start()
+        joined.wait(JOIN_S)
+        assert flights.followers("k") == 2
+        release.set()
+        seat.result = "done"
+    for t in threads:
+        t.join(JOIN_S)
+    assert flights.followers("k") == 0

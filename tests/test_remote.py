@@ -23,7 +23,9 @@ from tiered_progcache.testing.slowfs import SlowFileSystem
 
 
 def _payload(n: int, size: int = 2000) -> bytes:
-    return (hashlib.sha256(b"payload-%d" % n).digest() * (size // 32 + 1))[:size]
+    """``size`` bytes that pass the code-object framing check (an ELF header, then data): push uploads only those."""
+    body = (hashlib.sha256(b"payload-%d" % n).digest() * (size // 32 + 1))[: size - 64]
+    return b"\x7fELF\x02\x01" + bytes(58) + body
 
 
 def _memory_url() -> str:
@@ -52,13 +54,21 @@ class FlakyFileSystem(MemoryFileSystem):
         self.release = threading.Event()
         self.hang = False
 
-    def cat_file(self, path, *args, **kwargs):
+    def _fault(self) -> None:
         self.calls += 1
         if self.hang:
             self.release.wait()
         if self.broken:
             raise ConnectionError("remote is down")
+
+    def cat_file(self, path, *args, **kwargs):
+        self._fault()
         return super().cat_file(path, *args, **kwargs)
+
+    def _open(self, path, mode="rb", **kwargs):  # entry reads stream from an open file
+        if mode == "rb":
+            self._fault()
+        return super()._open(path, mode, **kwargs)
 
 
 def _flaky_remote(**kwargs) -> tuple[FlakyFileSystem, RemoteProgramCache]:
@@ -205,10 +215,10 @@ def test_push_uploads_what_remote_lacks(s3_bucket, tmp_path):
 
 def test_push_to_a_file_url_stages_and_renames(tmp_path):
     local = FileStreamProgramCache(tmp_path / "local")
-    local[b"k"] = b"v"
+    local[b"k"] = _payload(0)
     remote = RemoteProgramCache.from_url((tmp_path / "nfs").as_uri())
     assert transfer.push(LocalDir.of(local), remote).entries == 1
-    assert remote[b"k"] == b"v"
+    assert remote[b"k"] == _payload(0)
     assert list((tmp_path / "nfs" / "tmp").iterdir()) == []  # staged file renamed into place
 
 
@@ -347,14 +357,14 @@ def test_envelope_codec_is_the_one_on_the_wire():
 def test_chain_warm_and_push_delegate_to_transfer(s3_bucket, tmp_path):
     options = {"remote": s3_bucket.url, "remote_options": s3_bucket.storage_options}
     ci = TieredProgramCache(tmp_path / "ci", **options)
-    FileStreamProgramCache(tmp_path / "ci")[b"built in CI"] = b"cubin"  # on disk, never uploaded
+    FileStreamProgramCache(tmp_path / "ci")[b"built in CI"] = _payload(7)  # on disk, never uploaded
     assert ci.shared_store.verify_entry(entry_name(b"built in CI")) == "missing"
     assert ci.push().entries == 1
     node = TieredProgramCache(tmp_path / "node", **options)
     seen = []
     report = node.warm(progress=lambda done, total: seen.append((done, total)))
     assert (report.entries, seen[-1]) == (1, (1, 1))
-    assert node.get(b"built in CI") == b"cubin"
+    assert node.get(b"built in CI") == _payload(7)
     stats = node.stats()
     assert (stats["local"].hits, stats["remote"].lookups) == (1, 0)  # warmed: no network on the lookup
     with pytest.raises(ValueError, match="needs a remote"):

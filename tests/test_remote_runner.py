@@ -149,6 +149,59 @@ def test_bulk_on_an_async_filesystem_is_cancelled_at_its_deadline_and_records_th
     assert breaker.state == "closed"
 
 
+# -- the thread pool -----------------------------------------------------------------------
+
+
+def _pool_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(f"tiered-progcache-remote {name}-")]
+
+
+def test_the_pool_never_grows_past_its_maximum_and_reuses_idle_threads():
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(
+        MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(failure_threshold=100), name=name, max_threads=2
+    )
+    gate = threading.Event()
+    try:
+        results = runner.call_many("batch", lambda n: gate.wait(), None, [(n,) for n in range(5)], timeout=0.2)
+        assert all(isinstance(r, TimeoutError) for r in results)
+        assert len(_pool_threads(name)) == 2  # five hung requests, two threads: the rest waited in the queue
+    finally:
+        gate.set()
+    for _ in range(3):  # the two threads come free and serve what follows; no third is started
+        assert runner.call("op", lambda: threading.current_thread().name, None).startswith(f"tiered-progcache-remote {name}-")
+    assert len(_pool_threads(name)) == 2
+    runner.close()
+
+
+def test_a_closed_runner_still_serves_requests_on_fresh_threads():
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name=name, max_threads=1)
+    assert runner.call("op", lambda: 1, None) == 1
+    runner.close()
+    assert runner.call("op", lambda: 2, None) == 2
+
+
+def test_a_request_that_outlives_its_deadline_is_a_timeout_error_naming_it():
+    runner = RequestRunner(MemoryFileSystem(), timeout=0.1, breaker=CircuitBreaker(), name="remote Z")
+    gate = threading.Event()
+    try:
+        with pytest.raises(TimeoutError, match="read on remote Z took longer than 0.1 s"):
+            runner.call("read", gate.wait, None)
+    finally:
+        gate.set()
+    with pytest.raises(ValueError, match="max_threads"):
+        RequestRunner(MemoryFileSystem(), timeout=1, breaker=CircuitBreaker(), name="x", max_threads=0)
+    with pytest.raises(ValueError, match="filesystem or a factory"):
+        RequestRunner(None, timeout=1, breaker=CircuitBreaker(), name="x")
+    runner.close()
+
+
+def test_batch_timeout_scales_with_the_batch():
+    runner = RequestRunner(MemoryFileSystem(), timeout=2.0, breaker=CircuitBreaker(), name="x")
+    assert [runner.batch_timeout(n) for n in (1, 16, 32, 33, 64, 65)] == [4.0, 4.0, 4.0, 6.0, 8.0, 10.0]
+
+
 # -- single requests ----------------------------------------------------------------------
 
 
@@ -265,3 +318,70 @@ def test_lease_requests_go_through_the_breaker():
 def test_location_never_holds_a_password():
     remote = RemoteProgramCache.from_url(f"memory://user:s3cret@leases-{uuid.uuid4().hex}/k")
     assert "s3cret" not in remote.location and "s3cret" not in repr(remote) and remote.location.startswith("memory://user@")
+
+
+# -- explicit deadlines, the request's own timeouts, building the filesystem -------------
+
+
+def test_an_explicit_timeout_overrides_the_runners_own():
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="remote Y")
+    gate = threading.Event()
+    try:
+        with pytest.raises(TimeoutError, match=r"^op on remote Y took longer than 0.1 s$"):
+            runner.call("op", gate.wait, None, timeout=0.1)
+        results = runner.call_many("batch", lambda n: gate.wait(), None, [(1,), (2,)], timeout=0.1)
+        assert [str(r) for r in results] == ["batch on remote Y took longer than 0.1 s"] * 2
+    finally:
+        gate.set()
+    runner.close()
+
+
+def test_a_requests_own_timeout_error_is_passed_on_as_it_is():
+    breaker = CircuitBreaker(failure_threshold=5)
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=breaker, name="remote Y")
+
+    def socket_timeout(n: int = 0) -> None:
+        raise TimeoutError(f"socket timed out {n}")
+
+    with pytest.raises(TimeoutError, match=r"^socket timed out 0$"):
+        runner.call("op", socket_timeout, None)
+    results = runner.call_many("batch", socket_timeout, None, [(1,), (2,)])
+    assert [str(r) for r in results] == ["socket timed out 1", "socket timed out 2"]
+    assert breaker.consecutive_failures == 3
+    runner.close()
+
+
+class _Unbuildable(MemoryFileSystem):
+    cachable = False
+
+    def __init__(self, *args, **kwargs):
+        raise ConnectionError("cannot connect")
+
+
+def test_a_filesystem_that_cannot_be_built_fails_the_request_and_is_recorded():
+    from tiered_progcache.runner import FilesystemFactory
+
+    breaker = CircuitBreaker(failure_threshold=3)
+    runner = RequestRunner(None, timeout=5, breaker=breaker, name="remote W", factory=FilesystemFactory(_Unbuildable, {}))
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        runner.call("op", lambda: 1, None)
+    results = runner.call_many("batch", lambda n: n, None, [(1,), (2,)])
+    assert [str(r) for r in results] == ["cannot connect", "cannot connect"]
+    assert breaker.consecutive_failures == 2
+    with pytest.raises(ConnectionError, match="cannot connect"):
+        runner.fs
+    assert breaker.state == "open"
+    with pytest.raises(TierUnavailable, match=r"last: ConnectionError: cannot connect"):
+        runner.fs
+
+
+def test_a_factory_rebuilds_from_storage_options_and_fresh_skips_fsspecs_cache():
+    from tiered_progcache.runner import FilesystemFactory
+
+    fs = SlowFileSystem(delay_s=0.5)
+    factory = FilesystemFactory.like(fs)
+    assert factory.cls is SlowFileSystem and dict(factory.kwargs) == {"delay_s": 0.5} and factory.is_async
+    assert factory.build().delay_s == 0.5
+    assert FilesystemFactory(MemoryFileSystem, {}).build() is MemoryFileSystem()  # fsspec's cached instance
+    assert FilesystemFactory(MemoryFileSystem, {}).build(fresh=True) is not MemoryFileSystem()
+    assert not FilesystemFactory(MemoryFileSystem, {}).is_async

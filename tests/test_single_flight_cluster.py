@@ -6,6 +6,7 @@ help: only the remote lease keeps the compiles at one per kernel.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import random
@@ -20,7 +21,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache, TierPolicy
-from tiered_progcache.lease import LeaseInfo, RemoteLease
+from tiered_progcache.lease import LeaseInfo, RemoteLease, wait_for_lease
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
@@ -96,13 +97,13 @@ def _start_nodes(n, tmp_path, url, storage_options, log, sources, go):
     return procs, results
 
 
-def _lease_holder(local_dir, url, storage_options, key_source, taken) -> None:
+def _lease_holder(local_dir, url, storage_options, key_source, taken, ttl=LEASE_TTL_S) -> None:
     """Take the lease for one kernel the way a compiling node would, then hang until SIGKILLed."""
     from cuda.core.utils import make_program_cache_key
 
     with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
         key = make_program_cache_key(code=key_source, code_type="c++", options=options(), target_type="cubin")
-        lease = RemoteLease(cache.shared_store.leases(), entry_name(key), LEASE_TTL_S)
+        lease = RemoteLease(cache.shared_store.leases(), entry_name(key), ttl)
         assert lease.try_acquire()
         # Renewals before the SIGKILL only move the expiry, which the test reads after it.
         taken.set()
@@ -148,8 +149,14 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
     holder.join(JOIN_S)
     (lease_path,) = _lease_paths(url, storage_options)
     leases = RemoteProgramCache.from_url(url, storage_options=storage_options).leases()
-    lease = RemoteLease(leases, os.path.basename(lease_path), LEASE_TTL_S).read()
+    name = os.path.basename(lease_path)
+    lease = RemoteLease(leases, name, LEASE_TTL_S).read()
     assert isinstance(lease, LeaseInfo)
+    # As if the holder ran on another node: here its dead PID would end the wait at once
+    # (test_lease.py), there only the TTL can.
+    doc = json.loads(lease.raw)
+    doc["process"]["host"] = "another-node"
+    leases.replace(name, json.dumps(doc).encode(), LEASE_TTL_S)
     go.set()
     collected = collect_outcomes(procs, results)
 
@@ -166,6 +173,23 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
     assert _lease_paths(url, storage_options) == []
 
 
+@pytest.mark.timeout(120)
+def test_a_lease_holder_killed_on_this_host_does_not_hold_up_the_next_compile(tmp_path):
+    """Its PID is gone, so the lease (an hour's TTL) is broken at once: one compile, no wait for the TTL."""
+    url = f"file://{tmp_path / 'remote'}"
+    taken = SPAWN.Event()
+    holder = SPAWN.Process(target=_lease_holder, args=(str(tmp_path / "holder"), url, None, kernel(43), taken, 3600.0))
+    holder.start()
+    assert taken.wait(JOIN_S)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(JOIN_S)
+    assert len(_lease_paths(url, None)) == 1
+    start = tpc.compile_count()
+    with TieredProgramCache(tmp_path / "waiter", remote=url) as cache:
+        obj = tpc.compile(kernel(43), "c++", options(), cache=cache, lease_ttl=3600, wait_timeout=3600)
+    assert bytes(obj.code)[:4] == b"\x7fELF" and tpc.compile_count() - start == 1
+
+
 def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote):
     url, storage_options = remote
     log = tmp_path / "compiles.log"
@@ -176,7 +200,8 @@ def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote
     for ((status, message, _, _),) in collected:
         assert status == "error" and "undeclared_symbol" in message
     runs = _read_log(log)
-    assert 1 <= len(runs) <= 3 and not any(ok for _, _, ok, _ in runs)
+    # An error is not an entry: every node compiles the broken kernel itself, exactly once.
+    assert len(runs) == 3 and len({pid for pid, _, _, _ in runs}) == 3 and not any(ok for _, _, ok, _ in runs)
     assert _lease_paths(url, storage_options) == []  # released on the error path too
 
 
@@ -229,3 +254,50 @@ def test_a_shared_store_without_atomic_create_gets_node_level_single_flight_only
     assert len(out) == 8 and len(set(out)) == 1
     assert all(remote.lease_calls == [] for remote in remotes)
     assert _lease_paths(url, None) == []  # no lease object written
+
+
+class GatedRemote(RemoteProgramCache):
+    """A real file:// remote whose uploads wait for ``gate``: "the upload has not landed yet" as a state."""
+
+    gate: threading.Event
+
+    def __setitem__(self, key, value) -> None:
+        assert self.gate.wait(JOIN_S)
+        super().__setitem__(key, value)
+
+
+def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
+    """Node A compiles; its upload is held. Node B, polling, must see the lease held the whole time
+    and get A's entry, never the lease while the entry is not up (which would make it compile)."""
+    from cuda.core.utils import make_program_cache_key
+
+    url = f"file://{tmp_path / 'remote'}"
+    remote_a = GatedRemote.from_url(url)
+    remote_a.gate = threading.Event()
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a])
+    start = tpc.compile_count()
+    tpc.compile(kernel(55), "c++", options(), cache=node_a, lease_ttl=600)  # returns; the upload waits
+    key = make_program_cache_key(code=kernel(55), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+
+    node_b = TieredProgramCache(tmp_path / "b", remote=url)
+    looks = []
+
+    def pause(seconds: float) -> None:  # B's pauses: short, and A's upload is let go on B's third look
+        looks.append(seconds)
+        if len(looks) == 3:
+            remote_a.gate.set()
+        time.sleep(min(seconds, 0.02))
+
+    try:
+        lease_b = RemoteLease(node_b.shared_store.leases(), name, 600)
+        found, held = wait_for_lease(lease_b, lambda: node_b.get(key), timeout=JOIN_S, sleep=pause)
+        if held:  # what run_once does next: look again under the lease
+            found = node_b.get(key)
+            lease_b.release()
+        assert found is not None, "B got the lease while A's upload had not landed: B would compile again"
+        assert len(looks) >= 3 and tpc.compile_count() - start == 1
+    finally:
+        remote_a.gate.set()
+        node_a.close()
+        node_b.close()

@@ -12,8 +12,10 @@ bookkeeping around it live in :mod:`tiered_progcache.runner`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from typing import Callable
 
 from .errors import TierUnavailable, one_line
@@ -64,6 +66,7 @@ class CircuitBreaker:
         self._open_until: float | None = None  # None: closed
         self._probing = False
         self._last_error = ""
+        _BREAKERS.add(self)
 
     @property
     def state(self) -> str:
@@ -125,3 +128,16 @@ class CircuitBreaker:
             self._last_error = one_line(exc)
             self._probing = False
             self._open_until = self._clock() + self.cooldown_s
+
+
+_BREAKERS: weakref.WeakSet[CircuitBreaker] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A lock held by a parent thread at the fork stays held in the child: give each breaker a new one."""
+    for breaker in list(_BREAKERS):
+        breaker._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

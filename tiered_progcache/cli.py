@@ -560,6 +560,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
     with _store(args) as store:
         _refuse_read_only(store, "clear it")
         removed = store.delete_entries(list(store.iter_entries()))
+        store.sweep_staged()  # and what writers that died over an hour ago staged
         print(f"cleared {store.location} ({removed} entries)")
     return EXIT_OK
 

@@ -8,11 +8,14 @@ import struct
 __all__ = ["check_code_object", "code_arch"]
 
 
-def check_code_object(data: bytes) -> str | None:
+def check_code_object(data: bytes, *, unknown_ok: bool = False) -> str | None:
     """None if ``data`` is a whole cubin (ELF), fatbin, LTO-IR or PTX; else why not.
 
     Local entries carry no digest, so this checks framing only: it catches truncation
-    and foreign files, not a flipped byte inside a well-formed cubin.
+    and foreign files, not a flipped byte inside a well-formed cubin. With
+    ``unknown_ok``, bytes of no format known here pass (only a known format cut short,
+    or nothing at all, fails): what ``push`` uses, so it never vouches for a truncated
+    cubin yet still carries formats this module does not know.
     """
     if not data:
         return "empty"
@@ -35,7 +38,7 @@ def check_code_object(data: bytes) -> str | None:
         return None
     if b"\0" not in data[:4096] and b".version" in data[:4096] and b".target" in data[:4096]:
         return None  # PTX
-    return "not a cubin, fatbin, LTO-IR or PTX (unknown format)"
+    return None if unknown_ok else "not a cubin, fatbin, LTO-IR or PTX (unknown format)"
 
 
 _PTX_TARGET = re.compile(rb"^\s*\.target\s+sm_(\d+)", re.MULTILINE)

@@ -22,10 +22,11 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 from cuda.core import ObjectCode, Program, ProgramOptions
@@ -212,15 +213,12 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     Compiler errors propagate to the caller and to the threads waiting on it;
     waiting processes and nodes retry the compile and get the error themselves.
     """
-    if not lease_ttl > 0:
-        raise ValueError(f"lease_ttl must be positive, got {lease_ttl!r}")
-    if not wait_timeout >= 0:
-        raise ValueError(f"wait_timeout must be >= 0, got {wait_timeout!r}")
+    names = _check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
+                             single_flight, wait_timeout, lease_ttl, header_recheck_s)
     if options is None:
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
-    names = tuple(name_expressions)
     digest = header_digest(source, options, code_type, recheck_s=header_recheck_s)
     key = make_program_cache_key(
         code=source,
@@ -244,6 +242,61 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _wrap(outcome.data, target, options, outcome.mapping)
 
     return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl)
+
+
+_CODE_TYPES = ("c++", "ptx", "nvvm")
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _check_arguments(
+    source: object, code_type: object, options: object, target_type: object, cache: object,
+    name_expressions: object, extra_digest: object, single_flight: object, wait_timeout: object,
+    lease_ttl: object, header_recheck_s: object,
+) -> tuple[str | bytes, ...]:
+    """Every argument of :func:`compile` checked up front: a caller's bug is a TypeError/ValueError naming it.
+
+    Returns the name expressions as a tuple.
+    """
+    if not isinstance(code_type, str):
+        raise TypeError(f"code_type must be a str, got {type(code_type).__name__}")
+    if code_type.lower() not in _CODE_TYPES:
+        raise ValueError(f"code_type must be one of {', '.join(_CODE_TYPES)}, got {code_type!r}")
+    if code_type.lower() == "nvvm":
+        if not isinstance(source, (str, bytes, bytearray)):
+            raise TypeError(f"source must be str or bytes for code_type='nvvm', got {type(source).__name__}")
+    elif not isinstance(source, str):
+        raise TypeError(f"source must be a str for code_type={code_type!r}, got {type(source).__name__}")
+    if options is not None and not isinstance(options, ProgramOptions):
+        raise TypeError(f"options must be a cuda.core ProgramOptions or None, got {type(options).__name__}")
+    if not isinstance(target_type, str):
+        raise TypeError(f"target_type must be a str, got {type(target_type).__name__}")
+    if target_type.lower() not in _FROM_BYTES:
+        raise ValueError(f"target_type must be one of {', '.join(_FROM_BYTES)}, got {target_type!r}")
+    if cache is not None and not isinstance(cache, ProgramCacheResource):
+        raise TypeError(f"cache must be a cuda.core ProgramCacheResource or None, got {type(cache).__name__}")
+    if isinstance(name_expressions, (str, bytes)) or not isinstance(name_expressions, Iterable):
+        raise TypeError("name_expressions must be a sequence of str or bytes (not one string), "
+                        f"got {type(name_expressions).__name__}")
+    names = tuple(name_expressions)
+    if not all(isinstance(n, (str, bytes)) for n in names):
+        raise TypeError(f"name_expressions must hold str or bytes, got {[type(n).__name__ for n in names]}")
+    if extra_digest is not None and not isinstance(extra_digest, (bytes, bytearray, memoryview)):
+        raise TypeError(f"extra_digest must be bytes or None, got {type(extra_digest).__name__}")
+    if not isinstance(single_flight, bool):
+        raise TypeError(f"single_flight must be a bool, got {type(single_flight).__name__} {single_flight!r}")
+    if not _number("wait_timeout", wait_timeout) >= 0:
+        raise ValueError(f"wait_timeout must be >= 0, got {wait_timeout!r}")
+    ttl = _number("lease_ttl", lease_ttl)
+    if not (ttl > 0 and math.isfinite(ttl)):
+        raise ValueError(f"lease_ttl must be a positive, finite number of seconds, got {lease_ttl!r}")
+    if not _number("header_recheck_s", header_recheck_s) >= 0:
+        raise ValueError(f"header_recheck_s must be >= 0, got {header_recheck_s!r}")
+    return names
 
 
 def _find(

@@ -45,7 +45,9 @@ __all__ = [
     "EnvelopeHeader",
     "InvalidEnvelope",
     "normalize_compression",
+    "max_stored_bytes",
     "read_header",
+    "stored_length",
 ]
 
 MAGIC = b"TPCE"
@@ -108,6 +110,26 @@ def read_header(blob: bytes | memoryview) -> EnvelopeHeader:
     if flags & ~_KNOWN_FLAGS or reserved:
         raise InvalidEnvelope(f"unknown envelope flags 0x{flags:02x}/0x{reserved:04x}")
     return EnvelopeHeader(version, flags, name.hex(), raw_len, body_len, digest.hex())
+
+
+def max_stored_bytes(max_entry_bytes: int) -> int:
+    """The most bytes an envelope of a payload within ``max_entry_bytes`` can take (header, signature, body)."""
+    return HEADER_SIZE + _MAC_SIZE + max_entry_bytes
+
+
+def stored_length(head: bytes | bytearray | memoryview, max_entry_bytes: int) -> int:
+    """The envelope's total length as its first ``HEADER_SIZE`` bytes state it, checked against the cap.
+
+    A reader streams an object and stops at this length, so a planted object costs at
+    most :func:`max_stored_bytes`. Raises :class:`InvalidEnvelope` for a header that is
+    malformed or states a payload (or a stored body) over ``max_entry_bytes``.
+    """
+    header = read_header(head)
+    if header.raw_length > max_entry_bytes:
+        raise InvalidEnvelope(f"raw length {header.raw_length} exceeds the {max_entry_bytes}-byte cap")
+    if header.body_length > max_entry_bytes:
+        raise InvalidEnvelope(f"body length {header.body_length} exceeds the {max_entry_bytes}-byte cap")
+    return header.total_length
 
 
 def normalize_compression(compression: str | None) -> str | None:
@@ -173,8 +195,13 @@ class EnvelopeCodec:
         return self._key is not None
 
     def seal(self, name: str, payload: bytes) -> bytes:
-        """The envelope for ``payload`` stored under entry ``name`` (64 hex digits)."""
+        """The envelope for ``payload`` stored under entry ``name`` (64 hex digits).
+
+        ``ValueError`` for a payload over ``max_entry_bytes``: no reader would accept it.
+        """
         name_bytes = _name_bytes(name)
+        if len(payload) > self.max_entry_bytes:
+            raise ValueError(f"payload of {len(payload)} bytes is over the {self.max_entry_bytes}-byte entry cap")
         flags = 0
         body: bytes = payload
         if self.compression == "zstd":

@@ -1,21 +1,66 @@
 """Writes to a local or NFS path that no reader can see half-done: stage, fsync, rename or link.
 
-One place for the two primitives the package uses on POSIX paths: replace a file
-atomically (stage in a private directory on the same filesystem, then ``os.replace``)
-and create a file only if absent (stage, then ``link(2)``, atomic on NFS too).
+One place for the primitives the package uses on POSIX paths: replace a file
+atomically (stage in a private directory on the same filesystem, then ``os.replace``),
+create a file only if absent (stage, then ``link(2)``, atomic on NFS too), and make
+directories with explicit modes that never follow a planted symbolic link.
+
+Modes: staging directories are ``0o700`` (no one else can read or swap a file being
+written); every other directory is created ``0o775`` less the umask, so never
+world-writable even under ``umask 000``, while a group that shares a cache (cuda-core's
+design) keeps group write under ``umask 002``. Existing directories are left as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 
-__all__ = ["create_exclusive", "write_atomic"]
+__all__ = ["DIR_MODE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "write_atomic"]
+
+#: Mode of the directories we create (before the umask; never world-writable).
+DIR_MODE = 0o775
+#: Mode of staging directories (``tmp/``).
+STAGING_DIR_MODE = 0o700
+
+
+def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE, *, below: str | os.PathLike[str] | None = None) -> None:
+    """Create ``path`` and its missing parents, each with ``mode`` (never world-writable, whatever the umask).
+
+    With ``below``, every component of ``path`` under ``below`` that exists must be a real
+    directory: a symbolic link there (a planted ``entries/ab -> /elsewhere``) raises
+    ``PermissionError`` instead of being written through.
+    """
+    mode &= ~stat.S_IWOTH
+    path = os.path.abspath(os.fspath(path))
+    parts: list[str] = []
+    head = path
+    while True:
+        parts.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    guard = os.path.abspath(os.fspath(below)) if below is not None else None
+    for component in reversed(parts):
+        checked = guard is not None and component != guard and component.startswith(guard.rstrip(os.sep) + os.sep)
+        try:
+            st = os.lstat(component)
+        except FileNotFoundError:
+            try:
+                os.mkdir(component, mode)
+            except FileExistsError:  # a racing creator
+                st = os.lstat(component)
+            else:
+                continue
+        if stat.S_ISLNK(st.st_mode) and checked:
+            raise PermissionError(f"refusing to write through the symbolic link {component}")
 
 
 def _stage(directory: str | os.PathLike[str], data: bytes, *, fsync: bool) -> str:
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    make_dirs(directory, STAGING_DIR_MODE)
     fd, staged = tempfile.mkstemp(prefix="stage-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -37,7 +82,7 @@ def write_atomic(
 
     ``staging_dir`` must be on the same filesystem as ``target`` (a rename cannot cross one).
     """
-    os.makedirs(os.path.dirname(os.fspath(target)), exist_ok=True)
+    make_dirs(os.path.dirname(os.fspath(target)))
     staged = _stage(staging_dir, data, fsync=fsync)
     try:
         os.replace(staged, target)
@@ -58,7 +103,7 @@ def create_exclusive(
     """
     target = os.fspath(target)
     directory = os.path.dirname(target)
-    os.makedirs(directory, exist_ok=True)
+    make_dirs(directory)
     staged = _stage(staging_dir if staging_dir is not None else directory, data, fsync=False)
     try:
         try:

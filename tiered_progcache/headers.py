@@ -16,6 +16,15 @@ quoted include counts every candidate on the search path (not only the first),
 ``__has_include`` counts like an include, and a computed ``#include MACRO``
 hashes every file under the directories it could resolve against.
 
+Directives are found the way the compiler finds them, on preprocessor tokens after
+translation phases 1-3: line splices removed, each comment one space, ``%:`` is
+``#``, string and raw-string literals skipped. Where a reading is in doubt (trigraphs,
+a backslash followed by spaces, a lone CR) every reading counts; where the scanner
+cannot tell at all (an unterminated comment or raw string, a computed
+``__has_include``) it falls back to the whole directories. Paths resolve as the OS
+resolves them: ``..`` after a symlinked directory goes to the symlink target's parent
+(and the textual reading is digested too).
+
 Search rules (checked against NVRTC 13): ``"x"`` is looked up in the including
 file's directory, then the include path; ``<x>`` only on the include path; the
 main source's directory is ``dirname(options.name)``, or the working directory
@@ -47,15 +56,6 @@ logger = logging.getLogger(__name__)
 
 _DIGEST_VERSION = b"tiered-progcache/headers/1"
 
-# ``#include "x"``, ``#include <x>``, ``#include_next``, ``#import`` and a computed
-# ``#include MACRO``; line-anchored, so ``// #include`` is not one (a commented-out
-# block is, which only over-approximates).
-_DIRECTIVE_RE = re.compile(
-    rb'^[ \t]*#[ \t]*(?:include_next|include|import)[ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>|([A-Za-z_]\w*))',
-    re.MULTILINE,
-)
-_HAS_INCLUDE_RE = re.compile(rb'__has_include(?:_next)?[ \t]*\([ \t]*(?:"([^"\r\n]+)"|<([^>\r\n]+)>)')
-
 _QUOTE, _ANGLE, _COMPUTED = 0, 1, 2
 
 #: Files whose digest this process remembers; past this the memo is dropped and rebuilt.
@@ -81,6 +81,7 @@ class _ScanResult:
     digest: bytes
     read_anything: bool
     checks: tuple[tuple[str, Signature], ...]
+    real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
     checked_at: float  # time.monotonic() of the last full re-stat
 
 
@@ -122,22 +123,163 @@ def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
     return True
 
 
-def _parse_includes(data: bytes) -> tuple[tuple[int, str], ...]:
+# -- directives, found on preprocessor tokens ------------------------------------------------------
+#
+# The compiler finds directives after translation phases 1-3: line splices removed,
+# comments replaced by one space, ``%:`` spelling ``#``. So does the scanner, on bytes,
+# with regular expressions that skip the text between the few tokens that matter
+# (newlines, comments, literals, ``#``). A spelling it cannot judge (a computed include,
+# an unterminated comment or raw string) adds a ``_COMPUTED`` entry: digest more.
+
+_ID_CHAR = rb"[\w$\x80-\xff]"
+_NOT_AFTER_ID = rb"(?<![\w$\x80-\xff])"
+_WS_OR_COMMENT = rb"(?:[ \t\f\v\r\0]|/\*.*?\*/)*"
+_TOKEN_RE = re.compile(
+    rb"(?=[/\"'#%0-9.uULR_i])"  # the first bytes of the tokens below: fails fast everywhere else
+    rb"(?:(?P<bc>/\*)"
+    rb"|(?P<lc>//[^\n]*)"
+    rb'|(?P<raw>' + _NOT_AFTER_ID + rb'(?:u8|u|U|L)?R"(?P<delim>[^ ()\\\t\v\f\n"]{0,16})\()'
+    rb'|(?P<str>"(?:[^"\\\n]|\\.)*"?)'
+    rb"|(?P<chr>'(?:[^'\\\n]|\\.)*'?)"
+    # only a number with a digit separator matters (its ``'`` opens no character literal)
+    rb"|(?P<num>" + _NOT_AFTER_ID + rb"\.?[0-9](?:[eEpP][+-]|[\w$\x80-\xff.])*'" + _ID_CHAR
+    + rb"(?:[eEpP][+-]|'" + _ID_CHAR + rb"|[\w$\x80-\xff.])*)"
+    rb"|(?P<hash>\#|%:)"
+    rb"|(?P<has>" + _NOT_AFTER_ID + rb"__has_(?:include(?:_next)?|embed)(?!" + _ID_CHAR + rb"))"
+    rb"|(?P<imp>" + _NOT_AFTER_ID + rb"import(?!" + _ID_CHAR + rb")))"
+)
+_DIRECTIVE_NAME_RE = re.compile(
+    _WS_OR_COMMENT + rb"(?P<name>include_next|include|import|embed|define|undef)(?!" + _ID_CHAR + rb")" + _WS_OR_COMMENT,
+    re.DOTALL,
+)
+_MACRO_NAME_RE = re.compile(rb"[A-Za-z_$\x80-\xff][\w$\x80-\xff]*")
+_HEADER_NAME_RE = re.compile(rb'"(?P<q>[^"\n]*)"|<(?P<a>[^>\n]*)>')
+_HAS_ARG_RE = re.compile(_WS_OR_COMMENT + rb"\(" + _WS_OR_COMMENT, re.DOTALL)
+_SKIP_RE = re.compile(_WS_OR_COMMENT, re.DOTALL)
+_LINE_WS = b" \t\f\v\r\0"
+_TRIGRAPHS = {b"=": b"#", b"/": b"\\", b"'": b"^", b"(": b"[", b")": b"]", b"!": b"|", b"<": b"{", b">": b"}", b"-": b"~"}
+_TRIGRAPH_RE = re.compile(rb"\?\?([=/'()!<>-])")
+_LENIENT_SPLICE_RE = re.compile(rb"\\[ \t\f\v]+(?=\r\n|\n|\r)")
+_SPLICE_HINT_RE = re.compile(r"\\[ \t\f\v]*[\r\n]")
+
+
+def _phases_1_2(data: bytes, *, trigraphs: bool, lenient_splice: bool, cr_newline: bool) -> bytes:
+    """One reading of the bytes as the compiler may take them: newlines, trigraphs, splices."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if trigraphs:
+        data = _TRIGRAPH_RE.sub(lambda m: _TRIGRAPHS[m.group(1)], data)
+    if lenient_splice:
+        data = _LENIENT_SPLICE_RE.sub(b"\\\\", data)
+    data = data.replace(b"\r\n", b"\n")
+    if cr_newline:
+        data = data.replace(b"\r", b"\n")
+    return data.replace(b"\\\n", b"")
+
+
+def _scan_directives(text: bytes) -> list[tuple[int, str]]:
+    """The includes one reading of ``text`` names, in order; ``_COMPUTED`` where it cannot tell."""
     found: list[tuple[int, str]] = []
-    for m in _DIRECTIVE_RE.finditer(data):
-        quoted, angled, macro = m.groups()
-        if quoted is not None:
-            found.append((_QUOTE, quoted.decode("utf-8", "surrogateescape")))
-        elif angled is not None:
-            found.append((_ANGLE, angled.decode("utf-8", "surrogateescape")))
-        else:
-            found.append((_COMPUTED, macro.decode("utf-8", "surrogateescape")))
-    for m in _HAS_INCLUDE_RE.finditer(data):
-        quoted, angled = m.groups()
+
+    def header(kind_pos: int) -> int:
+        m = _HEADER_NAME_RE.match(text, kind_pos)
+        if m is None:
+            found.append((_COMPUTED, ""))  # a macro, or something odd: the directories count
+            return kind_pos
+        quoted = m.group("q")
         if quoted is not None:
             found.append((_QUOTE, quoted.decode("utf-8", "surrogateescape")))
         else:
-            found.append((_ANGLE, angled.decode("utf-8", "surrogateescape")))
+            found.append((_ANGLE, m.group("a").decode("utf-8", "surrogateescape")))
+        return m.end()
+
+    pos = 0
+    clean = True  # nothing but whitespace and comments between the last line start and ``pos``
+    search = _TOKEN_RE.search
+    rfind = text.rfind
+
+    def line_start_before(start: int) -> bool:
+        """Only whitespace and comments between the start of the line and ``start``?"""
+        newline = rfind(b"\n", pos, start)
+        if newline >= 0:
+            return not text[newline + 1 : start].strip(_LINE_WS)
+        return clean and not text[pos:start].strip(_LINE_WS)
+
+    while True:
+        m = search(text, pos)
+        if m is None:
+            return found
+        start = m.start()
+        kind = m.lastgroup
+        at_line_start = line_start_before(start) if kind in ("bc", "hash") else False
+        pos = m.end()
+        clean = False
+        if kind == "bc":
+            clean = at_line_start  # a comment is one space: the line is as clean after it as before
+            end = text.find(b"*/", pos)
+            if end < 0:
+                found.append((_COMPUTED, ""))  # unterminated comment: cannot tell what it hides
+                return found
+            pos = end + 2
+        elif kind == "raw":
+            close = b")" + m.group("delim") + b'"'
+            end = text.find(close, pos)
+            if end < 0:
+                found.append((_COMPUTED, ""))
+                return found
+            pos = end + len(close)
+        elif kind == "hash":
+            if at_line_start:
+                d = _DIRECTIVE_NAME_RE.match(text, pos)
+                if d is not None:
+                    name = d.group("name")
+                    if name in (b"define", b"undef"):
+                        macro = _MACRO_NAME_RE.match(text, d.end())
+                        pos = macro.end() if macro is not None else d.end()
+                    else:
+                        pos = header(d.end())
+            clean = False
+        elif kind == "has":
+            arg = _HAS_ARG_RE.match(text, pos)
+            if arg is not None:
+                pos = header(arg.end())
+            clean = False
+        elif kind == "imp":
+            # C++20 header units (``import <x.h>;``); a named module (``import m;``) reads no header.
+            rest = _SKIP_RE.match(text, pos)
+            after = rest.end() if rest is not None else pos
+            if _HEADER_NAME_RE.match(text, after) is not None:
+                pos = header(after)
+            clean = False
+        else:  # a string, character or number literal
+            clean = False
+
+
+def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
+    """True if every directory still resolves where it did (no symlink on the way was retargeted)."""
+    realpath = os.path.realpath
+    return all(realpath(directory) == real for directory, real in real_checks)
+
+
+def _parse_includes(data: bytes) -> tuple[tuple[int, str], ...]:
+    """Every include any reading of ``data`` the compiler may take names (a union: digest more, never less)."""
+    toggles = []
+    if b"??" in data and _TRIGRAPH_RE.search(data):
+        toggles.append("trigraphs")
+    if _LENIENT_SPLICE_RE.search(data):
+        toggles.append("lenient_splice")
+    if b"\r" in data.replace(b"\r\n", b""):
+        toggles.append("cr_newline")
+    found: dict[tuple[int, str], None] = {}
+    for mask in range(1 << len(toggles)):
+        flags = {name: bool(mask >> i & 1) for i, name in enumerate(toggles)}
+        text = _phases_1_2(
+            data,
+            trigraphs=flags.get("trigraphs", False),
+            lenient_splice=flags.get("lenient_splice", False),
+            cr_newline=flags.get("cr_newline", True),
+        )
+        found.update(dict.fromkeys(_scan_directives(text)))
     return tuple(found)
 
 
@@ -181,20 +323,27 @@ def _file_info(path: str, sig: Signature) -> _FileInfo | None:
 
 
 class _Scan:
-    """One walk of the include graph, collecting the digest stream and the paths probed."""
+    """One walk of the include graph, collecting the digest stream and the paths probed.
+
+    Paths are resolved as the OS resolves them (a symlinked directory followed before
+    ``..``): an includer's directory is its ``realpath``, recorded so a retargeted
+    symlink invalidates the memo, and the textual ``normpath`` reading is digested too.
+    """
 
     def __init__(self, include_dirs: Sequence[str]) -> None:
         self.include_dirs = tuple(include_dirs)
         self.hasher = hashlib.sha256(_DIGEST_VERSION, usedforsecurity=False)
         self.checks: dict[str, Signature] = {}
-        self.visited: set[str] = set()
-        self.queue: list[tuple[str, str | None, tuple[tuple[int, str], ...]]] = []
+        self.real_checks: dict[str, str] = {}
+        self.visited: set[tuple[str, tuple[tuple[int, str], ...]]] = set()
+        self.queue: list[tuple[str, tuple[tuple[int, str], ...]]] = []
         self.fallback_dirs: dict[str, str] = {}
         self.read_anything = False
         self.racy = False  # something changed too recently to trust a stat next time
+        self.real_include_dirs = tuple(self.realpath(d) for d in self.include_dirs)
 
     def emit(self, label: str, payload: bytes) -> None:
-        self.hasher.update(label.encode("ascii"))
+        self.hasher.update(label.encode("ascii", "backslashreplace"))
         self.hasher.update(len(payload).to_bytes(8, "big"))
         self.hasher.update(payload)
 
@@ -206,65 +355,81 @@ class _Scan:
             self.racy = True
         return sig
 
+    def realpath(self, directory: str) -> str:
+        """Where the OS takes ``directory``; remembered, so a warm call sees a retargeted symlink."""
+        real = self.real_checks.get(directory)
+        if real is None:
+            real = self.real_checks[directory] = os.path.realpath(directory)
+        return real
+
     def dir_tag(self, directory: str) -> str:
-        """How a directory is named in the digest: by include-path index, else relative to one."""
-        for i, d in enumerate(self.include_dirs):
+        """How a (real) directory is named in the digest: by include-path index, else relative to one."""
+        for i, d in enumerate(self.real_include_dirs):
             if directory == d:
                 return f"I{i}"
-        for i, d in enumerate(self.include_dirs):
+        for i, d in enumerate(self.real_include_dirs):
             if directory.startswith(d.rstrip(os.sep) + os.sep):
                 return f"I{i}:{os.path.relpath(directory, d)}"
         return directory
 
-    def add_file(self, label: str, path: str, own_dir: str | None) -> bool:
-        """Hash ``path`` if it is a readable file, and queue its includes; False if absent."""
+    def add_file(self, label: str, path: str, *, follow: bool = True) -> bool:
+        """Hash ``path`` if it is a readable file, and queue its includes (``follow``); False if absent."""
         sig = self.probe(path)
         info = _file_info(path, sig)
         if info is None:
             return False
         self.read_anything = True
         self.emit(label, info.digest)
-        if path not in self.visited:
-            self.visited.add(path)
-            self.queue.append((path, own_dir, info.includes))
+        if not follow:
+            return True
+        # What its includes resolve to depends only on its directory (as the OS finds it)
+        # and on the includes themselves: one visit per pair, which also ends cycles.
+        state = (self.realpath(os.path.dirname(path) or "."), info.includes)
+        if state not in self.visited:
+            self.visited.add(state)
+            self.queue.append(state)
         return True
 
     def resolve(self, kind: int, spelling: str, includer_dir: str | None, includer_tag: str) -> None:
         self.emit("include", f"{kind}:{spelling}".encode("utf-8", "surrogateescape"))
         if os.path.isabs(spelling):
-            if not self.add_file("abs", os.path.normpath(spelling), os.path.dirname(os.path.normpath(spelling))):
-                self.emit("missing", b"")
-            return
-        candidates: list[tuple[str, str]] = []
-        if kind == _QUOTE and includer_dir is not None:
-            candidates.append((includer_tag, includer_dir))
-        candidates.extend((f"I{i}", d) for i, d in enumerate(self.include_dirs))
+            candidates = [("abs", "")]
+        else:
+            candidates = []
+            if kind == _QUOTE and includer_dir is not None:
+                candidates.append((includer_tag, includer_dir))
+            candidates.extend((f"I{i}", d) for i, d in enumerate(self.include_dirs))
         found = False
         for tag, directory in candidates:
-            path = os.path.normpath(os.path.join(directory, spelling))
-            if self.add_file(f"found:{tag}", path, os.path.dirname(path)):
+            path = os.path.join(directory, spelling) if directory else spelling
+            if self.add_file(f"found:{tag}", path):  # as the OS opens it
                 found = True
+            textual = os.path.normpath(path)
+            if textual != path and self.realpath(os.path.dirname(textual)) != self.realpath(os.path.dirname(path)):
+                # ``..`` read as text lands elsewhere: digest that file too (more, never less)
+                if self.add_file(f"found-text:{tag}", textual):
+                    found = True
         if not found:
             # A built-in NVRTC header or one the compile will fail on: keyed by name only.
             self.emit("missing", b"")
 
-    def computed(self, includer_dir: str | None) -> None:
-        """``#include MACRO``: anything in the directories it could resolve against may be read."""
+    def computed(self, includer_dir: str | None, includer_tag: str) -> None:
+        """``#include MACRO`` or anything unreadable: every file it could reach through the directories counts."""
         self.emit("computed", b"")
         if includer_dir is not None:
-            self.fallback_dirs.setdefault(includer_dir, self.dir_tag(includer_dir))
+            self.fallback_dirs.setdefault(includer_dir, includer_tag)
         for i, d in enumerate(self.include_dirs):
             self.fallback_dirs.setdefault(d, f"I{i}")
 
     def drain(self) -> None:
         while self.queue:
-            path, own_dir, includes = self.queue.pop(0)
-            tag = self.dir_tag(own_dir) if own_dir is not None else ""
+            own_dir, includes = self.queue.pop(0)
+            tag = f"cur:{self.dir_tag(own_dir)}"
             for kind, spelling in includes:
                 if kind == _COMPUTED:
-                    self.computed(own_dir)
+                    self.computed(own_dir, tag)
                 else:
-                    self.resolve(kind, spelling, own_dir, f"cur:{tag}")
+                    self.resolve(kind, spelling, own_dir, tag)
 
     def hash_fallback_dirs(self) -> None:
         for directory, tag in sorted(self.fallback_dirs.items(), key=lambda item: item[1]):
@@ -278,16 +443,32 @@ class _Scan:
 
 
 def _walk_files(directory: str, scan: _Scan) -> Iterable[str]:
-    """Regular files under ``directory`` in a stable order; each directory's mtime is checked later."""
-    scan.probe(directory)
-    for root, dirs, files in os.walk(directory):
-        dirs.sort()
-        for d in dirs:
-            scan.probe(os.path.join(root, d))
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            scan.probe(path)
-            yield path
+    """Files under ``directory`` in a stable order, through symlinked directories (each real one once).
+
+    Each directory's signature is recorded, so a file appearing later changes the digest.
+    """
+    seen: set[str] = set()
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        scan.probe(current)
+        real = os.path.realpath(current)
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            names = sorted(os.listdir(current))
+        except OSError:
+            continue
+        subdirs = []
+        for name in names:
+            path = os.path.join(current, name)
+            sig = scan.probe(path)
+            if sig is not None and sig[0] == "d":
+                subdirs.append(path)
+            else:
+                yield path
+        stack.extend(reversed(subdirs))
 
 
 def _as_list(value: object) -> list[str]:
@@ -382,8 +563,10 @@ def header_digest(
         return None  # PTX: the linker reads no headers; cuda-core drops include options there
 
     if (isinstance(source, str) and "include" not in source and "import" not in source
+            and "embed" not in source and "??" not in source
+            and ("\\" not in source or not _SPLICE_HINT_RE.search(source))
             and not needs_header_digest(options, code_type)):
-        return None  # no directive can read a file (the common case, kept cheap)
+        return None  # no directive can read a file, however spelled (the common case, kept cheap)
     if not isinstance(source, (str, bytes, bytearray, memoryview)):
         raise TypeError(f"source must be str or bytes, got {type(source).__name__}")
 
@@ -402,7 +585,7 @@ def header_digest(
     if cached is not None:
         now = time.monotonic()
         fresh = recheck_s > 0 and now - cached.checked_at < recheck_s
-        if not fresh and _unchanged(cached.checks):
+        if not fresh and _unchanged(cached.checks) and _same_realpaths(cached.real_checks):
             cached.checked_at = now
             fresh = True
         if fresh:
@@ -416,20 +599,17 @@ def header_digest(
     use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
 
     scan = _Scan(include_dirs)
+    source_real = scan.realpath(source_dir) if source_dir is not None else None
     for spelling in pre_includes:
-        scan.resolve(_QUOTE, spelling, source_dir, "source")
+        scan.resolve(_QUOTE, spelling, source_real, "source")
     for kind, spelling in _parse_includes(data):
         if kind == _COMPUTED:
-            scan.emit("computed", b"")
-            if source_dir is not None:
-                scan.fallback_dirs.setdefault(source_dir, "source")
-            for i, d in enumerate(include_dirs):
-                scan.fallback_dirs.setdefault(d, f"I{i}")
+            scan.computed(source_real, "source")
         else:
-            scan.resolve(kind, spelling, source_dir, "source")
+            scan.resolve(kind, spelling, source_real, "source")
     scan.drain()
     scan.hash_fallback_dirs()
-    if use_pch_path is not None and not scan.add_file("use_pch", use_pch_path, None):
+    if use_pch_path is not None and not scan.add_file("use_pch", use_pch_path, follow=False):
         scan.emit("use_pch-missing", b"")
     digest = scan.hasher.digest()
     read_anything = scan.read_anything or bool(scan.fallback_dirs)
@@ -440,7 +620,9 @@ def header_digest(
         if scan.racy:
             _scan_memo.pop(memo_key, None)
         else:
-            _scan_memo[memo_key] = _ScanResult(digest, read_anything, tuple(scan.checks.items()), time.monotonic())
+            _scan_memo[memo_key] = _ScanResult(
+                digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic()
+            )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))

@@ -28,7 +28,7 @@ from typing import Callable, TypeVar
 from .ratelimit import log_once
 from .store import LeaseStore
 
-__all__ = ["LEASE_FORMAT", "LEASE_POLL_S", "LeaseInfo", "RemoteLease", "wait_for_lease"]
+__all__ = ["LEASE_FORMAT", "LEASE_POLL_S", "HolderProcess", "LeaseInfo", "RemoteLease", "wait_for_lease"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,100 @@ QUICK_RETRIES = 3
 
 
 @dataclasses.dataclass(frozen=True)
+class HolderProcess:
+    """The process that wrote a lease, precisely enough for a waiter on its host to see it died. Immutable.
+
+    ``boot_id`` and ``pid_ns`` keep a waiter from judging a PID of another boot or PID
+    namespace (a container with the same host name); ``start`` (clock ticks after boot,
+    ``/proc/<pid>/stat`` field 22) tells a reused PID from the holder.
+    """
+
+    host: str
+    boot_id: str
+    pid_ns: str
+    pid: int
+    start: int | None
+
+    @classmethod
+    def current(cls) -> HolderProcess:
+        """This process."""
+        pid = os.getpid()
+        return cls(*_this_host(), pid, _start_ticks(pid))
+
+    def as_json(self) -> dict[str, object]:
+        return {"host": self.host, "boot_id": self.boot_id, "pid_ns": self.pid_ns, "pid": self.pid,
+                "start": self.start}
+
+    @classmethod
+    def from_json(cls, doc: object) -> HolderProcess | None:
+        if not isinstance(doc, dict):
+            return None
+        host, boot_id, pid_ns, pid, start = (doc.get(k) for k in ("host", "boot_id", "pid_ns", "pid", "start"))
+        if not (isinstance(host, str) and isinstance(boot_id, str) and isinstance(pid_ns, str)):
+            return None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
+            return None
+        return cls(host, boot_id, pid_ns, pid, start)
+
+    def is_gone(self) -> bool:
+        """True only when this host can tell for sure that the process no longer runs.
+
+        False for a process of another host, boot or PID namespace (the TTL decides there).
+        """
+        if (self.host, self.boot_id, self.pid_ns) != _this_host():
+            return False
+        if not self.boot_id or not self.pid_ns:
+            return False  # no /proc: cannot tell a PID of this namespace from another's
+        try:
+            stat = _read_text(f"/proc/{self.pid}/stat", missing=None)
+        except OSError:
+            return False
+        if stat is None:
+            return True  # no such process
+        fields = stat.rsplit(")", 1)[-1].split()
+        if fields and fields[0] in ("Z", "X"):
+            return True  # dead, not yet reaped
+        if self.start is not None and len(fields) > 19 and fields[19] != str(self.start):
+            return True  # the PID now belongs to another process
+        return False
+
+
+def _this_host() -> tuple[str, str, str]:
+    """(host name, boot id, PID namespace) of this process."""
+    return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id") or "", _pid_namespace()
+
+
+def _read_text(path: str, missing: str | None = "") -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return missing
+    except OSError:
+        if missing is None:
+            raise
+        return missing
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _read_text(f"/proc/{pid}/stat")
+    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
 class LeaseInfo:
     """What a lease object says: who holds it and until when (holder's wall clock). Immutable."""
 
@@ -50,10 +144,15 @@ class LeaseInfo:
     acquired_at: float
     expires_at: float
     raw: bytes
+    process: HolderProcess | None = None
 
     def expired(self, now: float | None = None) -> bool:
         """True once ``now`` (seconds since the epoch; default: this host's clock) reaches the expiry."""
         return (time.time() if now is None else now) >= self.expires_at
+
+    def holder_gone(self) -> bool:
+        """True when the holder ran on this host and its process is known to be dead."""
+        return self.process is not None and self.process.is_gone()
 
 
 def _parse_lease(raw: bytes) -> LeaseInfo | None:
@@ -65,9 +164,9 @@ def _parse_lease(raw: bytes) -> LeaseInfo | None:
         acquired_at, expires_at = float(doc["acquired_at"]), float(doc["expires_at"])
         if not isinstance(holder, str) or not isinstance(token, str):
             return None
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
-    return LeaseInfo(holder, token, acquired_at, expires_at, raw)
+    return LeaseInfo(holder, token, acquired_at, expires_at, raw, HolderProcess.from_json(doc.get("process")))
 
 
 class RemoteLease:
@@ -94,6 +193,7 @@ class RemoteLease:
         self.clock = clock
         self.token = uuid.uuid4().hex
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.process = HolderProcess.current()
         self.held = False
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -113,6 +213,7 @@ class RemoteLease:
                 "token": self.token,
                 "acquired_at": now,
                 "expires_at": now + self.ttl_s,
+                "process": self.process.as_json(),
             },
             sort_keys=True,
         ).encode()
@@ -202,7 +303,8 @@ def wait_for_lease(
     ``lease.release()``); ``(result, False)`` when ``poll()`` found the holder's
     result; ``(None, False)`` when the wait ran out or the store failed (do the
     work without a lease). An expired lease (a crashed holder) is broken and
-    retaken, so a crash costs the others at most the lease TTL; bytes that are not
+    retaken, so a crash costs the others at most the lease TTL (nothing at all when the
+    holder ran on this host and its process is gone); bytes that are not
     a lease (a partial write, garbage) are given one TTL, then broken.
 
     ``timeout`` is measured on ``clock`` (monotonic) and the pauses taken with
@@ -237,8 +339,9 @@ def wait_for_lease(
             pause = 0.0  # released between our create and our read: try to take it
         elif isinstance(info, LeaseInfo):
             unreadable_since = None
-            if info.expired(now):
-                logger.info("lease %s held by %s expired; breaking it", lease.location, info.holder)
+            if info.expired(now) or info.holder_gone():
+                logger.info("lease %s held by %s %s; breaking it", lease.location, info.holder,
+                            "expired" if info.expired(now) else "is gone (its process died on this host)")
                 with contextlib.suppress(Exception):
                     lease.break_if_unchanged(info.raw)
                 pause = 0.0

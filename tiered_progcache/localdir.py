@@ -9,7 +9,10 @@ place) so both views stay one cache.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from . import _cudacore, fsutil
 from .codeobject import check_code_object
 from .envelope import MAX_ENTRY_BYTES
 from .errors import EntryRejected
-from .store import EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .store import STALE_STAGED_AGE_S, EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
 
 # ``entry_name`` is re-exported for modules not yet moved to ``store.entry_name``.
 __all__ = ["LocalDir", "default_local_dir", "entry_name"]
@@ -88,23 +91,61 @@ class LocalDir(EntryStore):
 
     # -- entries ----------------------------------------------------------------------
 
+    def ensure_layout(self) -> None:
+        """Create the root, ``entries/`` and ``tmp/`` (``0o700``) with explicit modes, whatever the umask.
+
+        Call before cuda-core's ``FileStreamProgramCache`` creates them with default modes.
+        ``PermissionError`` if ``entries/`` or ``tmp/`` is a symbolic link.
+        """
+        fsutil.make_dirs(self.root)
+        fsutil.make_dirs(self.root / _ENTRIES, below=self.root)
+        fsutil.make_dirs(self.root / _TMP, fsutil.STAGING_DIR_MODE, below=self.root)
+
     def read_entry(self, name: str) -> bytes:
+        """The file's bytes; ``EntryRejected`` for a symbolic link (file or shard), a non-file, or one over the cap."""
         path = self.path_for(name)
+        for directory in (path.parent.parent, path.parent):
+            try:
+                if stat.S_ISLNK(os.lstat(directory).st_mode):
+                    raise EntryRejected(f"{directory} is a symbolic link; not read through")
+            except FileNotFoundError:
+                raise KeyError(name) from None
         try:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size > self._max_entry_bytes:
-                    raise EntryRejected(f"{size} bytes, over the {self._max_entry_bytes}-byte entry limit")
-                return fh.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise KeyError(name) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise EntryRejected("a symbolic link, not an entry (not followed)") from None
+            raise
+        with open(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise EntryRejected("not a regular file")
+            if st.st_size > self._max_entry_bytes:
+                raise EntryRejected(f"{st.st_size} bytes, over the {self._max_entry_bytes}-byte entry limit")
+            data = fh.read(self._max_entry_bytes + 1)  # a file growing since the fstat stops at the cap
+        if len(data) > self._max_entry_bytes:
+            raise EntryRejected(f"over the {self._max_entry_bytes}-byte entry limit")
+        return data
 
     def write_entry(self, name: str, payload: bytes) -> None:
-        """Atomically place ``payload`` under ``name``: stage in tmp/, fsync, rename (as cuda-core does)."""
-        fsutil.write_atomic(self.path_for(name), payload, staging_dir=self.root / _TMP)
+        """Atomically place ``payload`` under ``name``: stage in tmp/, fsync, rename (as cuda-core does).
+
+        ``PermissionError`` if a directory on the way (``entries/``, the shard, ``tmp/``) is a symbolic link.
+        """
+        path = self._writable_path(name)
+        fsutil.write_atomic(path, payload, staging_dir=self.root / _TMP)
 
     def create_entry(self, name: str, payload: bytes) -> bool:
-        return fsutil.create_exclusive(self.path_for(name), payload, staging_dir=self.root / _TMP)
+        path = self._writable_path(name)
+        return fsutil.create_exclusive(path, payload, staging_dir=self.root / _TMP)
+
+    def _writable_path(self, name: str) -> Path:
+        path = self.path_for(name)
+        fsutil.make_dirs(path.parent, below=self.root)
+        fsutil.make_dirs(self.root / _TMP, fsutil.STAGING_DIR_MODE, below=self.root)
+        return path
 
     def delete_entry(self, name: str) -> None:
         try:
@@ -145,6 +186,29 @@ class LocalDir(EntryStore):
         except FileNotFoundError:
             return False
         return True
+
+    def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
+        """Remove files in ``tmp/`` that writers (ours or cuda-core's) staged over ``older_than`` seconds ago.
+
+        A writer killed between staging and rename leaves its file there. Runs only when
+        called (``prune`` and ``clear`` do); a younger file may be a live write.
+        """
+        cutoff = (time.time() if now is None else now) - older_than
+        removed = 0
+        try:
+            staged = list(os.scandir(self.root / _TMP))
+        except FileNotFoundError:
+            return 0
+        for item in staged:
+            try:
+                st = item.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) or st.st_mtime >= cutoff:
+                    continue
+                os.unlink(item.path)
+            except FileNotFoundError:
+                continue
+            removed += 1
+        return removed
 
     def verify_entry(self, name: str) -> str | None:
         """None if the file is a whole code object, else why not (local entries carry no digest)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from .fsutil import make_dirs
 from .ratelimit import log_once
 
 try:
@@ -149,6 +151,28 @@ class _Seat(Generic[T]):
 
 # -- processes of one node ---------------------------------------------------------------------
 
+# Lock descriptors this process holds (opened, locked or waiting), so a forked child can
+# drop its copies: an flock belongs to the open file description, which fork shares, so
+# a child keeping its copy would keep the lock after the parent lets go.
+_held_fds: set[int] = set()
+_held_lock = threading.Lock()
+#: Planted entries at a lock file's name (a symlink) removed before giving up on the lock.
+_MAX_PLANTED = 3
+
+
+def _drop_lock_fds_after_fork() -> None:
+    # The child closes its copies without unlocking (LOCK_UN would free the parent's lock too).
+    global _held_lock
+    _held_lock = threading.Lock()
+    for fd in list(_held_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_lock_fds_after_fork)
+
 
 @contextlib.contextmanager
 def node_lock(locks_dir: str | os.PathLike[str], name: str, timeout: float) -> Iterator[bool]:
@@ -158,40 +182,75 @@ def node_lock(locks_dir: str | os.PathLike[str], name: str, timeout: float) -> I
     ...     compile_unless_someone_did()
 
     Safe across threads and processes of one host (and NFS clients with working
-    locks). A holder that dies releases the lock with its file descriptors.
+    locks). A holder that dies releases the lock with its file descriptors; a child it
+    forked drops its copies at the fork, and the release unlocks explicitly, so a
+    process that inherited the descriptor some other way does not keep the lock either.
+    ``locks_dir`` must not be a symlink, and a symlink at the lock file's name is
+    removed, never followed (nothing is created or opened through it).
     """
     if fcntl is None:  # pragma: no cover - Windows
         log_once(logger, "no-flock", logging.INFO, "no flock on this platform: no inter-process single-flight")
         yield False
         return
+    locks_dir = os.fspath(locks_dir)
     try:
-        os.makedirs(locks_dir, exist_ok=True)
+        make_dirs(locks_dir)  # never world-writable, whatever the umask
+        dir_fd = os.open(locks_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         log_once(logger, f"locks-dir:{locks_dir}", logging.WARNING,
-                 "cannot create lock directory %s (%r): no inter-process single-flight", locks_dir, exc)
-        yield False
-        return
-    path = os.path.join(os.fspath(locks_dir), name + ".lock")
-    fd = _acquire_file_lock(path, time.monotonic() + timeout)
-    if fd is None:
+                 "cannot use lock directory %s (%r; a symlink is refused): no inter-process single-flight",
+                 locks_dir, exc)
         yield False
         return
     try:
-        yield True
+        filename = name + ".lock"
+        path = os.path.join(locks_dir, filename)
+        fd = _acquire_file_lock(dir_fd, filename, path, time.monotonic() + timeout)
+        if fd is None:
+            yield False
+            return
+        owner = os.getpid()
+        try:
+            yield True
+        finally:
+            if os.getpid() == owner:  # a forked child that left the block already dropped its copy
+                # Unlink first, while we hold it: a waiter that then locks the old file sees it
+                # is no longer the one at ``path`` and starts over on a fresh one.
+                with contextlib.suppress(OSError):
+                    os.unlink(filename, dir_fd=dir_fd)
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                _close_lock_fd(fd)
     finally:
-        # Unlink first, while we hold it: a waiter that then locks the old file sees it
-        # is no longer the one at ``path`` and starts over on a fresh one.
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        os.close(dir_fd)
+
+
+def _open_lock_fd(dir_fd: int, filename: str) -> int:
+    with _held_lock:
+        fd = os.open(filename, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        _held_fds.add(fd)
+        return fd
+
+
+def _close_lock_fd(fd: int) -> None:
+    with _held_lock:
+        _held_fds.discard(fd)
         os.close(fd)
 
 
-def _acquire_file_lock(path: str, deadline: float) -> int | None:
+def _acquire_file_lock(dir_fd: int, filename: str, path: str, deadline: float) -> int | None:
     delay, limit = NODE_POLL_S
+    planted = 0
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = _open_lock_fd(dir_fd, filename)
         except OSError as exc:
+            if exc.errno == errno.ELOOP and planted < _MAX_PLANTED:
+                planted += 1  # a symlink at our lock's name: remove the link itself, never follow it
+                logger.warning("removing a symlink planted at lock file %s", path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(filename, dir_fd=dir_fd)
+                continue
             log_once(logger, f"lockfile:{os.path.dirname(path)}", logging.WARNING,
                      "cannot open lock file %s (%r): no inter-process single-flight", path, exc)
             return None
@@ -202,23 +261,23 @@ def _acquire_file_lock(path: str, deadline: float) -> int | None:
             except BlockingIOError:
                 now = time.monotonic()
                 if now >= deadline:
-                    os.close(fd)
+                    _close_lock_fd(fd)
                     logger.info("waited too long for %s; going ahead without it", path)
                     return None
                 time.sleep(min(delay, deadline - now))
                 delay = min(delay * 1.5, limit)
             except OSError as exc:  # e.g. ENOLCK on a filesystem without locks
-                os.close(fd)
+                _close_lock_fd(fd)
                 log_once(logger, f"flock:{os.path.dirname(path)}", logging.WARNING,
                          "flock failed on %s (%r): no inter-process single-flight", path, exc)
                 return None
         try:
-            st = os.stat(path)
+            st = os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
-            os.close(fd)
+            _close_lock_fd(fd)
             continue
         fst = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (fst.st_dev, fst.st_ino):
-            os.close(fd)  # locked a file its holder already unlinked
+            _close_lock_fd(fd)  # locked a file its holder already unlinked
             continue
         return fd

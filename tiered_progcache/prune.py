@@ -40,7 +40,8 @@ class PruneReport:
     """What one prune planned and did. Immutable.
 
     ``doomed`` is oldest first. On a dry run nothing is deleted: ``removed``,
-    ``changed`` and ``failed`` stay empty.
+    ``changed``, ``failed`` and ``swept`` stay empty. ``swept`` counts staged files of
+    writers that died, removed with the entries (:meth:`EntryStore.sweep_staged`).
     """
 
     location: str
@@ -51,6 +52,7 @@ class PruneReport:
     removed: int = 0
     changed: int = 0  # changed or gone since listed, so left alone
     failed: tuple[tuple[str, str], ...] = ()  # (entry name, why the delete failed)
+    swept: int = 0  # stale staged files removed
 
     @property
     def doomed_bytes(self) -> int:
@@ -99,6 +101,7 @@ def prune(
 
     A delete that fails is reported in ``failed`` and the rest still go. A store that is
     read-only here raises ``PermissionError`` before anything is listed (dry runs are allowed).
+    A real run also sweeps files staged over an hour before ``now`` by writers that died.
     """
     if not dry_run and store.read_only:
         raise PermissionError(f"{store.location} is read-only here: cannot prune it")
@@ -126,4 +129,9 @@ def prune(
         except Exception as exc:  # one entry's failure (permissions, a timeout) does not stop the rest
             logger.debug("could not remove %s from %s: %s", candidate.entry.name, store.location, one_line(exc))
             failed.append((candidate.entry.name, str(exc)))
-    return dataclasses.replace(report, removed=removed, changed=changed, failed=tuple(failed))
+    try:
+        swept = store.sweep_staged(now=now)
+    except Exception as exc:  # the entries are pruned; debris waits for the next run
+        logger.warning("could not sweep staged files in %s: %s", store.location, one_line(exc))
+        swept = 0
+    return dataclasses.replace(report, removed=removed, changed=changed, failed=tuple(failed), swept=swept)

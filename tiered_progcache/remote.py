@@ -16,27 +16,41 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import logging
 import math
 import os
 import posixpath
+import stat
+import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Callable
 
 from cuda.core import ObjectCode
 from cuda.core.utils import ProgramCacheResource
 
 from . import _cudacore, fsutil
 from .breaker import CircuitBreaker
-from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
-from .runner import RequestRunner
-from .store import EntryStore, LeaseStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope, max_stored_bytes, stored_length
+from .runner import FilesystemFactory, RequestRunner
+from .store import (
+    STALE_STAGED_AGE_S,
+    EntryStore,
+    LeaseStore,
+    StoredEntry,
+    check_entry_name,
+    entry_name,
+    is_entry_name,
+)
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DEFAULT_TRANSFER_CONCURRENCY",
+    "MAX_LEASE_BYTES",
+    "READ_CHUNK_BYTES",
     "RemoteLeases",
     "RemoteProgramCache",
     "check_url",
@@ -50,6 +64,11 @@ DEFAULT_TIMEOUT_S = 5.0
 MIN_LIST_TIMEOUT_S = 120.0
 #: Requests in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
 DEFAULT_TRANSFER_CONCURRENCY = 64
+#: Bytes an entry read takes at a time: the first request's size on an object store, the
+#: step between deadline checks on a file system. A read holds at most the stated length.
+READ_CHUNK_BYTES = 1 << 20
+#: Largest lease document read (they are a few hundred bytes of JSON).
+MAX_LEASE_BYTES = 1 << 16
 
 # Object stores whose put can be conditional (S3 ``If-None-Match: *``, GCS
 # ``ifGenerationMatch=0``, memory:// in-process): ``pipe_file(mode="create")`` is atomic.
@@ -75,7 +94,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
 
     def __init__(
         self,
-        fs: Any,
+        fs: Any | None,
         root: str,
         *,
         url: str | None = None,
@@ -87,10 +106,13 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         breaker: CircuitBreaker | None = None,
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
+        factory: FilesystemFactory | None = None,
     ) -> None:
-        self.fs = fs
+        if fs is None and factory is None:
+            raise TypeError("RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)")
+        fs_class = type(fs) if fs is not None else factory.cls
         self.root = root.rstrip("/")
-        self.url = url if url is not None else f"{_protocol(fs)}://{self.root}"
+        self.url = url if url is not None else f"{_protocol(fs_class)}://{self.root}"
         self._location = _without_password(self.url)
         self._read_only = bool(read_only)
         self.timeout = _check_timeout(timeout)
@@ -100,12 +122,14 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
         self._max_entry_bytes = max_entry_bytes
         self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"remote cache {self._location}")
-        self._runner = RequestRunner(fs, timeout=self.timeout, breaker=self._breaker, name=self._location)
+        self._runner = RequestRunner(
+            fs, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
+        )
         # Object stores (root_marker "") put whole objects atomically and have buckets.
-        self._bucket_store = not fs.root_marker
-        base = (self.root if self.root else fs._strip_protocol("")).rstrip("/")
+        self._bucket_store = not fs_class.root_marker
+        base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
         self._entries = f"{base}/entries"
-        self._objects = _Objects(fs, f"{base}/tmp", is_async=self._runner.is_async)
+        self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
@@ -135,18 +159,23 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         and starts with its breaker open (the chain works local-only until a probe
         succeeds). ``options`` go to :class:`RemoteProgramCache` (``breaker``,
         ``transfer_concurrency``, ``max_entry_bytes``).
-        """
-        from fsspec.core import url_to_fs
 
+        The filesystem is built through the tier's request runner, under ``timeout``:
+        one whose constructor connects (ftp://, sftp) or looks for credentials (gs://)
+        and hangs costs one deadline; with ``strict=False`` the tier then starts with
+        its breaker open and builds it again at the next probe. A forked child builds
+        its own (see :mod:`tiered_progcache.runner`).
+        """
         if storage_options is None:
             storage_options = {}
         if not isinstance(storage_options, Mapping):
             raise TypeError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
         check_url(url)
-        fs, root = url_to_fs(url, **dict(storage_options))
+        fs, root, factory = _plan_filesystem(url, dict(storage_options))
         return cls(
             fs,
             root,
+            factory=factory,
             url=url.rstrip("/"),
             read_only=read_only,
             signing_key=signing_key,
@@ -163,6 +192,11 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         )
 
     # -- what the store is -----------------------------------------------------------
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (built on first use, and again in a forked child; see :mod:`.runner`)."""
+        return self._runner.fs
 
     @property
     def location(self) -> str:
@@ -232,8 +266,9 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         return sum(1 for _ in self.iter_entries())
 
     def clear(self) -> None:
-        """Delete every entry under this URL's prefix. Only ever called on purpose (the CLI)."""
+        """Delete every entry under this URL's prefix, and stale staged files. Only ever called on purpose (the CLI)."""
         self.delete_entries(list(self.iter_entries()))
+        self.sweep_staged()
 
     def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
         """Delete listed entries in batches of 1000 paths per request; the count asked to delete."""
@@ -325,6 +360,18 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         """The lease namespace ``<url>/leases/``; None on a read-only tier (it would never upload)."""
         return self._leases
 
+    def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
+        """Remove files left in ``<url>/tmp/`` by uploads that died over ``older_than`` seconds ago; the count.
+
+        Only file systems stage (object stores put whole objects). Runs only when called:
+        ``prune`` and ``clear`` call it, the write path never does (a younger staged file
+        may be another node's upload in flight). One listing, through the runner.
+        """
+        if self._read_only or not self._objects.stages:
+            return 0
+        cutoff = (time.time() if now is None else now) - older_than
+        return self._runner.call("sweep", self._objects.sweep_staged, None, cutoff, timeout=self._list_timeout)
+
     # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
     def seal_envelope(self, name: str, payload: bytes) -> bytes:
@@ -338,8 +385,11 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
     def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
         """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
         paths = [self.path_for(name) for name in names]
-        cat_async = self.fs._cat_file if self._runner.is_async else None
-        results = self._runner.call_many("batched read", self.fs.cat_file, cat_async, [(p,) for p in paths])
+        objects = self._objects
+        results = self._runner.call_many(
+            "batched read", objects.read_envelope, objects.read_envelope_async_or_none, [(p,) for p in paths],
+            stoppable=True,
+        )
         return dict(zip(names, results))
 
     def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
@@ -380,11 +430,11 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
     def _list_timeout(self) -> float:
         return max(self.timeout, MIN_LIST_TIMEOUT_S)
 
-    def _read_envelope(self, name: str) -> bytes:
+    def _read_envelope(self, name: str) -> bytes | memoryview:
         path = self.path_for(name)
-        cat_async = self.fs._cat_file if self._runner.is_async else None
+        objects = self._objects
         try:
-            return self._runner.call("read", self.fs.cat_file, cat_async, path)
+            return self._runner.call("read", objects.read_envelope, objects.read_envelope_async_or_none, path, stoppable=True)
         except FileNotFoundError:
             raise KeyError(name) from None
 
@@ -393,9 +443,9 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
             raise PermissionError(f"remote cache {self._location} is read-only; refusing to {what}")
 
     def _check_reachable(self, strict: bool) -> None:
-        """Probe the bucket (object stores) or directory once, so a bad config shows up now."""
-        info_async = self.fs._info if self._runner.is_async else None
+        """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
         try:
+            info_async = self.fs._info if self._runner.is_async else None
             if self._bucket_store:
                 bucket = self.root.split("/", 1)[0]
                 self._runner.call("probe", self.fs.info, info_async, bucket)
@@ -403,7 +453,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
                 if not self._runner.call("probe", self.fs.isdir, None, self.root):
                     if self._read_only:
                         raise FileNotFoundError(f"{self.root} does not exist")
-                    self._runner.call("probe", functools.partial(self.fs.makedirs, exist_ok=True), None, self.root)
+                    self._runner.call("probe", self._objects.make_root, None, self.root)
         except Exception as exc:
             message = _unreachable_message(self._location, exc, self.timeout)
             if strict:
@@ -464,19 +514,58 @@ class _Objects:
     Each method is one request's worth of work, run by the caller through the runner.
     """
 
-    def __init__(self, fs: Any, staging_dir: str, *, is_async: bool) -> None:
-        self._fs = fs
-        self._async = is_async
+    def __init__(self, runner: RequestRunner, staging_dir: str, *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
+        self._runner = runner
+        self._async = is_async = runner.is_async
+        self._max_entry_bytes = max_entry_bytes
         self._staging_dir = staging_dir
-        protocols = _protocols(fs)
+        protocols = _protocols(runner.filesystem_class)
         # Object stores (every async filesystem, memory://) replace an object whole in one put.
         self._whole_puts = is_async or "memory" in protocols
         self._local = bool(protocols & _LOCAL_PROTOCOLS)
         self._conditional_put = bool(protocols & _CONDITIONAL_PUT_PROTOCOLS)
 
     @property
+    def _fs(self) -> Any:
+        return self._runner.fs  # the current one: rebuilt after a fork
+
+    @property
     def atomic_create(self) -> bool:
         return self._local or self._conditional_put
+
+    def make_root(self, root: str) -> None:
+        """Create the remote's root directory (explicit modes on a local path)."""
+        if self._local:
+            fsutil.make_dirs(os.path.normpath(root))
+        else:
+            self._fs.makedirs(root, exist_ok=True)
+
+    def _make_dirs(self, path: str, mode: int = fsutil.DIR_MODE) -> None:
+        if self._local:  # explicit modes; no symbolic link under the root written through
+            fsutil.make_dirs(os.path.normpath(path), mode, below=os.path.dirname(os.path.normpath(self._staging_dir)))
+        else:
+            self._fs.makedirs(path, exist_ok=True)
+
+    @property
+    def stages(self) -> bool:
+        """True if writes stage a file in the staging directory first (file systems)."""
+        return not self._whole_puts
+
+    def sweep_staged(self, cutoff: float) -> int:
+        """Remove staged files last modified before ``cutoff`` (seconds since the epoch); the count removed."""
+        try:
+            listing = self._fs.ls(self._staging_dir, detail=True)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for info in listing:
+            mtime = _mtime_of(info)
+            if info.get("type") == "directory" or mtime is None or mtime >= cutoff:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.rm_file(info["name"])
+                removed += 1
+        return removed
 
     # -- put: replace whole ------------------------------------------------------------
 
@@ -486,11 +575,11 @@ class _Objects:
             fs.pipe_file(path, blob)
             return
         # A file system: stage next to the entries and rename, so readers never see a partial file.
-        fs.makedirs(self._staging_dir, exist_ok=True)
+        self._make_dirs(self._staging_dir, fsutil.STAGING_DIR_MODE)
         staged = f"{self._staging_dir}/{uuid.uuid4().hex}"
         fs.pipe_file(staged, blob)
         try:
-            fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self._make_dirs(posixpath.dirname(path))
             fs.mv(staged, path)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -535,9 +624,39 @@ class _Objects:
 
     # -- read and delete ---------------------------------------------------------------
 
+    def read_envelope(self, stop: threading.Event, path: str) -> bytes | memoryview:
+        """An entry's envelope, read up to the length its header states and never past the cap.
+
+        Stops between chunks once ``stop`` is set (the caller's deadline passed). Raises
+        ``InvalidEnvelope`` for an object that states (or has) more than the cap, and on a
+        local path for a symbolic link or anything but a regular file, unread.
+        """
+        if self._local:
+            fd = _open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes))
+            with open(fd, "rb", buffering=0) as fh:
+                return _read_capped(fh.read, stop, self._max_entry_bytes)
+        with self._fs.open(path, "rb") as fh:
+            return _read_capped(fh.read, stop, self._max_entry_bytes)
+
+    @property
+    def read_envelope_async_or_none(self) -> Any:
+        return self._read_envelope_async if self._async else None
+
+    async def _read_envelope_async(self, path: str) -> bytes:
+        """As :meth:`read_envelope`, in ranged requests: one chunk, then only the rest the header states."""
+        first = bytes(await self._fs._cat_file(path, start=0, end=READ_CHUNK_BYTES))
+        if len(first) < HEADER_SIZE:
+            return first
+        limit = stored_length(first[:HEADER_SIZE], self._max_entry_bytes) + 1  # one more byte shows trailing bytes
+        if len(first) < READ_CHUNK_BYTES or len(first) >= limit:
+            return _checked_length(first[:limit], limit)
+        rest = bytes(await self._fs._cat_file(path, start=len(first), end=limit))
+        return _checked_length(first + rest, limit)
+
     def read_or_none(self, path: str) -> bytes | None:
+        """A small object (a lease), at most ``MAX_LEASE_BYTES``; None if absent."""
         try:
-            return bytes(self._fs.cat_file(path))
+            return bytes(self._fs.cat_file(path, start=0, end=MAX_LEASE_BYTES))
         except FileNotFoundError:
             return None
 
@@ -547,7 +666,7 @@ class _Objects:
 
     async def _read_async(self, path: str) -> bytes | None:
         try:
-            return bytes(await self._fs._cat_file(path))
+            return bytes(await self._fs._cat_file(path, start=0, end=MAX_LEASE_BYTES))
         except FileNotFoundError:
             return None
 
@@ -589,6 +708,63 @@ class _Objects:
             return False
         self._fs.rm_file(path)
         return True
+
+
+def _open_regular(path: str, max_bytes: int) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file of at most ``max_bytes``; else ``InvalidEnvelope``.
+
+    The last component is not followed (``O_NOFOLLOW``): a planted link to ``/dev/zero``
+    or a file outside the tree is refused, as is a FIFO or device (opened non-blocking,
+    so a FIFO cannot hang the open).
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InvalidEnvelope("a symbolic link, not an entry (not followed)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidEnvelope("not a regular file")
+        if st.st_size > max_bytes:
+            raise InvalidEnvelope(f"object is {st.st_size} bytes, over the {max_bytes}-byte cap of an envelope")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_capped(read: Callable[[int], bytes], stop: threading.Event, max_entry_bytes: int) -> memoryview:
+    """Read an envelope through ``read(n)``: its header, then up to the length it states, checking ``stop`` per chunk."""
+    head = b""
+    while len(head) < HEADER_SIZE:
+        chunk = read(HEADER_SIZE - len(head))
+        if not chunk:
+            return memoryview(head)  # truncated: the codec says so
+        head += chunk
+    limit = stored_length(head, max_entry_bytes) + 1  # one more byte shows trailing bytes
+    buffer = bytearray(limit)
+    view = memoryview(buffer)
+    view[:HEADER_SIZE] = head
+    filled = HEADER_SIZE
+    while filled < limit:
+        if stop.is_set():
+            raise TimeoutError("read stopped at its deadline")
+        chunk = read(min(READ_CHUNK_BYTES, limit - filled))
+        if not chunk:
+            break
+        view[filled : filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return _checked_length(view[:filled], limit)
+
+
+def _checked_length(blob: Any, limit: int) -> Any:
+    """``blob`` unless it reached ``limit`` (one byte past the stated length): then ``InvalidEnvelope``."""
+    if len(blob) >= limit:
+        raise InvalidEnvelope(f"trailing bytes: the object is longer than the {limit - 1} bytes its header states")
+    return blob
 
 
 def _unreachable_message(location: str, exc: BaseException, timeout: float) -> str:
@@ -640,6 +816,24 @@ def _check_timeout(timeout: float | None) -> float:
     return float(timeout)
 
 
+def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:
+    """The filesystem of ``url`` as (instance or None, root path, factory or None), building nothing that may block.
+
+    A plain URL gives a factory (the runner builds it under the deadline); a chained one
+    (``simplecache::s3://...``) is built here by fsspec, whose layers construct lazily.
+    """
+    import fsspec
+    from fsspec.core import split_protocol, url_to_fs
+
+    if "::" in url:
+        fs, root = url_to_fs(url, **storage_options)
+        return fs, root, None
+    protocol = split_protocol(url)[0] or "file"
+    fs_class = fsspec.get_filesystem_class(protocol)
+    kwargs = {**fs_class._get_kwargs_from_urls(url), **storage_options}
+    return None, fs_class._strip_protocol(url), FilesystemFactory(fs_class, kwargs)
+
+
 def _protocols(fs: Any) -> set[str]:
     protocol = fs.protocol
     return {protocol} if isinstance(protocol, str) else set(protocol)
@@ -651,11 +845,14 @@ def _protocol(fs: Any) -> str:
 
 
 def _version_of(info: Mapping[str, Any]) -> Any:
-    """The object's identity from a listing or ``info`` (S3 ETag, GCS generation); None where the store gives none."""
+    """The object's identity from a listing or ``info`` (S3 ETag, GCS generation, inode+size+mtime on a
+    file system); None where the store gives none."""
     for field in ("ETag", "etag", "generation"):
         value = info.get(field)
         if value:
             return str(value)
+    if info.get("ino") is not None and info.get("mtime") is not None:  # a local or NFS path: cuda-core's guard
+        return f"{info['ino']}:{info.get('size')}:{info['mtime']}"
     return None
 
 

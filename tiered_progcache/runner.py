@@ -11,34 +11,80 @@ Deadlines are enforced two ways, picked per filesystem:
   event loop under ``asyncio.wait_for`` (``fsspec.asyn.sync(..., timeout=)``), so a
   request that runs out of time is *cancelled*, not abandoned;
 - blocking filesystems (local/NFS paths, memory://, sftp): the call runs on a small pool
-  of daemon threads and the caller waits on its future with a timeout. A call that
-  never returns keeps its thread (Python cannot cancel a blocked thread) but not its
-  caller; the pool is bounded, so a remote that hangs every call fills it, the next
+  of daemon threads and the caller waits on its future with a timeout. A call made with
+  ``stoppable=True`` gets a stop flag (a ``threading.Event``) as its first argument, set
+  when its caller stops waiting, so a long read checks it between chunks and ends at
+  its deadline. A call that never returns keeps its thread (Python cannot cancel a
+  blocked thread) but not its caller; the pool is bounded, so a remote that hangs every call fills it, the next
   calls time out waiting for a thread, and the breaker opens. Daemon threads never
   hold up interpreter exit.
+
+The filesystem itself is built through the runner where a :class:`FilesystemFactory` is
+given: on first use, under the request deadline and the breaker (ftp:// and sftp
+connect in their constructor, gcsfs looks for credentials), so a remote that cannot
+even be constructed costs one deadline, not 30 s.
+
+Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
+loop and sessions (s3fs is not fork-safe). ``os.register_at_fork`` marks every runner;
+in the child its thread pool starts empty and its filesystem is rebuilt on first use,
+a new instance outside fsspec's instance cache (a blocking filesystem handed in by the
+caller is kept: it holds no threads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
 import math
+import os
 import queue
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+import weakref
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 from .breaker import CircuitBreaker
+from .errors import EntryRejected
 
-__all__ = ["ANSWERS", "RequestRunner"]
+__all__ = ["ANSWERS", "FilesystemFactory", "RequestRunner"]
 
 T = TypeVar("T")
 
-#: Exceptions that are the remote's answer (a miss, an object already there), not its failure.
-ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError)
+#: Exceptions that are the remote's answer (a miss, an object already there, an object refused
+#: while read), not its failure.
+ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, EntryRejected)
 #: Requests of one batch that a connection pool is assumed to run side by side.
 BATCH_PARALLELISM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class FilesystemFactory:
+    """How to build one fsspec filesystem: its class and keyword arguments. Immutable.
+
+    ``build(fresh=True)`` makes a new instance (``skip_instance_cache``): after a fork
+    the parent's cached instance holds a dead event loop and sessions. Otherwise fsspec
+    may hand back an equal instance it already holds (warm sessions, as ``url_to_fs``).
+    """
+
+    cls: type
+    kwargs: Mapping[str, Any]
+
+    @classmethod
+    def like(cls, fs: Any) -> FilesystemFactory:
+        """A factory that rebuilds ``fs`` from the options it was made with."""
+        return cls(type(fs), dict(getattr(fs, "storage_options", {})))
+
+    @property
+    def is_async(self) -> bool:
+        from fsspec.asyn import AsyncFileSystem
+
+        return issubclass(self.cls, AsyncFileSystem)
+
+    def build(self, fresh: bool = False) -> Any:
+        return self.cls(**{**self.kwargs, "skip_instance_cache": True}) if fresh else self.cls(**self.kwargs)
 
 
 class RequestRunner:
@@ -55,26 +101,77 @@ class RequestRunner:
 
     def __init__(
         self,
-        fs: Any,
+        fs: Any | None,
         *,
         timeout: float,
         breaker: CircuitBreaker,
         name: str,
         max_threads: int = 8,
+        factory: FilesystemFactory | None = None,
     ) -> None:
-        from fsspec.asyn import AsyncFileSystem
-
+        if fs is None and factory is None:
+            raise ValueError("RequestRunner needs a filesystem or a factory to build one")
+        if factory is None:
+            factory = FilesystemFactory.like(fs)
+            self._rebuild_after_fork = factory.is_async  # a blocking one handed in is kept
+        else:
+            self._rebuild_after_fork = True
+        self._factory = factory
         self._fs = fs
-        self._async = isinstance(fs, AsyncFileSystem)
+        self._async = factory.is_async
         self.timeout = timeout
         self.breaker = breaker
         self.name = name
-        self._threads = _DaemonThreads(max_threads, name="remote")
+        self._max_threads = max_threads
+        self._threads = _DaemonThreads(max_threads, name=f"remote {name}")
+        self._connect_lock = threading.Lock()
+        self._forked = False
+        _RUNNERS.add(self)
 
     @property
     def is_async(self) -> bool:
         """True if requests run as coroutines on the filesystem's loop (cancelled at their deadline)."""
         return self._async
+
+    @property
+    def filesystem_class(self) -> type:
+        """The filesystem's class, known before it is built (``root_marker``, ``_strip_protocol``)."""
+        return self._factory.cls
+
+    @property
+    def fs(self) -> Any:
+        """The filesystem, built on first use under the deadline and the breaker.
+
+        Raises ``TimeoutError`` (construction took past ``timeout``), ``TierUnavailable``
+        (breaker open) or what the constructor raised (recorded on the breaker).
+        """
+        fs = self._fs
+        if fs is not None:
+            return fs
+        self.breaker.before_call()
+        try:
+            fs = self._build()
+        except BaseException as exc:
+            self.breaker.record_failure(exc)
+            raise
+        self.breaker.record_success()  # built; a half-open probe's outcome is always recorded
+        return fs
+
+    def _build(self) -> Any:
+        """The filesystem, built now if it is not yet (under the deadline); the caller keeps the breaker's books."""
+        with self._connect_lock:
+            if self._fs is None:
+                build = functools.partial(self._factory.build, fresh=self._forked)
+                self._fs = _in_daemon_thread(build, self.timeout, f"connecting to {self.name}")
+            return self._fs
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: no parent threads, and a filesystem rebuilt on first use where it cannot cross a fork."""
+        self._threads = _DaemonThreads(self._max_threads, name=f"remote {self.name}")
+        self._connect_lock = threading.Lock()
+        if self._rebuild_after_fork:
+            self._fs = None
+            self._forked = True
 
     def batch_timeout(self, requests: int) -> float:
         """The deadline for ``requests`` run side by side, allowing for a connection pool smaller than the batch."""
@@ -87,20 +184,25 @@ class RequestRunner:
         async_fn: Callable[..., Awaitable[T]] | None,
         *args: Any,
         timeout: float | None = None,
+        stoppable: bool = False,
     ) -> T:
         """One request: ``async_fn(*args)`` on an async filesystem (when given), else ``sync_fn(*args)``.
 
-        ``timeout`` defaults to the runner's per-request timeout. Raises what the request
-        raised; a miss (``FileNotFoundError``) or ``FileExistsError`` counts as an answer.
+        ``timeout`` defaults to the runner's per-request timeout. With ``stoppable``,
+        ``sync_fn`` is called as ``sync_fn(stop, *args)`` (see the module docstring). Raises
+        what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
+        ``EntryRejected`` counts as an answer.
         """
         self.breaker.before_call()
         limit = self.timeout if timeout is None else timeout
         what = f"{what} on {self.name}"
         try:
+            if self._fs is None:
+                self._build()
             if self._async and async_fn is not None:
-                result = _run_async(self._fs.loop, async_fn, args, limit, what)
+                result = _run_async(self.fs.loop, async_fn, args, limit, what)
             else:
-                result = self._run_sync(sync_fn, args, limit, what)
+                result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
             self.breaker.record_success()  # an answer: the remote works
             raise
@@ -118,6 +220,7 @@ class RequestRunner:
         calls: Sequence[tuple[Any, ...]],
         *,
         timeout: float | None = None,
+        stoppable: bool = False,
     ) -> list[Any]:
         """Many requests side by side, one per argument tuple in ``calls``, under one deadline.
 
@@ -126,7 +229,7 @@ class RequestRunner:
         ``Exception``. The batch is one pass through the breaker: if any request was
         answered the remote works (success, which closes a half-open breaker);
         if none was, each failed request counts as a failure. ``timeout`` defaults to
-        :meth:`batch_timeout`.
+        :meth:`batch_timeout`; ``stoppable`` as for :meth:`call` (one stop flag for the batch).
         """
         if not calls:
             return []
@@ -137,10 +240,16 @@ class RequestRunner:
         limit = self.batch_timeout(len(calls)) if timeout is None else timeout
         what = f"{what} on {self.name}"
         try:
+            if self._fs is None:
+                self._build()
+        except Exception as exc:  # could not even build the filesystem: the batch failed
+            self.breaker.record_failure(exc)
+            return [exc] * len(calls)
+        try:
             if self._async and async_fn is not None:
                 results = self._many_async(async_fn, calls, limit, what)
             else:
-                results = self._many_sync(sync_fn, calls, limit, what)
+                results = self._many_sync(sync_fn, calls, limit, what, stoppable)
         except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
             self.breaker.record_failure(exc)
             raise
@@ -157,20 +266,25 @@ class RequestRunner:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _run_sync(self, fn: Callable[..., T], args: tuple[Any, ...], timeout: float, what: str) -> T:
-        future = self._threads.submit(fn, *args)
+    def _run_sync(
+        self, fn: Callable[..., T], args: tuple[Any, ...], timeout: float, what: str, stoppable: bool = False
+    ) -> T:
+        stop = threading.Event()
+        future = self._threads.submit(fn, *((stop, *args) if stoppable else args))
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
             if future.done() and not future.cancelled():
                 raise  # fn's own TimeoutError (a socket timeout), not our deadline
+            stop.set()  # a stoppable call ends at its next check
             future.cancel()  # still queued: never runs. Running: its thread finishes on its own.
             raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
 
     def _many_sync(
-        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str, stoppable: bool = False
     ) -> list[Any]:
-        futures = [self._threads.submit(fn, *args) for args in calls]
+        stop = threading.Event()
+        futures = [self._threads.submit(fn, *((stop, *args) if stoppable else args)) for args in calls]
         deadline = time.monotonic() + timeout
         results: list[Any] = []
         try:
@@ -181,11 +295,14 @@ class RequestRunner:
                     if future.done() and not future.cancelled():
                         results.append(exc)  # the request's own TimeoutError
                     else:
+                        stop.set()
                         future.cancel()
                         results.append(TimeoutError(f"{what} took longer than {timeout:g} s"))
                 except Exception as exc:
                     results.append(exc)
         finally:
+            if len(results) < len(futures):
+                stop.set()
             for future in futures[len(results) :]:
                 future.cancel()
         return results
@@ -197,7 +314,7 @@ class RequestRunner:
             return await asyncio.gather(*(fn(*args) for args in calls), return_exceptions=True)
 
         try:
-            return list(_run_async(self._fs.loop, run_all, (), timeout, what))
+            return list(_run_async(self.fs.loop, run_all, (), timeout, what))
         except Exception as exc:  # the whole batch: timed out, or the loop is gone
             return [exc] * len(calls)
 
@@ -213,6 +330,38 @@ def _run_async(
         return sync(loop, coro_fn, *args, timeout=timeout)
     except FSTimeoutError:  # an asyncio.TimeoutError, not the builtin one before Python 3.11
         raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+def _in_daemon_thread(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """``fn()`` on a new daemon thread, waited for at most ``timeout`` s (a hung constructor keeps only its thread)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name="tiered-progcache-connect", daemon=True).start()
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        if future.done():
+            raise
+        raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+_RUNNERS: weakref.WeakSet[RequestRunner] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for runner in list(_RUNNERS):
+        runner._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _DaemonThreads:

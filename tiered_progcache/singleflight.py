@@ -30,16 +30,19 @@ from .locks import ThreadSingleFlight, node_lock
 from .ratelimit import log_once
 from .store import EntryStore, LeaseStore, entry_name
 from .tiered import TieredProgramCache, stores_of
+from .writeback import EXIT_FLUSH_TIMEOUT_S
 
 if TYPE_CHECKING:
     from .localdir import LocalDir
 
-__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "run_once"]
+__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "followers", "run_once"]
 
 logger = logging.getLogger(__name__)
 
 #: How long the lease holder's background thread waits for the upload before releasing the lease.
 UPLOAD_FLUSH_TIMEOUT_S = 30.0
+#: How often that thread looks whether interpreter exit has begun while it waits.
+EXIT_POLL_S = 0.1
 
 R = TypeVar("R")  # what the caller gets back
 S = TypeVar("S")  # what the thread that did the work hands to the threads that waited for it
@@ -60,6 +63,14 @@ class Work(Generic[R, S]):
 
 
 _flights: ThreadSingleFlight[object] = ThreadSingleFlight()
+
+
+def followers(cache: ProgramCacheResource, key: bytes) -> int:
+    """Threads of this process waiting for another thread's work on ``key`` in ``cache`` now (0 if none).
+
+    For observability and for tests that must know every waiter has joined. Thread-safe.
+    """
+    return _flights.followers((id(cache), key))
 
 
 def run_once(
@@ -155,16 +166,31 @@ def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, name: s
 
     Nodes waiting on the lease find the entry once it is up; if the upload is slow or
     lost they wait out the lease or their own timeout and compile: slower, never wrong.
-    The thread is not a daemon: a process that exits right after compiling still
-    releases its lease (bounded by the flush timeout and the store's request timeout).
+
+    The thread is not a daemon, so a process that exits right after compiling still
+    releases its lease (``multiprocessing`` children run no atexit handlers, but do join
+    such threads). Once interpreter exit has begun it gives up rather than wait: a release
+    whose upload is not in is dropped (the lease expires by itself, and the write-back's
+    exit flush still gets its own budget for the upload), and a release whose upload is in
+    gets at most ``EXIT_FLUSH_TIMEOUT_S``. So a hung remote costs exit that budget, once.
     """
 
     def upload_then_release() -> None:
-        try:
-            if not cache.flush(UPLOAD_FLUSH_TIMEOUT_S):
+        deadline = time.monotonic() + UPLOAD_FLUSH_TIMEOUT_S
+        while not cache.flush(EXIT_POLL_S):
+            if not threading.main_thread().is_alive():
+                logger.info("interpreter exit: lease %s left to expire (its upload is not in)", name[:16])
+                return
+            if time.monotonic() >= deadline:
                 logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
                                UPLOAD_FLUSH_TIMEOUT_S)
-        finally:
+                break
+        if threading.main_thread().is_alive():
             lease.release()
+            return
+        # Exiting: the release's requests may hang on a dead remote; bound them by the exit budget.
+        releaser = threading.Thread(target=lease.release, name=f"tiered-progcache-release-{name[:8]}", daemon=True)
+        releaser.start()
+        releaser.join(EXIT_FLUSH_TIMEOUT_S)
 
     threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False).start()

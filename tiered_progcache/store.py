@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "ENTRY_NAME_LENGTH",
+    "STALE_STAGED_AGE_S",
     "EntryStore",
     "LeaseStore",
     "StoredEntry",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 ENTRY_NAME_LENGTH = 64
+#: Age after which a file staged for an upload is debris of a writer that died (cuda-core's own threshold).
+STALE_STAGED_AGE_S = 3600.0
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -204,6 +207,14 @@ class EntryStore(abc.ABC):
     def leases(self) -> LeaseStore | None:
         """The namespace for cluster leases on this store, or None if it cannot hold them."""
         return None
+
+    def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
+        """Remove files staged by writers that died (killed, failed) over ``older_than`` seconds ago; the count.
+
+        Runs only when called (``prune`` and ``clear`` call it), never on the write path:
+        a younger staged file may be a live upload. Stores that stage nothing return 0.
+        """
+        return 0
 
 
 class LeaseStore(abc.ABC):

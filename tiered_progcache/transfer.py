@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Callable
 
+from .codeobject import check_code_object
 from .envelope import InvalidEnvelope
 from .errors import EntryRejected, one_line
 from .localdir import LocalDir
@@ -100,8 +101,9 @@ def push(
 
     >>> report = push(LocalDir("/ci/cache"), remote, progress=bar.update_to)
 
-    ``names`` limits it to those local entries (default: all). ``PermissionError``
-    on a read-only remote.
+    ``names`` limits it to those local entries (default: all). A local file that is a
+    cubin or fatbin cut short, or empty, is counted in ``failures`` and never sealed.
+    ``PermissionError`` on a read-only remote.
     """
     if remote.read_only:
         raise PermissionError(f"remote cache {remote.location} is read-only; refusing to push")
@@ -125,6 +127,11 @@ def push(
             except KeyError:  # pruned since it was listed
                 failures += 1
                 first_problem = first_problem or f"{name[:12]}: gone from the local directory"
+                continue
+            problem = check_code_object(payload, unknown_ok=True)
+            if problem is not None:  # a cut-short cubin, fatbin or nothing: signing it would vouch for it
+                failures += 1
+                first_problem = first_problem or f"{name[:12]}: {problem}"
                 continue
             payloads[name] = payload
             sizes[name] = len(payload)

@@ -6,7 +6,9 @@ s3fs or gcsfs: batched ``cat``, deadlines by cancellation) whose every request w
 take 30 s, 1000 concurrent ones about 30 ms. ``write_gate`` (a ``threading.Event``)
 holds every write until the test sets it, which makes "a background upload is still
 running" a state a test can reach without sleeping. ``requests`` counts calls by
-operation, for tests that must prove something never reached the store.
+operation, for tests that must prove something never reached the store. Setting
+``failure`` to an exception makes every request raise it (a remote that is down) until
+it is set back to None (the remote recovered).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ class SlowFileSystem(AsyncFileSystem):
 
     protocol = "slow"
     root_marker = ""  # an object store: the first path component is the bucket
+    cachable = False  # each instance is its own store (fsspec would hand back an equal instance's objects)
 
     def __init__(self, delay_s: float = 0.0, write_gate: threading.Event | None = None, **kwargs: Any) -> None:
-        kwargs.setdefault("skip_instance_cache", True)
         super().__init__(**kwargs)
         self.delay_s = delay_s
         self.write_gate = write_gate
@@ -43,9 +45,13 @@ class SlowFileSystem(AsyncFileSystem):
         self.requests: collections.Counter[str] = collections.Counter()
         self.in_flight = 0
         self.max_in_flight = 0  # the most requests ever waiting at once: proof of concurrency
+        self.failure: BaseException | None = None  # raised by every request while set
+
 
     async def _round_trip(self, op: str) -> None:
         self.requests[op] += 1
+        if self.failure is not None:
+            raise self.failure
         if self.delay_s:
             self.in_flight += 1  # every request runs on the one event loop: no lock needed
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
