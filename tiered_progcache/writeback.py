@@ -4,6 +4,11 @@ A compile must never wait on the network, so ``submit`` only ever appends to a
 dict and returns. When the queue is full the write is dropped (and counted by the
 caller): losing a remote copy costs one compile elsewhere, blocking costs every
 compile here. Pending writes are flushed at interpreter exit within a bounded time.
+
+Fork: a child process inherits the queue's state but not its worker thread. After a
+``fork()`` every live queue starts empty in the child with no worker (one starts at the
+child's first write): writes queued in the parent are the parent's to upload, so the
+child neither uploads them twice nor waits on them in ``flush``/``close``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
+import os
 import threading
 import time
 import weakref
@@ -106,6 +112,13 @@ class WriteBackQueue:
         _live_queues.discard(self)
         return drained
 
+    def _forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's pending writes and its (absent) worker; keep closed-ness."""
+        self._cond = threading.Condition()  # the parent's lock may have been held by a thread the child lacks
+        self._pending = collections.OrderedDict()
+        self._in_flight = 0
+        self._worker = None
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -131,3 +144,11 @@ def _flush_at_exit() -> None:
     for queue in list(_live_queues):
         if not queue.flush(max(0.0, deadline - time.monotonic())):
             logger.warning("interpreter exit: %d background writes not flushed in time", queue.pending)
+
+
+def _after_fork_in_child() -> None:
+    for queue in list(_live_queues):
+        queue._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
