@@ -6,11 +6,15 @@ and interpreters started with ``subprocess`` that exit without ``close()``.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import select
 import signal
+import subprocess
+import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -156,3 +160,61 @@ def test_multiprocessing_fork_child_uploads(tmp_path):
     assert proc.exitcode == 0
     assert cache.shared_store.read_entry(entry_name(b"mp-child")) == b"m" * 50
     cache.close()
+
+
+# -- interpreter exit --------------------------------------------------------------------------------
+
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: E402,F401  (fixtures)
+from tiered_progcache.writeback import EXIT_FLUSH_TIMEOUT_S  # noqa: E402
+
+_WRITE_AND_EXIT = r"""
+import json, sys
+from tiered_progcache import TieredProgramCache
+cache = TieredProgramCache(sys.argv[1], remote=sys.argv[2], remote_options=json.loads(sys.argv[3]))
+for i in range(int(sys.argv[4])):
+    cache[b"exit-%d" % i] = b"%d" % i * 1000
+# no flush(), no close(): the interpreter-exit flush must upload them
+"""
+
+
+def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+def test_uploads_queued_at_exit_reach_s3(tmp_path, s3_bucket):
+    """Before: the exit flush ran after Python shut down the thread pools an s3fs upload needs, so all 20 were lost."""
+    out = _run_child(_WRITE_AND_EXIT, str(tmp_path), s3_bucket.url, json.dumps(s3_bucket.storage_options), "20")
+    assert out.returncode == 0, out.stderr
+    assert "not flushed" not in out.stderr and "shutdown" not in out.stderr, out.stderr
+    remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options)
+    assert sorted(e.name for e in remote.iter_entries()) == sorted(entry_name(b"exit-%d" % i) for i in range(20))
+    for i in range(20):
+        assert remote.read_entry(entry_name(b"exit-%d" % i)) == b"%d" % i * 1000
+
+
+_HANG_AND_EXIT = r"""
+import sys, threading, time
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.testing.slowfs import SlowFileSystem
+fs = SlowFileSystem(write_gate=threading.Event())  # never set: every upload hangs
+fs.mkdir("bucket")
+cache = TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k", timeout=600)])
+for i in range(3):
+    cache[b"hang-%d" % i] = b"x"
+assert fs.writes_started.wait(60)
+print(time.monotonic(), flush=True)  # the moment the script ends; the exit flush starts now
+"""
+
+
+def test_exit_with_a_hanging_remote_takes_at_most_the_exit_flush_bound():
+    """The docs: pending writes get EXIT_FLUSH_TIMEOUT_S (10 s) in all at interpreter exit, then the process exits."""
+    out = _run_child(_HANG_AND_EXIT)
+    exited = time.monotonic()  # CLOCK_MONOTONIC is one clock for every process of the host
+    assert out.returncode == 0, out.stderr
+    lag = exited - float(out.stdout.split()[-1])
+    assert EXIT_FLUSH_TIMEOUT_S <= lag < EXIT_FLUSH_TIMEOUT_S + 5, lag  # waited the bound, and no longer
+    assert "interpreter exit: 3 background writes not flushed in time" in out.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures.thread  # noqa: F401  (registers its exit hook first; ours must run before it)
 import logging
 import os
 import threading
@@ -138,8 +139,8 @@ class WriteBackQueue:
                     self._cond.notify_all()
 
 
-@atexit.register
 def _flush_at_exit() -> None:
+    """Give pending writes EXIT_FLUSH_TIMEOUT_S in all; what is left is dropped with a warning."""
     deadline = time.monotonic() + EXIT_FLUSH_TIMEOUT_S
     for queue in list(_live_queues):
         if not queue.flush(max(0.0, deadline - time.monotonic())):
@@ -152,3 +153,25 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _register_exit_flush() -> None:
+    """Run the exit flush before Python stops its thread pools.
+
+    An upload through s3fs/aiohttp needs ``concurrent.futures`` threads (DNS lookups run
+    in the event loop's default executor). ``concurrent.futures`` stops its pools from
+    ``threading``'s exit hooks, which run before ``atexit`` handlers, so an ``atexit``
+    flush fails every upload with "cannot schedule new futures after shutdown".
+    ``threading._register_atexit`` is the hook ``concurrent.futures`` itself uses; its
+    callbacks run last-registered first, and ``concurrent.futures.thread`` is imported
+    above, so this flush runs before the pools stop. It is a private name (there is no
+    public hook that runs early enough): where it is missing, ``atexit`` is used.
+    """
+    register_early = getattr(threading, "_register_atexit", None)
+    if register_early is None:
+        atexit.register(_flush_at_exit)
+    else:
+        register_early(_flush_at_exit)
+
+
+_register_exit_flush()
