@@ -218,3 +218,49 @@ def test_exit_with_a_hanging_remote_takes_at_most_the_exit_flush_bound():
     lag = exited - float(out.stdout.split()[-1])
     assert EXIT_FLUSH_TIMEOUT_S <= lag < EXIT_FLUSH_TIMEOUT_S + 5, lag  # waited the bound, and no longer
     assert "interpreter exit: 3 background writes not flushed in time" in out.stderr
+
+
+# -- the upload queue's byte bound -----------------------------------------------------------------
+
+
+def test_upload_queue_is_bounded_by_bytes_and_drops_exactly_the_overflow():
+    """1000 bytes allowed (queued and in flight together); 300-byte writes: 3 fit, the other 7 are dropped."""
+    gate = threading.Event()
+    fs = SlowFileSystem(write_gate=gate)
+    fs.mkdir("bucket")
+    cache = TieredProgramCache(
+        tiers=[RemoteProgramCache(fs, "bucket/k")], max_pending_uploads=100, max_pending_upload_bytes=1000
+    )
+    for i in range(10):
+        cache[b"big-%d" % i] = b"%d" % i * 300
+    assert cache.tiers[0].writeback.pending == 3
+    assert cache.stats()["remote"].dropped == 7
+    gate.set()
+    assert cache.flush(30) is True
+    assert sorted(e.name for e in cache.shared_store.iter_entries()) == sorted(entry_name(b"big-%d" % i) for i in range(3))
+    # Room again once those are uploaded: a write of exactly the bound fits, one byte more never does.
+    gate.clear()
+    cache[b"exact"] = b"e" * 1000
+    cache[b"over"] = b"o" * 1001
+    assert cache.stats()["remote"].dropped == 8
+    gate.set()
+    assert cache.flush(30) is True
+    assert cache.shared_store.read_entry(entry_name(b"exact")) == b"e" * 1000
+    cache.close()
+
+
+def test_replacing_a_queued_write_counts_its_new_size_only():
+    gate = threading.Event()
+    fs = SlowFileSystem(write_gate=gate)
+    fs.mkdir("bucket")
+    cache = TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")], max_pending_upload_bytes=1000)
+    cache[b"held"] = b"h" * 400  # in flight, at the gate
+    assert fs.writes_started.wait(30)
+    cache[b"same"] = b"1" * 500
+    cache[b"same"] = b"2" * 600  # replaces the queued 500: 1000 in all, fits
+    cache[b"other"] = b"x"  # 1001: dropped
+    assert cache.stats()["remote"].dropped == 1
+    gate.set()
+    assert cache.flush(30) is True
+    assert cache.shared_store.read_entry(entry_name(b"same")) == b"2" * 600
+    cache.close()

@@ -44,6 +44,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "REMOTE_TIMEOUT": "2.5",
         ENV + "STRICT": "1",
         ENV + "MAX_PENDING_UPLOADS": "64",
+        ENV + "MAX_PENDING_UPLOAD_BYTES": "64Mi",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -52,6 +53,7 @@ def test_every_variable_is_read(tmp_path):
     assert config.remote_options == {"endpoint_url": "http://127.0.0.1:9000", "anon": True}
     assert (config.remote_read_only, config.strict, config.compression) == (True, True, "zstd")
     assert (config.signing_key_file, config.remote_timeout, config.max_pending_uploads) == (key_file, 2.5, 64)
+    assert config.max_pending_upload_bytes == 64 << 20
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
@@ -323,6 +325,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "local_dir": tmp_path, "max_memory_bytes": None, "max_local_bytes": 5 << 30, "remote": "memory://x/y",
         "remote_options": {"anon": True}, "remote_read_only": True, "signing_key_file": tmp_path / "k",
         "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
+        "max_pending_upload_bytes": 1 << 20,
     }  # fmt: skip
     value = samples[setting.name]
     text = setting.text(value)

@@ -26,6 +26,7 @@ from .units import parse_size
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
+    "DEFAULT_MAX_PENDING_UPLOAD_BYTES",
     "ENV_PREFIX",
     "SETTINGS",
     "Kind",
@@ -41,6 +42,9 @@ ENV_PREFIX = "TIERED_PROGCACHE_"
 
 #: The memory tier's default byte cap: a few thousand typical cubins.
 DEFAULT_MAX_MEMORY_BYTES = 256 << 20
+
+#: The byte cap on a tier's background write queue: as much as the memory tier holds.
+DEFAULT_MAX_PENDING_UPLOAD_BYTES = 256 << 20
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -312,6 +316,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
         env="MAX_PENDING_UPLOADS",
+    ),
+    Setting(
+        "max_pending_upload_bytes", SIZE, DEFAULT_MAX_PENDING_UPLOAD_BYTES,
+        "bytes of background writes queued or under way per tier before new ones are dropped, e.g. 1G",
+        env="MAX_PENDING_UPLOAD_BYTES",
     ),
 )  # fmt: skip
 

@@ -45,7 +45,8 @@ class TieredProgramCache(ProgramCacheResource):
     checked like ``from_env`` checks its variables: an unknown name is a ``TypeError``,
     a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
     chain from the given resources instead; settings that shape the default chain are
-    then a ``ValueError``, chain-wide ones (``max_pending_uploads``) still apply.
+    then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``)
+    still apply.
 
     Reads try each tier in order; the first hit is returned and copied into every
     faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
@@ -90,7 +91,9 @@ class TieredProgramCache(ProgramCacheResource):
             specs = list(tiers)
             if not specs:
                 raise ValueError("tiers must name at least one tier")
-        self._tiers: tuple[Tier, ...] = _build_tiers(specs, config.max_pending_uploads)
+        self._tiers: tuple[Tier, ...] = _build_tiers(
+            specs, config.max_pending_uploads, config.max_pending_upload_bytes
+        )
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
         self._first_counters = self._first.counters
@@ -357,7 +360,9 @@ def _default_policy(resource: ProgramCacheResource, index: int) -> TierPolicy:
     return TierPolicy(f"tier{index}")
 
 
-def _build_tiers(specs: Sequence[TierSpec], max_pending_uploads: int) -> tuple[Tier, ...]:
+def _build_tiers(
+    specs: Sequence[TierSpec], max_pending_uploads: int, max_pending_upload_bytes: int | None
+) -> tuple[Tier, ...]:
     built: list[Tier] = []
     names: set[str] = set()
     for index, spec in enumerate(specs):
@@ -378,7 +383,14 @@ def _build_tiers(specs: Sequence[TierSpec], max_pending_uploads: int) -> tuple[T
         if policy.name in names:
             raise ValueError(f"two tiers are named {policy.name!r}")
         names.add(policy.name)
-        built.append(Tier(resource, policy, max_pending_writes=max_pending_uploads))
+        built.append(
+            Tier(
+                resource,
+                policy,
+                max_pending_writes=max_pending_uploads,
+                max_pending_write_bytes=max_pending_upload_bytes,
+            )
+        )
     return tuple(built)
 
 

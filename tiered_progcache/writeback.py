@@ -1,8 +1,9 @@
 """The background uploader: a bounded, coalescing queue drained by one worker thread.
 
 A compile must never wait on the network, so ``submit`` only ever appends to a
-dict and returns. When the queue is full the write is dropped (and counted by the
-caller): losing a remote copy costs one compile elsewhere, blocking costs every
+dict and returns. The queue is bounded by count and by bytes (queued and under way
+together), so a slow remote cannot grow the process without limit. When it is full
+the write is dropped (and counted by the caller): losing a remote copy costs one compile elsewhere, blocking costs every
 compile here. Pending writes are flushed at interpreter exit within a bounded time.
 
 Fork: a child process inherits the queue's state but not its worker thread. After a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import enum
 import concurrent.futures.thread  # noqa: F401  (registers its exit hook first; ours must run before it)
 import logging
 import os
@@ -23,7 +25,7 @@ import time
 import weakref
 from typing import Callable
 
-__all__ = ["WriteBackQueue"]
+__all__ = ["Refused", "WriteBackQueue"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,14 @@ logger = logging.getLogger(__name__)
 EXIT_FLUSH_TIMEOUT_S = 10.0
 
 _live_queues: weakref.WeakSet[WriteBackQueue] = weakref.WeakSet()
+
+
+class Refused(str, enum.Enum):
+    """Why ``submit`` did not queue a write (the caller counts it as dropped and logs this)."""
+
+    CLOSED = "closed"
+    FULL = "queue full"
+    TOO_MANY_BYTES = "queued bytes at their limit"
 
 
 class WriteBackQueue:
@@ -42,14 +52,27 @@ class WriteBackQueue:
     and the worker carries on.
     """
 
-    def __init__(self, store: Callable[[bytes, bytes], None], *, max_pending: int = 1024, name: str = "") -> None:
+    def __init__(
+        self,
+        store: Callable[[bytes, bytes], None],
+        *,
+        max_pending: int = 1024,
+        max_pending_bytes: int | None = None,
+        name: str = "",
+    ) -> None:
         if not isinstance(max_pending, int) or isinstance(max_pending, bool) or max_pending <= 0:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        if max_pending_bytes is not None and (
+            not isinstance(max_pending_bytes, int) or isinstance(max_pending_bytes, bool) or max_pending_bytes <= 0
+        ):
+            raise ValueError(f"max_pending_bytes must be a positive int or None, got {max_pending_bytes!r}")
         self._store = store
         self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
         self._name = name
         self._pending: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
         self._in_flight = 0
+        self._bytes = 0  # queued and under way
         self._closed = False
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -61,29 +84,43 @@ class WriteBackQueue:
         with self._cond:
             return len(self._pending) + self._in_flight
 
-    def submit(self, key: bytes, data: bytes) -> bool:
-        """Queue a write; False if it was dropped (queue full or closed). Never blocks on I/O."""
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the writes queued or under way."""
+        with self._cond:
+            return self._bytes
+
+    def submit(self, key: bytes, data: bytes) -> Refused | None:
+        """Queue a write; None if queued, else why it was dropped. Never blocks on I/O."""
         with self._cond:
             if self._closed:
-                return False
-            if key in self._pending:
-                self._pending[key] = data
-                return True
-            if len(self._pending) >= self._max_pending:
-                return False
+                return Refused.CLOSED
+            replaced = self._pending.get(key)
+            if replaced is None and len(self._pending) >= self._max_pending:
+                return Refused.FULL
+            grown = self._bytes + len(data) - (0 if replaced is None else len(replaced))
+            if self._max_pending_bytes is not None and grown > self._max_pending_bytes:
+                return Refused.TOO_MANY_BYTES
+            self._bytes = grown
             self._pending[key] = data
+            if replaced is not None:
+                return None
             if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._run, name=f"tiered-progcache-writeback-{self._name}", daemon=True
                 )
                 self._worker.start()
             self._cond.notify_all()
-            return True
+            return None
 
     def cancel(self, key: bytes) -> bool:
         """Drop a queued write of ``key``; True if one was queued."""
         with self._cond:
-            return self._pending.pop(key, None) is not None
+            data = self._pending.pop(key, None)
+            if data is None:
+                return False
+            self._bytes -= len(data)
+            return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write submitted so far is done; False if ``timeout`` ran out first."""
@@ -106,6 +143,7 @@ class WriteBackQueue:
         drained = self.flush(timeout)
         with self._cond:
             left = len(self._pending)
+            self._bytes -= sum(len(data) for data in self._pending.values())
             self._pending.clear()
             self._cond.notify_all()
         if left:
@@ -118,6 +156,7 @@ class WriteBackQueue:
         self._cond = threading.Condition()  # the parent's lock may have been held by a thread the child lacks
         self._pending = collections.OrderedDict()
         self._in_flight = 0
+        self._bytes = 0
         self._worker = None
 
     def _run(self) -> None:
@@ -136,6 +175,7 @@ class WriteBackQueue:
             finally:
                 with self._cond:
                     self._in_flight -= 1
+                    self._bytes -= len(data)
                     self._cond.notify_all()
 
 
