@@ -264,3 +264,55 @@ def test_replacing_a_queued_write_counts_its_new_size_only():
     assert cache.flush(30) is True
     assert cache.shared_store.read_entry(entry_name(b"same")) == b"2" * 600
     cache.close()
+
+
+# -- deletes and writes after close ---------------------------------------------------------------------
+
+from tiered_progcache.errors import DeleteFailed  # noqa: E402
+from tiered_progcache.testing.servers import private_moto_server  # noqa: E402,F401  (fixture)
+
+
+def test_delete_during_an_outage_raises_instead_of_letting_the_entry_come_back(private_moto_server, tmp_path):
+    """Before: the remote's failure was logged and ``del`` returned, so the next process read k back from the remote."""
+    bucket = private_moto_server.new_bucket()
+    cache = TieredProgramCache(
+        tmp_path, remote=bucket.url, remote_options=bucket.storage_options, remote_timeout=2
+    )
+    cache[b"k"] = b"v" * 100
+    assert cache.flush(30) is True
+    private_moto_server.stop()
+    with pytest.raises(DeleteFailed, match="remote") as raised:
+        del cache[b"k"]
+    assert raised.value.tiers == ("remote",)
+    # The tiers that could delete did: this process no longer serves k from memory or disk.
+    assert cache.tier("memory").lookup(b"k") is None and cache.tier("local").lookup(b"k") is None
+    assert cache.stats()["remote"].errors + cache.stats()["remote"].timeouts + cache.stats()["remote"].skipped == 1
+    cache.close(timeout=1)
+
+
+def test_delete_cancels_a_queued_upload(tmp_path):
+    """The upload of k queued behind a stuck one must not land after ``del cache[k]``."""
+    gate = threading.Event()
+    fs = SlowFileSystem(write_gate=gate)
+    fs.mkdir("bucket")
+    cache = TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")])
+    cache[b"first"] = b"1"
+    assert fs.writes_started.wait(30)  # "first" is under way, held at the gate
+    cache[b"k"] = b"queued"
+    del cache[b"k"]
+    gate.set()
+    assert cache.flush(30) is True
+    assert [e.name for e in cache.shared_store.iter_entries()] == [entry_name(b"first")]
+    assert fs.requests["put"] == 1
+    cache.close()
+
+
+def test_a_write_after_close_is_dropped_counted_and_logged_as_closed(tmp_path, caplog):
+    cache = TieredProgramCache(tmp_path / "local", remote=_file_remote(tmp_path))
+    cache.close()
+    with caplog.at_level("WARNING", logger="tiered_progcache"):
+        cache[b"late"] = b"x"
+    assert cache.stats()["remote"].dropped == 1
+    assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
+        "tier remote: background write dropped (closed)"
+    ]

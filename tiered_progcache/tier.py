@@ -139,7 +139,11 @@ class Tier:
         return True
 
     def delete(self, key: bytes) -> bool:
-        """Remove ``key``; True if this tier held it. Failures are logged, not raised."""
+        """Remove ``key`` (and cancel its queued upload); True if this tier held it.
+
+        A failure is counted and raised: the caller must not believe an entry gone
+        that this tier may still serve.
+        """
         if self.policy.read_only:
             return False
         cancelled = self.writeback.cancel(key) if self.writeback is not None else False
@@ -147,10 +151,15 @@ class Tier:
             del self.resource[key]
         except KeyError:
             return cancelled
-        except Exception as exc:
+        except TierUnavailable:
+            self.counters.add("skipped")
+            raise
+        except TimeoutError:
+            self.counters.add("timeouts")
+            raise
+        except Exception:
             self.counters.add("errors")
-            self._warn.warning(f"{self.name}:delete", "tier %s failed a delete: %r", self.name, exc)
-            return cancelled
+            raise
         return True
 
     # -- housekeeping ----------------------------------------------------------

@@ -14,6 +14,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 
 from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
+from .errors import DeleteFailed, one_line
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from .settings import by_name
@@ -203,10 +204,27 @@ class TieredProgramCache(ProgramCacheResource):
             tier.store(k, data)
 
     def __delitem__(self, key: bytes | str) -> None:
-        """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it."""
+        """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it.
+
+        A queued upload of ``key`` is cancelled. If a tier fails to delete (a remote
+        during an outage), every other tier still deletes and then
+        :class:`~tiered_progcache.errors.DeleteFailed` names the failing tiers: a
+        delete logged and forgotten would let the entry come back from the remote.
+        """
         k = as_key_bytes(key)
-        held = [tier.delete(k) for tier in self._tiers]
-        if not any(held):
+        held = False
+        failed: list[tuple[str, Exception]] = []
+        for tier in self._tiers:
+            try:
+                held = tier.delete(k) or held
+            except Exception as exc:
+                failed.append((tier.name, exc))
+        if failed:
+            named = "; ".join(f"tier {name}: {one_line(exc)}" for name, exc in failed)
+            raise DeleteFailed(
+                f"the entry may still be served: {named}", tuple(name for name, _ in failed)
+            ) from failed[0][1]
+        if not held:
             raise KeyError(key)
 
     def update(
