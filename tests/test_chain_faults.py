@@ -316,3 +316,51 @@ def test_a_write_after_close_is_dropped_counted_and_logged_as_closed(tmp_path, c
     assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
         "tier remote: background write dropped (closed)"
     ]
+
+
+# -- an unusable local directory --------------------------------------------------------------------
+
+from cuda.core import ProgramOptions  # noqa: E402
+
+import tiered_progcache  # noqa: E402
+from tiered_progcache.samples import matmul_source  # noqa: E402
+
+
+def _blocked_dir(tmp_path: Path) -> Path:
+    """A directory path that cannot be created, even by root: its parent is a regular file."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    return blocker / "cache"
+
+
+@pytest.mark.parametrize("how", ["path", "env", "default"])
+def test_an_unusable_local_dir_leaves_the_local_tier_out_with_a_warning(tmp_path, monkeypatch, caplog, how):
+    """Before: NotADirectoryError out of the constructor, so compile() failed for want of a cache directory."""
+    blocked = _blocked_dir(tmp_path)
+    remote = _file_remote(tmp_path)
+    with caplog.at_level("WARNING", logger="tiered_progcache"):
+        if how == "path":
+            cache = TieredProgramCache(blocked, remote=remote)
+        elif how == "env":
+            monkeypatch.setenv("TIERED_PROGCACHE_DIR", str(blocked))
+            monkeypatch.setenv("TIERED_PROGCACHE_REMOTE", remote)
+            cache = TieredProgramCache.from_env()
+        else:
+            monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # cuda-core's default dir is under it
+            cache = TieredProgramCache(remote=remote)
+    assert [t.name for t in cache.tiers] == ["memory", "remote"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(blocked) in warnings[0] and "local" in warnings[0], warnings
+    cache[b"k"] = b"v"
+    assert cache.flush(30) is True
+    assert cache.get(b"k") == b"v" and cache.shared_store.read_entry(entry_name(b"k")) == b"v"
+    cache.close()
+
+
+def test_compile_works_with_an_unusable_local_dir(tmp_path):
+    options = ProgramOptions(std="c++17", arch="sm_90")
+    with TieredProgramCache(_blocked_dir(tmp_path)) as cache:
+        first = tiered_progcache.compile(matmul_source(16), "c++", options, cache=cache)
+        again = tiered_progcache.compile(matmul_source(16), "c++", options, cache=cache)
+        assert bytes(first.code)[:4] == b"\x7fELF" and bytes(again.code) == bytes(first.code)
+        assert cache.stats()["memory"].hits == 1

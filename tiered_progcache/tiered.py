@@ -343,13 +343,23 @@ def _untimed_mask() -> int:
 
 
 def default_chain(config: CacheConfig) -> list[TierSpec]:
-    """The chain ``config`` describes: memory -> the local directory (-> the remote, if one is named)."""
+    """The chain ``config`` describes: memory -> the local directory (-> the remote, if one is named).
+
+    A local directory that cannot be created or opened is left out with a warning.
+    """
     signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
     local_root = config.local_dir if config.local_dir is not None else default_local_dir()
-    specs: list[TierSpec] = [
-        (InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory")),
-        (FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes), TierPolicy("local")),
-    ]
+    specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
+    try:
+        local = FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes)
+    except OSError as exc:
+        # A directory that cannot be made (read-only home, a path under a file) is an
+        # outage of one tier, not a reason to fail every compile: the others still work.
+        logger.warning(
+            "local cache directory %s is unusable, running without the local tier: %s", local_root, one_line(exc)
+        )
+    else:
+        specs.append((local, TierPolicy("local")))
     if config.remote is not None:
         from .remote import RemoteProgramCache
 
