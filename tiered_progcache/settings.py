@@ -192,7 +192,11 @@ def _check_path(value: Any) -> Path | None:
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"must be a path (str or os.PathLike), got {type(value).__name__}")
-    return Path(os.path.expanduser(os.fspath(value)))
+    text = os.fspath(value)
+    if not text:
+        # Path("") is the working directory: a cache there is never what an empty value meant.
+        raise ValueError("must not be empty (give '.' for the working directory, or None for the default)")
+    return Path(os.path.expanduser(text))
 
 
 def _check_url(value: Any) -> str | None:
@@ -222,6 +226,8 @@ def _options_from_text(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc}); expected an object like '{{\"anon\": true}}'") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read; storage options are a few levels at most") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a JSON object (fsspec storage options), got {type(value).__name__}")
     return dict(value)
