@@ -17,7 +17,6 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -46,10 +45,7 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 
-#: Storage-option keys whose values `config` masks, at any depth of nesting.
-_SECRET_OPTION = re.compile(r"secret|token|password|passwd|credential|(^|_)key$", re.IGNORECASE)
 _MASK = "***"
-_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")
 
 #: Settings whose flag the command adds itself: ``--remote [URL]`` also selects the tier to act on.
 _SELECTOR = ("remote",)
@@ -268,21 +264,13 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def _shown(name: str, value: Any) -> Any:
     """A setting's value as printed: secrets masked (secret settings, secret-looking options, URL passwords)."""
+    from .config import masked
+
     if settings.by_name()[name].secret and value is not None:
         return _MASK
     if isinstance(value, os.PathLike):
         return os.fspath(value)
-    return _masked(value)
-
-
-def _masked(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _MASK if v and _SECRET_OPTION.search(str(k)) else _masked(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_masked(v) for v in value]
-    if isinstance(value, str):  # a password in a URL (each part of a chained fsspec URL)
-        return _URL_PASSWORD.sub(rf"\1{_MASK}@", value)
-    return value
+    return masked(value)
 
 
 def _describe(field: str, value: Any) -> str:

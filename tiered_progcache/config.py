@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,11 +22,32 @@ from .settings import ENV_PREFIX
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
 
-__all__ = ["ENV_PREFIX", "CacheConfig"]
+__all__ = ["ENV_PREFIX", "CacheConfig", "masked"]
 
 logger = logging.getLogger(__name__)
 
 _MASK = "***"
+
+#: Option keys whose values are masked wherever they are nested (``client_kwargs.aws_session_token``).
+_SECRET_OPTION = re.compile(
+    r"secret|token|password|passwd|credential|connection_string|auth|private|sas|key$", re.IGNORECASE
+)
+#: The password of a URL (``scheme://user:PASSWORD@host``), in any string, at any depth.
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^@]*@")
+
+
+def masked(value: Any) -> Any:
+    """``value`` safe to print: secret-looking keys' values and URL passwords masked, at any depth.
+
+    What is not secret (an endpoint, a region) is kept, so a printed config can be debugged.
+    """
+    if isinstance(value, Mapping):
+        return {k: _MASK if v and _SECRET_OPTION.search(str(k)) else masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [masked(v) for v in value]
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(rf"\1{_MASK}@", value)
+    return value
 
 
 class CacheConfig:
@@ -106,24 +128,23 @@ class CacheConfig:
     __hash__ = None  # type: ignore[assignment]  # holds a dict (remote_options)
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={value!r}" for name, value in self._masked().items())
-        return f"CacheConfig({shown})"
+        """Every storage option's value masked (a repr ends up in logs nobody reviews), secrets and URL passwords too."""
+        shown = self.masked()
+        if self.remote_options is not None:
+            shown["remote_options"] = dict.fromkeys(self.remote_options, _MASK)
+        return "CacheConfig({})".format(", ".join(f"{name}={value!r}" for name, value in shown.items()))
 
     def as_dict(self) -> dict[str, Any]:
         """Setting name -> value, in the table's order (secrets included: do not log this)."""
         return dict(self._values)
 
-    def _masked(self) -> dict[str, Any]:
-        """Setting name -> value safe to print: secrets and every storage option's value masked."""
+    def masked(self) -> dict[str, Any]:
+        """Setting name -> value safe to print: secret settings, secret options (nested) and URL passwords masked."""
         table = settings.by_name()
-        shown: dict[str, Any] = {}
-        for name, value in self._values.items():
-            if table[name].secret and value is not None:
-                value = _MASK
-            elif name == "remote_options" and value is not None:
-                value = dict.fromkeys(value, _MASK)
-            shown[name] = value
-        return shown
+        return {
+            name: _MASK if table[name].secret and value is not None else masked(value)
+            for name, value in self._values.items()
+        }
 
     def sources(self) -> dict[str, str]:
         """Setting name -> ``"default"``, ``"env TIERED_PROGCACHE_X"`` or ``"argument"``."""
