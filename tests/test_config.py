@@ -362,3 +362,55 @@ def test_a_setting_added_to_the_table_reaches_every_way_in(monkeypatch, tmp_path
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, tier_shaping))
     with pytest.raises(ValueError, match="lease_dir"):  # a tier-building row is refused with tiers=
         TieredProgramCache(tiers=[InMemoryProgramCache()], lease_dir=1.0)
+
+
+# -- signing-key files: one reader ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        (b"hex-key-0123\n", b"hex-key-0123"),
+        (b"hex-key-0123\r\n", b"hex-key-0123"),
+        (b"hex-key-0123", b"hex-key-0123"),
+        (b" \tbinary\x00key \n\n", b" \tbinary\x00key \n"),  # one line ending only; whitespace is key bytes
+    ],
+)
+def test_every_way_to_give_a_key_file_reads_the_same_key(tmp_path, content, key):
+    from tiered_progcache.config import read_key_file
+
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    assert read_key_file(path) == key
+    assert CacheConfig(signing_key_file=path).read_signing_key() == key
+    assert CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path)}).read_signing_key() == key
+
+
+def test_an_entry_signed_through_the_variable_verifies_under_the_readme_reader(tmp_path):
+    """Before: the README read the key with open().read(), keeping the newline the variable drops: every entry 'bad signature'."""
+    from tiered_progcache.config import read_key_file
+    from tiered_progcache.localdir import entry_name
+
+    path = tmp_path / "ci.key"
+    path.write_bytes(b"0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)
+    remote = f"file://{tmp_path / 'remote'}"
+    with CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path), ENV + "REMOTE": remote, ENV + "DIR": str(tmp_path / "ci")}).build() as ci:
+        ci[b"k"] = b"signed"
+        assert ci.flush(30) is True
+    with TieredProgramCache(tmp_path / "node", remote=remote, signing_key=read_key_file(path)) as node:
+        assert node.shared_store.read_entry(entry_name(b"k")) == b"signed"
+
+
+def test_the_readme_reads_key_files_with_the_one_reader():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "signing_key_file=" in readme
+    assert not re.search(r"signing_key=open\(", readme)
+
+
+def test_an_empty_key_file_is_an_error_naming_the_variable(tmp_path):
+    path = tmp_path / "key"
+    path.write_bytes(b"\n")
+    with pytest.raises(ValueError, match="^TIERED_PROGCACHE_SIGNING_KEY_FILE: the signing key file .* is empty"):
+        CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path)}).read_signing_key()

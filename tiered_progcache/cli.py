@@ -162,7 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", "check every entry's integrity (and signature, on the remote); exit 1 if any is bad",
                 "Remote entries: digest and, with a signing key, signature (exactly as a read checks them). "
                 "Local entries carry no digest: they are checked to be whole cubin, fatbin, LTO-IR or PTX.")  # fmt: skip
-    p.add_argument("--delete-bad", action="store_true", help="delete the entries that fail")
+    p.add_argument("--delete-bad", action="store_true",
+                   help="delete the entries that fail as corrupt or truncated; entries that fail only the "
+                   "signature check are listed as BAD-SIGNATURE and kept (a wrong key would otherwise "
+                   "delete every entry)")  # fmt: skip
     _progress_flag(p)
     p.set_defaults(func=cmd_verify)
 
@@ -488,6 +491,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     bad: list[tuple[str, str]] = []
+    unsigned: list[tuple[str, str]] = []  # failed the signature check: never deleted here
     deleted = 0
     with _store(args) as store:
         if args.delete_bad:
@@ -496,7 +500,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         with _progress_bar(args, "verify") as progress:
             for done, entry in enumerate(entries, start=1):
                 reason = store.verify_entry(entry.name)
-                if reason is not None and reason != _MISSING:  # missing: gone since listed, nothing to check
+                if reason is None or reason == _MISSING:  # missing: gone since listed, nothing to check
+                    pass
+                elif _is_signature_failure(reason):
+                    unsigned.append((entry.name, reason))
+                else:
                     bad.append((entry.name, reason))
                     if args.delete_bad:
                         try:
@@ -508,9 +516,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
         where = store.location
     for name, reason in bad:
         print(f"BAD {name}: {reason}")
+    for name, reason in unsigned:
+        print(f"BAD-SIGNATURE {name}: {reason}")
     tail = f"; deleted {deleted}" if args.delete_bad else ""
-    print(f"checked {len(entries)} entries in {where}: {len(bad)} bad{tail}")
-    return EXIT_PROBLEMS if bad else EXIT_OK
+    if unsigned:
+        tail += f"; {len(unsigned)} failed the signature check only"
+        if args.delete_bad:
+            tail += ", kept (a wrong key is likelier than forgery: check the key, then delete them with clear or prune)"
+    print(f"checked {len(entries)} entries in {where}: {len(bad) + len(unsigned)} bad{tail}")
+    return EXIT_PROBLEMS if bad or unsigned else EXIT_OK
+
+
+def _is_signature_failure(reason: str) -> bool:
+    """A reason from the envelope's signature check (wrong key, or unsigned under a key), not corruption.
+
+    The texts are the envelope's (tiered_progcache/envelope.py); tests/test_cli_remote.py
+    pins them through real entries signed with another key.
+    """
+    return reason.startswith(("bad signature", "unsigned entry"))
 
 
 def cmd_clear(args: argparse.Namespace) -> int:

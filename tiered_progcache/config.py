@@ -14,6 +14,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import settings
@@ -22,7 +23,7 @@ from .settings import ENV_PREFIX
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
 
-__all__ = ["ENV_PREFIX", "CacheConfig", "masked"]
+__all__ = ["ENV_PREFIX", "CacheConfig", "masked", "read_key_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class CacheConfig:
         return TieredProgramCache(tiers=default_chain(self), **chain_settings)
 
     def read_signing_key(self) -> bytes | str | None:
-        """``signing_key``, or the bytes of ``signing_key_file`` less one line ending; None if neither.
+        """``signing_key``, or ``signing_key_file`` read by :func:`read_key_file`; None if neither.
 
         A problem with the file is a ``ValueError`` naming where its path came from; a
         file that group or others can read is warned about.
@@ -173,12 +174,12 @@ class CacheConfig:
             return None
         where = _where("signing_key_file", self.sources()["signing_key_file"])
         try:
-            key = _strip_one_line_ending(path.read_bytes())
+            key = read_key_file(path)
             mode = path.stat().st_mode
         except OSError as exc:
             raise ValueError(f"{where}: cannot read the signing key file: {exc}") from None
-        if not key:
-            raise ValueError(f"{where}: the signing key file {path} is empty")
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             logger.warning(
                 "signing key file %s is readable by others (mode %o); anyone who reads it can sign entries",
@@ -192,13 +193,21 @@ def _where(name: str, source: str) -> str:
     return source.removeprefix("env ") if source.startswith("env ") else name
 
 
-def _strip_one_line_ending(raw: bytes) -> bytes:
-    """The key file's bytes less one trailing newline (``openssl rand -hex 32 > f`` adds one).
+def read_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The signing key in the file at ``path``: its bytes less one trailing ``\\n`` or ``\\r\\n``.
 
-    Nothing else is stripped: a binary key (``openssl rand 32 > f``) may begin or end
-    with whitespace bytes, and must sign the same as ``signing_key=`` given those bytes.
+    The one reader of key files: ``signing_key_file=``, ``TIERED_PROGCACHE_SIGNING_KEY_FILE``,
+    ``--signing-key-file`` and ``signing_key=read_key_file(path)`` all go through it, so a
+    CI job and a node reading one file sign alike. One line ending is dropped because
+    ``openssl rand -hex 32 > f`` adds one; nothing else is stripped, because a binary key
+    (``openssl rand 32 > f``) may begin or end with whitespace bytes. ``OSError`` if
+    the file cannot be read, ``ValueError`` if it holds no key.
     """
+    raw = Path(path).read_bytes()
     for ending in (b"\r\n", b"\n"):
         if raw.endswith(ending):
-            return raw[: -len(ending)]
+            raw = raw[: -len(ending)]
+            break
+    if not raw:
+        raise ValueError(f"the signing key file {os.fspath(path)} is empty")
     return raw
