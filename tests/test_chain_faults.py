@@ -210,14 +210,25 @@ print(time.monotonic(), flush=True)  # the moment the script ends; the exit flus
 """
 
 
-def test_exit_with_a_hanging_remote_takes_at_most_the_exit_flush_bound():
-    """The docs: pending writes get EXIT_FLUSH_TIMEOUT_S (10 s) in all at interpreter exit, then the process exits."""
+@pytest.mark.parametrize("reporting", [False, True], ids=["plain", "under-stats-run"])
+def test_exit_with_a_hanging_remote_takes_at_most_the_exit_flush_bound(tmp_path, monkeypatch, reporting):
+    """The docs: pending writes get EXIT_FLUSH_TIMEOUT_S (10 s) in all at interpreter exit, then the process exits.
+
+    Under ``stats --run`` the exit report used to flush again for its own 10 s: 20 s in all.
+    """
+    if reporting:
+        monkeypatch.setenv("TIERED_PROGCACHE_STATS_FILE", str(tmp_path / "stats.jsonl"))
     out = _run_child(_HANG_AND_EXIT)
     exited = time.monotonic()  # CLOCK_MONOTONIC is one clock for every process of the host
     assert out.returncode == 0, out.stderr
     lag = exited - float(out.stdout.split()[-1])
     assert EXIT_FLUSH_TIMEOUT_S <= lag < EXIT_FLUSH_TIMEOUT_S + 5, lag  # waited the bound, and no longer
     assert "interpreter exit: 3 background writes not flushed in time" in out.stderr
+    if reporting:
+        from tiered_progcache.runstats import read_reports
+
+        (report,) = read_reports(tmp_path / "stats.jsonl")
+        assert report["tiers"]["remote"]["writes"] == 0 and report["tiers"]["remote"]["dropped"] == 0
 
 
 # -- the upload queue's byte bound -----------------------------------------------------------------
