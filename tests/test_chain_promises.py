@@ -1,0 +1,124 @@
+"""Promises of the chain that mutation testing found unguarded: each test fails with one mutant applied."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+from tiered_progcache import TieredProgramCache, TierPolicy
+from tiered_progcache.localdir import LocalDir
+
+
+class Gated(InMemoryProgramCache):
+    """Holds every write until ``gate`` is set; ``started`` is set when the first write arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def __setitem__(self, key, value):
+        self.started.set()
+        self.gate.wait()
+        super().__setitem__(key, value)
+
+
+def test_close_passes_its_timeout_on_and_returns_with_an_upload_stuck():
+    """Mutant: close(timeout) draining with no timeout would hang forever on a stuck upload."""
+    stuck = Gated()
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), (stuck, TierPolicy("bg", write="background"))])
+    cache[b"k"] = b"v"
+    assert stuck.started.wait(30)
+    closer = threading.Thread(target=cache.close, kwargs={"timeout": 0.2}, daemon=True)
+    closer.start()
+    closer.join(30)
+    alive = closer.is_alive()
+    stuck.gate.set()
+    assert not alive, "close(timeout=0.2) did not return while an upload was stuck"
+
+
+def test_full_write_back_queue_drops_exactly_the_overflow():
+    """One write under way (held), two queued (max_pending_uploads=2): of six, exactly three are dropped."""
+    held = Gated()
+    cache = TieredProgramCache(
+        tiers=[InMemoryProgramCache(), (held, TierPolicy("bg", write="background"))], max_pending_uploads=2
+    )
+    cache[b"k0"] = b"v"
+    assert held.started.wait(30)  # k0 is under way, so the queue is empty again
+    for n in range(1, 6):
+        cache[b"k%d" % n] = b"v"
+    assert cache.stats()["bg"].dropped == 3
+    held.gate.set()
+    assert cache.flush(timeout=30) is True
+    assert [held.get(b"k%d" % n) for n in range(6)] == [b"v", b"v", b"v", None, None, None]
+    cache.close()
+
+
+def test_getitem_returns_a_stored_entry_from_every_depth(tmp_path):
+    """Mutant: ``cache[key]`` raising KeyError for a stored key (the contract checks ``[]`` only on a miss)."""
+    slow = FileStreamProgramCache(tmp_path)
+    slow[b"deep"] = b"from-disk"
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), slow])
+    cache[b"top"] = b"from-memory"
+    assert cache[b"top"] == b"from-memory"
+    assert cache[b"deep"] == b"from-disk"
+    with pytest.raises(KeyError):
+        cache[b"absent"]
+
+
+def test_memory_byte_cap_reaches_the_memory_tier(tmp_path):
+    """max_memory_bytes=1000 and 400-byte entries: the memory tier keeps the two newest, and no more bytes."""
+    cache = TieredProgramCache(tmp_path, max_memory_bytes=1000)
+    for n in range(3):
+        cache[b"m%d" % n] = bytes([n]) * 400
+    memory = cache.tier("memory").resource
+    assert [memory.get(b"m%d" % n) is not None for n in range(3)] == [False, True, True]
+    assert cache.stats()["memory"].bytes_held == 800
+    cache.close()
+
+
+def test_local_byte_cap_reaches_the_local_tier(tmp_path):
+    """max_local_bytes=1000 and 400-byte entries: the directory never holds more than 1000 bytes of entries."""
+    cache = TieredProgramCache(tmp_path, max_local_bytes=1000)
+    for n in range(5):
+        cache[b"l%d" % n] = bytes([n]) * 400
+    sizes = [entry.size for entry in LocalDir(tmp_path).iter_entries()]
+    assert sum(sizes) <= 1000 and len(sizes) == 2
+    assert cache.tier("local").lookup(b"l4") == bytes([4]) * 400  # the newest survives
+    cache.close()
+
+
+class Slow(InMemoryProgramCache):
+    """Every read takes at least DELAY_S: the latency that stats() must report in milliseconds."""
+
+    DELAY_S = 0.05
+
+    def __getitem__(self, key):
+        time.sleep(self.DELAY_S)  # the quantity measured, not a synchronisation
+        return super().__getitem__(key)
+
+
+def test_latency_percentiles_are_in_milliseconds():
+    """Mutant: a latency recorded in seconds (or tenths of ms) would be 1000x (10x) off."""
+    slow = Slow()
+    slow[b"k"] = b"v"
+    cache = TieredProgramCache(tiers=[(InMemoryProgramCache(), TierPolicy("memory", promote=False)), (slow, TierPolicy("slow"))])
+    for _ in range(3):
+        assert cache.get(b"k") == b"v"
+    p50 = cache.stats()["slow"].get_p50_ms
+    assert 50 <= p50 < 500, p50
+
+
+@pytest.mark.parametrize("blocker", ["shared", "read_only"])
+def test_clear_goes_on_past_a_shared_or_read_only_tier(blocker):
+    """Mutant: clear() stopping (break) at the first tier it must skip left later tiers full."""
+    first, skipped, last = InMemoryProgramCache(), InMemoryProgramCache(), InMemoryProgramCache()
+    policy = TierPolicy("skipped", shared=True) if blocker == "shared" else TierPolicy("skipped", read_only=True)
+    cache = TieredProgramCache(tiers=[(first, TierPolicy("first")), (skipped, policy), (last, TierPolicy("last"))])
+    for resource in (first, skipped, last):
+        resource[b"k"] = b"v"
+    cache.clear()
+    assert (len(first), len(skipped), len(last)) == (0, 1, 0)
