@@ -122,3 +122,146 @@ def test_clear_goes_on_past_a_shared_or_read_only_tier(blocker):
         resource[b"k"] = b"v"
     cache.clear()
     assert (len(first), len(skipped), len(last)) == (0, 1, 0)
+
+
+# -- what mutation testing of tiered.py left alive --------------------------------------------------
+
+import logging  # noqa: E402
+
+from cuda.core.utils import ProgramCacheResource  # noqa: E402
+
+from tiered_progcache import DeleteFailed  # noqa: E402
+
+
+class Broken(InMemoryProgramCache):
+    """A tier whose every operation but ``get`` of stored keys fails with ``OSError(what)``."""
+
+    def __init__(self, what: str = "disk gone", *, reads: bool = False) -> None:
+        super().__init__()
+        self.what, self.reads, self.closes = what, reads, 0
+
+    def __getitem__(self, key):
+        if self.reads:
+            raise OSError(self.what)
+        return super().__getitem__(key)
+
+    def __delitem__(self, key):
+        raise OSError(self.what)
+
+    def __len__(self):
+        raise OSError(self.what)
+
+    def clear(self):
+        raise OSError(self.what)
+
+    def close(self):
+        self.closes += 1
+        raise OSError(self.what)
+
+
+def test_delete_failed_names_every_failing_tier_and_chains_the_first_cause():
+    memory = InMemoryProgramCache()
+    cache = TieredProgramCache(
+        tiers=[(memory, TierPolicy("memory")), (Broken("one"), TierPolicy("a")), (Broken("two"), TierPolicy("b"))]
+    )
+    cache[b"k"] = b"v"
+    with pytest.raises(DeleteFailed) as raised:
+        del cache[b"k"]
+    assert str(raised.value) == "the entry may still be served: tier a: OSError: one; tier b: OSError: two"
+    assert raised.value.tiers == ("a", "b")
+    assert str(raised.value.__cause__) == "one"
+    assert memory.get(b"k") is None  # the tier that could delete did
+    assert (cache.stats()["a"].errors, cache.stats()["b"].errors) == (1, 1)
+
+
+def test_missing_keys_raise_keyerror_with_the_key():
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    for op in (lambda: cache[b"absent"], lambda: cache.__delitem__(b"absent")):
+        with pytest.raises(KeyError) as raised:
+            op()
+        assert raised.value.args == (b"absent",)
+
+
+def test_len_counts_past_a_shared_tier_and_survives_a_tier_that_cannot_count(caplog):
+    local = InMemoryProgramCache()
+    cache = TieredProgramCache(
+        tiers=[
+            (InMemoryProgramCache(), TierPolicy("memory", promote=False)),
+            (InMemoryProgramCache(), TierPolicy("cluster", shared=True)),
+            (Broken("no count"), TierPolicy("broken")),
+            (local, TierPolicy("local")),
+        ]
+    )
+    for n in range(3):
+        local[b"%d" % n] = b"v"
+    with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
+        assert len(cache) == 3
+    assert [r.getMessage() for r in caplog.records] == ["tier broken could not count its entries: OSError('no count')"]
+    assert len(TieredProgramCache(tiers=[(InMemoryProgramCache(), TierPolicy("cluster", shared=True))])) == 0
+
+
+def test_a_tier_that_fails_to_clear_or_close_is_counted_and_named(caplog):
+    broken = Broken("stuck")
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), (broken, TierPolicy("broken"))])
+    with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
+        cache.clear()
+        cache.close()
+        cache.close()  # idempotent: the tier is closed once
+    assert cache.stats()["broken"].errors == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "tier broken failed to clear: OSError('stuck')",
+        "tier broken failed to close: OSError('stuck')",
+    ]
+    assert broken.closes == 1
+
+
+class SlowWrites(InMemoryProgramCache):
+    def __setitem__(self, key, value):
+        time.sleep(0.05)  # an upload that takes a while (the quantity, not a synchronisation)
+        super().__setitem__(key, value)
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_close_and_flush_drain_every_queued_write_within_their_timeout(timeout):
+    """Mutants: a deadline computed as now - timeout (no time at all), or a crash on timeout=None."""
+    for how in ("flush", "close"):
+        bg = SlowWrites()
+        cache = TieredProgramCache(tiers=[InMemoryProgramCache(), (bg, TierPolicy("bg", write="background"))])
+        for n in range(4):
+            cache[b"%d" % n] = b"v"
+        if how == "flush":
+            assert cache.flush(timeout) is True
+        else:
+            cache.close(timeout)
+        assert len(bg) == 4, how
+        cache.close()
+
+
+def test_a_failing_first_tier_on_the_fast_path_is_a_counted_miss_and_default_is_returned(caplog):
+    first = Broken("flaky")
+    first[b"warm"] = b"w"
+    cache = TieredProgramCache(tiers=[(first, TierPolicy("memory")), InMemoryProgramCache()])
+    assert cache.get(b"warm") == b"w"  # one hit: the next lookup takes the untimed fast path
+    first.reads = True
+    with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
+        assert cache.get(b"warm", b"fallback") == b"fallback"
+    assert cache.stats()["memory"].errors == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "tier memory failed a read (counted as a miss): OSError('flaky')"
+    ]
+
+
+def test_debug_logging_names_the_tier_that_answered(caplog):
+    slow = InMemoryProgramCache()
+    slow[b"deep-key-0123"] = b"deep"
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), slow])
+    cache[b"top-key-0123"] = b"top"
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache"):
+        cache.get(b"top-key-0123")
+        cache.get(b"deep-key-0123")
+        cache.get(b"nowhere!-0123")
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.tiered"] == [
+        f"lookup {b'top-key-0123'[:8].hex()}: memory hit (3 bytes)",
+        f"lookup {b'deep-key-0123'[:8].hex()}: memory2 hit (4 bytes)",
+        f"lookup {b'nowhere!-0123'[:8].hex()}: miss in every tier",
+    ]
