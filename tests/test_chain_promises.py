@@ -265,3 +265,68 @@ def test_debug_logging_names_the_tier_that_answered(caplog):
         f"lookup {b'deep-key-0123'[:8].hex()}: memory2 hit (4 bytes)",
         f"lookup {b'nowhere!-0123'[:8].hex()}: miss in every tier",
     ]
+
+
+# -- the default chain hands every setting to the tier it shapes ---------------------------------------
+
+from tiered_progcache.localdir import entry_name  # noqa: E402
+from tiered_progcache.remote import RemoteProgramCache  # noqa: E402
+
+
+def test_every_remote_setting_reaches_the_remote_tier(tmp_path):
+    url = f"file://{tmp_path / 'remote'}"
+    with TieredProgramCache(
+        tmp_path / "local", remote=url, signing_key=b"k" * 32, compression="zstd", remote_timeout=2.5
+    ) as cache:
+        remote = cache.shared_store
+        assert (remote.url, remote.timeout, remote.read_only) == (url, 2.5, False)
+        cache[b"big"] = b"a" * 100_000
+        assert cache.flush(30) is True
+    stored = RemoteProgramCache.from_url(url, signing_key=b"k" * 32)
+    assert stored.read_entry(entry_name(b"big")) == b"a" * 100_000  # signed with the key given
+    assert RemoteProgramCache.from_url(url, signing_key=b"x" * 32).verify_entry(entry_name(b"big")).startswith(
+        "bad signature"
+    )
+    assert max(e.size for e in stored.iter_entries()) < 10_000  # zstd-compressed
+    with TieredProgramCache(tmp_path / "local", remote=url, remote_read_only=True) as reader:
+        assert reader.shared_store.read_only is True
+        assert reader.tier("remote").writeback is None
+
+
+def test_strict_reaches_the_remote_tier(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    with pytest.raises(OSError):
+        TieredProgramCache(tmp_path / "local", remote=f"file://{blocker}/remote", strict=True)
+    with TieredProgramCache(tmp_path / "local", remote=f"file://{blocker}/remote") as lenient:
+        assert lenient.tier("remote") is not None
+
+
+def test_a_signing_key_file_is_read_even_without_a_remote(tmp_path):
+    with pytest.raises(ValueError, match="^signing_key_file: cannot read the signing key file"):
+        TieredProgramCache(tmp_path, signing_key_file=tmp_path / "missing.key")
+
+
+def test_max_pending_upload_bytes_reaches_a_chain_given_as_tiers():
+    held = Gated()
+    cache = TieredProgramCache(
+        tiers=[InMemoryProgramCache(), (held, TierPolicy("bg", write="background"))], max_pending_upload_bytes=10
+    )
+    cache[b"a"] = b"123456"
+    cache[b"b"] = b"123456"  # 12 bytes queued or under way: over 10
+    assert cache.stats()["bg"].dropped == 1
+    held.gate.set()
+    cache.close()
+
+
+def test_argument_errors_name_what_was_given(tmp_path):
+    with pytest.raises(TypeError, match="^path and local_dir are one setting: give it once$"):
+        TieredProgramCache(tmp_path, local_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"^pass either tiers=\[...\] or the settings that build the default chain \(path\), not both$"):
+        TieredProgramCache(tmp_path, tiers=[InMemoryProgramCache()])
+    with pytest.raises(ValueError, match=r"\(local_dir, strict\)"):
+        TieredProgramCache(local_dir=tmp_path, strict=True, tiers=[InMemoryProgramCache()])
+    with pytest.raises(ValueError, match="^tiers must name at least one tier$"):
+        TieredProgramCache(tiers=[])
+    local = TieredProgramCache(tiers=[FileStreamProgramCache(tmp_path)])
+    assert [t.name for t in local.tiers] == ["local"]
