@@ -330,3 +330,39 @@ def test_argument_errors_name_what_was_given(tmp_path):
         TieredProgramCache(tiers=[])
     local = TieredProgramCache(tiers=[FileStreamProgramCache(tmp_path)])
     assert [t.name for t in local.tiers] == ["local"]
+
+
+def test_tier_specs_are_checked_and_named():
+    plain = InMemoryProgramCache()
+    with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource, TierPolicy\)$"):
+        TieredProgramCache(tiers=[(plain, "not a policy")])
+    with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource, TierPolicy\)$"):
+        TieredProgramCache(tiers=[(plain, TierPolicy("a"), "extra")])
+    with pytest.raises(TypeError, match=r"^tier 1 must be a cuda.core.utils.ProgramCacheResource, got dict$"):
+        TieredProgramCache(tiers=[plain, {}])
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), InMemoryProgramCache()])
+    assert [t.name for t in cache.tiers] == ["memory", "memory2"]
+    unnamed = TieredProgramCache(tiers=[InMemoryProgramCache(), _Custom(), _Custom()])
+    assert [t.name for t in unnamed.tiers] == ["memory", "tier1", "tier2"]
+    assert unnamed.tier("tier1").policy == TierPolicy("tier1")  # not shared, not background: not an entry store
+    with pytest.raises(KeyError, match=r"no tier named 'nope'; tiers are \['memory', 'tier1', 'tier2'\]"):
+        unnamed.tier("nope")
+
+
+class _Custom(ProgramCacheResource):
+    """A tier that is neither cuda-core's nor an entry store."""
+
+    def __getitem__(self, key):
+        raise KeyError(key)
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __delitem__(self, key):
+        raise KeyError(key)
+
+    def __len__(self):
+        return 0
+
+    def clear(self):
+        pass
