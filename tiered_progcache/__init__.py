@@ -26,6 +26,7 @@ __all__ = [
     "EntryStore",
     "LeaseStore",
     "LocalDir",
+    "RedisProgramCache",
     "RemoteProgramCache",
     "StoredEntry",
     "Tier",
@@ -43,11 +44,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """The remote tier and bulk transfer load fsspec; the configuration is imported on first use too."""
+    """The shared tiers and bulk transfer load fsspec or redis-py; the configuration is imported on first use too."""
     if name == "RemoteProgramCache":
         from .remote import RemoteProgramCache
 
         return RemoteProgramCache
+    if name == "RedisProgramCache":
+        from .redis_store import RedisProgramCache
+
+        return RedisProgramCache
     if name == "TransferReport":
         from .transfer import TransferReport
 

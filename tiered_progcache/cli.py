@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import settings
+from .config import masked
 from .errors import one_line
 from .store import check_entry_name, is_entry_name
 from .units import format_age, format_size, parse_duration, parse_size
@@ -31,7 +32,6 @@ from .units import format_age, format_size, parse_duration, parse_size
 if TYPE_CHECKING:
     from .config import CacheConfig
     from .localdir import LocalDir
-    from .remote import RemoteProgramCache
     from .store import EntryStore
     from .supervise import RunReport
 
@@ -214,16 +214,23 @@ def _local(args: argparse.Namespace) -> LocalDir:
 
 
 @contextlib.contextmanager
-def _remote(args: argparse.Namespace) -> Iterator[RemoteProgramCache]:
-    """The configured remote tier, built strict: an unreachable bucket is an error now, not a warning."""
+def _remote(args: argparse.Namespace) -> Iterator[EntryStore]:
+    """The configured shared tier (an fsspec remote or Redis), built strict: unreachable is an error now.
+
+    Where several are configured, ``--remote URL`` picks one; a bare ``--remote`` is a usage error.
+    """
     config = load_config(args, strict=True)
-    if not config.remote:
+    urls = settings.remote_urls(config.remote)
+    if not urls:
         raise UsageError("no remote configured: pass --remote URL or set TIERED_PROGCACHE_REMOTE")
+    if len(urls) > 1:
+        shown = ", ".join(masked(url) for url in urls)
+        raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
     with config.build() as cache:
         remote = cache.shared_store
         if remote is None:  # pragma: no cover - build() always adds the configured remote
             raise UsageError("the configured chain has no remote tier")
-        yield remote  # type: ignore[misc]  # build() makes the shared tier a RemoteProgramCache
+        yield remote
 
 
 @contextlib.contextmanager
@@ -267,8 +274,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def _shown(name: str, value: Any) -> Any:
     """A setting's value as printed: secrets masked (secret settings, secret-looking options, URL passwords)."""
-    from .config import masked
-
     if settings.by_name()[name].secret and value is not None:
         return _MASK
     if isinstance(value, os.PathLike):
@@ -294,6 +299,8 @@ def _describe(field: str, value: Any) -> str:
         return f"{value:g} s"
     if isinstance(value, dict):
         return json.dumps(value)
+    if field == "remote" and isinstance(value, (list, tuple)):
+        return ", ".join(value)
     return str(value)
 
 
@@ -305,9 +312,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         with _remote(args) as remote:
             rows.append(_held("remote", remote))
     else:
-        url = load_config(args).remote
-        if url:  # listing a bucket can take a while: only on request
-            rows.append({"tier": "remote", "where": _masked(url), "entries": None, "bytes": None})
+        urls = settings.remote_urls(load_config(args).remote)
+        for n, url in enumerate(urls, start=1):  # listing a bucket can take a while: only on request
+            tier = "remote" if n == 1 else f"remote{n}"
+            rows.append({"tier": tier, "where": masked(url), "entries": None, "bytes": None})
     if args.json:
         _print_json({row.pop("tier"): row for row in rows})
         return EXIT_OK

@@ -45,7 +45,7 @@ def masked(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _MASK if v and _SECRET_OPTION.search(str(k)) else masked(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [masked(v) for v in value]
+        return type(value)(masked(v) for v in value)
     if isinstance(value, str):
         return _URL_PASSWORD.sub(rf"\1{_MASK}@", value)
     return value

@@ -349,6 +349,31 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         results = self._runner.call_many("batched write", self._objects.put, self._objects.put_async_or_none, calls)
         return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
 
+    @property
+    def transfer_batch(self) -> int:
+        """Entries per bulk request batch: ``transfer_concurrency``."""
+        return self.transfer_concurrency
+
+    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
+        """Verified payloads of ``names``, fetched side by side under one deadline (``KeyError`` per absent one)."""
+        results: dict[str, bytes | Exception] = {}
+        for name, fetched in self.read_envelopes(list(names)).items():
+            try:
+                if isinstance(fetched, FileNotFoundError):
+                    raise KeyError(name)
+                if isinstance(fetched, BaseException):
+                    raise fetched
+                results[name] = self._codec.open(name, fetched)
+            except Exception as exc:
+                results[name] = exc
+        return results
+
+    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
+        """Seal and store payloads side by side under one deadline: ``None`` per success, else the exception."""
+        self._require_writable("write")
+        blobs = {name: self._codec.seal(name, bytes(payload)) for name, payload in items.items()}
+        return {name: error for name, error in self.write_envelopes(blobs).items()}  # type: ignore[misc]
+
     # -- internals ---------------------------------------------------------------------
 
     @property

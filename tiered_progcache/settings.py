@@ -35,6 +35,7 @@ __all__ = [
     "by_name",
     "check",
     "overrides_from_args",
+    "remote_urls",
 ]
 
 #: Every variable is this plus a setting's suffix: ``TIERED_PROGCACHE_REMOTE``.
@@ -199,15 +200,63 @@ def _check_path(value: Any) -> Path | None:
     return Path(os.path.expanduser(text))
 
 
-def _check_url(value: Any) -> str | None:
+def _check_url(value: Any) -> str | tuple[str, ...] | None:
+    """One URL (a str), or several shared tiers in order (a list or tuple: a tuple of str; one URL stays a str)."""
     if value is None:
         return None
+    if isinstance(value, (list, tuple)):
+        urls = tuple(value)
+        if not urls:
+            raise ValueError("must name at least one URL (or be None for no shared tier)")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"names one URL twice: {list(urls)!r}")
+        for url in urls:
+            _check_one_url(url)
+        return urls[0] if len(urls) == 1 else urls
+    _check_one_url(value)
+    return value
+
+
+def _check_one_url(value: Any) -> None:
     if not isinstance(value, str):
-        raise TypeError(f"must be a URL (str), got {type(value).__name__}")
+        raise TypeError(f"must be a URL (str) or a list of URLs, got {type(value).__name__}")
+    from .redis_store import check_redis_url, is_redis_url  # no redis import: only the URL's shape
+
+    if is_redis_url(value):
+        check_redis_url(value)
+        return
     from .remote import check_url  # fsspec's scheme list: only loaded when a remote is named
 
     check_url(value)
-    return value
+
+
+def _urls_from_text(text: str) -> str | list[str]:
+    """A JSON list of URLs, or URLs separated by commas (one URL: the str itself)."""
+    if text.strip().startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"not a valid JSON list of URLs ({exc})") from None
+        if not isinstance(value, list):
+            raise ValueError(f"must be a JSON list of URLs, got {type(value).__name__}")
+        return value
+    urls = [part.strip() for part in text.split(",")]
+    if any(not url for url in urls):
+        raise ValueError(f"an empty URL in the comma-separated list {text!r}")
+    return urls[0] if len(urls) == 1 else urls
+
+
+def _urls_to_text(value: str | tuple[str, ...] | None) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(list(value))
+
+
+def remote_urls(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The ``remote`` setting as the ordered URLs of the shared tiers (empty for none)."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _check_options(value: Any) -> dict[str, Any] | None:
@@ -267,7 +316,7 @@ COUNT = Kind("count", _check_count, _count_from_text, _plain_text, metavar="N")
 SWITCH = Kind("switch", _check_switch, _switch_from_text, lambda value: "1" if value else "0", switch=True)
 SECONDS = Kind("seconds", _check_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
 PATH = Kind("path", _check_path, str, _plain_text, metavar="PATH")
-URL = Kind("url", _check_url, str, _plain_text, metavar="URL")
+URL = Kind("url", _check_url, _urls_from_text, _urls_to_text, metavar="URL")
 OPTIONS = Kind("json", _check_options, _options_from_text, _options_to_text, metavar="JSON")
 CODEC = Kind("codec", _check_compression, str, _none_as_word, metavar="CODEC")
 KEY = Kind("key", _check_key, _no_text, _no_text)
@@ -288,7 +337,8 @@ SETTINGS: tuple[Setting, ...] = (
         env="MAX_LOCAL_BYTES", flag="--max-local-bytes", builds_tiers=True,
     ),
     Setting(
-        "remote", URL, None, "the shared remote tier (s3://bucket/prefix, gs://..., file:///...)",
+        "remote", URL, None,
+        "the shared tiers, nearest first: one URL or several, comma-separated (redis://host:6379/0,s3://bucket/prefix)",
         env="REMOTE", flag="--remote", builds_tiers=True,
     ),
     Setting(
@@ -318,6 +368,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "strict", SWITCH, False, "fail at once if the remote is unreachable (default: warn, run local-only)",
         env="STRICT", flag="--strict", builds_tiers=True,
+    ),
+    Setting(
+        "redis_expire_s", SECONDS, None, "expire each entry written to a Redis tier after this long (none: keep)",
+        env="REDIS_EXPIRE_S", builds_tiers=True,
+    ),
+    Setting(
+        "transfer_concurrency", COUNT, 64, "remote requests in flight at once during warm and push",
+        env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
     ),
     Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",

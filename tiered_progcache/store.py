@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -162,6 +162,44 @@ class EntryStore(abc.ABC):
         except KeyError:
             return "missing"
         return None
+
+    # -- bulk: what warm and push use (tiered_progcache.transfer) --------------------------
+
+    @property
+    def transfer_batch(self) -> int:
+        """Entries per :meth:`read_many`/:meth:`write_many` call in a bulk transfer."""
+        return 64
+
+    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
+        """The verified payload of each name, or the exception its read raised (``KeyError`` if absent).
+
+        Never raises an ``Exception`` for one entry's failure. This default reads one by
+        one; a store with a batched read (fsspec's ``cat``, a Redis pipeline) overrides it.
+        """
+        results: dict[str, bytes | Exception] = {}
+        for name in names:
+            try:
+                results[name] = self.read_entry(name)
+            except Exception as exc:
+                results[name] = exc
+        return results
+
+    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
+        """Store each payload under its name: ``None`` per success, else the exception it raised.
+
+        ``PermissionError`` at once on a read-only store. This default writes one by one.
+        """
+        if self.read_only:
+            raise PermissionError(f"{self.location} is read-only; refusing to write")
+        results: dict[str, Exception | None] = {}
+        for name, payload in items.items():
+            try:
+                self.write_entry(name, payload)
+            except Exception as exc:
+                results[name] = exc
+            else:
+                results[name] = None
+        return results
 
     def leases(self) -> LeaseStore | None:
         """The namespace for cluster leases on this store, or None if it cannot hold them."""

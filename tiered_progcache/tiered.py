@@ -17,13 +17,13 @@ from .config import CacheConfig
 from .errors import DeleteFailed, one_line
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
-from .settings import by_name
+from .redis_store import RedisProgramCache, is_redis_url
+from .settings import by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats
 from .store import EntryStore
 from .tier import Tier
 
 if TYPE_CHECKING:
-    from .remote import RemoteProgramCache
     from .transfer import TransferReport
 
 __all__ = ["CacheStores", "TieredProgramCache", "default_chain", "stores_of"]
@@ -293,7 +293,7 @@ class TieredProgramCache(ProgramCacheResource):
     # -- bulk transfer with the remote ---------------------------------------------------
 
     def warm(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
-        """Prefetch remote entries into the local directory, many at a time (see ``transfer.warm``).
+        """Prefetch the nearest shared tier's entries into the local directory (see ``transfer.warm``).
 
         >>> cache.warm(progress=lambda done, total: print(done, "/", total))  # at node start-up
         """
@@ -303,7 +303,7 @@ class TieredProgramCache(ProgramCacheResource):
         return transfer.warm(remote, local, names, progress=progress)
 
     def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
-        """Upload local entries the remote lacks (see ``transfer.push``); e.g. at the end of a CI job.
+        """Upload local entries the nearest shared tier lacks (see ``transfer.push``); e.g. at the end of a CI job.
 
         >>> cache.push().entries
         """
@@ -312,13 +312,12 @@ class TieredProgramCache(ProgramCacheResource):
         remote, local = self._remote_and_local("push")
         return transfer.push(local, remote, names, progress=progress)
 
-    def _remote_and_local(self, what: str) -> tuple[RemoteProgramCache, LocalDir]:
-        from .remote import RemoteProgramCache
-
-        remote = next((store for store in self.shared_stores if isinstance(store, RemoteProgramCache)), None)
+    def _remote_and_local(self, what: str) -> tuple[EntryStore, LocalDir]:
+        """The nearest shared tier and the local directory (``warm``/``push`` of one chain)."""
+        remote = self.shared_store
         local = self.local_store
         if remote is None or local is None:
-            raise ValueError(f"{what} needs a remote tier and a local directory tier; the chain is {self!r}")
+            raise ValueError(f"{what} needs a remote (shared) tier and a local directory tier; the chain is {self!r}")
         return remote, local
 
     # -- construction from the environment ---------------------------------------------
@@ -343,8 +342,10 @@ def _untimed_mask() -> int:
 
 
 def default_chain(config: CacheConfig) -> list[TierSpec]:
-    """The chain ``config`` describes: memory -> the local directory (-> the remote, if one is named).
+    """The chain ``config`` describes: memory -> the local directory -> each shared tier named, in order.
 
+    ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
+    every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     A local directory that cannot be created or opened is left out with a warning.
     """
     signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
@@ -360,20 +361,29 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
         )
     else:
         specs.append((local, TierPolicy("local")))
-    if config.remote is not None:
-        from .remote import RemoteProgramCache
-
-        specs.append(
-            RemoteProgramCache.from_url(
-                config.remote,
-                storage_options=config.remote_options,
-                read_only=config.remote_read_only,
-                signing_key=signing_key,
-                compression=config.compression,
-                timeout=config.remote_timeout,
-                strict=config.strict,
-            )
+    names: set[str] = set()
+    for url in remote_urls(config.remote):
+        common = dict(
+            read_only=config.remote_read_only,
+            signing_key=signing_key,
+            compression=config.compression,
+            timeout=config.remote_timeout,
+            strict=config.strict,
+            transfer_concurrency=config.transfer_concurrency,
         )
+        shared: ProgramCacheResource
+        if is_redis_url(url):
+            shared, kind = RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common), "redis"
+        else:
+            from .remote import RemoteProgramCache
+
+            shared, kind = RemoteProgramCache.from_url(url, storage_options=config.remote_options, **common), "remote"
+        name, n = kind, 2
+        while name in names:
+            name, n = f"{kind}{n}", n + 1
+        names.add(name)
+        policy = TierPolicy(name, read_only=config.remote_read_only, write="background", shared=True)
+        specs.append((shared, policy))
     return specs
 
 

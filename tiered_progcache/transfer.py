@@ -1,10 +1,11 @@
-"""Bulk copies between a node's local directory and a remote tier, many requests at a time.
+"""Bulk copies between a node's local directory and a shared tier, many requests at a time.
 
-:func:`warm` fills a local directory from the remote (at node boot), :func:`push` uploads
-what the remote lacks (at the end of a CI job). Each moves entries in batches of the
-remote's ``transfer_concurrency`` through its request runner (one deadline per batch,
-outcomes recorded on its breaker); a bad or unreadable entry is counted and skipped,
-the rest still land.
+:func:`warm` fills a local directory from a shared store (at node boot), :func:`push`
+uploads what the shared store lacks (at the end of a CI job). The shared side is any
+:class:`~tiered_progcache.store.EntryStore` (the fsspec remote, Redis): entries move in
+batches of its ``transfer_batch`` through its ``read_many``/``write_many`` (one request
+batch each, through its request runner, where the store batches); a bad or unreadable
+entry is counted and skipped, the rest still land.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import Callable
 from .envelope import InvalidEnvelope
 from .errors import EntryRejected, one_line
 from .localdir import LocalDir
-from .remote import RemoteProgramCache
-from .store import check_entry_name
+from .store import EntryStore, check_entry_name
 
 __all__ = ["LOCAL_WRITERS", "Progress", "TransferReport", "push", "warm"]
 
@@ -45,7 +45,7 @@ class TransferReport:
 
 
 def warm(
-    remote: RemoteProgramCache,
+    remote: EntryStore,
     local: LocalDir,
     names: Iterable[str] | None = None,
     *,
@@ -65,12 +65,12 @@ def warm(
     done = moved = nbytes = failures = 0
     first_problem = ""
     _tell(progress, 0, len(todo))
-    # Verify-and-write (hashing and fsync release the GIL) runs on threads, one batch behind
-    # the fetches, so the disk and the network work at the same time.
+    # Writes (fsync releases the GIL) run on threads, one batch behind the fetches, so the
+    # disk and the network work at the same time.
     with concurrent.futures.ThreadPoolExecutor(LOCAL_WRITERS, thread_name_prefix="tiered-progcache-warm") as pool:
         landing: list[tuple[str, concurrent.futures.Future[int]]] = []
-        for batch in [*_chunks(todo, remote.transfer_concurrency), []]:
-            fetched = remote.read_envelopes(batch) if batch else {}
+        for batch in [*_chunks(todo, remote.transfer_batch), []]:
+            fetched = remote.read_many(batch) if batch else {}
             for name, future in landing:
                 try:
                     nbytes += future.result()
@@ -81,7 +81,7 @@ def warm(
             if landing:
                 done += len(landing)
                 _tell(progress, done, len(todo))
-            landing = [(name, pool.submit(_land, remote, local, name, fetched[name])) for name in batch]
+            landing = [(name, pool.submit(_land, local, name, fetched[name])) for name in batch]
     if failures:
         logger.warning(
             "warm from %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
@@ -91,7 +91,7 @@ def warm(
 
 def push(
     local: LocalDir,
-    remote: RemoteProgramCache,
+    remote: EntryStore,
     names: Iterable[str] | None = None,
     *,
     progress: Progress | None = None,
@@ -112,8 +112,8 @@ def push(
     done = moved = nbytes = failures = 0
     first_problem = ""
     _tell(progress, 0, len(todo))
-    for batch in _chunks(todo, remote.transfer_concurrency):
-        blobs: dict[str, bytes] = {}
+    for batch in _chunks(todo, remote.transfer_batch):
+        payloads: dict[str, bytes] = {}
         sizes: dict[str, int] = {}
         for name in batch:
             try:
@@ -126,9 +126,9 @@ def push(
                 failures += 1
                 first_problem = first_problem or f"{name[:12]}: gone from the local directory"
                 continue
-            blobs[name] = remote.seal_envelope(name, payload)
+            payloads[name] = payload
             sizes[name] = len(payload)
-        for name, error in remote.write_envelopes(blobs).items():
+        for name, error in remote.write_many(payloads).items():
             if error is None:
                 moved += 1
                 nbytes += sizes[name]
@@ -144,13 +144,12 @@ def push(
     return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
 
 
-def _land(remote: RemoteProgramCache, local: LocalDir, name: str, fetched: bytes | BaseException) -> int:
-    """Verify one fetched envelope and write its payload into the local directory; its size."""
+def _land(local: LocalDir, name: str, fetched: bytes | BaseException) -> int:
+    """Write one fetched (already verified) payload into the local directory; its size."""
     if isinstance(fetched, BaseException):
         raise fetched
-    payload = remote.open_envelope(name, fetched)
-    local.write_entry(name, payload)
-    return len(payload)
+    local.write_entry(name, fetched)
+    return len(fetched)
 
 
 def _unique_names(names: Iterable[str]) -> list[str]:

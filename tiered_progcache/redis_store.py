@@ -1,0 +1,559 @@
+"""The Redis tier: a shared store of cache entries on a Redis server, in front of (or instead of) a bucket.
+
+An in-cluster Redis answers in well under a millisecond where an object-store GET takes
+10-50 ms, so it sits between the node's local directory and the bucket
+(memory -> local -> Redis -> S3). It keeps the fsspec remote's promises, through the
+same parts:
+
+- each value is an envelope (:mod:`tiered_progcache.envelope`: digest, optional HMAC,
+  optional zstd), verified on every read; a value longer than the byte cap is refused
+  before it is pulled (``STRLEN`` and a bounded ``GETRANGE`` in one round trip);
+- every request goes through one :class:`~tiered_progcache.runner.RequestRunner`
+  (a deadline on each, one circuit breaker over all; redis-py blocks, so its thread
+  path), and redis-py's own socket timeouts are the same deadline;
+- it *raises* on trouble (``KeyError`` on a miss, ``EntryRejected``, ``TimeoutError``,
+  ``ConnectionError``, ``TierUnavailable``) and the chain (:mod:`tiered_progcache.tier`)
+  turns each into a counted miss or a dropped write.
+
+Keys are ``<prefix>:entries:<name>`` and ``<prefix>:leases:<name>``. URLs:
+``redis://[:password@]host:port/<db>[/<prefix>]``, ``rediss://...`` (TLS) and
+``unix:///path/to/redis.sock?db=0``; ``?prefix=NAME`` works on each (default
+``tiered-progcache``). An optional per-entry expiry (``expire_s``, the
+``redis_expire_s`` setting) is set with each write (``SET ... PX``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Callable, TypeVar
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from cuda.core import ObjectCode
+from cuda.core.utils import ProgramCacheResource
+
+from . import _cudacore
+from .breaker import CircuitBreaker
+from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
+from .runner import RequestRunner
+from .store import EntryStore, LeaseStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+
+__all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: URL schemes this tier serves; every other scheme is an fsspec remote.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: Key prefix when the URL gives none.
+DEFAULT_PREFIX = "tiered-progcache"
+#: Seconds one request may take when no timeout is given (the fsspec remote's default too).
+DEFAULT_TIMEOUT_S = 5.0
+#: A listing (SCAN) walks the whole keyspace, so it gets at least this long.
+MIN_LIST_TIMEOUT_S = 120.0
+#: Keys per SCAN step, per STRLEN pipeline and per DEL.
+_BATCH = 1000
+#: Entries moved per request by warm/push (one pipeline each).
+DEFAULT_TRANSFER_CONCURRENCY = 64
+# A signed envelope carries an HMAC-SHA256 between header and body; the body is never
+# larger than the payload (zstd output is kept only when smaller).
+_MAC_SIZE = hashlib.sha256().digest_size
+
+
+def is_redis_url(url: object) -> bool:
+    """True for ``redis://``, ``rediss://`` and ``unix://`` URLs (no redis import needed)."""
+    return isinstance(url, str) and url.split("://", 1)[0].lower() in REDIS_SCHEMES and "://" in url
+
+
+def check_redis_url(url: str) -> None:
+    """``ValueError`` unless ``url`` is a Redis URL this tier can use (a db number, a non-empty prefix)."""
+    _split_url(url)
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    """``(url for redis-py, key prefix)``: the prefix taken out of the path or the query."""
+    if not is_redis_url(url):
+        raise ValueError(f"not a Redis URL (redis://, rediss:// or unix://): {_without_password(str(url))!r}")
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = DEFAULT_PREFIX
+    kept = []
+    for name, value in query:
+        if name == "prefix":
+            prefix = value
+        else:
+            kept.append((name, value))
+    path = parts.path
+    if parts.scheme in ("redis", "rediss"):
+        db, _, rest = path.strip("/").partition("/")
+        if db and not db.isdigit():
+            raise ValueError(f"Redis URL path must start with a database number: {_without_password(url)!r}")
+        if rest:
+            prefix = rest.strip("/")
+        path = f"/{db}" if db else ""
+    if not prefix or any(c.isspace() for c in prefix):
+        raise ValueError(f"Redis key prefix must be non-empty, without spaces, got {prefix!r}")
+    query_text = urlencode(kept)
+    # Built by hand: urlunsplit drops the "//" of a unix:// URL that has no host.
+    return f"{parts.scheme}://{parts.netloc}{path}" + (f"?{query_text}" if query_text else ""), prefix
+
+
+def _without_password(url: str) -> str:
+    """``url`` with any password (``:pw@``) removed; what messages and reprs show."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    netloc = f"{quote(user)}@{host}" if user else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _redis() -> Any:
+    try:
+        import redis
+    except ImportError:
+        raise ImportError("a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'") from None
+    return redis
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class RedisProgramCache(ProgramCacheResource, EntryStore):
+    """A shared cache tier on one Redis server (or a Redis-protocol service), written whole per entry.
+
+    >>> redis_tier = RedisProgramCache.from_url("redis://cache:6379/0/ci-kernels", expire_s=7 * 86400)
+    >>> cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(), redis_tier, s3])
+
+    Threads: every method is safe from many threads (redis-py's client keeps a
+    connection pool; the breaker locks). Processes and nodes: an entry is one ``SET``
+    of a whole envelope, so a reader sees all of it or none; two writers of one key race
+    harmlessly (same compile, last writer wins); everything read is verified.
+    ``create_entry`` and the lease's ``create`` are ``SET NX`` (atomic).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        read_only: bool = False,
+        signing_key: bytes | str | None = None,
+        compression: str | None = None,
+        timeout: float | None = None,
+        strict: bool = False,
+        expire_s: float | None = None,
+        breaker: CircuitBreaker | None = None,
+        transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+    ) -> None:
+        self._redis = _redis()
+        self.client = client
+        self._location = _without_password(url)
+        self._prefix = prefix
+        self._read_only = bool(read_only)
+        self.timeout = _check_seconds("timeout", timeout, DEFAULT_TIMEOUT_S)
+        self.expire_s = None if expire_s is None else _check_seconds("expire_s", expire_s, None)
+        self._px = None if self.expire_s is None else max(1, math.ceil(self.expire_s * 1000))
+        if isinstance(transfer_concurrency, bool) or not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
+            raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
+        self.transfer_concurrency = transfer_concurrency
+        self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
+        self._max_entry_bytes = max_entry_bytes
+        # The largest value a reader pulls: a bigger one is refused by its STRLEN, unread.
+        self._max_value_bytes = HEADER_SIZE + _MAC_SIZE + max_entry_bytes
+        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"redis cache {self._location}")
+        self._runner = RequestRunner(client, timeout=self.timeout, breaker=self._breaker, name=self._location)
+        self._leases = None if self._read_only else RedisLeases(self, f"{prefix}:leases:")
+        self._check_reachable(strict)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        read_only: bool = False,
+        signing_key: bytes | str | None = None,
+        compression: str | None = None,
+        timeout: float | None = None,
+        strict: bool = False,
+        expire_s: float | None = None,
+        **options: Any,
+    ) -> RedisProgramCache:
+        """Build the tier from a ``redis://``, ``rediss://`` or ``unix://`` URL.
+
+        ``timeout`` (default 5 s) bounds every request, and is redis-py's socket and
+        connect timeout too. A bad URL, timeout or expiry raises ``ValueError``/``TypeError``
+        at once; a missing redis-py raises ``ImportError`` naming the extra. An unreachable
+        server raises only with ``strict=True``; otherwise a warning and an open breaker
+        (the chain runs without this tier until a probe succeeds). ``options`` go to
+        :class:`RedisProgramCache` (``breaker``, ``transfer_concurrency``, ``max_entry_bytes``).
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"Redis URL must be a str, got {type(url).__name__}")
+        client_url, prefix = _split_url(url)
+        redis = _redis()
+        limit = _check_seconds("timeout", timeout, DEFAULT_TIMEOUT_S)
+        client = redis.Redis.from_url(client_url, socket_timeout=limit, socket_connect_timeout=limit)
+        return cls(
+            client,
+            url=url,
+            prefix=prefix,
+            read_only=read_only,
+            signing_key=signing_key,
+            compression=compression,
+            timeout=limit,
+            strict=strict,
+            expire_s=expire_s,
+            **options,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RedisProgramCache({self._location!r}, prefix={self._prefix!r}, read_only={self._read_only}, "
+            f"signed={self._codec.signed}, compression={self._codec.compression!r}, expire_s={self.expire_s}, "
+            f"breaker={self._breaker.state})"
+        )
+
+    # -- what the store is -----------------------------------------------------------
+
+    @property
+    def location(self) -> str:
+        """The URL, with any password in it removed."""
+        return self._location
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    @property
+    def available(self) -> bool:
+        """False while the breaker is open (the server failed repeatedly and is cooling down)."""
+        return self._breaker.state != "open"
+
+    @property
+    def atomic_create(self) -> bool:
+        return True  # SET NX
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._max_entry_bytes
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        return self._breaker
+
+    @property
+    def runner(self) -> RequestRunner:
+        """The one door every request to this server goes through (deadline and breaker)."""
+        return self._runner
+
+    def key_for(self, name: str) -> str:
+        """The Redis key of entry ``name`` (``ValueError`` unless an entry name)."""
+        return f"{self._prefix}:entries:{check_entry_name(name)}"
+
+    # -- the mapping API -------------------------------------------------------------
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        name = entry_name(_cudacore.as_key_bytes(key))
+        try:
+            return self.read_entry(name)
+        except InvalidEnvelope:
+            raise
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
+        name = entry_name(_cudacore.as_key_bytes(key))
+        self.write_entry(name, _cudacore.extract_bytes(value))
+
+    def __delitem__(self, key: bytes | str) -> None:
+        name = entry_name(_cudacore.as_key_bytes(key))
+        try:
+            self.delete_entry(name)
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __len__(self) -> int:
+        """Entries under the prefix: scans the keyspace (the chain never asks a shared tier)."""
+        return sum(1 for _ in self.iter_entries())
+
+    def clear(self) -> None:
+        """Delete every entry under this prefix. Only ever called on purpose (the CLI)."""
+        self.delete_entries(list(self.iter_entries()))
+
+    def close(self) -> None:
+        """Close the pooled connections and the runner's idle threads; a later call reconnects."""
+        self._runner.close()
+        self.client.close()
+
+    # -- by entry name ---------------------------------------------------------------
+
+    def read_entry(self, name: str) -> bytes:
+        """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
+        key = self.key_for(name)
+        value = self._call("read", self._read_value, key)
+        if value is None:
+            raise KeyError(name)
+        if isinstance(value, InvalidEnvelope):
+            raise value
+        return self._codec.open(name, value)
+
+    def write_entry(self, name: str, payload: bytes) -> None:
+        """Seal ``payload`` and ``SET`` it under ``name`` (with the expiry, if one is set)."""
+        self._require_writable("write")
+        key = self.key_for(name)
+        blob = self._codec.seal(name, bytes(payload))
+        self._call("write", self._set, key, blob, False)
+
+    def create_entry(self, name: str, payload: bytes) -> bool:
+        """``SET NX``: store ``payload`` only if ``name`` is absent; False if it was there."""
+        self._require_writable("create")
+        key = self.key_for(name)
+        blob = self._codec.seal(name, bytes(payload))
+        return bool(self._call("create", self._set, key, blob, True))
+
+    def delete_entry(self, name: str) -> None:
+        """Remove entry ``name``; ``KeyError`` if it is not there."""
+        self._require_writable("delete")
+        key = self.key_for(name)
+        if not self._call("delete", self.client.delete, key):
+            raise KeyError(name)
+
+    def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
+        """Delete listed entries, 1000 keys per ``DEL``; the count removed."""
+        self._require_writable("clear")
+        keys = [self.key_for(entry.name) for entry in entries]
+        removed = 0
+        for start in range(0, len(keys), _BATCH):
+            removed += int(self._call("delete", self.client.delete, *keys[start : start + _BATCH]))
+        return removed
+
+    def iter_entries(self) -> Iterator[StoredEntry]:
+        """Every entry under the prefix: ``SCAN`` step by step, sizes by ``STRLEN`` in a pipeline per step.
+
+        Redis keeps no modification time, so ``mtime`` is None (prune by age leaves
+        Redis entries alone: give them an expiry, or a ``maxmemory-policy``).
+        """
+        match = f"{_glob_escape(self._prefix)}:entries:*"
+        skip = len(self._prefix) + len(":entries:")
+        cursor = 0
+        while True:
+            cursor, keys, sizes = self._call("list", self._scan_step, cursor, match, timeout=self._list_timeout)
+            for key, size in zip(keys, sizes):
+                name = key[skip:].decode("ascii", "replace")
+                if is_entry_name(name):  # an empty or odd value is listed too, so verify reports it
+                    yield StoredEntry(name, int(size), None)
+            if cursor == 0:
+                return
+
+    def verify_entry(self, name: str) -> str | None:
+        """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""
+        try:
+            self.read_entry(name)
+        except InvalidEnvelope as exc:
+            return exc.reason
+        except KeyError:
+            return "missing"
+        return None
+
+    @property
+    def transfer_batch(self) -> int:
+        """Entries per pipeline in a bulk transfer: ``transfer_concurrency``."""
+        return self.transfer_concurrency
+
+    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
+        """Verified payloads of ``names`` from one pipeline (``KeyError``/``EntryRejected``/... per failed one)."""
+        if not names:
+            return {}
+        keys = [self.key_for(name) for name in names]
+        try:
+            values = self._call("batched read", self._read_values, keys, timeout=self._runner.batch_timeout(len(keys)))
+        except Exception as exc:
+            return dict.fromkeys(names, exc)
+        results: dict[str, bytes | Exception] = {}
+        for name, value in zip(names, values):
+            try:
+                if value is None:
+                    raise KeyError(name)
+                if isinstance(value, InvalidEnvelope):
+                    raise value
+                results[name] = self._codec.open(name, value)
+            except Exception as exc:
+                results[name] = exc
+        return results
+
+    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
+        """Seal and ``SET`` many payloads in one pipeline: ``None`` per success, else the exception."""
+        self._require_writable("write")
+        if not items:
+            return {}
+        pairs = [(self.key_for(name), self._codec.seal(name, bytes(payload))) for name, payload in items.items()]
+        try:
+            self._call("batched write", self._set_many, pairs, timeout=self._runner.batch_timeout(len(pairs)))
+        except Exception as exc:
+            return dict.fromkeys(items, exc)
+        return dict.fromkeys(items)
+
+    def leases(self) -> RedisLeases | None:
+        """Leases at ``<prefix>:leases:<name>`` (``SET NX PX``); None on a read-only tier."""
+        return self._leases
+
+    # -- internals: one request each, run through the runner --------------------------------
+
+    @property
+    def _list_timeout(self) -> float:
+        return max(self.timeout, MIN_LIST_TIMEOUT_S)
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
+        """``fn(*args)`` through the runner, with redis-py's errors as the builtin ones the chain counts."""
+        return self._runner.call(what, self._translated, None, fn, args, timeout=timeout)
+
+    def _translated(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        redis = self._redis
+        try:
+            return fn(*args)
+        except redis.exceptions.TimeoutError as exc:
+            raise TimeoutError(f"no answer from {self._location} within {self.timeout:g} s ({exc})") from None
+        except redis.exceptions.AuthenticationError as exc:  # a ConnectionError too: caught first
+            raise PermissionError(f"{self._location}: access denied, check the password ({exc})") from None
+        except redis.exceptions.ConnectionError as exc:
+            raise ConnectionError(f"{self._location}: {exc}") from None
+
+    def _read_value(self, key: str) -> bytes | InvalidEnvelope | None:
+        """One round trip: ``EXISTS``, ``STRLEN`` and ``GETRANGE`` bounded by the cap (a huge value is never pulled)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(key)
+        pipe.strlen(key)
+        pipe.getrange(key, 0, self._max_value_bytes)
+        return self._value_of(pipe.execute(raise_on_error=False))
+
+    def _read_values(self, keys: list[str]) -> list[bytes | InvalidEnvelope | None]:
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+            pipe.strlen(key)
+            pipe.getrange(key, 0, self._max_value_bytes)
+        answers = pipe.execute(raise_on_error=False)
+        return [self._value_of(answers[i : i + 3]) for i in range(0, len(answers), 3)]
+
+    def _value_of(self, answers: list[Any]) -> bytes | InvalidEnvelope | None:
+        """The value, None if absent, or (returned, so the breaker sees an answer) why it is refused."""
+        for answer in answers:
+            if isinstance(answer, self._redis.exceptions.ResponseError) and "WRONGTYPE" in str(answer):
+                return InvalidEnvelope("not a string value (planted by something else)")
+            if isinstance(answer, Exception):
+                raise answer
+        exists, length, value = answers
+        if not exists:
+            return None
+        if length > self._max_value_bytes:
+            return InvalidEnvelope(f"{length} bytes stored, more than the {self._max_value_bytes}-byte cap; not read")
+        return bytes(value)
+
+    def _set(self, key: str, blob: bytes, only_if_absent: bool) -> bool:
+        return bool(self.client.set(key, blob, px=self._px, nx=only_if_absent))
+
+    def _set_many(self, pairs: list[tuple[str, bytes]]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for key, blob in pairs:
+            pipe.set(key, blob, px=self._px)
+        pipe.execute()
+
+    def _scan_step(self, cursor: int, match: str) -> tuple[int, list[bytes], list[int]]:
+        cursor, keys = self.client.scan(cursor, match=match, count=_BATCH)
+        if not keys:
+            return int(cursor), [], []
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.strlen(key)
+        sizes = pipe.execute(raise_on_error=False)
+        return int(cursor), list(keys), [0 if isinstance(s, Exception) else int(s) for s in sizes]
+
+    def _require_writable(self, what: str) -> None:
+        if self._read_only:
+            raise PermissionError(f"redis cache {self._location} is read-only; refusing to {what}")
+
+    def _check_reachable(self, strict: bool) -> None:
+        """``PING`` once, so a wrong host or password shows up now."""
+        try:
+            self._call("probe", self.client.ping)
+        except Exception as exc:
+            message = f"redis cache {self._location} is unreachable: {type(exc).__name__}: {exc}"
+            if strict:
+                error = type(exc) if type(exc) in (PermissionError, TimeoutError, ConnectionError) else OSError
+                raise error(message) from None
+            logger.warning("%s; continuing without it, probing again in %.0f s", message, self._breaker.cooldown_s)
+            self._breaker.trip(exc)
+
+
+class RedisLeases(LeaseStore):
+    """Lease keys ``<prefix>:leases:<name>`` on a Redis tier: ``SET NX PX`` to take one, every request through its runner.
+
+    Atomic across threads, processes and hosts; Redis expires a lease its holder
+    abandoned (``PX`` = the lease's TTL), and the lease document's own expiry still
+    decides for waiters (:mod:`tiered_progcache.lease`).
+    """
+
+    def __init__(self, store: RedisProgramCache, key_prefix: str) -> None:
+        self._store = store
+        self._key_prefix = key_prefix
+
+    @property
+    def location(self) -> str:
+        return f"{self._store.location} ({self._key_prefix}*)"
+
+    @property
+    def atomic_create(self) -> bool:
+        return True
+
+    def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+        client = self._store.client
+        return bool(self._store._call("lease create", client.set, self._key(name), document, None, _px(ttl_s), True))
+
+    def read(self, name: str) -> bytes | None:
+        value = self._store._call("lease read", self._store.client.get, self._key(name))
+        return None if value is None else bytes(value)
+
+    def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+        self._store._call("lease renew", self._store.client.set, self._key(name), document, None, _px(ttl_s))
+
+    def delete(self, name: str) -> None:
+        self._store._call("lease delete", self._store.client.delete, self._key(name))
+
+    def _key(self, name: str) -> str:
+        if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+            raise ValueError(f"not a lease name: {name!r}")
+        return self._key_prefix + name
+
+
+def _px(ttl_s: float) -> int:
+    """Milliseconds for ``PX``: at least 1, so a tiny TTL still expires rather than erroring."""
+    if not ttl_s > 0 or not math.isfinite(ttl_s):
+        raise ValueError(f"lease ttl_s must be a positive, finite number of seconds, got {ttl_s!r}")
+    return max(1, math.ceil(ttl_s * 1000))
+
+
+def _check_seconds(what: str, value: Any, default: float | None) -> float:
+    if value is None:
+        assert default is not None
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds or None, got {type(value).__name__}")
+    if not 0 < value < math.inf:
+        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
