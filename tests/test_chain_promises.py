@@ -366,3 +366,71 @@ class _Custom(ProgramCacheResource):
 
     def clear(self):
         pass
+
+
+# -- the failure policy (tier.py): what each exception means, counted and said exactly ----------------
+
+from tiered_progcache.errors import EntryRejected, TierUnavailable  # noqa: E402
+
+_FAULTS = [
+    # exception, read counter, read warning, write counter, write warning
+    (EntryRejected("bad digest"), "rejected", "tier t rejected an entry: 'bad digest'", "errors",
+     "tier t failed a write (dropped): EntryRejected('bad digest')"),
+    (TierUnavailable("cooling down"), "skipped", None, "skipped", None),
+    (TimeoutError("slow"), "timeouts", "tier t timed out on a read (counted as a miss): slow", "timeouts",
+     "tier t timed out on a write (dropped): slow"),
+    (OSError("gone"), "errors", "tier t failed a read (counted as a miss): OSError('gone')", "errors",
+     "tier t failed a write (dropped): OSError('gone')"),
+]  # fmt: skip
+
+
+class Faulty(InMemoryProgramCache):
+    def __init__(self, exc: Exception) -> None:
+        super().__init__()
+        self.exc = exc
+
+    def __getitem__(self, key):
+        raise self.exc
+
+    def __setitem__(self, key, value):
+        raise self.exc
+
+    def __delitem__(self, key):
+        raise self.exc
+
+
+@pytest.mark.parametrize(("exc", "read_counter", "read_warning", "write_counter", "write_warning"), _FAULTS,
+                         ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None)  # fmt: skip
+def test_each_fault_is_a_counted_miss_or_drop_with_its_own_warning(
+    caplog, exc, read_counter, read_warning, write_counter, write_warning
+):
+    source = InMemoryProgramCache()
+    source[b"k"] = b"v"
+    cache = TieredProgramCache(tiers=[(Faulty(exc), TierPolicy("t")), (source, TierPolicy("source"))])
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.tier"):
+        assert cache.get(b"k") == b"v"  # a miss in t, a hit below, promoted into t: the write fails too
+    stats = cache.stats()["t"]
+    counted = {f: getattr(stats, f) for f in ("misses", "rejected", "skipped", "timeouts", "errors", "promotions")}
+    expected = dict.fromkeys(counted, 0) | {"misses": 1}
+    expected[read_counter] += 1
+    expected[write_counter] += 1
+    assert counted == expected  # a failed promotion is not counted as one
+    assert stats.writes == 0 and stats.get_p50_ms is not None and stats.get_p50_ms < 1000
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [w for w in (read_warning, write_warning) if w is not None]
+    if isinstance(exc, KeyError):
+        return  # an EntryRejected on delete is a KeyError: "not held here"
+    before = getattr(cache.stats()["t"], write_counter)
+    with pytest.raises(DeleteFailed):
+        del cache[b"k"]
+    assert getattr(cache.stats()["t"], write_counter) == before + 1
+
+
+def test_a_promotion_that_lands_is_counted_once_in_each_tier():
+    source = InMemoryProgramCache()
+    source[b"k"] = b"v"
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), (source, TierPolicy("source"))])
+    assert cache.get(b"k") == b"v"
+    memory = cache.stats()["memory"]
+    assert (memory.promotions, memory.writes, memory.bytes_written) == (1, 1, 1)
+    assert memory.put_p50_ms is not None and memory.put_p50_ms < 1000
