@@ -52,11 +52,6 @@ def test_bad_variables_are_value_errors_naming_them(variable, text, match):
         CacheConfig.from_env({"TIERED_PROGCACHE_" + variable: text})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="remote.py's reachability probe (rel-store's file) turns the filesystem's TypeError into a warning "
-    "and an open breaker; it must raise it even with strict=False. Remove this mark when it does.",
-)
 def test_a_misspelt_storage_option_is_an_error_at_construction_even_without_strict(tmp_path, s3_bucket):
     """Before: ``endpoint_ur1`` made the filesystem fail and the cache ran local-only, silently."""
     options = dict(s3_bucket.storage_options)

@@ -65,11 +65,6 @@ def _file_remote(tmp_path: Path) -> str:
 # -- fork ------------------------------------------------------------------------------------------
 
 
-_RUNNER_NOT_FORK_SAFE = pytest.mark.xfail(
-    strict=True,
-    reason="the remote's request threads (runner.py, rel-store's part of issue #9 item 3) do not survive "
-    "a fork yet: the child's upload times out; remove this mark when they do",
-)
 
 
 def test_forked_child_flush_and_close_return_with_its_write_done(tmp_path):
@@ -95,7 +90,6 @@ def test_forked_child_flush_and_close_return_with_its_write_done(tmp_path):
     cache.close()
 
 
-@_RUNNER_NOT_FORK_SAFE
 def test_forked_child_writes_land_in_a_file_remote(tmp_path):
     cache = TieredProgramCache(tmp_path / "local", remote=_file_remote(tmp_path), remote_timeout=2)
     cache[b"parent"] = b"p" * 100
@@ -145,7 +139,6 @@ def _mp_child(cache: TieredProgramCache, conn) -> None:
     cache.close()
 
 
-@_RUNNER_NOT_FORK_SAFE
 def test_multiprocessing_fork_child_uploads(tmp_path):
     cache = TieredProgramCache(tmp_path / "local", remote=_file_remote(tmp_path), remote_timeout=2)
     cache[b"parent"] = b"p"
