@@ -169,3 +169,32 @@ def test_stats_run_counts_remote_writes_and_hits_of_children(tmp_path, s3_bucket
     run = json.loads(node.stdout)
     assert (run["hits"], run["misses"]) == (1, 0)
     assert (run["tiers"]["remote"]["hits"], run["tiers"]["local"]["promotions"]) == (1, 1)
+
+
+def test_delete_bad_under_a_wrong_key_keeps_every_signature_failure_and_deletes_only_the_corrupt(
+    tmp_path, s3_bucket, local, cubins
+):
+    """Before: a wrong key made every entry "bad signature" and --delete-bad deleted them all (5 of 5)."""
+    flags = remote_flags(s3_bucket)
+    ci_key, wrong_key = tmp_path / "ci.key", tmp_path / "wrong.key"
+    ci_key.write_bytes(b"ci-signing-key-0123456789abcdef!\n")
+    wrong_key.write_bytes(b"not-the-ci-key-0123456789abcdef!\n")
+    assert run_cli("push", "--dir", str(local.root), "--signing-key-file", str(ci_key), *flags).returncode == 0
+    victim = sorted(cubins)[0]
+    path = s3_bucket.entry_path(victim)
+    s3_bucket.fs.pipe_file(path, s3_bucket.fs.cat_file(path)[:20])  # truncated: corrupt under any key
+
+    proc = run_cli("verify", "--delete-bad", "--signing-key-file", str(wrong_key), *flags)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"BAD {victim}: truncated")
+    assert sorted(lines[1:3]) == sorted(
+        f"BAD-SIGNATURE {name}: bad signature (written with another key, or altered)" for name in sorted(cubins)[1:]
+    )
+    assert lines[-1] == (
+        f"checked 3 entries in {s3_bucket.url}: 3 bad; deleted 1; 2 failed the signature check only, kept "
+        "(a wrong key is likelier than forgery: check the key, then delete them with clear or prune)"
+    )
+    assert len(s3_bucket.objects()) == 2
+    good = run_cli("verify", "--signing-key-file", str(ci_key), *flags)
+    assert good.returncode == 0 and ": 0 bad" in good.stdout  # the right key: every kept entry is fine

@@ -45,6 +45,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "STRICT": "1",
         ENV + "REDIS_EXPIRE_S": "3600",
         ENV + "MAX_PENDING_UPLOADS": "64",
+        ENV + "MAX_PENDING_UPLOAD_BYTES": "64Mi",
         ENV + "TRANSFER_CONCURRENCY": "16",
         ENV + "MIN_UPLOAD_COMPILE_S": "0.5",
     }
@@ -55,6 +56,7 @@ def test_every_variable_is_read(tmp_path):
     assert config.remote_options == {"endpoint_url": "http://127.0.0.1:9000", "anon": True}
     assert (config.remote_read_only, config.strict, config.compression) == (True, True, "zstd")
     assert (config.signing_key_file, config.remote_timeout, config.max_pending_uploads) == (key_file, 2.5, 64)
+    assert config.max_pending_upload_bytes == 64 << 20
     assert config.transfer_concurrency == 16 and config.min_upload_compile_s == 0.5
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
@@ -328,6 +330,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "local_dir": tmp_path, "max_memory_bytes": None, "max_local_bytes": 5 << 30, "remote": "memory://x/y",
         "remote_options": {"anon": True}, "remote_read_only": True, "signing_key_file": tmp_path / "k",
         "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
+        "max_pending_upload_bytes": 1 << 20,
         "redis_expire_s": 3600.0,
         "transfer_concurrency": 16, "min_upload_compile_s": 0.25,
     }  # fmt: skip
@@ -376,3 +379,55 @@ def test_transfer_concurrency_reaches_the_remote(tmp_path):
     environ = {ENV + "REMOTE": "memory://tc/k", ENV + "TRANSFER_CONCURRENCY": "5", ENV + "DIR": str(tmp_path)}
     with CacheConfig.from_env(environ).build() as cache:
         assert cache.shared_store.transfer_concurrency == 5
+
+
+# -- signing-key files: one reader ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        (b"hex-key-0123\n", b"hex-key-0123"),
+        (b"hex-key-0123\r\n", b"hex-key-0123"),
+        (b"hex-key-0123", b"hex-key-0123"),
+        (b" \tbinary\x00key \n\n", b" \tbinary\x00key \n"),  # one line ending only; whitespace is key bytes
+    ],
+)
+def test_every_way_to_give_a_key_file_reads_the_same_key(tmp_path, content, key):
+    from tiered_progcache.config import read_key_file
+
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    assert read_key_file(path) == key
+    assert CacheConfig(signing_key_file=path).read_signing_key() == key
+    assert CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path)}).read_signing_key() == key
+
+
+def test_an_entry_signed_through_the_variable_verifies_under_the_readme_reader(tmp_path):
+    """Before: the README read the key with open().read(), keeping the newline the variable drops: every entry 'bad signature'."""
+    from tiered_progcache.config import read_key_file
+    from tiered_progcache.localdir import entry_name
+
+    path = tmp_path / "ci.key"
+    path.write_bytes(b"0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o600)
+    remote = f"file://{tmp_path / 'remote'}"
+    with CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path), ENV + "REMOTE": remote, ENV + "DIR": str(tmp_path / "ci")}).build() as ci:
+        ci[b"k"] = b"signed"
+        assert ci.flush(30) is True
+    with TieredProgramCache(tmp_path / "node", remote=remote, signing_key=read_key_file(path)) as node:
+        assert node.shared_store.read_entry(entry_name(b"k")) == b"signed"
+
+
+def test_the_readme_reads_key_files_with_the_one_reader():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "signing_key_file=" in readme
+    assert not re.search(r"signing_key=open\(", readme)
+
+
+def test_an_empty_key_file_is_an_error_naming_the_variable(tmp_path):
+    path = tmp_path / "key"
+    path.write_bytes(b"\n")
+    with pytest.raises(ValueError, match="^TIERED_PROGCACHE_SIGNING_KEY_FILE: the signing key file .* is empty"):
+        CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path)}).read_signing_key()

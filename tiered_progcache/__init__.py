@@ -5,7 +5,7 @@ from __future__ import annotations
 # ``compile`` the function shadows ``compile`` the module as a package attribute; import
 # the module's other names with ``from tiered_progcache.compile import ...``.
 from .compile import CompileEvent, compile, compile_count, on_compile
-from .errors import EntryRejected, TierUnavailable
+from .errors import DeleteFailed, EntryRejected, TierUnavailable
 from .headers import header_digest
 from .localdir import LocalDir
 from .policy import TierPolicy
@@ -21,6 +21,7 @@ __all__ = [
     "CacheStats",
     "CacheStores",
     "CompileEvent",
+    "DeleteFailed",
     "EntryRejected",
     "EntryStore",
     "LeaseStore",

@@ -14,6 +14,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import settings
@@ -22,13 +23,32 @@ from .settings import ENV_PREFIX
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
 
-__all__ = ["ENV_PREFIX", "CacheConfig"]
+__all__ = ["ENV_PREFIX", "CacheConfig", "masked", "read_key_file"]
 
 logger = logging.getLogger(__name__)
 
 _MASK = "***"
-#: The password of a ``scheme://user:password@host`` URL (Redis URLs often carry one).
-_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+
+#: Option keys whose values are masked wherever they are nested (``client_kwargs.aws_session_token``).
+_SECRET_OPTION = re.compile(
+    r"secret|token|password|passwd|credential|connection_string|auth|private|sas|key$", re.IGNORECASE
+)
+#: The password of a URL (``scheme://user:PASSWORD@host``), in any string, at any depth.
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^@]*@")
+
+
+def masked(value: Any) -> Any:
+    """``value`` safe to print: secret-looking keys' values and URL passwords masked, at any depth.
+
+    What is not secret (an endpoint, a region) is kept, so a printed config can be debugged.
+    """
+    if isinstance(value, Mapping):
+        return {k: _MASK if v and _SECRET_OPTION.search(str(k)) else masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(masked(v) for v in value)
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(rf"\1{_MASK}@", value)
+    return value
 
 
 class CacheConfig:
@@ -109,27 +129,23 @@ class CacheConfig:
     __hash__ = None  # type: ignore[assignment]  # holds a dict (remote_options)
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={value!r}" for name, value in self._masked().items())
-        return f"CacheConfig({shown})"
+        """Every storage option's value masked (a repr ends up in logs nobody reviews), secrets and URL passwords too."""
+        shown = self.masked()
+        if self.remote_options is not None:
+            shown["remote_options"] = dict.fromkeys(self.remote_options, _MASK)
+        return "CacheConfig({})".format(", ".join(f"{name}={value!r}" for name, value in shown.items()))
 
     def as_dict(self) -> dict[str, Any]:
         """Setting name -> value, in the table's order (secrets included: do not log this)."""
         return dict(self._values)
 
-    def _masked(self) -> dict[str, Any]:
-        """Setting name -> value safe to print: secrets and every storage option's value masked."""
+    def masked(self) -> dict[str, Any]:
+        """Setting name -> value safe to print: secret settings, secret options (nested) and URL passwords masked."""
         table = settings.by_name()
-        shown: dict[str, Any] = {}
-        for name, value in self._values.items():
-            if table[name].secret and value is not None:
-                value = _MASK
-            elif name == "remote_options" and value is not None:
-                value = dict.fromkeys(value, _MASK)
-            elif name == "remote" and value is not None:
-                masked = tuple(_URL_PASSWORD.sub(rf"\1{_MASK}@", url) for url in settings.remote_urls(value))
-                value = masked[0] if isinstance(value, str) else masked
-            shown[name] = value
-        return shown
+        return {
+            name: _MASK if table[name].secret and value is not None else masked(value)
+            for name, value in self._values.items()
+        }
 
     def sources(self) -> dict[str, str]:
         """Setting name -> ``"default"``, ``"env TIERED_PROGCACHE_X"`` or ``"argument"``."""
@@ -146,7 +162,7 @@ class CacheConfig:
         return TieredProgramCache(tiers=default_chain(self), **chain_settings)
 
     def read_signing_key(self) -> bytes | str | None:
-        """``signing_key``, or the bytes of ``signing_key_file`` less one line ending; None if neither.
+        """``signing_key``, or ``signing_key_file`` read by :func:`read_key_file`; None if neither.
 
         A problem with the file is a ``ValueError`` naming where its path came from; a
         file that group or others can read is warned about.
@@ -158,12 +174,12 @@ class CacheConfig:
             return None
         where = _where("signing_key_file", self.sources()["signing_key_file"])
         try:
-            key = _strip_one_line_ending(path.read_bytes())
+            key = read_key_file(path)
             mode = path.stat().st_mode
         except OSError as exc:
             raise ValueError(f"{where}: cannot read the signing key file: {exc}") from None
-        if not key:
-            raise ValueError(f"{where}: the signing key file {path} is empty")
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             logger.warning(
                 "signing key file %s is readable by others (mode %o); anyone who reads it can sign entries",
@@ -177,13 +193,21 @@ def _where(name: str, source: str) -> str:
     return source.removeprefix("env ") if source.startswith("env ") else name
 
 
-def _strip_one_line_ending(raw: bytes) -> bytes:
-    """The key file's bytes less one trailing newline (``openssl rand -hex 32 > f`` adds one).
+def read_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The signing key in the file at ``path``: its bytes less one trailing ``\\n`` or ``\\r\\n``.
 
-    Nothing else is stripped: a binary key (``openssl rand 32 > f``) may begin or end
-    with whitespace bytes, and must sign the same as ``signing_key=`` given those bytes.
+    The one reader of key files: ``signing_key_file=``, ``TIERED_PROGCACHE_SIGNING_KEY_FILE``,
+    ``--signing-key-file`` and ``signing_key=read_key_file(path)`` all go through it, so a
+    CI job and a node reading one file sign alike. One line ending is dropped because
+    ``openssl rand -hex 32 > f`` adds one; nothing else is stripped, because a binary key
+    (``openssl rand 32 > f``) may begin or end with whitespace bytes. ``OSError`` if
+    the file cannot be read, ``ValueError`` if it holds no key.
     """
+    raw = Path(path).read_bytes()
     for ending in (b"\r\n", b"\n"):
         if raw.endswith(ending):
-            return raw[: -len(ending)]
+            raw = raw[: -len(ending)]
+            break
+    if not raw:
+        raise ValueError(f"the signing key file {os.fspath(path)} is empty")
     return raw

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EntryRejected", "TierUnavailable", "one_line"]
+__all__ = ["DeleteFailed", "EntryRejected", "TierUnavailable", "one_line"]
 
 
 class EntryRejected(KeyError):
@@ -14,6 +14,20 @@ class EntryRejected(KeyError):
 
 class TierUnavailable(OSError):
     """The tier is cooling down after repeated failures; the operation was not attempted."""
+
+
+class DeleteFailed(OSError):
+    """``del cache[key]`` could not remove the entry from every tier that may hold it.
+
+    The tiers that could delete it did; the ones named in ``tiers`` may still serve it
+    (a remote during an outage would hand it back to the next process). Raised rather
+    than logged because a delete is asked for on purpose: the caller must know it did
+    not happen, and may retry.
+    """
+
+    def __init__(self, message: str, tiers: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.tiers = tiers
 
 
 def one_line(exc: BaseException) -> str:

@@ -454,6 +454,10 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
                     if self._read_only:
                         raise FileNotFoundError(f"{self.root} does not exist")
                     self._runner.call("probe", self._objects.make_root, None, self.root)
+        except TypeError as exc:
+            # The filesystem rejected an argument (a misspelt storage option such as
+            # ``endpoint_ur1``): a configuration error, not an outage, so never a silent local-only run.
+            raise TypeError(f"remote cache {self._location}: the filesystem rejected its storage options: {exc}") from exc
         except Exception as exc:
             message = _unreachable_message(self._location, exc, self.timeout)
             if strict:

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,6 @@ from .stats import COUNTER_FIELDS, CacheStats, TierCounters, TierStats
 
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
-    from .writeback import WriteBackQueue
 
 __all__ = ["STATS_FILE_ENV", "pids", "read_reports", "register", "sum_reports"]
 
@@ -34,12 +32,9 @@ logger = logging.getLogger(__name__)
 #: Path of the file that caches append their exit report to; unset means "do not report".
 STATS_FILE_ENV = "TIERED_PROGCACHE_STATS_FILE"
 
-#: Seconds the exit hook waits for queued remote writes, so they appear in the report.
-_EXIT_FLUSH_TIMEOUT_S = 10.0
-
-# One record per registered cache: (pid at registration, [(tier name, counters, write-back queue)]).
+# One record per registered cache: (pid at registration, [(tier name, counters)]).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.
-_Record = tuple[int, list[tuple[str, TierCounters, "WriteBackQueue | None"]]]
+_Record = tuple[int, list[tuple[str, TierCounters]]]
 _records: list[_Record] = []
 _lock = threading.Lock()
 _hooked = False
@@ -50,12 +45,13 @@ def register(cache: TieredProgramCache) -> None:
     global _hooked
     if not os.environ.get(STATS_FILE_ENV):
         return
-    record = (os.getpid(), [(t.name, t.counters, t.writeback) for t in cache.tiers])
+    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers])
     with _lock:
         _records.append(record)
         if not _hooked:
-            # Registered after writeback's own exit flush, so it runs first (atexit is LIFO):
-            # the hook below drains the queues itself before it reads the counters.
+            # atexit handlers run after threading's exit hooks, where writeback's exit
+            # flush runs (its bound, 10 s, covers every queue): by now the uploads it
+            # could finish are counted. Flushing again here would double the bound.
             atexit.register(_report_at_exit)
             _hooked = True
 
@@ -68,13 +64,9 @@ def _report_at_exit() -> None:
         _records.clear()
     if not path or not records:
         return
-    deadline = time.monotonic() + _EXIT_FLUSH_TIMEOUT_S
     lines = []
     for tiers in records:
-        for _, _, queue in tiers:
-            if queue is not None:
-                queue.flush(max(0.0, deadline - time.monotonic()))
-        snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters, _ in tiers))
+        snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters in tiers))
         lines.append(json.dumps({"pid": os.getpid(), "tiers": snapshot.as_dict()}, separators=(",", ":")) + "\n")
     _append(path, "".join(lines).encode())
 

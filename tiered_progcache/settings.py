@@ -26,6 +26,7 @@ from .units import parse_size
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
+    "DEFAULT_MAX_PENDING_UPLOAD_BYTES",
     "ENV_PREFIX",
     "SETTINGS",
     "Kind",
@@ -42,6 +43,9 @@ ENV_PREFIX = "TIERED_PROGCACHE_"
 
 #: The memory tier's default byte cap: a few thousand typical cubins.
 DEFAULT_MAX_MEMORY_BYTES = 256 << 20
+
+#: The byte cap on a tier's background write queue: as much as the memory tier holds.
+DEFAULT_MAX_PENDING_UPLOAD_BYTES = 256 << 20
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -189,7 +193,11 @@ def _check_path(value: Any) -> Path | None:
         return None
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"must be a path (str or os.PathLike), got {type(value).__name__}")
-    return Path(os.path.expanduser(os.fspath(value)))
+    text = os.fspath(value)
+    if not text:
+        # Path("") is the working directory: a cache there is never what an empty value meant.
+        raise ValueError("must not be empty (give '.' for the working directory, or None for the default)")
+    return Path(os.path.expanduser(text))
 
 
 def _check_url(value: Any) -> str | tuple[str, ...] | None:
@@ -267,6 +275,8 @@ def _options_from_text(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not valid JSON ({exc}); expected an object like '{{\"anon\": true}}'") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read; storage options are a few levels at most") from None
     if not isinstance(value, Mapping):
         raise ValueError(f"must be a JSON object (fsspec storage options), got {type(value).__name__}")
     return dict(value)
@@ -375,6 +385,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
         env="MAX_PENDING_UPLOADS",
+    ),
+    Setting(
+        "max_pending_upload_bytes", SIZE, DEFAULT_MAX_PENDING_UPLOAD_BYTES,
+        "bytes of background writes queued or under way per tier before new ones are dropped, e.g. 1G",
+        env="MAX_PENDING_UPLOAD_BYTES",
     ),
 )  # fmt: skip
 

@@ -37,6 +37,7 @@ class Tier:
         policy: TierPolicy,
         *,
         max_pending_writes: int = 1024,
+        max_pending_write_bytes: int | None = None,
     ) -> None:
         if not isinstance(resource, ProgramCacheResource):
             raise TypeError(
@@ -48,7 +49,12 @@ class Tier:
         self.writeback: WriteBackQueue | None = None
         self._warn = RateLimitedLogger(logger)
         if policy.write == "background" and not policy.read_only:
-            self.writeback = WriteBackQueue(self._write_now, max_pending=max_pending_writes, name=policy.name)
+            self.writeback = WriteBackQueue(
+                self._write_now,
+                max_pending=max_pending_writes,
+                max_pending_bytes=max_pending_write_bytes,
+                name=policy.name,
+            )
 
     @property
     def name(self) -> str:
@@ -97,10 +103,14 @@ class Tier:
         if self.policy.read_only:
             return
         if self.writeback is not None:
-            if not self.writeback.submit(key, data):
+            refused = self.writeback.submit(key, data)
+            if refused is not None:
                 self.counters.add("dropped")
                 self._warn.warning(
-                    f"{self.name}:dropped", "tier %s: background write queue full, write dropped", self.name
+                    f"{self.name}:dropped:{refused.name}",
+                    "tier %s: background write dropped (%s)",
+                    self.name,
+                    refused.value,
                 )
             elif promotion:
                 self.counters.add("promotions")
@@ -129,7 +139,11 @@ class Tier:
         return True
 
     def delete(self, key: bytes) -> bool:
-        """Remove ``key``; True if this tier held it. Failures are logged, not raised."""
+        """Remove ``key`` (and cancel its queued upload); True if this tier held it.
+
+        A failure is counted and raised: the caller must not believe an entry gone
+        that this tier may still serve.
+        """
         if self.policy.read_only:
             return False
         cancelled = self.writeback.cancel(key) if self.writeback is not None else False
@@ -137,10 +151,15 @@ class Tier:
             del self.resource[key]
         except KeyError:
             return cancelled
-        except Exception as exc:
+        except TierUnavailable:
+            self.counters.add("skipped")
+            raise
+        except TimeoutError:
+            self.counters.add("timeouts")
+            raise
+        except Exception:
             self.counters.add("errors")
-            self._warn.warning(f"{self.name}:delete", "tier %s failed a delete: %r", self.name, exc)
-            return cancelled
+            raise
         return True
 
     # -- housekeeping ----------------------------------------------------------

@@ -14,6 +14,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 
 from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
+from .errors import DeleteFailed, one_line
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from .redis_store import RedisProgramCache, is_redis_url
@@ -45,7 +46,8 @@ class TieredProgramCache(ProgramCacheResource):
     checked like ``from_env`` checks its variables: an unknown name is a ``TypeError``,
     a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
     chain from the given resources instead; settings that shape the default chain are
-    then a ``ValueError``, chain-wide ones (``max_pending_uploads``) still apply.
+    then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``,
+    ``min_upload_compile_s``) still apply.
 
     Reads try each tier in order; the first hit is returned and copied into every
     faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
@@ -90,7 +92,9 @@ class TieredProgramCache(ProgramCacheResource):
             specs = list(tiers)
             if not specs:
                 raise ValueError("tiers must name at least one tier")
-        self._tiers: tuple[Tier, ...] = _build_tiers(specs, config.max_pending_uploads)
+        self._tiers: tuple[Tier, ...] = _build_tiers(
+            specs, config.max_pending_uploads, config.max_pending_upload_bytes
+        )
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
         self._first_counters = self._first.counters
@@ -228,10 +232,27 @@ class TieredProgramCache(ProgramCacheResource):
                 tier.store(k, data)
 
     def __delitem__(self, key: bytes | str) -> None:
-        """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it."""
+        """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it.
+
+        A queued upload of ``key`` is cancelled. If a tier fails to delete (a remote
+        during an outage), every other tier still deletes and then
+        :class:`~tiered_progcache.errors.DeleteFailed` names the failing tiers: a
+        delete logged and forgotten would let the entry come back from the remote.
+        """
         k = as_key_bytes(key)
-        held = [tier.delete(k) for tier in self._tiers]
-        if not any(held):
+        held = False
+        failed: list[tuple[str, Exception]] = []
+        for tier in self._tiers:
+            try:
+                held = tier.delete(k) or held
+            except Exception as exc:
+                failed.append((tier.name, exc))
+        if failed:
+            named = "; ".join(f"tier {name}: {one_line(exc)}" for name, exc in failed)
+            raise DeleteFailed(
+                f"the entry may still be served: {named}", tuple(name for name, _ in failed)
+            ) from failed[0][1]
+        if not held:
             raise KeyError(key)
 
     def update(
@@ -353,13 +374,21 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
+    A local directory that cannot be created or opened is left out with a warning.
     """
     signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
     local_root = config.local_dir if config.local_dir is not None else default_local_dir()
-    specs: list[TierSpec] = [
-        (InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory")),
-        (FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes), TierPolicy("local")),
-    ]
+    specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
+    try:
+        local = FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes)
+    except OSError as exc:
+        # A directory that cannot be made (read-only home, a path under a file) is an
+        # outage of one tier, not a reason to fail every compile: the others still work.
+        logger.warning(
+            "local cache directory %s is unusable, running without the local tier: %s", local_root, one_line(exc)
+        )
+    else:
+        specs.append((local, TierPolicy("local")))
     names: set[str] = set()
     for url in remote_urls(config.remote):
         common = dict(
@@ -397,7 +426,9 @@ def _default_policy(resource: ProgramCacheResource, index: int) -> TierPolicy:
     return TierPolicy(f"tier{index}")
 
 
-def _build_tiers(specs: Sequence[TierSpec], max_pending_uploads: int) -> tuple[Tier, ...]:
+def _build_tiers(
+    specs: Sequence[TierSpec], max_pending_uploads: int, max_pending_upload_bytes: int | None
+) -> tuple[Tier, ...]:
     built: list[Tier] = []
     names: set[str] = set()
     for index, spec in enumerate(specs):
@@ -418,7 +449,14 @@ def _build_tiers(specs: Sequence[TierSpec], max_pending_uploads: int) -> tuple[T
         if policy.name in names:
             raise ValueError(f"two tiers are named {policy.name!r}")
         names.add(policy.name)
-        built.append(Tier(resource, policy, max_pending_writes=max_pending_uploads))
+        built.append(
+            Tier(
+                resource,
+                policy,
+                max_pending_writes=max_pending_uploads,
+                max_pending_write_bytes=max_pending_upload_bytes,
+            )
+        )
     return tuple(built)
 
 

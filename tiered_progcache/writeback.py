@@ -1,22 +1,31 @@
 """The background uploader: a bounded, coalescing queue drained by one worker thread.
 
 A compile must never wait on the network, so ``submit`` only ever appends to a
-dict and returns. When the queue is full the write is dropped (and counted by the
-caller): losing a remote copy costs one compile elsewhere, blocking costs every
+dict and returns. The queue is bounded by count and by bytes (queued and under way
+together), so a slow remote cannot grow the process without limit. When it is full
+the write is dropped (and counted by the caller): losing a remote copy costs one compile elsewhere, blocking costs every
 compile here. Pending writes are flushed at interpreter exit within a bounded time.
+
+Fork: a child process inherits the queue's state but not its worker thread. After a
+``fork()`` every live queue starts empty in the child with no worker (one starts at the
+child's first write): writes queued in the parent are the parent's to upload, so the
+child neither uploads them twice nor waits on them in ``flush``/``close``.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import enum
+import concurrent.futures.thread  # noqa: F401  (registers its exit hook first; ours must run before it)
 import logging
+import os
 import threading
 import time
 import weakref
 from typing import Callable
 
-__all__ = ["WriteBackQueue"]
+__all__ = ["Refused", "WriteBackQueue"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +33,14 @@ logger = logging.getLogger(__name__)
 EXIT_FLUSH_TIMEOUT_S = 10.0
 
 _live_queues: weakref.WeakSet[WriteBackQueue] = weakref.WeakSet()
+
+
+class Refused(str, enum.Enum):
+    """Why ``submit`` did not queue a write (the caller counts it as dropped and logs this)."""
+
+    CLOSED = "closed"
+    FULL = "queue full"
+    TOO_MANY_BYTES = "queued bytes at their limit"
 
 
 class WriteBackQueue:
@@ -35,14 +52,27 @@ class WriteBackQueue:
     and the worker carries on.
     """
 
-    def __init__(self, store: Callable[[bytes, bytes], None], *, max_pending: int = 1024, name: str = "") -> None:
+    def __init__(
+        self,
+        store: Callable[[bytes, bytes], None],
+        *,
+        max_pending: int = 1024,
+        max_pending_bytes: int | None = None,
+        name: str = "",
+    ) -> None:
         if not isinstance(max_pending, int) or isinstance(max_pending, bool) or max_pending <= 0:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        if max_pending_bytes is not None and (
+            not isinstance(max_pending_bytes, int) or isinstance(max_pending_bytes, bool) or max_pending_bytes <= 0
+        ):
+            raise ValueError(f"max_pending_bytes must be a positive int or None, got {max_pending_bytes!r}")
         self._store = store
         self._max_pending = max_pending
+        self._max_pending_bytes = max_pending_bytes
         self._name = name
         self._pending: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
         self._in_flight = 0
+        self._bytes = 0  # queued and under way
         self._closed = False
         self._cond = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -54,29 +84,43 @@ class WriteBackQueue:
         with self._cond:
             return len(self._pending) + self._in_flight
 
-    def submit(self, key: bytes, data: bytes) -> bool:
-        """Queue a write; False if it was dropped (queue full or closed). Never blocks on I/O."""
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the writes queued or under way."""
+        with self._cond:
+            return self._bytes
+
+    def submit(self, key: bytes, data: bytes) -> Refused | None:
+        """Queue a write; None if queued, else why it was dropped. Never blocks on I/O."""
         with self._cond:
             if self._closed:
-                return False
-            if key in self._pending:
-                self._pending[key] = data
-                return True
-            if len(self._pending) >= self._max_pending:
-                return False
+                return Refused.CLOSED
+            replaced = self._pending.get(key)
+            if replaced is None and len(self._pending) >= self._max_pending:
+                return Refused.FULL
+            grown = self._bytes + len(data) - (0 if replaced is None else len(replaced))
+            if self._max_pending_bytes is not None and grown > self._max_pending_bytes:
+                return Refused.TOO_MANY_BYTES
+            self._bytes = grown
             self._pending[key] = data
+            if replaced is not None:
+                return None
             if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._run, name=f"tiered-progcache-writeback-{self._name}", daemon=True
                 )
                 self._worker.start()
             self._cond.notify_all()
-            return True
+            return None
 
     def cancel(self, key: bytes) -> bool:
         """Drop a queued write of ``key``; True if one was queued."""
         with self._cond:
-            return self._pending.pop(key, None) is not None
+            data = self._pending.pop(key, None)
+            if data is None:
+                return False
+            self._bytes -= len(data)
+            return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write submitted so far is done; False if ``timeout`` ran out first."""
@@ -99,12 +143,21 @@ class WriteBackQueue:
         drained = self.flush(timeout)
         with self._cond:
             left = len(self._pending)
+            self._bytes -= sum(len(data) for data in self._pending.values())
             self._pending.clear()
             self._cond.notify_all()
         if left:
             logger.warning("write-back %s closed with %d writes not done", self._name, left)
         _live_queues.discard(self)
         return drained
+
+    def _forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's pending writes and its (absent) worker; keep closed-ness."""
+        self._cond = threading.Condition()  # the parent's lock may have been held by a thread the child lacks
+        self._pending = collections.OrderedDict()
+        self._in_flight = 0
+        self._bytes = 0
+        self._worker = None
 
     def _run(self) -> None:
         while True:
@@ -122,12 +175,43 @@ class WriteBackQueue:
             finally:
                 with self._cond:
                     self._in_flight -= 1
+                    self._bytes -= len(data)
                     self._cond.notify_all()
 
 
-@atexit.register
 def _flush_at_exit() -> None:
+    """Give pending writes EXIT_FLUSH_TIMEOUT_S in all; what is left is dropped with a warning."""
     deadline = time.monotonic() + EXIT_FLUSH_TIMEOUT_S
     for queue in list(_live_queues):
         if not queue.flush(max(0.0, deadline - time.monotonic())):
             logger.warning("interpreter exit: %d background writes not flushed in time", queue.pending)
+
+
+def _after_fork_in_child() -> None:
+    for queue in list(_live_queues):
+        queue._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _register_exit_flush() -> None:
+    """Run the exit flush before Python stops its thread pools.
+
+    An upload through s3fs/aiohttp needs ``concurrent.futures`` threads (DNS lookups run
+    in the event loop's default executor). ``concurrent.futures`` stops its pools from
+    ``threading``'s exit hooks, which run before ``atexit`` handlers, so an ``atexit``
+    flush fails every upload with "cannot schedule new futures after shutdown".
+    ``threading._register_atexit`` is the hook ``concurrent.futures`` itself uses; its
+    callbacks run last-registered first, and ``concurrent.futures.thread`` is imported
+    above, so this flush runs before the pools stop. It is a private name (there is no
+    public hook that runs early enough): where it is missing, ``atexit`` is used.
+    """
+    register_early = getattr(threading, "_register_atexit", None)
+    if register_early is None:
+        atexit.register(_flush_at_exit)
+    else:
+        register_early(_flush_at_exit)
+
+
+_register_exit_flush()
