@@ -96,11 +96,43 @@ def test_a_failed_compile_is_counted_as_an_error(tmp_path):
     registry = prometheus_client.CollectorRegistry()
     with TieredProgramCache(tmp_path) as cache:
         metrics.register(cache, registry)
-        with pytest.raises(Exception):
-            tiered_progcache.compile("this is not C++ {", "c++", OPTS, cache=cache)
+        seen: list[CompileEvent] = []
+        stop = tiered_progcache.on_compile(seen.append)
+        for bad in ("this is not C++ {", "neither is this }"):
+            with pytest.raises(Exception):
+                tiered_progcache.compile(bad, "c++", OPTS, cache=cache)
+        stop()
         scraped = _scrape(registry)
-    assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "error"),))] == 1
-    assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "ok"),))] == 0
+    assert [e.ok for e in seen] == [False, False]
+    error, ok = (("outcome", "error"),), (("outcome", "ok"),)
+    assert scraped[("tiered_progcache_compile_seconds_count", error)] == 2
+    assert scraped[("tiered_progcache_compile_seconds_sum", error)] == seen[0].seconds + seen[1].seconds
+    for bound in metrics.COMPILE_BUCKETS:
+        inside = sum(e.seconds <= bound for e in seen)
+        assert scraped[("tiered_progcache_compile_seconds_bucket", (("le", repr(bound)),) + error)] == inside
+        assert scraped[("tiered_progcache_compile_seconds_bucket", (("le", repr(bound)),) + ok)] == 0
+    assert scraped[("tiered_progcache_compile_seconds_bucket", (("le", "+Inf"),) + error)] == 2
+    assert scraped[("tiered_progcache_compile_seconds_count", ok)] == 0
+    assert scraped[("tiered_progcache_compile_seconds_sum", ok)] == 0
+
+
+def test_register_defaults_to_the_global_registry_and_exposition_has_counters(tmp_path):
+    with TieredProgramCache(tmp_path) as cache:
+        unregister = metrics.register(cache, name="global-test")
+        cache.get(b"absent")
+        try:
+            value = prometheus_client.REGISTRY.get_sample_value(
+                "tiered_progcache_misses_total", {"cache": "global-test", "tier": "local"}
+            )
+            assert value == 1
+        finally:
+            unregister()
+        assert prometheus_client.REGISTRY.get_sample_value(
+            "tiered_progcache_misses_total", {"cache": "global-test", "tier": "local"}
+        ) is None
+        text = metrics.exposition(cache.stats())
+    samples = {(s.name, s.labels.get("tier")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("tiered_progcache_misses_total", "local")] == 1 and samples[("tiered_progcache_misses_total", "memory")] == 1
 
 
 def test_several_caches_share_a_registry_by_name_and_a_dropped_cache_goes(tmp_path):
