@@ -374,14 +374,6 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
 
     # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
-    def seal_envelope(self, name: str, payload: bytes) -> bytes:
-        """The envelope this tier would store for ``payload`` under ``name``."""
-        return self._codec.seal(name, bytes(payload))
-
-    def open_envelope(self, name: str, blob: bytes) -> bytes:
-        """The payload of a fetched envelope, verified (``InvalidEnvelope`` if it fails)."""
-        return self._codec.open(name, blob)
-
     def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
         """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
         paths = [self.path_for(name) for name in names]
