@@ -47,6 +47,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "MAX_PENDING_UPLOADS": "64",
         ENV + "MAX_PENDING_UPLOAD_BYTES": "64Mi",
         ENV + "TRANSFER_CONCURRENCY": "16",
+        ENV + "MIN_UPLOAD_COMPILE_S": "0.5",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -56,7 +57,7 @@ def test_every_variable_is_read(tmp_path):
     assert (config.remote_read_only, config.strict, config.compression) == (True, True, "zstd")
     assert (config.signing_key_file, config.remote_timeout, config.max_pending_uploads) == (key_file, 2.5, 64)
     assert config.max_pending_upload_bytes == 64 << 20
-    assert config.transfer_concurrency == 16
+    assert config.transfer_concurrency == 16 and config.min_upload_compile_s == 0.5
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
@@ -254,6 +255,7 @@ def test_every_setting_is_a_row_of_the_documented_table():
 OLD_FLAGS = {
     "--dir", "--remote", "--remote-options", "--read-only", "--signing-key-file",
     "--compression", "--remote-timeout", "--strict", "--max-local-bytes", "--transfer-concurrency",
+    "--min-upload-compile-s",
 }  # fmt: skip
 
 
@@ -330,7 +332,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
         "max_pending_upload_bytes": 1 << 20,
         "redis_expire_s": 3600.0,
-        "transfer_concurrency": 16,
+        "transfer_concurrency": 16, "min_upload_compile_s": 0.25,
     }  # fmt: skip
     value = samples[setting.name]
     text = setting.text(value)

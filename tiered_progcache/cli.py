@@ -134,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--run", action="store_true",
                    help="run the command after -- (stats --run -- CMD [ARG ...]) and report its cache activity")  # fmt: skip
+    p.add_argument("--prometheus", action="store_true",
+                   help="print Prometheus text (node_exporter's textfile collector); needs prometheus_client")  # fmt: skip
     p.set_defaults(func=cmd_stats)
 
     p = command("ls", "list entries with size and age", "List entries: name, size, and age "
@@ -168,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "delete every entry)")  # fmt: skip
     _progress_flag(p)
     p.set_defaults(func=cmd_verify)
+
+    _bundle_commands(command)
 
     p = command("clear", "delete every entry of the local directory, or of the remote (with --yes)")
     p.add_argument("--local", action="store_true", help="clear the local directory")
@@ -305,6 +309,8 @@ def _describe(field: str, value: Any) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.prometheus and args.json:
+        raise UsageError("--prometheus and --json are two output formats: pick one")
     if args.run:
         return _stats_of_run(args)
     rows = [_held("local", _local(args))]
@@ -316,6 +322,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         for n, url in enumerate(urls, start=1):  # listing a bucket can take a while: only on request
             tier = "remote" if n == 1 else f"remote{n}"
             rows.append({"tier": tier, "where": masked(url), "entries": None, "bytes": None})
+    if args.prometheus:
+        from .metrics import exposition
+        from .stats import CacheStats, TierStats
+
+        held = tuple((r["tier"], TierStats(entries=r["entries"], bytes_held=r["bytes"])) for r in rows)
+        sys.stdout.write(exposition(CacheStats(held), counters=False))
+        return EXIT_OK
     if args.json:
         _print_json({row.pop("tier"): row for row in rows})
         return EXIT_OK
@@ -346,7 +359,11 @@ def _stats_of_run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     totals = run.totals
-    if args.json:
+    if args.prometheus:
+        from .metrics import exposition
+
+        sys.stdout.write(exposition(totals))
+    elif args.json:
         tiers = {name: {k: v for k, v in s.as_dict().items() if k in COUNTER_FIELDS} for name, s in totals.tiers}
         _print_json({"command": list(run.argv), "exit_code": run.returncode, "seconds": round(run.seconds, 3),
                      "processes": run.processes, "caches": len(run.reports), "hits": totals.hits,
@@ -556,6 +573,58 @@ def cmd_clear(args: argparse.Namespace) -> int:
         store.sweep_staged()  # and what writers that died over an hour ago staged
         print(f"cleared {store.location} ({removed} entries)")
     return EXIT_OK
+
+
+def _bundle_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
+    p = command("export", "write entries into one bundle file (tar, zstd when available) to ship or carry",
+                "Write the entries of the local directory (or, with --remote, of the remote) into one file, "
+                "each in its verifiable envelope (signed with the configured signing key, if any).")  # fmt: skip
+    p.add_argument("out", metavar="OUT", help="the bundle file to write (replaced whole)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (64-hex names from ls)")
+    p.add_argument("--arch", metavar="SM", help="only cubins and PTX for this SM, e.g. sm_90")
+    p.add_argument("--max-age", type=_typed(parse_duration), metavar="AGE", help="only entries used within AGE, e.g. 30d")
+    p.add_argument("--format", dest="bundle_format", choices=("auto", "zstd", "tar"), default="auto",
+                   help="the bundle's form: tar.zst, plain tar, or auto (zstd when zstandard is installed)")  # fmt: skip
+    p.set_defaults(func=cmd_export)
+    p = command("import", "verify every entry of a bundle file, then land them (all or nothing)",
+                "Verify every entry of the bundle (digest; signature with the configured signing key, which "
+                "then refuses unsigned entries) before any lands, then land those missing into the local "
+                "directory (or, with --remote, push them to the remote). Exit 1 if it is refused.")  # fmt: skip
+    p.add_argument("bundle", metavar="IN", help="the bundle file to read")
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .bundle import export_bundle
+
+    names = _entry_names(args.names)
+    compression = None if args.bundle_format == "tar" else args.bundle_format
+    key = load_config(args).read_signing_key()
+    with _store(args) as store:
+        report = export_bundle(store, args.out, names=names, max_age=args.max_age, arch=args.arch,
+                               signing_key=key, compression=compression)  # fmt: skip
+        where = store.location
+    kind = "zstd" if report.compressed else "tar"
+    print(f"exported {report.entries} entries ({format_size(report.bytes)}) from {where} to {report.path} ({kind}); "
+          f"{report.skipped} filtered out, {report.failures} unreadable")  # fmt: skip
+    return EXIT_PROBLEMS if report.failures else EXIT_OK
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from .bundle import BundleRefused, import_bundle
+
+    key = load_config(args).read_signing_key()
+    with _store(args) as store:
+        _refuse_read_only(store, "import into it")
+        try:
+            report = import_bundle(args.bundle, store, signing_key=key)
+        except BundleRefused as exc:
+            print(f"{PROG} import: refused {args.bundle}: {exc}; nothing landed", file=sys.stderr)
+            return EXIT_PROBLEMS
+        where = store.location
+    print(f"imported {report.entries} entries ({format_size(report.bytes)}) from {report.path} to {where}; "
+          f"{report.skipped} already there, {report.failures} failed")  # fmt: skip
+    return EXIT_PROBLEMS if report.failures else EXIT_OK
 
 
 def _print_json(value: Any) -> None:

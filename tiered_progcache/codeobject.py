@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
-__all__ = ["check_code_object"]
+__all__ = ["check_code_object", "code_arch"]
 
 
 def check_code_object(data: bytes, *, unknown_ok: bool = False) -> str | None:
@@ -38,3 +39,27 @@ def check_code_object(data: bytes, *, unknown_ok: bool = False) -> str | None:
     if b"\0" not in data[:4096] and b".version" in data[:4096] and b".target" in data[:4096]:
         return None  # PTX
     return None if unknown_ok else "not a cubin, fatbin, LTO-IR or PTX (unknown format)"
+
+
+_PTX_TARGET = re.compile(rb"^\s*\.target\s+sm_(\d+)", re.MULTILINE)
+#: ELF ``EI_ABIVERSION`` from which NVIDIA moved the SM number to bits 8-15 of ``e_flags``.
+_NEW_CUDA_ABI = 8
+
+
+def code_arch(data: bytes) -> int | None:
+    """The SM number a cubin or PTX targets (90 for sm_90 and sm_90a), or None where it cannot tell.
+
+    A cubin's ``e_flags`` holds it (bits 8-15 since ELF ABI version 8, bits 0-7
+    before); PTX names it in ``.target``. Fatbins (several arches), LTO-IR and
+    anything else: None.
+    """
+    if data[:4] == b"\x7fELF":
+        if len(data) < 0x34:
+            return None
+        (flags,) = struct.unpack_from("<I", data, 0x30)
+        return (flags >> 8) & 0xFF if data[8] >= _NEW_CUDA_ABI else flags & 0xFF
+    if b"\0" not in data[:4096]:
+        match = _PTX_TARGET.search(data[:4096])
+        if match:
+            return int(match.group(1))
+    return None

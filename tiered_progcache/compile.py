@@ -346,14 +346,23 @@ def _compile_and_store(
         # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
         del program
-    _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=True))
+    seconds = time.perf_counter() - started
+    _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
     try:
         if names:
             # The mapping first: whoever sees the binary must find its mapping.
-            cache[symbols_key(key)] = encode_symbols(mapping or {})
-        cache[key] = data
+            _store(cache, symbols_key(key), encode_symbols(mapping or {}), seconds)
+        _store(cache, key, data, seconds)
     except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
     return obj, _Outcome(data, mapping)
+
+
+def _store(cache: ProgramCacheResource, key: bytes, data: bytes, seconds: float) -> None:
+    """Store with the compile time where the cache applies admission by it (the chain's ``min_upload_compile_s``)."""
+    if isinstance(cache, TieredProgramCache):
+        cache.put(key, data, compile_seconds=seconds)
+    else:
+        cache[key] = data

@@ -378,6 +378,11 @@ SETTINGS: tuple[Setting, ...] = (
         env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
     ),
     Setting(
+        "min_upload_compile_s", SECONDS, None,
+        "keep entries that compiled in less than this many seconds on the node: not uploaded (none: upload all)",
+        env="MIN_UPLOAD_COMPILE_S", flag="--min-upload-compile-s",
+    ),
+    Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
         env="MAX_PENDING_UPLOADS",
     ),

@@ -46,8 +46,8 @@ class TieredProgramCache(ProgramCacheResource):
     checked like ``from_env`` checks its variables: an unknown name is a ``TypeError``,
     a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
     chain from the given resources instead; settings that shape the default chain are
-    then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``)
-    still apply.
+    then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``,
+    ``min_upload_compile_s``) still apply.
 
     Reads try each tier in order; the first hit is returned and copied into every
     faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
@@ -101,6 +101,7 @@ class TieredProgramCache(ProgramCacheResource):
         self._untimed_mask = _untimed_mask()
         self._rest = self._tiers[1:]
         self._closed = False
+        self._min_upload_compile_s: float | None = config.min_upload_compile_s
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
@@ -202,6 +203,33 @@ class TieredProgramCache(ProgramCacheResource):
         data = extract_bytes(value)
         for tier in self._tiers:
             tier.store(k, data)
+
+    def put(
+        self,
+        key: bytes | str,
+        value: bytes | bytearray | memoryview | ObjectCode,
+        *,
+        compile_seconds: float | None = None,
+    ) -> None:
+        """``cache[key] = value``, with admission: ``compile()`` says how long the compile took.
+
+        An entry whose ``compile_seconds`` is under the ``min_upload_compile_s`` setting
+        is written to the non-shared tiers only (memory, local directory): cheaper to
+        compile again elsewhere than to upload. ``None`` (not known) writes every tier.
+        """
+        if compile_seconds is not None and (
+            isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float))
+        ):
+            raise TypeError(f"compile_seconds must be a number of seconds or None, got {type(compile_seconds).__name__}")
+        if compile_seconds is not None and not 0 <= compile_seconds < float("inf"):
+            raise ValueError(f"compile_seconds must be a non-negative, finite number, got {compile_seconds!r}")
+        k = as_key_bytes(key)
+        data = extract_bytes(value)
+        threshold = self._min_upload_compile_s
+        local_only = threshold is not None and compile_seconds is not None and compile_seconds < threshold
+        for tier in self._tiers:
+            if not (local_only and tier.policy.shared):
+                tier.store(k, data)
 
     def __delitem__(self, key: bytes | str) -> None:
         """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it.
