@@ -7,6 +7,7 @@ is asserted to the hundredth of a second without racing real time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -14,6 +15,7 @@ import signal
 import threading
 import time
 import uuid
+from typing import Callable
 
 import pytest
 
@@ -551,3 +553,61 @@ def test_a_store_that_keeps_saying_taken_and_gone_pauses_after_exactly_three_qui
     clock = SteppedClock()
     assert clock.wait(RemoteLease(Flapping(), NAME, ttl_s=60, clock=clock.time), timeout=1) == (None, False)
     assert Flapping.creates == 4 * len(clock.sleeps) + 1  # four tries per pause, and the last look
+
+
+class _InterleavingLeases(DictLeases):
+    """Runs ``between`` once, just before the first delete of the lease itself goes through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.between: Callable[[], None] | None = None
+
+    def delete(self, name: str) -> None:
+        if name == NAME and self.between is not None:
+            between, self.between = self.between, None
+            between()
+        super().delete(name)
+
+
+def test_two_waiters_breaking_one_expired_lease_leave_exactly_one_holder():
+    """Both saw the same expired lease. One waiter's break runs whole (break, take a new lease)
+    between the other's check and its delete. Check-then-delete alone would delete the new
+    lease, and both would then hold one; the break marker lets exactly one break it."""
+    clock = SteppedClock()
+    store = _InterleavingLeases()
+    stale = _stale_document(expires_at=clock.time() - 60)
+    assert store.create(NAME, stale, 30)
+    first = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    second = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    outcomes: list[tuple[str, bool]] = []
+
+    def first_breaks_and_takes_it() -> None:
+        outcomes.append(("first broke", first.break_if_unchanged(stale)))
+        outcomes.append(("first took", first.try_acquire()))
+
+    store.between = first_breaks_and_takes_it
+    outcomes.append(("second broke", second.break_if_unchanged(stale)))
+    outcomes.append(("second took", second.try_acquire()))
+    holders = [lease for lease in (first, second) if lease.held]
+    assert len(holders) == 1, outcomes
+    assert [name for name, done in outcomes if name.endswith("broke") and done] == ["second broke"]
+    assert sorted(store.objects) == [NAME]  # no break marker left behind
+    holders[0].release()
+
+
+def test_a_break_marker_left_by_a_waiter_that_died_mid_break_goes_after_one_ttl():
+    """A breaker SIGKILLed between creating its marker and removing it leaves the marker behind."""
+    clock = SteppedClock()
+    store = DictLeases()
+    stale = _stale_document(expires_at=clock.time() - 60)
+    assert store.create(NAME, stale, 30)
+    marker = f"{NAME}.break-{hashlib.sha256(stale).hexdigest()[:32]}"
+    left = json.dumps({"format": LEASE_FORMAT + "/break", "expires_at": clock.time() + 30}).encode()
+    assert store.create(marker, left, 30)
+    waiter = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    assert waiter.break_if_unchanged(stale) is False  # the marker still stands: not this waiter's break
+    assert store.read(NAME) == stale and store.read(marker) == left
+    clock.wall += 30
+    assert waiter.break_if_unchanged(stale) is False  # its time is up: removed, nothing broken yet
+    assert marker not in store.objects and store.read(NAME) == stale
+    assert waiter.break_if_unchanged(stale) is True and store.objects == {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -248,14 +249,31 @@ class RemoteLease:
         self.leases.replace(self.name, self._document(), self.ttl_s)
         return True
 
-    def break_if_unchanged(self, seen: bytes) -> None:
-        """Delete an expired lease, unless it changed since it was read as ``seen``.
+    def break_if_unchanged(self, seen: bytes) -> bool:
+        """Delete an expired lease, unless it changed since it was read as ``seen``; True if this call did.
 
-        Check-then-delete is not atomic: two waiters breaking the same lease can both
-        end up compiling. That costs one duplicate compile, nothing else.
+        Exactly one waiter breaks a given lease. Each first creates the marker
+        ``<name>.break-<digest of seen>`` with the store's atomic create; only the one that
+        created it re-reads the lease and deletes it, then removes the marker. Without it,
+        two waiters could both see the old lease, one delete it and take a new one, and
+        the other delete that new lease: two holders, two compiles. A waiter that sees
+        the marker after it was removed re-reads a lease that is no longer ``seen`` and
+        leaves it. A marker left by a waiter that died mid-break is removed after one TTL.
         """
-        if self.leases.read(self.name) == seen:
+        marker = f"{self.name}.break-{hashlib.sha256(seen, usedforsecurity=False).hexdigest()[:32]}"
+        now = self.clock()
+        if not self.leases.create(marker, _break_marker(now + self.ttl_s), self.ttl_s):
+            left = self.leases.read(marker)
+            if left is not None and _break_marker_expired(left, now):
+                self.leases.delete(marker)  # its breaker died mid-break: the next waiter may try
+            return False
+        try:
+            if self.leases.read(self.name) != seen:
+                return False
             self.leases.delete(self.name)
+            return True
+        finally:
+            self.leases.delete(marker)
 
     def _renew_loop(self) -> None:
         interval = self.ttl_s / 3
@@ -371,3 +389,15 @@ def wait_for_lease(
         quick_retries = 0
         sleep(max(0.0, min(pause, remaining)))
         delay = _backoff(delay, limit)
+
+
+def _break_marker(expires_at: float) -> bytes:
+    return json.dumps({"format": LEASE_FORMAT + "/break", "expires_at": expires_at}).encode()
+
+
+def _break_marker_expired(raw: bytes, now: float) -> bool:
+    """True if a break marker's time is up; unreadable bytes count as expired (they are not ours)."""
+    try:
+        return float(json.loads(raw)["expires_at"]) <= now
+    except (ValueError, KeyError, TypeError):
+        return True
