@@ -303,3 +303,20 @@ def test_an_empty_or_bad_value_is_listed_and_verify_names_it(redis_url, client):
         assert {e.name: e.size for e in tier.iter_entries()} == {NAME: len(client.get(f"tiered-progcache:entries:{NAME}")), empty: 0}
         assert tier.verify_entry(NAME) is None
         assert tier.verify_entry(empty).startswith("truncated: 0 bytes")
+
+
+def test_close_leaves_a_request_in_flight_on_its_connection(redis_url):
+    """A lease release can still be running on another thread when its cache closes."""
+    store = RedisProgramCache.from_url(redis_url)
+    store.write_entry("ab" * 32, b"x")  # a pooled connection exists now
+    pool = store.client.connection_pool
+    in_flight = pool.get_connection()
+    in_flight.connect()
+    socket_before = in_flight._sock  # redis-py's socket: closing it under a reader is the failure
+    store.close()
+    assert in_flight._sock is socket_before and socket_before is not None
+    in_flight.send_command("PING")
+    assert in_flight.read_response() in (b"PONG", "PONG")
+    pool.release(in_flight)
+    assert store.read_entry("ab" * 32) == b"x"  # and a later call reconnects
+    store.close()

@@ -297,9 +297,13 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
         self.delete_entries(list(self.iter_entries()))
 
     def close(self) -> None:
-        """Close the pooled connections and the runner's idle threads; a later call reconnects."""
+        """Close the idle pooled connections and the runner's idle threads; a later call reconnects.
+
+        A request in flight on another thread (a lease release finishing after its cache
+        was closed) keeps its connection and completes: only idle connections are closed.
+        """
         self._runner.close()
-        self.client.close()
+        self.client.connection_pool.disconnect(inuse_connections=False)
 
     # -- by entry name ---------------------------------------------------------------
 
