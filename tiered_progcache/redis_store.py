@@ -29,16 +29,13 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from cuda.core import ObjectCode
-from cuda.core.utils import ProgramCacheResource
-
-from . import _cudacore
 from .breaker import CircuitBreaker
 from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from .runner import RequestRunner
-from .store import EntryStore, LeaseStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .sharedstore import SharedEntryStore, without_password
+from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
 
 __all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
 
@@ -76,7 +73,7 @@ def check_redis_url(url: str) -> None:
 def _split_url(url: str) -> tuple[str, str]:
     """``(url for redis-py, key prefix)``: the prefix taken out of the path or the query."""
     if not is_redis_url(url):
-        raise ValueError(f"not a Redis URL (redis://, rediss:// or unix://): {_without_password(str(url))!r}")
+        raise ValueError(f"not a Redis URL (redis://, rediss:// or unix://): {without_password(str(url))!r}")
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefix = DEFAULT_PREFIX
@@ -90,7 +87,7 @@ def _split_url(url: str) -> tuple[str, str]:
     if parts.scheme in ("redis", "rediss"):
         db, _, rest = path.strip("/").partition("/")
         if db and not db.isdigit():
-            raise ValueError(f"Redis URL path must start with a database number: {_without_password(url)!r}")
+            raise ValueError(f"Redis URL path must start with a database number: {without_password(url)!r}")
         if rest:
             prefix = rest.strip("/")
         path = f"/{db}" if db else ""
@@ -99,17 +96,6 @@ def _split_url(url: str) -> tuple[str, str]:
     query_text = urlencode(kept)
     # Built by hand: urlunsplit drops the "//" of a unix:// URL that has no host.
     return f"{parts.scheme}://{parts.netloc}{path}" + (f"?{query_text}" if query_text else ""), prefix
-
-
-def _without_password(url: str) -> str:
-    """``url`` with any password (``:pw@``) removed; what messages and reprs show."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    netloc = f"{quote(user)}@{host}" if user else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _redis() -> Any:
@@ -124,7 +110,7 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
-class RedisProgramCache(ProgramCacheResource, EntryStore):
+class RedisProgramCache(SharedEntryStore):
     """A shared cache tier on one Redis server (or a Redis-protocol service), written whole per entry.
 
     >>> redis_tier = RedisProgramCache.from_url("redis://cache:6379/0/ci-kernels", expire_s=7 * 86400)
@@ -136,6 +122,8 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
     harmlessly (same compile, last writer wins); everything read is verified.
     ``create_entry`` and the lease's ``create`` are ``SET NX`` (atomic).
     """
+
+    _kind = "redis cache"
 
     def __init__(
         self,
@@ -155,7 +143,7 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
     ) -> None:
         self._redis = _redis()
         self.client = client
-        self._location = _without_password(url)
+        self._location = without_password(url)
         self._prefix = prefix
         self._read_only = bool(read_only)
         self.timeout = _check_seconds("timeout", timeout, DEFAULT_TIMEOUT_S)
@@ -224,77 +212,16 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
     # -- what the store is -----------------------------------------------------------
 
     @property
-    def location(self) -> str:
-        """The URL, with any password in it removed."""
-        return self._location
-
-    @property
     def prefix(self) -> str:
         return self._prefix
-
-    @property
-    def read_only(self) -> bool:
-        return self._read_only
-
-    @property
-    def shared(self) -> bool:
-        return True
-
-    @property
-    def available(self) -> bool:
-        """False while the breaker is open (the server failed repeatedly and is cooling down)."""
-        return self._breaker.state != "open"
 
     @property
     def atomic_create(self) -> bool:
         return True  # SET NX
 
-    @property
-    def max_entry_bytes(self) -> int:
-        return self._max_entry_bytes
-
-    @property
-    def breaker(self) -> CircuitBreaker:
-        return self._breaker
-
-    @property
-    def runner(self) -> RequestRunner:
-        """The one door every request to this server goes through (deadline and breaker)."""
-        return self._runner
-
     def key_for(self, name: str) -> str:
         """The Redis key of entry ``name`` (``ValueError`` unless an entry name)."""
         return f"{self._prefix}:entries:{check_entry_name(name)}"
-
-    # -- the mapping API -------------------------------------------------------------
-
-    def __getitem__(self, key: bytes | str) -> bytes:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        try:
-            return self.read_entry(name)
-        except InvalidEnvelope:
-            raise
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        self.write_entry(name, _cudacore.extract_bytes(value))
-
-    def __delitem__(self, key: bytes | str) -> None:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        try:
-            self.delete_entry(name)
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __len__(self) -> int:
-        """Entries under the prefix: scans the keyspace (the chain never asks a shared tier)."""
-        return sum(1 for _ in self.iter_entries())
-
-    def clear(self) -> None:
-        """Delete every entry under this prefix. Only ever called on purpose (the CLI)."""
-        self.delete_entries(list(self.iter_entries()))
 
     def close(self) -> None:
         """Close the idle pooled connections and the runner's idle threads; a later call reconnects.
@@ -364,16 +291,6 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
                     yield StoredEntry(name, int(size), None)
             if cursor == 0:
                 return
-
-    def verify_entry(self, name: str) -> str | None:
-        """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""
-        try:
-            self.read_entry(name)
-        except InvalidEnvelope as exc:
-            return exc.reason
-        except KeyError:
-            return "missing"
-        return None
 
     @property
     def transfer_batch(self) -> int:
@@ -487,10 +404,6 @@ class RedisProgramCache(ProgramCacheResource, EntryStore):
             pipe.strlen(key)
         sizes = pipe.execute(raise_on_error=False)
         return int(cursor), list(keys), [0 if isinstance(s, Exception) else int(s) for s in sizes]
-
-    def _require_writable(self, what: str) -> None:
-        if self._read_only:
-            raise PermissionError(f"redis cache {self._location} is read-only; refusing to {what}")
 
     def _check_reachable(self, strict: bool) -> None:
         """``PING`` once, so a wrong host or password shows up now."""

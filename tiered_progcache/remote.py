@@ -29,20 +29,16 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
-from cuda.core import ObjectCode
-from cuda.core.utils import ProgramCacheResource
-
-from . import _cudacore, fsutil
+from . import fsutil
 from .breaker import CircuitBreaker
 from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope, max_stored_bytes, stored_length
 from .runner import FilesystemFactory, RequestRunner
+from .sharedstore import SharedEntryStore, without_password
 from .store import (
     STALE_STAGED_AGE_S,
-    EntryStore,
     LeaseStore,
     StoredEntry,
     check_entry_name,
-    entry_name,
     is_entry_name,
 )
 
@@ -78,7 +74,7 @@ _CONDITIONAL_PUT_PROTOCOLS = frozenset({"memory", "s3", "s3a", "gs", "gcs"})
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 
 
-class RemoteProgramCache(ProgramCacheResource, EntryStore):
+class RemoteProgramCache(SharedEntryStore):
     """A cache tier on a shared fsspec filesystem, usually below memory and a local directory.
 
     >>> remote = RemoteProgramCache.from_url("s3://ci-kernels/cuda13", storage_options={"anon": False})
@@ -91,6 +87,8 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
     race harmlessly (same compile, last writer wins). Anything a reader finds is verified
     before it is returned.
     """
+
+    _kind = "remote cache"
 
     def __init__(
         self,
@@ -113,7 +111,7 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         fs_class = type(fs) if fs is not None else factory.cls
         self.root = root.rstrip("/")
         self.url = url if url is not None else f"{_protocol(fs_class)}://{self.root}"
-        self._location = _without_password(self.url)
+        self._location = without_password(self.url)
         self._read_only = bool(read_only)
         self.timeout = _check_timeout(timeout)
         if not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
@@ -199,75 +197,17 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         return self._runner.fs
 
     @property
-    def location(self) -> str:
-        """The URL, with any password in it removed."""
-        return self._location
-
-    @property
-    def read_only(self) -> bool:
-        return self._read_only
-
-    @property
-    def shared(self) -> bool:
-        return True
-
-    @property
-    def available(self) -> bool:
-        """False while the breaker is open (the remote failed repeatedly and is cooling down)."""
-        return self._breaker.state != "open"
-
-    @property
     def atomic_create(self) -> bool:
         return self._objects.atomic_create
-
-    @property
-    def max_entry_bytes(self) -> int:
-        return self._max_entry_bytes
-
-    @property
-    def breaker(self) -> CircuitBreaker:
-        return self._breaker
-
-    @property
-    def runner(self) -> RequestRunner:
-        """The one door every request to this remote goes through (deadline and breaker)."""
-        return self._runner
 
     def path_for(self, name: str) -> str:
         """The object path of entry ``name`` on the filesystem (``ValueError`` unless an entry name)."""
         check_entry_name(name)
         return f"{self._entries}/{name[:2]}/{name[2:]}"
 
-    # -- the mapping API -------------------------------------------------------------
-
-    def __getitem__(self, key: bytes | str) -> bytes:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        try:
-            return self.read_entry(name)
-        except InvalidEnvelope:
-            raise
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        data = _cudacore.extract_bytes(value)
-        self.write_entry(name, data)
-
-    def __delitem__(self, key: bytes | str) -> None:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        try:
-            self.delete_entry(name)
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __len__(self) -> int:
-        """Entries under the prefix: lists the whole prefix (the chain never asks a shared tier)."""
-        return sum(1 for _ in self.iter_entries())
-
     def clear(self) -> None:
         """Delete every entry under this URL's prefix, and stale staged files. Only ever called on purpose (the CLI)."""
-        self.delete_entries(list(self.iter_entries()))
+        super().clear()
         self.sweep_staged()
 
     def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
@@ -346,16 +286,6 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
         except FileNotFoundError:
             return False
 
-    def verify_entry(self, name: str) -> str | None:
-        """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""
-        try:
-            self.read_entry(name)
-        except InvalidEnvelope as exc:
-            return exc.reason
-        except KeyError:
-            return "missing"
-        return None
-
     def leases(self) -> RemoteLeases | None:
         """The lease namespace ``<url>/leases/``; None on a read-only tier (it would never upload)."""
         return self._leases
@@ -429,10 +359,6 @@ class RemoteProgramCache(ProgramCacheResource, EntryStore):
             return self._runner.call("read", objects.read_envelope, objects.read_envelope_async_or_none, path, stoppable=True)
         except FileNotFoundError:
             raise KeyError(name) from None
-
-    def _require_writable(self, what: str) -> None:
-        if self._read_only:
-            raise PermissionError(f"remote cache {self._location} is read-only; refusing to {what}")
 
     def _check_reachable(self, strict: bool) -> None:
         """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
@@ -784,22 +710,6 @@ def check_url(url: str) -> None:
         scheme = part.split("://", 1)[0] if "://" in part else "file"
         if scheme not in known:
             raise ValueError(f"unknown URL scheme {scheme!r} in {url!r} (fsspec knows e.g. s3, gs, file, memory)")
-
-
-def _without_password(url: str) -> str:
-    """``url`` with the password of any ``user:password@`` removed (each part of a chained URL)."""
-    parts = []
-    for part in url.split("::"):
-        scheme, sep, rest = part.partition("://")
-        if sep:
-            netloc, slash, path = rest.partition("/")
-            userinfo, at, host = netloc.rpartition("@")
-            if at:
-                user = userinfo.split(":", 1)[0]
-                netloc = f"{user}@{host}" if user else host
-            part = f"{scheme}://{netloc}{slash}{path}"
-        parts.append(part)
-    return "::".join(parts)
 
 
 def _check_timeout(timeout: float | None) -> float:
