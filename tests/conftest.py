@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+import tiered_progcache
+from tiered_progcache.compile import CompileEvent
+
 
 @pytest.fixture(autouse=True)
 def _isolated_user_cache(tmp_path_factory, monkeypatch):
@@ -10,3 +13,12 @@ def _isolated_user_cache(tmp_path_factory, monkeypatch):
     for name in list(__import__("os").environ):
         if name.startswith("TIERED_PROGCACHE_"):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def events():
+    """Every compiler run of ``tiered_progcache.compile()`` in this process while the test runs."""
+    seen: list[CompileEvent] = []
+    stop = tiered_progcache.on_compile(seen.append)
+    yield seen
+    stop()

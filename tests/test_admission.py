@@ -9,7 +9,7 @@ from cuda.core import ProgramOptions
 
 import tiered_progcache
 from tiered_progcache import CacheConfig, LocalDir, TieredProgramCache
-from tiered_progcache.compile import CompileEvent, symbols_key
+from tiered_progcache.compile import symbols_key
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 
@@ -34,14 +34,6 @@ def _remote_names(url: str) -> set[str]:
 
 def _local_names(root) -> set[str]:
     return {e.name for e in LocalDir(root).iter_entries()}
-
-
-@pytest.fixture
-def events():
-    seen: list[CompileEvent] = []
-    stop = tiered_progcache.on_compile(seen.append)
-    yield seen
-    stop()
 
 
 # -- the chain's rule, with the compile time given -------------------------------------------------

@@ -36,14 +36,6 @@ def _scrape(registry) -> dict[tuple[str, tuple], float]:
     }
 
 
-@pytest.fixture
-def events():
-    seen: list[CompileEvent] = []
-    stop = tiered_progcache.on_compile(seen.append)
-    yield seen
-    stop()
-
-
 def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
     remote = (tmp_path / "bucket").as_uri()
     with TieredProgramCache(tmp_path / "a", remote=remote) as other_node:  # fills the remote

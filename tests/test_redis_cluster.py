@@ -18,7 +18,7 @@ from tiered_progcache.lease import RemoteLease
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401
 
-from test_single_flight import collect_outcomes, kernel, options
+from test_single_flight import collect_outcomes, kernel, log_compiles, options
 
 pytest.importorskip("redis")
 
@@ -29,14 +29,7 @@ LEASE_TTL_S = 2.0
 
 def _node(local_dir: str, url: str, log_path: str, sources: list[str], seed: int, go, results) -> None:
     try:
-        def hook(event: tpc.CompileEvent) -> None:
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, f"{os.getpid()} {event.key.hex()} {int(event.ok)}\n".encode())
-            finally:
-                os.close(fd)
-
-        tpc.on_compile(hook)
+        log_compiles(log_path)
         order = list(sources)
         random.Random(seed).shuffle(order)
         with TieredProgramCache(local_dir, remote=url, strict=True) as cache:
