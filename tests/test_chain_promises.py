@@ -8,7 +8,7 @@ import time
 import pytest
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
-from tiered_progcache import TieredProgramCache, TierPolicy
+from tiered_progcache import CacheConfig, TieredProgramCache, TierPolicy
 from tiered_progcache.localdir import LocalDir
 
 
@@ -435,3 +435,15 @@ def test_a_promotion_that_lands_is_counted_once_in_each_tier():
     memory = cache.stats()["memory"]
     assert (memory.promotions, memory.writes, memory.bytes_written) == (1, 1, 1)
     assert memory.put_p50_ms is not None and memory.put_p50_ms < 1000
+
+
+def test_the_default_upload_byte_bound_is_256_mib():
+    """docs/configuration.md and docs/architecture.md state 256 MiB: exactly that fits, one byte more is dropped."""
+    assert CacheConfig().max_pending_upload_bytes == 256 << 20
+    held = Gated()
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), (held, TierPolicy("bg", write="background"))])
+    cache[b"a"] = bytes(256 << 20)  # exactly the bound: queued
+    cache[b"b"] = b"x"  # one byte past it: dropped
+    assert cache.stats()["bg"].dropped == 1
+    held.gate.set()
+    cache.close()
