@@ -25,7 +25,6 @@ import tiered_progcache as tpc
 from tiered_progcache import headers
 from tiered_progcache.headers import header_digest, header_scan
 from tiered_progcache.keys import CompileKey, HeaderFile, compile_key
-from tiered_progcache.localdir import LocalDir
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
 ARCH = "sm_90"
@@ -439,7 +438,6 @@ import json, sys
 from cuda.core import Program, ProgramOptions
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.keys import compile_key
-from tiered_progcache.localdir import LocalDir
 from tiered_progcache.samples import matmul_source
 
 options = ProgramOptions(arch="sm_90", std="c++17")
