@@ -81,6 +81,15 @@ def hosts(tmp_path, monkeypatch):
     return _tree(tmp_path / "ci" / "home" / "runner" / ".venv"), _tree(tmp_path / "node" / "opt" / "venv")
 
 
+def _cubin(source: str, options: ProgramOptions) -> bytes:
+    """A plain NVRTC compile (no cache); the Program is closed here, not by the cycle collector."""
+    program = Program(source, "c++", options)
+    try:
+        return bytes(program.compile("cubin").code)
+    finally:
+        program.close()
+
+
 def _location_bound(source: str, options: ProgramOptions, extra_digest: bytes | None = None) -> bytes:
     """The key ``compile()`` made before portable keys (compile.py's ``_combine`` over ``header_digest``)."""
     digest = header_digest(source, options)
@@ -208,9 +217,9 @@ def test_lineinfo_embeds_the_header_paths_which_is_why_it_is_keyed_by_path(hosts
     cubins = []
     for root in hosts:
         _write(root / "include/mylib/fn.h", "#pragma once\n__device__ int twice(int x) { return 2 * x; }\n")
-        cubins.append(bytes(Program(src, "c++", _opts(root, lineinfo=True)).compile("cubin").code))
+        cubins.append(_cubin(src, _opts(root, lineinfo=True)))
     assert str(hosts[0]).encode() in cubins[0] and str(hosts[1]).encode() in cubins[1]
-    without = [bytes(Program(src, "c++", _opts(root)).compile("cubin").code) for root in hosts]
+    without = [_cubin(src, _opts(root)) for root in hosts]
     assert without[0] == without[1]  # no debug information: the same bytes under either root
 
 
@@ -222,7 +231,7 @@ def test_file_macro_in_release_code_is_keyed_portably_and_names_the_compiling_ho
     src = '#include <mylib/where.h>\nextern "C" __global__ void k(const char** out) { *out = where(); }\n'
     a, b = (compile_key(src, "c++", _opts(root), "cubin") for root in hosts)
     assert a.key == b.key and a.portable
-    cubins = [bytes(Program(src, "c++", _opts(root)).compile("cubin").code) for root in hosts]
+    cubins = [_cubin(src, _opts(root)) for root in hosts]
     assert str(hosts[0] / "include" / "mylib" / "where.h").encode() in cubins[0]
     assert cubins[0] != cubins[1]
 
@@ -321,6 +330,10 @@ def test_a_changed_option_object_is_keyed_afresh(hosts):
     assert compile_key(SRC, "c++", options, "cubin").key != grown.key
     options.max_register_count = 32.0  # equal, but another object: the option string may differ
     assert "--maxrregcount=32.0" in compile_key(SRC, "c++", options, "cubin").options
+    options.diag_suppress = [1]
+    compile_key(SRC, "c++", options, "cubin")
+    options.diag_suppress[0] = 1.0  # equal, in place
+    assert "--diag-suppress=1.0" in compile_key(SRC, "c++", options, "cubin").options
 
 
 # -- what compile() does with it ---------------------------------------------------------------------------
@@ -438,6 +451,7 @@ import json, sys
 from cuda.core import Program, ProgramOptions
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.keys import compile_key
+from tiered_progcache.localdir import LocalDir
 from tiered_progcache.samples import matmul_source
 
 options = ProgramOptions(arch="sm_90", std="c++17")

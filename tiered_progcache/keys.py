@@ -43,7 +43,6 @@ only, and nothing reads them unless an assertion fires.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import operator
@@ -150,7 +149,7 @@ class _Tokenized:
 
     options: ProgramOptions  # held, so its id (the memo key) is not reused while remembered
     values: tuple[Any, ...]  # its fields' objects when copied: each must still be the very same object
-    contents: tuple[tuple[int, Any], ...]  # (position, deep copy) of each mutable field value
+    contents: tuple[tuple[int, str], ...]  # (position, repr) of each mutable field value: [1] is not [1.0]
     cwd: str | None  # the working directory roles were read in (None: they were not read)
     keyed: _KeyedOptions
     path_free: bool
@@ -159,7 +158,7 @@ class _Tokenized:
         """Whether ``options`` still holds what it held when copied (no field reassigned or mutated)."""
         if len(values) != len(self.values) or not all(map(operator.is_, values, self.values)):
             return False
-        if any(values[i] != held for i, held in self.contents):
+        if any(repr(values[i]) != held for i, held in self.contents):
             return False
         return self.cwd is None or os.getcwd() == self.cwd
 
@@ -185,7 +184,7 @@ def _keyed_options(options: ProgramOptions, *, portable: bool) -> tuple[_KeyedOp
         return memo.keyed, memo.path_free
     keyed = _copy(options)
     path_free, read_cwd = _put_roles(keyed, options)
-    contents = tuple((i, copy.deepcopy(v)) for i, v in enumerate(values) if not isinstance(v, _IMMUTABLE))
+    contents = tuple((i, repr(v)) for i, v in enumerate(values) if not isinstance(v, _IMMUTABLE))
     memo = _Tokenized(options, values, contents, os.getcwd() if read_cwd else None, keyed, path_free)
     with _tokenized_lock:
         if len(_tokenized) >= MAX_MEMO_OPTIONS:
