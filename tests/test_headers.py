@@ -255,6 +255,10 @@ def test_a_file_under_no_root_keeps_its_absolute_path_and_says_so(tmp_path, monk
     assert ("abs", str(tmp_path / "outside" / "o.h")) in [(h.root, h.path) for h in scan.headers]
     absolute = header_scan(f'#include "{tmp_path / "outside" / "o.h"}"' + KERNEL, _opts(tmp_path / "inc"))
     assert not absolute.path_free
+    (tmp_path / "inc" / "linked").symlink_to(tmp_path / "outside")  # a symlink out of the root
+    assert not header_scan('#include <linked/o.h>' + KERNEL, _opts(tmp_path / "inc")).path_free
+    both = ProgramOptions(arch=ARCH, include_path=[str(tmp_path / "inc"), str(tmp_path / "outside")])
+    assert header_scan('#include <a.h>' + KERNEL, both).path_free  # its directory on the path: portable again
 
 
 def test_a_computed_include_records_every_file_of_the_directories_it_could_reach(tree):

@@ -131,7 +131,7 @@ class HeaderScan:
     path_free: bool
 
 
-_NOTHING_READ = HeaderScan(None, (), (), True)
+_NOTHING_READ = {True: HeaderScan(None, (), (), True), False: HeaderScan(None, (), (), False)}  # by ``portable``
 
 
 @dataclasses.dataclass
@@ -685,7 +685,7 @@ def needs_header_digest(options: Any, code_type: str = "c++") -> bool:
     return isinstance(name, str) and ("/" in name or "\\" in name)
 
 
-def _libdevice_scan() -> HeaderScan:
+def _libdevice_scan(portable: bool) -> HeaderScan:
     # cuda.pathfinder's public finder: the same file cuda-core's NVVM path links in.
     from cuda.pathfinder import find_bitcode_lib
 
@@ -695,7 +695,7 @@ def _libdevice_scan() -> HeaderScan:
         raise FileNotFoundError(f"libdevice not readable at {path}")
     # The file's content only, never its place: the same digest in both streams.
     digest = hashlib.sha256(_DIGEST_VERSION + b"\0libdevice\0" + info.digest, usedforsecurity=False).digest()
-    return HeaderScan(digest, (HeaderFile("libdevice", os.path.basename(path), info.digest.hex()),), (), True)
+    return HeaderScan(digest, (HeaderFile("libdevice", os.path.basename(path), info.digest.hex()),), (), portable)
 
 
 def header_digest(
@@ -725,7 +725,7 @@ def header_digest(
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
-        return _libdevice_scan().digest if getattr(options, "use_libdevice", None) else None
+        return _libdevice_scan(False).digest if getattr(options, "use_libdevice", None) else None
     result = _scan(source, options, code_type, recheck_s, portable=False)
     if result is None:
         return None
@@ -750,10 +750,10 @@ def header_scan(
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
-        return _libdevice_scan() if getattr(options, "use_libdevice", None) else _NOTHING_READ
+        return _libdevice_scan(portable) if getattr(options, "use_libdevice", None) else _NOTHING_READ[portable]
     result = _scan(source, options, code_type, recheck_s, portable=portable)
     if result is None:
-        return _NOTHING_READ
+        return _NOTHING_READ[portable]
     if not result.read_anything:  # then whether a digest is due depends on the options too
         digest = result.digest if needs_header_digest(options, code_type) else None
         return HeaderScan(digest, (), result.missing, result.path_free and portable)

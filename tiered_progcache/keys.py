@@ -9,16 +9,15 @@ NVRTC version, key schema, code, target, name expressions and every other option
 keyed exactly as cuda-core keys them) but over a copy of the options in which each
 path is replaced by its role:
 
-=====================  ==================================================================
-``include_path``       ``<tiered-progcache:I0>``, ``<tiered-progcache:I1>``, ... (by position)
-``pre_include``        an absolute one under a root: ``<tiered-progcache:I0>/rel/x.h``;
-                       a relative one as spelled
-``name``               with a directory: ``<tiered-progcache:source>/kernel.cu``
-``use_pch``            ``<tiered-progcache:use_pch>`` (the file's bytes are digested)
-``pch_dir``            ``<tiered-progcache:pch_dir>``
-``use_bundled_headers``  ``--use-bundled-headers=<tiered-progcache:bundled>`` (NVRTC installs
-                       its own headers there: they follow the NVRTC version, which is keyed)
-=====================  ==================================================================
+* ``include_path``: ``<tiered-progcache:I0>``, ``<tiered-progcache:I1>``, ... (by position);
+* ``pre_include``: an absolute one under a root as ``<tiered-progcache:I0>/rel/x.h``, a
+  relative one as spelled;
+* ``name`` with a directory: ``<tiered-progcache:source>/kernel.cu``;
+* ``use_pch``: ``<tiered-progcache:use_pch>`` (the file's bytes are digested); ``pch_dir``:
+  ``<tiered-progcache:pch_dir>``;
+* ``use_bundled_headers``: ``--use-bundled-headers=<tiered-progcache:bundled>`` (cuda-core
+  puts that directory under the user's cache directory; NVRTC installs its own headers
+  there, which follow the NVRTC version, which is keyed);
 
 and the ``extra_digest`` is the portable header digest (:func:`.headers.header_scan`):
 each header reachable through those roots by its role, its path relative to the root and
@@ -39,6 +38,12 @@ What stays location-bound (``CompileKey.portable`` is False):
 Accepted: ``__FILE__`` in release code (CCCL's assertions) embeds the path the compiler
 found a file at, so a hit may hold another host's paths in such strings; they are text
 only, and nothing reads them unless an assertion fires.
+
+Cost: a ``compile()`` hit keys on every call, so the copy and its option strings are
+remembered per options object and reused while each of its fields is the very object
+it was (mutable ones: the same ``repr``). That relies on ``ProgramOptions.as_bytes``
+depending on the fields alone; the one exception known, the bundled-headers directory,
+is replaced by its role.
 """
 
 from __future__ import annotations
