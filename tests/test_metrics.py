@@ -58,7 +58,7 @@ def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
         scraped = _scrape(registry)
 
     assert stats["memory"].hits == 3 and stats["local"].hits == 1 and stats["remote"].hits == 1
-    assert stats["remote"].writes == 1 and stats["local"].promotions == 1
+    assert stats["remote"].writes == 2 and stats["local"].promotions == 1  # K_NEW's cubin and manifest
     for tier, tier_stats in stats.tiers:
         for field in COUNTER_FIELDS:
             sample = (f"tiered_progcache_{FAMILY[field]}_total", (("cache", "node-b"), ("tier", tier)))
@@ -157,7 +157,7 @@ def test_exposition_of_a_directory_has_gauges_only(tmp_path):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(families) == {"tiered_progcache_entries", "tiered_progcache_held_bytes"}
     local = [s for s in families["tiered_progcache_entries"].samples if s.labels["tier"] == "local"]
-    assert [s.value for s in local] == [stats["local"].entries] == [1]
+    assert [s.value for s in local] == [stats["local"].entries] == [2]  # the cubin and its manifest
 
 
 def test_register_names_bad_arguments(tmp_path):
@@ -193,7 +193,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
     proc = run_cli("stats", "--run", "--prometheus", "--", sys.executable, "-c", _CHILD, str(tmp_path / "s.json"), env=env)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads((tmp_path / "s.json").read_text())
-    assert seen["memory"]["hits"] == 1 and seen["local"]["writes"] == 2
+    assert seen["memory"]["hits"] == 1 and seen["local"]["writes"] == 4  # 2 cubins, 2 manifests
     samples = {
         (s.name, s.labels["tier"]): s.value
         for family in text_string_to_metric_families(proc.stdout)
@@ -207,7 +207,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
     local = run_cli("stats", "--prometheus", env=env)
     assert local.returncode == 0, local.stderr
     gauges = {(s.name, s.labels["tier"]): s.value for f in text_string_to_metric_families(local.stdout) for s in f.samples}
-    assert gauges == {("tiered_progcache_entries", "local"): 2, ("tiered_progcache_held_bytes", "local"): pytest.approx(
+    assert gauges == {("tiered_progcache_entries", "local"): 4, ("tiered_progcache_held_bytes", "local"): pytest.approx(
         sum(p.stat().st_size for p in (tmp_path / "c" / "entries").rglob("*") if p.is_file()))}
 
 

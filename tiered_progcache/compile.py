@@ -8,7 +8,10 @@ What ``Program.compile(cache=...)`` does, plus three things it cannot:
 * compiles with ``include_path`` / ``pre_include`` / NVVM ``use_libdevice`` are
   cached, keyed by the content of the headers they can read (:mod:`.headers`);
 * compiles with ``name_expressions`` are cached: the symbol mapping is stored
-  beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit.
+  beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit;
+* every compile it runs leaves a manifest beside its binary (:mod:`.manifest`: what it
+  was compiled from, where, when, how long), and with ``explain_misses`` on the cache
+  (``TIERED_PROGCACHE_EXPLAIN=1``) each miss logs why it missed (:mod:`.explain`).
 
 The compiler's exceptions reach the caller unchanged. Every lock and lease is
 released on every path out, and every wait is bounded (``wait_timeout``): whoever
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import math
 import os
@@ -30,9 +32,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 from cuda.core import ObjectCode, Program, ProgramOptions
-from cuda.core.utils import ProgramCacheResource, make_program_cache_key
+from cuda.core.utils import ProgramCacheResource
 
-from .headers import header_digest
+from .keys import CompileKey, compile_key
+from .manifest import ManifestError, build_manifest, compile_inputs, encode_manifest, manifest_key
 from .singleflight import Work, run_once
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from .tiered import TieredProgramCache
@@ -41,6 +44,7 @@ __all__ = [
     "DEFAULT_LEASE_TTL_S",
     "DEFAULT_WAIT_TIMEOUT_S",
     "CompileEvent",
+    "check_arguments",
     "compile",
     "compile_count",
     "default_cache",
@@ -155,18 +159,6 @@ if hasattr(os, "register_at_fork"):
 # -- the helper ------------------------------------------------------------------------------------
 
 
-def _combine(user_digest: bytes | None, headers: bytes | None) -> bytes | None:
-    if headers is None:
-        return user_digest
-    if user_digest is None:
-        return headers
-    h = hashlib.sha256(usedforsecurity=False)
-    for part in (bytes(user_digest), headers):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
-    return h.digest()
-
-
 class _Outcome:
     """What the thread that compiled hands to the threads that waited for it."""
 
@@ -213,30 +205,26 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     Compiler errors propagate to the caller and to the threads waiting on it;
     waiting processes and nodes retry the compile and get the error themselves.
     """
-    names = _check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
-                             single_flight, wait_timeout, lease_ttl, header_recheck_s)
+    names = check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
+                            single_flight, wait_timeout, lease_ttl, header_recheck_s)
     if options is None:
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
-    digest = header_digest(source, options, code_type, recheck_s=header_recheck_s)
-    key = make_program_cache_key(
-        code=source,
-        code_type=code_type,
-        options=options,
-        target_type=target_type,
-        name_expressions=names,
-        extra_digest=_combine(extra_digest, digest),
-    )
+    compiled = compile_key(source, code_type, options, target_type, names, extra_digest, recheck_s=header_recheck_s)
+    key = compiled.key
     target = target_type.lower()
     found = _find(cache, key, target, options, names)
     if found is not None:
         return found[0]
+    if isinstance(cache, TieredProgramCache) and cache.explain_misses:
+        _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
+    job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs)
     if not single_flight:
-        return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
+        return _compile_and_store(cache, job)[0]
 
     find = functools.partial(_find, cache, key, target, options, names)
-    produce = functools.partial(_compile_and_store, cache, key, source, code_type, options, target, names, logs)
+    produce = functools.partial(_compile_and_store, cache, job)
 
     def adopt(outcome: _Outcome) -> ObjectCode:
         return _wrap(outcome.data, target, options, outcome.mapping)
@@ -253,14 +241,14 @@ def _number(name: str, value: object) -> float:
     return float(value)
 
 
-def _check_arguments(
+def check_arguments(
     source: object, code_type: object, options: object, target_type: object, cache: object,
     name_expressions: object, extra_digest: object, single_flight: object, wait_timeout: object,
     lease_ttl: object, header_recheck_s: object,
 ) -> tuple[str | bytes, ...]:
     """Every argument of :func:`compile` checked up front: a caller's bug is a TypeError/ValueError naming it.
 
-    Returns the name expressions as a tuple.
+    Returns the name expressions as a tuple. :func:`tiered_progcache.explain` checks its arguments here too.
     """
     if not isinstance(code_type, str):
         raise TypeError(f"code_type must be a str, got {type(code_type).__name__}")
@@ -324,20 +312,26 @@ def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapp
     return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
 
 
-def _compile_and_store(
-    cache: ProgramCacheResource,
-    key: bytes,
-    source: str | bytes,
-    code_type: str,
-    options: ProgramOptions,
-    target: str,
-    names: tuple[str | bytes, ...],
-    logs: Any,
-) -> tuple[ObjectCode, _Outcome]:
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One compile to run: its key and everything the compiler and the manifest need."""
+
+    compiled: CompileKey
+    source: str | bytes
+    code_type: str
+    options: ProgramOptions
+    target: str
+    names: tuple[str | bytes, ...]
+    extra_digest: bytes | None
+    logs: Any
+
+
+def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCode, _Outcome]:
+    key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
     started = time.perf_counter()
-    program = Program(source, code_type, options)
+    program = Program(job.source, code_type, job.options)
     try:
-        obj = program.compile(target, name_expressions=names, logs=logs)
+        obj = program.compile(target, name_expressions=names, logs=job.logs)
     except BaseException:
         _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=False))
         raise
@@ -350,6 +344,12 @@ def _compile_and_store(
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
+    # The manifest before the binary (like the symbol map): whoever sees the binary finds
+    # its manifest. A manifest that cannot be made or stored costs nothing but itself.
+    try:
+        _store(cache, manifest_key(key), _manifest_bytes(job, seconds), seconds)
+    except Exception as exc:
+        logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
     try:
         if names:
             # The mapping first: whoever sees the binary must find its mapping.
@@ -358,6 +358,32 @@ def _compile_and_store(
     except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
     return obj, _Outcome(data, mapping)
+
+
+def _manifest_bytes(job: _Job, seconds: float) -> bytes:
+    inputs = compile_inputs(job.compiled, job.source, job.code_type, job.options, job.target, job.names,
+                            job.extra_digest)  # fmt: skip
+    try:
+        return encode_manifest(build_manifest(job.compiled.key, inputs, seconds))
+    except ManifestError:
+        raise
+    except Exception as exc:  # a bug here must not cost the compile: say so and store none
+        raise ManifestError(f"could not build the manifest: {exc!r}") from exc
+
+
+def _explain_miss(
+    source: str | bytes, code_type: str, options: ProgramOptions, target: str, cache: TieredProgramCache,
+    names: tuple[str | bytes, ...], extra_digest: bytes | None, compiled: CompileKey,
+) -> None:
+    """One INFO line saying why this compile missed (``explain_misses``); never raises."""
+    from .explain import explain_key
+
+    try:
+        report = explain_key(compiled, source, code_type, options, target, cache, names, extra_digest)
+    except Exception as exc:
+        logger.info("miss %s: could not explain it: %r", compiled.key[:8].hex(), exc)
+        return
+    logger.info("%s", report.one_line())
 
 
 def _store(cache: ProgramCacheResource, key: bytes, data: bytes, seconds: float) -> None:
