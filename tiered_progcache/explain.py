@@ -346,7 +346,7 @@ def _views(cache: ProgramCacheResource) -> list[_View]:
     if isinstance(cache, FileStreamProgramCache):
         return [_view("local", cache)]
     if isinstance(cache, EntryStore):
-        return [_view("shared" if cache.shared else "store", cache)]
+        return [_view("remote" if cache.shared else "store", cache)]
     return [_view("cache", cache)]
 
 

@@ -218,7 +218,7 @@ def _packages() -> tuple[tuple[str, str], ...]:
         except importlib.metadata.PackageNotFoundError:
             found.append((name, "unknown"))
     found.append(("python", platform.python_version()))
-    return tuple(found)
+    return tuple(sorted(found))  # as the stored document (sorted keys) gives them back
 
 
 _KERNEL_PATTERNS = {
@@ -490,7 +490,7 @@ def _from_document(doc: dict[str, Any]) -> Manifest:
     provenance = Provenance(
         host=_str(written["host"], "written_by.host"),
         written_at=when,
-        packages=tuple((_str(k, "package"), _str(v, "package version")) for k, v in packages.items()),
+        packages=tuple(sorted((_str(k, "package"), _str(v, "package version")) for k, v in packages.items())),
     )
     return Manifest(entry=entry, inputs=inputs, compile_seconds=float(seconds), provenance=provenance)
 
