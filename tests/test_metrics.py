@@ -81,7 +81,9 @@ def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
         sample = ("tiered_progcache_compile_seconds_bucket", (("le", repr(bound)), ("outcome", "ok")))
         assert scraped[sample] == (1 if seconds <= bound else 0)
     assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "error"),))] == 0
-    assert scraped[("tiered_progcache_compile_seconds_saved_total", ())] == 0
+    # each hit saved what its manifest records: 4 hits of K_REMOTE (remote, then memory), 1 of K_LOCAL
+    saved = 4 * round(events[0].seconds, 6) + round(events[1].seconds, 6)
+    assert scraped[("tiered_progcache_compile_seconds_saved_total", ())] == pytest.approx(saved, rel=1e-9)
 
 
 def test_a_failed_compile_is_counted_as_an_error(tmp_path):
@@ -216,3 +218,31 @@ def test_stats_prometheus_and_json_are_a_usage_error(tmp_path):
 
     line = assert_one_line_error(run_cli("stats", "--prometheus", "--json", "--dir", str(tmp_path)))
     assert "pick one" in line
+
+
+def test_seconds_saved_add_what_each_hits_manifest_records_and_nothing_without_one(tmp_path, events):
+    from cuda.core import Program
+
+    from tiered_progcache.compile import on_hit
+
+    bare = 'extern "C" __global__ void bare(float* x) { x[0] = 0.0f; }\n'
+    with TieredProgramCache(tmp_path) as cache:
+        tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=cache)
+        Program(bare, "c++", OPTS).compile("cubin", cache=cache)  # an entry without a manifest
+    registry = prometheus_client.CollectorRegistry()
+    seen = []
+    stop = on_hit(seen.append)
+    with TieredProgramCache(tmp_path) as cache:  # a new process's view: nothing remembered in memory
+        metrics.register(cache, registry)
+        for _ in range(2):
+            tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=cache)
+            tiered_progcache.compile(bare, "c++", OPTS, cache=cache)
+        stats = cache.stats()
+    stop()
+    assert [e.saved_seconds for e in seen] == [round(events[0].seconds, 6), None] * 2
+    assert scraped_saved(registry) == pytest.approx(2 * round(events[0].seconds, 6), rel=1e-9)
+    assert (stats["local"].hits, stats["memory"].hits) == (2, 2)  # the manifest reads are not lookups
+
+
+def scraped_saved(registry) -> float:
+    return _scrape(registry)[("tiered_progcache_compile_seconds_saved_total", ())]

@@ -35,8 +35,9 @@ from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from .keys import CompileKey, compile_key
-from .manifest import ManifestError, build_manifest, compile_inputs, encode_manifest, manifest_key
+from .manifest import ManifestError, build_manifest, compile_inputs, decode_manifest, encode_manifest, manifest_key
 from .singleflight import Work, run_once
+from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from .tiered import TieredProgramCache
 
@@ -44,11 +45,13 @@ __all__ = [
     "DEFAULT_LEASE_TTL_S",
     "DEFAULT_WAIT_TIMEOUT_S",
     "CompileEvent",
+    "HitEvent",
     "check_arguments",
     "compile",
     "compile_count",
     "default_cache",
     "on_compile",
+    "on_hit",
     "symbols_key",
 ]
 
@@ -74,6 +77,19 @@ class CompileEvent:
     target_type: str
     seconds: float
     ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class HitEvent:
+    """One :func:`compile` answered from the cache. Immutable.
+
+    ``saved_seconds`` is the compile time the entry's manifest records (what the hit
+    saved), None where it has no readable manifest (stored by ``Program.compile(cache=...)``,
+    or before manifests).
+    """
+
+    key: bytes
+    saved_seconds: float | None
 
 
 # -- compile counter and hooks ---------------------------------------------------------------
@@ -109,6 +125,74 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
                 _hooks.remove(hook)
 
     return unsubscribe
+
+
+_hit_hooks: list[Callable[[HitEvent], None]] = []
+#: Compile seconds per (cache, key), as the manifests say, for ``on_hit``: each is read once per process.
+_saved: dict[tuple[int, bytes], float | None] = {}
+_MAX_SAVED = 65536
+
+
+def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
+    """Call ``hook(event)`` after every :func:`compile` answered from the cache; returns an unsubscribe.
+
+    What it costs: nothing while no hook is subscribed; with one, the first hit of each
+    key in this process also reads that entry's manifest from the first tier holding it
+    (not counted in ``stats()``, not promoted), later hits a dict lookup. The hook runs
+    on the calling thread; exceptions it raises are logged and swallowed. Thread-safe.
+    ``tiered_progcache.metrics`` sums ``saved_seconds`` into ``compile_seconds_saved``.
+    """
+    with _counter_lock:
+        _hit_hooks.append(hook)
+
+    def unsubscribe() -> None:
+        with _counter_lock:
+            if hook in _hit_hooks:
+                _hit_hooks.remove(hook)
+
+    return unsubscribe
+
+
+def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
+    with _counter_lock:
+        hooks = list(_hit_hooks)
+    if not hooks:
+        return
+    memo = (id(cache), key)
+    if memo in _saved:
+        seconds = _saved[memo]
+    else:
+        seconds = _manifest_seconds(cache, key)
+        _remember_seconds(memo, seconds)
+    event = HitEvent(key, seconds)
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception:
+            logger.exception("on_hit hook %r failed", hook)
+
+
+def _manifest_seconds(cache: ProgramCacheResource, key: bytes) -> float | None:
+    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None."""
+    resources = [t.resource for t in cache.tiers] if isinstance(cache, TieredProgramCache) else [cache]
+    for resource in resources:
+        try:
+            data = resource.get(manifest_key(key))
+        except Exception:  # a failing tier: try the next
+            continue
+        if data is not None:
+            try:
+                return decode_manifest(data, entry=entry_name(key)).compile_seconds
+            except ManifestError:
+                return None
+    return None
+
+
+def _remember_seconds(memo: tuple[int, bytes], seconds: float | None) -> None:
+    with _counter_lock:
+        if len(_saved) >= _MAX_SAVED:
+            _saved.clear()
+        _saved[memo] = seconds
 
 
 def _record_compile(event: CompileEvent) -> None:
@@ -216,6 +300,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     target = target_type.lower()
     found = _find(cache, key, target, options, names)
     if found is not None:
+        if _hit_hooks:
+            _record_hit(cache, key)
         return found[0]
     if isinstance(cache, TieredProgramCache) and cache.explain_misses:
         _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
@@ -223,7 +309,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if not single_flight:
         return _compile_and_store(cache, job)[0]
 
-    find = functools.partial(_find, cache, key, target, options, names)
+    find = functools.partial(_find_after_waiting, cache, key, target, options, names)
     produce = functools.partial(_compile_and_store, cache, job)
 
     def adopt(outcome: _Outcome) -> ObjectCode:
@@ -307,6 +393,20 @@ def _find(
     return _wrap(data, target, options, mapping), _Outcome(data, mapping)
 
 
+def _find_after_waiting(
+    cache: ProgramCacheResource,
+    key: bytes,
+    target: str,
+    options: ProgramOptions,
+    names: tuple[str | bytes, ...],
+) -> tuple[ObjectCode, _Outcome] | None:
+    """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
+    found = _find(cache, key, target, options, names)
+    if found is not None and _hit_hooks:
+        _record_hit(cache, key)
+    return found
+
+
 def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
     name = options.name or ""
     return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
@@ -342,6 +442,8 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
         del program
     seconds = time.perf_counter() - started
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
+    if _hit_hooks:
+        _remember_seconds((id(cache), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
     # The manifest before the binary (like the symbol map): whoever sees the binary finds

@@ -56,9 +56,9 @@ __all__ = [
 
 MANIFEST_FORMAT = "tiered-progcache/manifest"
 MANIFEST_VERSION = 1
-#: The most bytes a manifest takes. A compile of all of CUB (881 headers) encodes to about 100 KiB;
-#: past the bound the header list is left out (``headers_omitted`` counts it), and a manifest still
-#: over it is not written. Readers refuse anything larger, and skip listed entries larger than an
+#: The most bytes a manifest takes. A kernel including ``<cub/cub.cuh>`` records 1795 headers in
+#: 209004 bytes (``benchmarks/bench_manifest_size.py``); past the bound the header list is left out
+#: (``headers_omitted`` counts it), and a manifest still over it is not written. Readers refuse anything larger, and skip listed entries larger than an
 #: envelope of this size without reading them.
 MAX_MANIFEST_BYTES = 256 * 1024
 #: Longest string any field may hold (a header path, an option, a name expression).
