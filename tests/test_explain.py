@@ -346,3 +346,20 @@ def test_difference_lines_for_each_component():
         Difference("missing include", "nowhere.h", "missing", None): "include found nowhere: `nowhere.h` only in this compile",
     }
     assert {d: d.line for d in cases} == cases
+
+
+class UnlistableRemote(RemoteProgramCache):
+    """A file:// remote whose listings fail (a bucket that denies ListBucket)."""
+
+    def iter_entries(self):
+        raise PermissionError("ListBucket denied")
+
+
+def test_a_tier_that_fails_is_a_note_not_an_exception(tmp_path, include):
+    remote = UnlistableRemote.from_url((tmp_path / "bucket").as_uri())
+    with TieredProgramCache(tiers=[(remote, TierPolicy("remote", shared=True))]) as cache:
+        tiered_progcache.compile(SRC, "c++", _opts(include), cache=cache)
+        report = explain(SRC, "c++", _opts(include, std="c++20"), cache=cache)
+    assert (report.hit, report.candidates) == (False, ())
+    assert report.notes == ("tier remote: could not list it (PermissionError: ListBucket denied)",)
+    assert report.lines()[-1] == "note: tier remote: could not list it (PermissionError: ListBucket denied)"

@@ -9,9 +9,9 @@ lines (``NVRTC 13.0 vs 13.3``, ``header `x.h` content differs``). Every "A vs B"
 
 Cost, at most: per tier, one listing (tiers that cannot be listed by name, the memory
 tier, get one lookup of the key instead) and one read of the binary where it is listed
-(to tell a usable entry from a rejected one); then :data:`MAX_MANIFEST_READS` manifest
-reads in all, newest first, each at most :data:`~tiered_progcache.manifest.MAX_MANIFEST_BYTES`
-(larger listed entries are not read). It walks the tiers fastest first and stops at
+(to tell a usable entry from a rejected one); then on a hit one read of its manifest, on
+a miss :data:`MAX_MANIFEST_READS` manifest reads in all, newest first, each at most
+:data:`~tiered_progcache.manifest.MAX_MANIFEST_BYTES` (larger listed entries are not read). It walks the tiers fastest first and stops at
 the first that holds the entry. A tier that fails is a note in the report, never an
 exception. The compile key is computed as ``compile()`` computes it, so headers are
 read (and hashed where not memoized).
