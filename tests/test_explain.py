@@ -22,6 +22,7 @@ from tiered_progcache.manifest import (
 )
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
+from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 
 SRC = r"""
 #include "x.h"
@@ -363,3 +364,16 @@ def test_a_tier_that_fails_is_a_note_not_an_exception(tmp_path, include):
     assert (report.hit, report.candidates) == (False, ())
     assert report.notes == ("tier remote: could not list it (PermissionError: ListBucket denied)",)
     assert report.lines()[-1] == "note: tier remote: could not list it (PermissionError: ListBucket denied)"
+
+
+def test_on_redis_a_hit_and_a_miss_are_explained(tmp_path, include, redis_url):
+    pytest.importorskip("redis")
+    with TieredProgramCache(tmp_path / "a", remote=redis_url, strict=True) as cache:
+        tiered_progcache.compile(SRC, "c++", _opts(include), cache=cache)
+        assert cache.flush(30)
+    with TieredProgramCache(tmp_path / "b", remote=redis_url, strict=True) as cache:
+        hit = explain(SRC, "c++", _opts(include), cache=cache)
+        miss = explain(SRC, "c++", _opts(include, arch="sm_90"), cache=cache)
+    assert (hit.hit, hit.tier, hit.location) == (True, "redis", redis_url)
+    assert hit.manifest is not None and hit.manifest.inputs == hit.inputs
+    assert (miss.candidates[0].tier, _lines(miss)) == ("redis", ["arch sm_90 vs sm_80"])

@@ -330,7 +330,7 @@ def _similarity(this: CompileInputs, stored: CompileInputs) -> tuple[int, str] |
 # -- looking at the tiers -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _View:
     """One tier as explain sees it: by entry name where it can be listed, else by key."""
 
@@ -497,7 +497,7 @@ def _miss(
         notes.append(f"read the {len(chosen)} newest of {len(found)} manifests")
     candidates: list[tuple[tuple[int, int, float], Candidate]] = []
     read = 0
-    for view in dict.fromkeys(v for v, _, _ in chosen):
+    for view in {v.name: v for v, _, _ in chosen}.values():  # each tier once, fastest first (names are unique)
         assert view.store is not None
         wanted = {manifest_name(entry): (entry, listing) for v, entry, listing in chosen if v is view}
         try:
