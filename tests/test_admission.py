@@ -10,6 +10,7 @@ from cuda.core import ProgramOptions
 import tiered_progcache
 from tiered_progcache import CacheConfig, LocalDir, TieredProgramCache
 from tiered_progcache.compile import symbols_key
+from tiered_progcache.manifest import manifest_name
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 
@@ -124,6 +125,7 @@ def test_a_fast_kernel_stays_local_and_a_cccl_kernel_is_uploaded(tmp_path, event
     fast_ev, slow_ev, named_ev = events
     # the rule, on the seconds this very run measured
     expected = {entry_name(e.key) for e in (fast_ev, slow_ev, named_ev) if e.seconds >= threshold}
+    expected |= {manifest_name(name) for name in expected}  # a manifest goes where its binary goes
     expected |= {entry_name(symbols_key(named_ev.key))} if named_ev.seconds >= threshold else set()
     assert _remote_names(url) == expected
     # and what the issue asks: the fast one stays out, the CCCL one goes in
@@ -132,4 +134,4 @@ def test_a_fast_kernel_stays_local_and_a_cccl_kernel_is_uploaded(tmp_path, event
     # the binary and its symbol map travel together: both local, neither uploaded
     assert {entry_name(named_ev.key), entry_name(symbols_key(named_ev.key))} <= _local_names(tmp_path / "node")
     assert not {entry_name(named_ev.key), entry_name(symbols_key(named_ev.key))} & _remote_names(url)
-    assert len(_local_names(tmp_path / "node")) == 4
+    assert len(_local_names(tmp_path / "node")) == 7  # 3 binaries, their 3 manifests, 1 symbol map

@@ -8,7 +8,7 @@ import json
 import tarfile
 
 import pytest
-from cuda.core import ProgramOptions
+from cuda.core import Program, ProgramOptions
 
 import tiered_progcache
 from tiered_progcache import LocalDir, TieredProgramCache
@@ -37,10 +37,14 @@ def _opts(arch: str = "sm_90") -> ProgramOptions:
 
 
 def _fill(root, sources=KERNELS, arch: str = "sm_90") -> list[str]:
-    """Compile ``sources`` into the local directory ``root``; the entry names it now holds."""
+    """Compile ``sources`` into the local directory ``root``; the entry names it now holds.
+
+    Through cuda-core's ``Program.compile(cache=...)``, which stores the binary alone
+    (no manifest), so each source is one entry; ``compile()`` shares these keys.
+    """
     with TieredProgramCache(root) as cache:
         for src in sources:
-            tiered_progcache.compile(src, "c++", _opts(arch), cache=cache)
+            Program(src, "c++", _opts(arch)).compile("cubin", cache=cache)
     return sorted(e.name for e in LocalDir(root).iter_entries())
 
 
@@ -80,7 +84,7 @@ def test_export_then_import_gives_a_node_that_compiles_nothing(tmp_path, compres
 
     again = import_bundle(tmp_path / "k.tpcb", fresh)  # what is there is left alone
     assert (again.entries, again.skipped) == (0, len(built))
-    assert len(built) == 4
+    assert len(built) == 5  # 2 kernels (no manifests: _fill), then 1 binary + its symbol map + its manifest
 
 
 def test_a_signed_bundle_from_a_remote_imports_under_the_key_and_pushes_to_another_remote(tmp_path):
@@ -476,12 +480,14 @@ def test_the_arch_filter_keeps_the_symbol_maps_of_name_expression_compiles(tmp_p
     with TieredProgramCache(tmp_path / "builder") as cache:
         obj = tiered_progcache.compile(NAMED, "c++", _opts(), cache=cache, name_expressions=["fill<float>"])
     names = _names(LocalDir(tmp_path / "builder"))
-    assert len(names) == 2  # the binary and its symbol map
+    assert len(names) == 3  # the binary, its symbol map and its manifest
     report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k", arch="sm_90")
-    assert (report.entries, report.skipped) == (2, 0) and sorted(read_bundle(tmp_path / "k")) == names
+    assert (report.entries, report.skipped) == (3, 0) and sorted(read_bundle(tmp_path / "k")) == names
     report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k80", arch="sm_80")
-    assert (report.entries, report.skipped) == (1, 1)  # the map goes along, the sm_90 binary does not
-    assert bytes(obj.code) not in read_bundle(tmp_path / "k80").values()
+    # the map goes along; the sm_90 binary does not, nor its manifest (it records sm_90)
+    assert (report.entries, report.skipped) == (1, 2)
+    (only,) = read_bundle(tmp_path / "k80").values()
+    assert json.loads(only)["format"] == "tiered-progcache/symbols" and only != bytes(obj.code)
 
 
 def test_caps_are_inclusive_and_checked(tmp_path):

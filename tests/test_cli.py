@@ -149,7 +149,8 @@ def test_ls_and_stats_show_entries_sizes_and_ages(cache_dir, cubins):
     assert lines[entry_name(b"cut")][1:3] == ["1000", "B"]
 
     long = run_cli("ls", "--long", env=env).stdout.splitlines()
-    assert long[0].split() == ["NAME", "BYTES", "MODIFIED", "LAST", "READ", "AGE"]
+    assert long[0].split() == ["NAME", "BYTES", "MODIFIED", "LAST", "READ", "AGE", "HOST", "WRITTEN", "COMPILE", "KIND"]
+    assert all(line.split()[-4:] == ["-", "-", "-", "-"] for line in long[1:-1])  # written without manifests
     assert any(line.startswith(entry_name(b"old")) and f" {len(cubins[0])} " in line for line in long)
     total = sum(len(c) for c in cubins) + len(cubins[0]) + 1000
     assert long[-1].startswith("total 4 entries")

@@ -13,7 +13,8 @@ import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.compile import CompileEvent, default_cache, symbols_key
 from tiered_progcache.remote import RemoteProgramCache
-from tiered_progcache.store import LeaseStore
+from tiered_progcache.manifest import manifest_name
+from tiered_progcache.store import LeaseStore, entry_name
 from tiered_progcache.samples import matmul_source
 
 ARCH = "sm_90"
@@ -249,7 +250,9 @@ def test_a_remote_without_conditional_create_falls_back_to_node_level_and_says_s
     assert len(events) == 2
     assert caplog.text.count("no atomic create-if-absent") == 1
     assert remote.lease_calls == []  # no lease object read or written
-    assert len(list(remote.iter_entries())) == 2  # the entries still reach the shared tier
+    binaries = {entry_name(e.key) for e in events}
+    # the entries still reach the shared tier, each with its manifest
+    assert {e.name for e in remote.iter_entries()} == binaries | {manifest_name(n) for n in binaries}
 
 
 def test_threads_on_two_caches_each_fill_their_own(tmp_path, events):
@@ -267,7 +270,7 @@ def test_threads_on_two_caches_each_fill_their_own(tmp_path, events):
         t.start()
     for t in threads:
         t.join(60)
-    assert all(len(c) == 1 for c in caches)
+    assert all(len(c) == 2 for c in caches)  # the binary and its manifest
 
 
 # -- bad arguments: a clear error naming the argument, before anything runs --------------------------

@@ -48,6 +48,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "MAX_PENDING_UPLOAD_BYTES": "64Mi",
         ENV + "TRANSFER_CONCURRENCY": "16",
         ENV + "MIN_UPLOAD_COMPILE_S": "0.5",
+        ENV + "EXPLAIN": "1",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -58,6 +59,7 @@ def test_every_variable_is_read(tmp_path):
     assert (config.signing_key_file, config.remote_timeout, config.max_pending_uploads) == (key_file, 2.5, 64)
     assert config.max_pending_upload_bytes == 64 << 20
     assert config.transfer_concurrency == 16 and config.min_upload_compile_s == 0.5
+    assert config.explain_misses is True
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
@@ -332,7 +334,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
         "max_pending_upload_bytes": 1 << 20,
         "redis_expire_s": 3600.0,
-        "transfer_concurrency": 16, "min_upload_compile_s": 0.25,
+        "transfer_concurrency": 16, "min_upload_compile_s": 0.25, "explain_misses": True,
     }  # fmt: skip
     value = samples[setting.name]
     text = setting.text(value)

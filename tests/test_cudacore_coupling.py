@@ -61,3 +61,8 @@ def test_no_other_module_imports_cuda_core_privately() -> None:
                 if "cuda.core.utils._program_cache" in text or "cuda.core._" in text:
                     offenders.append(file)
     assert offenders == []
+
+
+def test_key_schema_version_is_a_positive_int() -> None:
+    version = _cudacore.key_schema_version()
+    assert type(version) is int and version >= 1

@@ -58,7 +58,7 @@ def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
         scraped = _scrape(registry)
 
     assert stats["memory"].hits == 3 and stats["local"].hits == 1 and stats["remote"].hits == 1
-    assert stats["remote"].writes == 1 and stats["local"].promotions == 1
+    assert stats["remote"].writes == 2 and stats["local"].promotions == 1  # K_NEW's cubin and manifest
     for tier, tier_stats in stats.tiers:
         for field in COUNTER_FIELDS:
             sample = (f"tiered_progcache_{FAMILY[field]}_total", (("cache", "node-b"), ("tier", tier)))
@@ -81,7 +81,9 @@ def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
         sample = ("tiered_progcache_compile_seconds_bucket", (("le", repr(bound)), ("outcome", "ok")))
         assert scraped[sample] == (1 if seconds <= bound else 0)
     assert scraped[("tiered_progcache_compile_seconds_count", (("outcome", "error"),))] == 0
-    assert scraped[("tiered_progcache_compile_seconds_saved_total", ())] == 0
+    # each hit saved what its manifest records: 4 hits of K_REMOTE (remote, then memory), 1 of K_LOCAL
+    saved = 4 * round(events[0].seconds, 6) + round(events[1].seconds, 6)
+    assert scraped[("tiered_progcache_compile_seconds_saved_total", ())] == pytest.approx(saved, rel=1e-9)
 
 
 def test_a_failed_compile_is_counted_as_an_error(tmp_path):
@@ -157,7 +159,7 @@ def test_exposition_of_a_directory_has_gauges_only(tmp_path):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(families) == {"tiered_progcache_entries", "tiered_progcache_held_bytes"}
     local = [s for s in families["tiered_progcache_entries"].samples if s.labels["tier"] == "local"]
-    assert [s.value for s in local] == [stats["local"].entries] == [1]
+    assert [s.value for s in local] == [stats["local"].entries] == [2]  # the cubin and its manifest
 
 
 def test_register_names_bad_arguments(tmp_path):
@@ -193,7 +195,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
     proc = run_cli("stats", "--run", "--prometheus", "--", sys.executable, "-c", _CHILD, str(tmp_path / "s.json"), env=env)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads((tmp_path / "s.json").read_text())
-    assert seen["memory"]["hits"] == 1 and seen["local"]["writes"] == 2
+    assert seen["memory"]["hits"] == 1 and seen["local"]["writes"] == 4  # 2 cubins, 2 manifests
     samples = {
         (s.name, s.labels["tier"]): s.value
         for family in text_string_to_metric_families(proc.stdout)
@@ -207,7 +209,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
     local = run_cli("stats", "--prometheus", env=env)
     assert local.returncode == 0, local.stderr
     gauges = {(s.name, s.labels["tier"]): s.value for f in text_string_to_metric_families(local.stdout) for s in f.samples}
-    assert gauges == {("tiered_progcache_entries", "local"): 2, ("tiered_progcache_held_bytes", "local"): pytest.approx(
+    assert gauges == {("tiered_progcache_entries", "local"): 4, ("tiered_progcache_held_bytes", "local"): pytest.approx(
         sum(p.stat().st_size for p in (tmp_path / "c" / "entries").rglob("*") if p.is_file()))}
 
 
@@ -216,3 +218,31 @@ def test_stats_prometheus_and_json_are_a_usage_error(tmp_path):
 
     line = assert_one_line_error(run_cli("stats", "--prometheus", "--json", "--dir", str(tmp_path)))
     assert "pick one" in line
+
+
+def test_seconds_saved_add_what_each_hits_manifest_records_and_nothing_without_one(tmp_path, events):
+    from cuda.core import Program
+
+    from tiered_progcache.compile import on_hit
+
+    bare = 'extern "C" __global__ void bare(float* x) { x[0] = 0.0f; }\n'
+    with TieredProgramCache(tmp_path) as cache:
+        tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=cache)
+        Program(bare, "c++", OPTS).compile("cubin", cache=cache)  # an entry without a manifest
+    registry = prometheus_client.CollectorRegistry()
+    seen = []
+    stop = on_hit(seen.append)
+    with TieredProgramCache(tmp_path) as cache:  # a new process's view: nothing remembered in memory
+        metrics.register(cache, registry)
+        for _ in range(2):
+            tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=cache)
+            tiered_progcache.compile(bare, "c++", OPTS, cache=cache)
+        stats = cache.stats()
+    stop()
+    assert [e.saved_seconds for e in seen] == [round(events[0].seconds, 6), None] * 2
+    assert scraped_saved(registry) == pytest.approx(2 * round(events[0].seconds, 6), rel=1e-9)
+    assert (stats["local"].hits, stats["memory"].hits) == (2, 2)  # the manifest reads are not lookups
+
+
+def scraped_saved(registry) -> float:
+    return _scrape(registry)[("tiered_progcache_compile_seconds_saved_total", ())]

@@ -403,8 +403,8 @@ def test_two_hosts_with_the_headers_under_different_roots_compile_once(s3_bucket
     roots = [_tree(tmp_path / "ci" / "home" / "runner" / ".venv"), _tree(tmp_path / "node" / "opt" / "venv")]
     paths = [[str(root / "include"), str(root / "extra")] for root in roots]
     a = _host(s3_bucket, tmp_path / "ci" / "cache", tmp_path / "ci" / "work", SRC, paths[0])
-    assert (a["compiles"], a["portable"], a["flushed"], a["remote_writes"]) == (1, True, True, 1)
-    assert len(s3_bucket.objects()) == 1
+    assert (a["compiles"], a["portable"], a["flushed"], a["remote_writes"]) == (1, True, True, 2)  # cubin, manifest
+    assert len(s3_bucket.objects()) == 2
 
     b = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", SRC, paths[1])
     assert (b["compiles"], b["remote_hits"], b["key"], b["cubin"]) == (0, 1, a["key"], a["cubin"])
@@ -413,7 +413,7 @@ def test_two_hosts_with_the_headers_under_different_roots_compile_once(s3_bucket
     edited = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", SRC, paths[1])
     assert edited["compiles"] == 1
     assert edited["key"] != a["key"] and edited["cubin"] != a["cubin"]
-    assert len(s3_bucket.objects()) == 2
+    assert len(s3_bucket.objects()) == 4
 
 
 def _cccl_dir() -> Path | None:

@@ -10,6 +10,7 @@ from cuda.core import ProgramOptions
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache, transfer
 from tiered_progcache.localdir import LocalDir
+from tiered_progcache.manifest import manifest_name
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.store import entry_name
@@ -63,10 +64,12 @@ def test_four_tiers_a_write_goes_to_both_shared_tiers_and_an_s3_hit_lands_in_red
         assert cubin.startswith(b"\x7fELF") and tpc.compile_count() - before == 1
         assert node_a.flush(timeout=30)
         a = node_a.stats()
-        assert (a["redis"].writes, a["remote"].writes) == (1, 1)
-    (entry,) = LocalDir(tmp_path / "a").iter_entries()
-    assert client.exists(f"tiered-progcache:entries:{entry.name}") == 1
-    assert len(s3_bucket.objects()) == 1
+        assert (a["redis"].writes, a["remote"].writes) == (2, 2)  # the cubin and its manifest
+    names = {e.name for e in LocalDir(tmp_path / "a").iter_entries()}
+    (binary,) = [n for n in names if manifest_name(n) in names]
+    assert names == {binary, manifest_name(binary)}
+    assert [client.exists(f"tiered-progcache:entries:{n}") for n in sorted(names)] == [1, 1]
+    assert len(s3_bucket.objects()) == 2
 
     # Node B: Redis answers; S3 is not asked; no compile.
     with _four_tiers(tmp_path, "b", redis_url, s3_bucket) as node_b:
@@ -84,8 +87,8 @@ def test_four_tiers_a_write_goes_to_both_shared_tiers_and_an_s3_hit_lands_in_red
         assert (c["redis"].misses, c["remote"].hits) == (1, 1)
         assert (c["redis"].promotions, c["local"].promotions, c["memory"].promotions) == (1, 1, 1)
         assert c["remote"].writes == 0  # nothing written back to where it came from
-    assert client.exists(f"tiered-progcache:entries:{entry.name}") == 1
-    assert LocalDir(tmp_path / "c").read_entry(entry.name) == cubin
+    assert client.exists(f"tiered-progcache:entries:{binary}") == 1
+    assert LocalDir(tmp_path / "c").read_entry(binary) == cubin
 
     # ...so node D is served by Redis again.
     with _four_tiers(tmp_path, "d", redis_url, s3_bucket) as node_d:
@@ -123,7 +126,7 @@ def test_two_processes_share_one_redis(tmp_path, redis_url):
         assert proc.returncode == 0, proc.stderr
         runs.append(json.loads(proc.stdout))
     a, b = runs
-    assert (a["compiles"], a["redis_hits"], a["redis_writes"]) == (1, 0, 1)
+    assert (a["compiles"], a["redis_hits"], a["redis_writes"]) == (1, 0, 2)  # the cubin and its manifest
     assert (b["compiles"], b["redis_hits"], b["redis_writes"]) == (0, 1, 0)
     assert a["size"] == b["size"]
 

@@ -15,6 +15,7 @@ import pytest
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.lease import RemoteLease
+from tiered_progcache.manifest import manifest_name
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401
 
@@ -64,7 +65,10 @@ def test_four_nodes_one_kernel_one_nvrtc_run(tmp_path, redis_url, redis_server):
     assert len(runs) == 1, f"{len(runs)} NVRTC runs across 4 nodes for one kernel"
     client = redis_server.client()
     assert client.keys("tiered-progcache:leases:*") == []  # released
-    assert len(client.keys("tiered-progcache:entries:*")) == 1
+    ((_, key_hex),) = runs
+    name = entry_name(bytes.fromhex(key_hex))
+    held = sorted(k.decode().rsplit(":", 1)[1] for k in client.keys("tiered-progcache:entries:*"))
+    assert held == sorted([name, manifest_name(name)])  # the cubin and its manifest
     client.close()
 
 

@@ -101,3 +101,69 @@ def test_config_command_prints_no_secret(tmp_path, form):
     assert result.returncode == 0, result.stderr
     assert _leaks(result.stdout + result.stderr) == []
     assert "127.0.0.1:1" in result.stdout
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the block ends: connections to it are refused
+
+
+def test_manifests_explanations_and_the_explain_command_hold_no_secret(tmp_path, s3_bucket, monkeypatch, caplog):
+    """Secrets planted everywhere a compile could pick one up; then every stored byte and every output is searched."""
+    pytest.importorskip("redis")
+    import tiered_progcache
+    from cuda.core import ProgramOptions
+
+    from tiered_progcache.manifest import manifest_name
+
+    env_secrets = {"AWS_SECRET_ACCESS_KEY": "PLANTED-ENV-AWS-SECRET-0011", "MY_API_TOKEN": "PLANTED-ENV-TOKEN-0012"}
+    planted = {**{k: SECRETS[k] for k in ("signing", "url_password", "nested_secret", "session_token")}, **env_secrets}
+    for variable, value in env_secrets.items():
+        monkeypatch.setenv(variable, value)
+    key_file = tmp_path / "key"
+    key_file.write_text(SECRETS["signing"])
+    key_file.chmod(0o600)
+    options = {"endpoint_url": s3_bucket.storage_options["endpoint_url"], "client_kwargs": {
+        "region_name": "us-east-1", "aws_access_key_id": "testing",
+        "aws_secret_access_key": SECRETS["nested_secret"], "aws_session_token": SECRETS["session_token"]}}  # fmt: skip
+    redis_with_password = f"redis://:{SECRETS['url_password']}@127.0.0.1:{_closed_port()}/0"  # down: warned, skipped
+    env = {
+        "TIERED_PROGCACHE_DIR": str(tmp_path / "node"),
+        "TIERED_PROGCACHE_REMOTE": f"{s3_bucket.url},{redis_with_password}",
+        "TIERED_PROGCACHE_REMOTE_OPTIONS": json.dumps(options),
+        "TIERED_PROGCACHE_SIGNING_KEY_FILE": str(key_file),
+        "TIERED_PROGCACHE_EXPLAIN": "1",
+    }
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    src = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
+    texts: list[str] = []
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache"):
+        with TieredProgramCache.from_env() as cache:
+            tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_80"), cache=cache)
+            tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_80", std="c++20"), cache=cache)
+            assert cache.flush(30)
+            texts.append(str(tiered_progcache.explain(src, "c++", ProgramOptions(arch="sm_90"), cache=cache)))
+    texts += [record.getMessage() for record in caplog.records if record.name.startswith("tiered_progcache")]
+    assert any("option `--std=c++20` only in this compile" in text for text in texts)  # the explain line was logged
+
+    stored = [p.read_bytes() for p in (tmp_path / "node").rglob("*") if p.is_file()]
+    objects = [o for o in s3_bucket.objects() if "/entries/" in o]
+    stored += [s3_bucket.fs.cat(o) for o in objects]
+    names = [o.rsplit("/", 2)[1] + o.rsplit("/", 2)[2] for o in objects]
+    manifests = [n for n in names if n in {manifest_name(m) for m in names}]
+    assert len(objects) == 4 and len(manifests) == 2  # two cubins and their manifests reached the bucket, signed
+    assert all(blob[:4] != b"TPCE" or blob[5] & 0x02 for blob in stored)
+
+    cli_env = {**env, "TIERED_PROGCACHE_REMOTE": s3_bucket.url}
+    for args in (["ls", "--long"], ["ls", "--long", "--remote"], ["explain", manifests[0]],
+                 ["explain", manifests[0], "--remote", "--json"], ["explain", names[0], "-vv"]):  # fmt: skip
+        result = run_cli(*args, env=cli_env)
+        assert result.returncode in (0, 1), result.stderr
+        texts += [result.stdout, result.stderr]
+    assert "c++->cubin" in texts[-10] and '"written_by"' in texts[-4]  # the manifests really were shown
+    blobs = b"\n".join(stored)
+    assert [name for name, secret in planted.items() if secret.encode() in blobs or any(secret in t for t in texts)] == []

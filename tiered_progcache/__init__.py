@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-# ``compile`` the function shadows ``compile`` the module as a package attribute; import
-# the module's other names with ``from tiered_progcache.compile import ...``.
+# ``compile`` and ``explain`` the functions shadow the modules of those names as package
+# attributes; import their other names with ``from tiered_progcache.compile import ...``.
 from .compile import CompileEvent, compile, compile_count, on_compile
 from .errors import DeleteFailed, EntryRejected, TierUnavailable
+from .explain import Explanation, explain
 from .headers import header_digest
 from .localdir import LocalDir
 from .policy import TierPolicy
@@ -24,6 +25,7 @@ __all__ = [
     "DeleteFailed",
     "EntryRejected",
     "EntryStore",
+    "Explanation",
     "LeaseStore",
     "LocalDir",
     "RedisProgramCache",
@@ -37,6 +39,7 @@ __all__ = [
     "TransferReport",
     "compile",
     "compile_count",
+    "explain",
     "header_digest",
     "on_compile",
     "stores_of",

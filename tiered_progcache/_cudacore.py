@@ -13,6 +13,7 @@ from pathlib import Path
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 from cuda.core.utils._program_cache._abc import _as_key_bytes, _extract_bytes
 from cuda.core.utils._program_cache._file_stream import _default_cache_dir, _stat_key
+from cuda.core.utils._program_cache._keys import _KEY_SCHEMA_VERSION
 
 __all__ = [
     "PRIVATE_SYMBOLS",
@@ -20,6 +21,7 @@ __all__ = [
     "default_cache_dir",
     "extract_bytes",
     "file_cache_root",
+    "key_schema_version",
     "memory_cache_bytes",
     "stat_identity",
 ]
@@ -30,6 +32,7 @@ PRIVATE_SYMBOLS = (
     ("cuda.core.utils._program_cache._abc", "_extract_bytes"),
     ("cuda.core.utils._program_cache._file_stream", "_default_cache_dir"),
     ("cuda.core.utils._program_cache._file_stream", "_stat_key"),
+    ("cuda.core.utils._program_cache._keys", "_KEY_SCHEMA_VERSION"),
 )
 
 #: Key normalisation exactly as cuda-core's tiers do it: ``str`` is UTF-8, ``bytes`` as is, else TypeError.
@@ -57,3 +60,8 @@ def stat_identity(st: os.stat_result) -> tuple[int, int, int]:
     """cuda-core's guard against deleting a file a writer just replaced: ``(st_ino, st_size, st_mtime_ns)``."""
     return _stat_key(st)
 
+
+
+def key_schema_version() -> int:
+    """The schema version of cuda-core's ``make_program_cache_key`` (bumped when its keys change meaning)."""
+    return int(_KEY_SCHEMA_VERSION)

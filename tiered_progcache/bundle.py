@@ -36,6 +36,7 @@ from typing import IO, Any
 from .codeobject import check_code_object, code_arch
 from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from .errors import one_line
+from .manifest import ManifestError, decode_manifest
 from .store import EntryStore, check_entry_name
 
 __all__ = [
@@ -203,8 +204,17 @@ def _parse_arch(arch: int | str | None) -> int | None:
 
 
 def _matches_arch(payload: bytes, sm: int) -> bool:
+    if payload[:1] == b"{":
+        try:  # a manifest goes with its binary: by the arch it records
+            arch = decode_manifest(payload).inputs.arch
+        except ManifestError:
+            return True  # a symbol map (or an unreadable manifest), which goes with its binary
+        try:
+            return _parse_arch(arch) == sm
+        except (TypeError, ValueError):
+            return True
     if check_code_object(payload) is not None:
-        return True  # not a code object: a symbol map, which goes with its binary
+        return True  # of no format known here: kept, as it may go with a binary
     return code_arch(payload) == sm
 
 

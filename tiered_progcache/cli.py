@@ -140,8 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("ls", "list entries with size and age", "List entries: name, size, and age "
                 "(local: since last read; remote: since written). Local unless --remote.")  # fmt: skip
-    p.add_argument("-l", "--long", action="store_true", help="exact bytes, timestamps, and a total")
+    p.add_argument("-l", "--long", action="store_true",
+                   help="exact bytes, timestamps, a total, and from each entry's manifest: the host that "
+                   "wrote it, when, its compile seconds and code type -> target ('-' where it has none)")  # fmt: skip
     p.set_defaults(func=cmd_ls)
+
+    p = command("explain", "show one entry's manifest: what it was compiled from, by which host, when, how long",
+                "Print the manifest stored beside entry NAME (a 64-hex name from ls): compiler and version, "
+                "options, headers by include root, source digest, compile seconds, host and time. "
+                "Local unless --remote. Exit 1 if there is no such entry, or it has no readable manifest.")  # fmt: skip
+    p.add_argument("name", metavar="NAME", help="the entry (64-hex name from ls)")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(func=cmd_explain)
 
     for name, verb in (
         ("warm", "copy remote entries into the local directory (e.g. at node boot)"),
@@ -404,16 +414,47 @@ def cmd_ls(args: argparse.Namespace) -> int:
     with _store(args) as store:
         entries = sorted(store.iter_entries(), key=lambda e: e.name)
         where = store.location
+        if args.long:
+            from .manifest import manifest_columns
+
+            columns = manifest_columns(store, entries)
     if args.long:
-        print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}")
+        host_width = max([len("HOST")] + [len(c[0]) for c in columns.values()])
+        print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}  "
+              f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  KIND")  # fmt: skip
     for e in entries:
         age = format_age(None if e.last_used is None else now - e.last_used)
         if args.long:
-            print(f"{e.name}  {e.size:>10}  {_iso(e.mtime):<20}  {_iso(e.atime):<20}  {age:>5}")
+            host, written, seconds, kind = columns[e.name]
+            print(f"{e.name}  {e.size:>10}  {_iso(e.mtime):<20}  {_iso(e.atime):<20}  {age:>5}  "
+                  f"{host:<{host_width}}  {written:<20}  {seconds:>9}  {kind}")  # fmt: skip
         else:
             print(f"{e.name}  {format_size(e.size):>10}  {age:>5}")
     if args.long:
         print(f"total {len(entries)} entries, {format_size(sum(e.size for e in entries))} in {where}")
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import stored_manifest
+
+    with _store(args) as store:
+        found = stored_manifest(store, args.name)
+        where = store.location
+    if found.manifest is None:
+        if found.problem == "no entry":
+            message = f"no entry {found.name} in {where}"
+        elif found.problem == "no manifest":
+            message = (f"entry {found.name} in {where} has no manifest (stored by Program.compile(cache=...), "
+                       "or before manifests)")  # fmt: skip
+        else:
+            message = f"entry {found.name} in {where}: {found.problem}"
+        print(f"{PROG} explain: {message}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    if args.json:
+        _print_json(found.manifest.as_dict())
+    else:
+        print("\n".join(found.manifest.lines()))
     return EXIT_OK
 
 

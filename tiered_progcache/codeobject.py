@@ -1,15 +1,23 @@
-"""Framing checks for the code objects a local directory holds (cubin, fatbin, LTO-IR, PTX)."""
+"""Framing checks for the code objects a local directory holds (cubin, fatbin, LTO-IR, PTX).
+
+Beside them it holds the small JSON documents ``compile()`` stores (symbol maps and
+manifests): whole ones of a format of ours pass, cut-short ones fail.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import struct
+
+#: The ``format`` of every JSON document stored as an entry (``symbols.SYMBOLS_FORMAT``, ``manifest.MANIFEST_FORMAT``).
+DOCUMENT_FORMATS = frozenset({"tiered-progcache/symbols", "tiered-progcache/manifest"})
 
 __all__ = ["check_code_object", "code_arch"]
 
 
 def check_code_object(data: bytes, *, unknown_ok: bool = False) -> str | None:
-    """None if ``data`` is a whole cubin (ELF), fatbin, LTO-IR or PTX; else why not.
+    """None if ``data`` is a whole cubin (ELF), fatbin, LTO-IR, PTX, symbol map or manifest; else why not.
 
     Local entries carry no digest, so this checks framing only: it catches truncation
     and foreign files, not a flipped byte inside a well-formed cubin. With
@@ -19,6 +27,14 @@ def check_code_object(data: bytes, *, unknown_ok: bool = False) -> str | None:
     """
     if not data:
         return "empty"
+    if data[:1] == b"{" and b'"tiered-progcache/' in data:  # claims to be one of our documents
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            return "not a whole JSON document (a symbol map or manifest cut short?)"
+        if isinstance(doc, dict) and doc.get("format") in DOCUMENT_FORMATS:
+            return None
+        return None if unknown_ok else "a JSON document of no format stored here"
     if data[:4] == b"\x7fELF":
         if len(data) < 64 or data[4] != 2 or data[5] != 1:
             return "truncated or not a 64-bit little-endian ELF"

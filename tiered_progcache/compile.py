@@ -10,7 +10,10 @@ What ``Program.compile(cache=...)`` does, plus three things it cannot:
   role rather than location, so hosts with the same headers elsewhere share entries
   (:mod:`.keys`);
 * compiles with ``name_expressions`` are cached: the symbol mapping is stored
-  beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit.
+  beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit;
+* every compile it runs leaves a manifest beside its binary (:mod:`.manifest`: what it
+  was compiled from, where, when, how long), and with ``explain_misses`` on the cache
+  (``TIERED_PROGCACHE_EXPLAIN=1``) each miss logs why it missed (:mod:`.explain`).
 
 The compiler's exceptions reach the caller unchanged. Every lock and lease is
 released on every path out, and every wait is bounded (``wait_timeout``): whoever
@@ -33,8 +36,10 @@ from typing import Any, Callable
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
-from .keys import compile_key
+from .keys import CompileKey, compile_key
+from .manifest import ManifestError, build_manifest, compile_inputs, decode_manifest, encode_manifest, manifest_key
 from .singleflight import Work, run_once
+from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from .tiered import TieredProgramCache
 
@@ -42,10 +47,13 @@ __all__ = [
     "DEFAULT_LEASE_TTL_S",
     "DEFAULT_WAIT_TIMEOUT_S",
     "CompileEvent",
+    "HitEvent",
+    "check_arguments",
     "compile",
     "compile_count",
     "default_cache",
     "on_compile",
+    "on_hit",
     "symbols_key",
 ]
 
@@ -71,6 +79,19 @@ class CompileEvent:
     target_type: str
     seconds: float
     ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class HitEvent:
+    """One :func:`compile` answered from the cache. Immutable.
+
+    ``saved_seconds`` is the compile time the entry's manifest records (what the hit
+    saved), None where it has no readable manifest (stored by ``Program.compile(cache=...)``,
+    or before manifests).
+    """
+
+    key: bytes
+    saved_seconds: float | None
 
 
 # -- compile counter and hooks ---------------------------------------------------------------
@@ -106,6 +127,74 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
                 _hooks.remove(hook)
 
     return unsubscribe
+
+
+_hit_hooks: list[Callable[[HitEvent], None]] = []
+#: Compile seconds per (cache, key), as the manifests say, for ``on_hit``: each is read once per process.
+_saved: dict[tuple[int, bytes], float | None] = {}
+_MAX_SAVED = 65536
+
+
+def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
+    """Call ``hook(event)`` after every :func:`compile` answered from the cache; returns an unsubscribe.
+
+    What it costs: nothing while no hook is subscribed; with one, the first hit of each
+    key in this process also reads that entry's manifest from the first tier holding it
+    (not counted in ``stats()``, not promoted), later hits a dict lookup. The hook runs
+    on the calling thread; exceptions it raises are logged and swallowed. Thread-safe.
+    ``tiered_progcache.metrics`` sums ``saved_seconds`` into ``compile_seconds_saved``.
+    """
+    with _counter_lock:
+        _hit_hooks.append(hook)
+
+    def unsubscribe() -> None:
+        with _counter_lock:
+            if hook in _hit_hooks:
+                _hit_hooks.remove(hook)
+
+    return unsubscribe
+
+
+def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
+    with _counter_lock:
+        hooks = list(_hit_hooks)
+    if not hooks:
+        return
+    memo = (id(cache), key)
+    if memo in _saved:
+        seconds = _saved[memo]
+    else:
+        seconds = _manifest_seconds(cache, key)
+        _remember_seconds(memo, seconds)
+    event = HitEvent(key, seconds)
+    for hook in hooks:
+        try:
+            hook(event)
+        except Exception:
+            logger.exception("on_hit hook %r failed", hook)
+
+
+def _manifest_seconds(cache: ProgramCacheResource, key: bytes) -> float | None:
+    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None."""
+    resources = [t.resource for t in cache.tiers] if isinstance(cache, TieredProgramCache) else [cache]
+    for resource in resources:
+        try:
+            data = resource.get(manifest_key(key))
+        except Exception:  # a failing tier: try the next
+            continue
+        if data is not None:
+            try:
+                return decode_manifest(data, entry=entry_name(key)).compile_seconds
+            except ManifestError:
+                return None
+    return None
+
+
+def _remember_seconds(memo: tuple[int, bytes], seconds: float | None) -> None:
+    with _counter_lock:
+        if len(_saved) >= _MAX_SAVED:
+            _saved.clear()
+        _saved[memo] = seconds
 
 
 def _record_compile(event: CompileEvent) -> None:
@@ -207,23 +296,29 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     Compiler errors propagate to the caller and to the threads waiting on it;
     waiting processes and nodes retry the compile and get the error themselves.
     """
-    names = _check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
-                             single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
+    names = check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
+                            single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     if options is None:
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
-    key = compile_key(source, code_type, options, target_type, names, extra_digest,
-                      portable=portable_keys, recheck_s=header_recheck_s).key
+    compiled = compile_key(source, code_type, options, target_type, names, extra_digest,
+                           portable=portable_keys, recheck_s=header_recheck_s)
+    key = compiled.key
     target = target_type.lower()
     found = _find(cache, key, target, options, names)
     if found is not None:
+        if _hit_hooks:
+            _record_hit(cache, key)
         return found[0]
+    if isinstance(cache, TieredProgramCache) and cache.explain_misses:
+        _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
+    job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs)
     if not single_flight:
-        return _compile_and_store(cache, key, source, code_type, options, target, names, logs)[0]
+        return _compile_and_store(cache, job)[0]
 
-    find = functools.partial(_find, cache, key, target, options, names)
-    produce = functools.partial(_compile_and_store, cache, key, source, code_type, options, target, names, logs)
+    find = functools.partial(_find_after_waiting, cache, key, target, options, names)
+    produce = functools.partial(_compile_and_store, cache, job)
 
     def adopt(outcome: _Outcome) -> ObjectCode:
         return _wrap(outcome.data, target, options, outcome.mapping)
@@ -240,14 +335,14 @@ def _number(name: str, value: object) -> float:
     return float(value)
 
 
-def _check_arguments(
+def check_arguments(
     source: object, code_type: object, options: object, target_type: object, cache: object,
     name_expressions: object, extra_digest: object, single_flight: object, wait_timeout: object,
     lease_ttl: object, header_recheck_s: object, portable_keys: object,
 ) -> tuple[str | bytes, ...]:
     """Every argument of :func:`compile` checked up front: a caller's bug is a TypeError/ValueError naming it.
 
-    Returns the name expressions as a tuple.
+    Returns the name expressions as a tuple. :func:`tiered_progcache.explain` checks its arguments here too.
     """
     if not isinstance(code_type, str):
         raise TypeError(f"code_type must be a str, got {type(code_type).__name__}")
@@ -308,25 +403,45 @@ def _find(
     return _wrap(data, target, options, mapping), _Outcome(data, mapping)
 
 
+def _find_after_waiting(
+    cache: ProgramCacheResource,
+    key: bytes,
+    target: str,
+    options: ProgramOptions,
+    names: tuple[str | bytes, ...],
+) -> tuple[ObjectCode, _Outcome] | None:
+    """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
+    found = _find(cache, key, target, options, names)
+    if found is not None and _hit_hooks:
+        _record_hit(cache, key)
+    return found
+
+
 def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
     name = options.name or ""
     return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
 
 
-def _compile_and_store(
-    cache: ProgramCacheResource,
-    key: bytes,
-    source: str | bytes,
-    code_type: str,
-    options: ProgramOptions,
-    target: str,
-    names: tuple[str | bytes, ...],
-    logs: Any,
-) -> tuple[ObjectCode, _Outcome]:
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One compile to run: its key and everything the compiler and the manifest need."""
+
+    compiled: CompileKey
+    source: str | bytes
+    code_type: str
+    options: ProgramOptions
+    target: str
+    names: tuple[str | bytes, ...]
+    extra_digest: bytes | None
+    logs: Any
+
+
+def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCode, _Outcome]:
+    key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
     started = time.perf_counter()
-    program = Program(source, code_type, options)
+    program = Program(job.source, code_type, job.options)
     try:
-        obj = program.compile(target, name_expressions=names, logs=logs)
+        obj = program.compile(target, name_expressions=names, logs=job.logs)
     except BaseException:
         _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=False))
         raise
@@ -337,8 +452,16 @@ def _compile_and_store(
         del program
     seconds = time.perf_counter() - started
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
+    if _hit_hooks:
+        _remember_seconds((id(cache), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
+    # The manifest before the binary (like the symbol map): whoever sees the binary finds
+    # its manifest. A manifest that cannot be made or stored costs nothing but itself.
+    try:
+        _store(cache, manifest_key(key), _manifest_bytes(job, seconds), seconds)
+    except Exception as exc:
+        logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
     try:
         if names:
             # The mapping first: whoever sees the binary must find its mapping.
@@ -347,6 +470,32 @@ def _compile_and_store(
     except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
     return obj, _Outcome(data, mapping)
+
+
+def _manifest_bytes(job: _Job, seconds: float) -> bytes:
+    inputs = compile_inputs(job.compiled, job.source, job.code_type, job.options, job.target, job.names,
+                            job.extra_digest)  # fmt: skip
+    try:
+        return encode_manifest(build_manifest(job.compiled.key, inputs, seconds))
+    except ManifestError:
+        raise
+    except Exception as exc:  # a bug here must not cost the compile: say so and store none
+        raise ManifestError(f"could not build the manifest: {exc!r}") from exc
+
+
+def _explain_miss(
+    source: str | bytes, code_type: str, options: ProgramOptions, target: str, cache: TieredProgramCache,
+    names: tuple[str | bytes, ...], extra_digest: bytes | None, compiled: CompileKey,
+) -> None:
+    """One INFO line saying why this compile missed (``explain_misses``); never raises."""
+    from .explain import explain_key
+
+    try:
+        report = explain_key(compiled, source, code_type, options, target, cache, names, extra_digest)
+    except Exception as exc:
+        logger.info("miss %s: could not explain it: %r", compiled.key[:8].hex(), exc)
+        return
+    logger.info("%s", report.one_line())
 
 
 def _store(cache: ProgramCacheResource, key: bytes, data: bytes, seconds: float) -> None:

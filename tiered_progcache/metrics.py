@@ -16,9 +16,10 @@ once per compile, never per lookup), so they are a true histogram of seconds. Th
 count only compiles through :func:`tiered_progcache.compile`; ``Program.compile(cache=...)``
 runs NVRTC where this package cannot see it.
 
-``tiered_progcache_compile_seconds_saved_total`` is 0 for now: an entry does not yet
-record how long its compile took (entry manifests, issue #10, will), and this module
-does not invent a figure. Needs ``prometheus_client`` (``pip install 'tiered-progcache[metrics]'``).
+``tiered_progcache_compile_seconds_saved_total`` sums, over every hit of
+:func:`tiered_progcache.compile` since registration, the compile time the entry's
+manifest records (:func:`tiered_progcache.compile.on_hit`); an entry without a readable
+manifest adds 0. Needs ``prometheus_client`` (``pip install 'tiered-progcache[metrics]'``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Callable
 
-from .compile import CompileEvent, on_compile
+from .compile import CompileEvent, HitEvent, on_compile, on_hit
 from .stats import CacheStats
 
 if TYPE_CHECKING:
@@ -126,6 +127,12 @@ class _CompileCounts:
         self._buckets = {True: [0] * len(COMPILE_BUCKETS), False: [0] * len(COMPILE_BUCKETS)}
         self._count = {True: 0, False: 0}
         self._sum = {True: 0.0, False: 0.0}
+        self._saved = 0.0
+
+    def saved(self, event: HitEvent) -> None:
+        if event.saved_seconds is not None:
+            with self._lock:
+                self._saved += event.saved_seconds
 
     def __call__(self, event: CompileEvent) -> None:
         at = bisect.bisect_left(COMPILE_BUCKETS, event.seconds)
@@ -145,6 +152,7 @@ class _CompileCounts:
         )
         with self._lock:
             snapshot = {ok: (list(self._buckets[ok]), self._count[ok], self._sum[ok]) for ok in (True, False)}
+            saved_total = self._saved
         for ok, (buckets, count, total) in snapshot.items():
             cumulative, rows = 0, []
             for bound, n in zip(COMPILE_BUCKETS, buckets):
@@ -154,9 +162,9 @@ class _CompileCounts:
             runs.add_metric(["ok" if ok else "error"], rows, total)
         saved = CounterMetricFamily(
             f"{PREFIX}_compile_seconds_saved",
-            "compile seconds the cache saved: 0 until entries record their compile time (issue #10 manifests)",
+            "compile seconds the cache saved: per compile() hit, the compile time its entry's manifest records",
         )
-        saved.add_metric([], 0.0)
+        saved.add_metric([], saved_total)
         return [runs, saved]
 
 
@@ -167,7 +175,14 @@ class _Collector:
         self._lock = threading.Lock()
         self._caches: dict[str, weakref.ref[TieredProgramCache]] = {}
         self.compiles = _CompileCounts()
-        self.unsubscribe: Callable[[], None] = on_compile(self.compiles)
+        stop_compiles = on_compile(self.compiles)
+        stop_hits = on_hit(self.compiles.saved)
+
+        def unsubscribe() -> None:
+            stop_compiles()
+            stop_hits()
+
+        self.unsubscribe: Callable[[], None] = unsubscribe
 
     def add(self, name: str, cache: TieredProgramCache) -> None:
         with self._lock:

@@ -383,6 +383,11 @@ SETTINGS: tuple[Setting, ...] = (
         env="MIN_UPLOAD_COMPILE_S", flag="--min-upload-compile-s",
     ),
     Setting(
+        "explain_misses", SWITCH, False,
+        "log why each compile() miss missed (one INFO line on tiered_progcache.compile; lists every tier per miss)",
+        env="EXPLAIN",
+    ),
+    Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
         env="MAX_PENDING_UPLOADS",
     ),

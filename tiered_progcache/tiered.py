@@ -47,7 +47,7 @@ class TieredProgramCache(ProgramCacheResource):
     a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
     chain from the given resources instead; settings that shape the default chain are
     then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``,
-    ``min_upload_compile_s``) still apply.
+    ``min_upload_compile_s``, ``explain_misses``) still apply.
 
     Reads try each tier in order; the first hit is returned and copied into every
     faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
@@ -102,6 +102,7 @@ class TieredProgramCache(ProgramCacheResource):
         self._rest = self._tiers[1:]
         self._closed = False
         self._min_upload_compile_s: float | None = config.min_upload_compile_s
+        self._explain_misses: bool = config.explain_misses
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
@@ -138,6 +139,11 @@ class TieredProgramCache(ProgramCacheResource):
         """The first shared entry store (the cluster's remote), or None for a local-only chain."""
         stores = self.shared_stores
         return stores[0] if stores else None
+
+    @property
+    def explain_misses(self) -> bool:
+        """True if ``compile()`` logs why each of its misses on this cache missed (the ``explain_misses`` setting)."""
+        return self._explain_misses
 
     def stats(self) -> CacheStats:
         """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
