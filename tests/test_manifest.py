@@ -77,7 +77,7 @@ def test_compile_records_what_the_entry_was_built_from_by_whom_when_and_how_long
     assert (i.compiler, i.compiler_version) == ("NVRTC", f"{major}.{minor}")
     assert (i.code_type, i.target, i.arch, i.portable) == ("c++", "cubin", "sm_80", True)
     assert i.source_sha256 == _sha(NAMED.encode())
-    assert i.options == ("-arch=sm_80", "--include-path=I0", "--std=c++17")  # the include directory as its role
+    assert i.options == ("-arch=sm_80", "--include-path=<tiered-progcache:I0>", "--std=c++17")  # the include directory as its role
     assert i.headers == (
         HeaderFile("I0", "sub/y.h", _sha(b"#define Y 2\n")),
         HeaderFile("I0", "x.h", _sha(b"#define X 1\n")),
