@@ -325,6 +325,8 @@ def test_an_empty_or_bad_value_is_listed_and_verify_names_it(redis_url, client):
         assert {e.name: e.size for e in tier.iter_entries()} == {NAME: len(client.get(f"tiered-progcache:entries:{NAME}")), empty: 0}
         assert tier.verify_entry(NAME) is None
         assert tier.verify_entry(empty).startswith("truncated: 0 bytes")
+        with pytest.raises(KeyError):  # a lookup's one GETRANGE cannot tell it from an absent key: a miss
+            tier.read_entry(empty)
 
 
 def test_close_leaves_a_request_in_flight_on_its_connection(redis_url):
