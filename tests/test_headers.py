@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
 from tiered_progcache import headers
-from tiered_progcache.headers import header_digest, needs_header_digest
+from tiered_progcache.headers import HeaderFile, header_digest, header_scan, needs_header_digest
 
 ARCH = "sm_90"
 OLD = time.time() - 3600  # mtimes an hour back: old enough for the memo to trust a stat
@@ -182,6 +183,88 @@ def test_recheck_window_trusts_a_scan_for_that_long(tree):
     _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 8\n")
     assert header_digest(SRC, _opts(tree), recheck_s=3600) == before  # trusted, as asked
     assert header_digest(SRC, _opts(tree)) != before  # recheck_s=0 looks again
+
+
+# -- the location-bound digest is unchanged; the portable one names roots, not places ---------------
+
+#: header_digest(SRC) over ``tree`` as the release before portable keys computed it (the
+#: location-bound stream, which this tree leaves free of absolute paths).
+LOCATION_BOUND_DIGEST = "68062d71a9648b20d72440d8c02492d1d1cc9e7eb9b8b9ad332bedf354747efc"
+
+
+def test_the_location_bound_digest_is_the_one_made_before_portable_keys(tree):
+    assert header_digest(SRC, _opts(tree)).hex() == LOCATION_BOUND_DIGEST
+    assert header_digest(SRC, _opts(tree)).hex() == LOCATION_BOUND_DIGEST  # warm, from the memo
+    assert header_scan(SRC, _opts(tree), portable=False).digest.hex() == LOCATION_BOUND_DIGEST
+    assert header_scan(SRC, _opts(tree)).digest.hex() != LOCATION_BOUND_DIGEST  # the portable stream differs
+
+
+def test_the_scan_records_each_file_read_by_root_and_relative_path(tree):
+    scan = header_scan("#include <nowhere.h>\n" + SRC, _opts(tree))
+    digest_of = {p: hashlib.sha256((tree / p).read_bytes()).hexdigest() for p in ("a.h", "sub/b.h", "sub/c.h")}
+    assert scan.headers == tuple(HeaderFile("I0", p, digest_of[p]) for p in ("a.h", "sub/b.h", "sub/c.h"))
+    assert scan.missing == ("nowhere.h",)
+    assert scan.path_free
+
+
+def test_a_warm_scan_returns_the_files_without_reading_any(tree):
+    first = header_scan(SRC, _opts(tree))
+    hashed = headers.files_hashed()
+    again = header_scan(SRC, _opts(tree))
+    assert headers.files_hashed() == hashed
+    assert again.headers is first.headers  # the memoized tuple, not a rebuilt one
+
+
+def test_the_source_directory_is_named_by_its_role(tmp_path, monkeypatch):
+    """local.h (next to the source) includes "local2.h": the location-bound digest names the working
+    directory by its absolute path; the portable one by ``source``, so two working directories agree."""
+    digests = []
+    for host in ("one", "two"):
+        work = tmp_path / host / "deeper" / "work"
+        _write(work / "local.h", '#include "local2.h"\n')
+        _write(work / "local2.h", "#define VAL 1\n")
+        monkeypatch.chdir(work)
+        src = '#include "local.h"' + KERNEL
+        scan = header_scan(src, ProgramOptions(arch=ARCH))
+        assert [(h.root, h.path) for h in scan.headers] == [("source", "local.h"), ("source", "local2.h")]
+        digests.append((scan.digest, header_digest(src, ProgramOptions(arch=ARCH))))
+    assert digests[0][0] == digests[1][0]
+    assert digests[0][1] != digests[1][1]
+
+
+def test_an_absolute_spelling_under_a_root_is_named_relative_to_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    scans = []
+    for host in ("one", "two"):
+        inc = tmp_path / host / "inc"
+        _write(inc / "val.h", "#define VAL 1\n")
+        scans.append(header_scan(KERNEL, ProgramOptions(arch=ARCH, include_path=[str(inc)],
+                                                          pre_include=[str(inc / "val.h")])))
+    assert scans[0].digest == scans[1].digest and scans[0].path_free
+    assert scans[0].headers == (HeaderFile("I0", "val.h", scans[0].headers[0].digest),)
+
+
+def test_a_file_under_no_root_keeps_its_absolute_path_and_says_so(tmp_path, monkeypatch):
+    """inc/a.h includes "../outside/o.h": a ``..`` out of every root; and an absolute include outside."""
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    _write(tmp_path / "inc" / "a.h", '#include "../outside/o.h"\n')
+    _write(tmp_path / "outside" / "o.h", "#define VAL 1\n")
+    scan = header_scan('#include <a.h>' + KERNEL, _opts(tmp_path / "inc"))
+    assert not scan.path_free
+    assert ("abs", str(tmp_path / "outside" / "o.h")) in [(h.root, h.path) for h in scan.headers]
+    absolute = header_scan(f'#include "{tmp_path / "outside" / "o.h"}"' + KERNEL, _opts(tmp_path / "inc"))
+    assert not absolute.path_free
+    (tmp_path / "inc" / "linked").symlink_to(tmp_path / "outside")  # a symlink out of the root
+    assert not header_scan('#include <linked/o.h>' + KERNEL, _opts(tmp_path / "inc")).path_free
+    both = ProgramOptions(arch=ARCH, include_path=[str(tmp_path / "inc"), str(tmp_path / "outside")])
+    assert header_scan('#include <a.h>' + KERNEL, both).path_free  # its directory on the path: portable again
+
+
+def test_a_computed_include_records_every_file_of_the_directories_it_could_reach(tree):
+    scan = header_scan("#define HDR <a.h>\n#include HDR" + KERNEL, _opts(tree))
+    assert [h.path for h in scan.headers] == ["a.h", "sub/also_unrelated.h", "sub/b.h", "sub/c.h", "unrelated.h"]
+    assert scan.path_free
 
 
 # -- through the compile helper, with real NVRTC ---------------------------------------------------

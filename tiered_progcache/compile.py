@@ -6,7 +6,9 @@ What ``Program.compile(cache=...)`` does, plus three things it cannot:
   directory) and per cluster (a lease in the shared remote), re-checking the tiers
   after each lock, so N ranks and M nodes starting together compile each kernel once;
 * compiles with ``include_path`` / ``pre_include`` / NVVM ``use_libdevice`` are
-  cached, keyed by the content of the headers they can read (:mod:`.headers`);
+  cached, keyed by the content of the headers they can read (:mod:`.headers`), by
+  role rather than location, so hosts with the same headers elsewhere share entries
+  (:mod:`.keys`);
 * compiles with ``name_expressions`` are cached: the symbol mapping is stored
   beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit.
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import math
 import os
@@ -30,9 +31,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 from cuda.core import ObjectCode, Program, ProgramOptions
-from cuda.core.utils import ProgramCacheResource, make_program_cache_key
+from cuda.core.utils import ProgramCacheResource
 
-from .headers import header_digest
+from .keys import compile_key
 from .singleflight import Work, run_once
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from .tiered import TieredProgramCache
@@ -155,18 +156,6 @@ if hasattr(os, "register_at_fork"):
 # -- the helper ------------------------------------------------------------------------------------
 
 
-def _combine(user_digest: bytes | None, headers: bytes | None) -> bytes | None:
-    if headers is None:
-        return user_digest
-    if user_digest is None:
-        return headers
-    h = hashlib.sha256(usedforsecurity=False)
-    for part in (bytes(user_digest), headers):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
-    return h.digest()
-
-
 class _Outcome:
     """What the thread that compiled hands to the threads that waited for it."""
 
@@ -191,6 +180,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S,
     lease_ttl: float = DEFAULT_LEASE_TTL_S,
     header_recheck_s: float = 0.0,
+    portable_keys: bool = True,
 ) -> ObjectCode:
     """Compile ``source`` unless an equal compile is cached; compile each key once per cluster.
 
@@ -200,7 +190,11 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
 
     The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with
     the digest of the headers the compile can read (only when it reads any, so
-    plain compiles share entries with ``Program.compile(cache=...)``). On a miss,
+    plain compiles share entries with ``Program.compile(cache=...)``). With
+    ``portable_keys`` (default) include directories and other paths are keyed by
+    role (``I0``, ``I1``, the source's directory) and header content, not location,
+    so hosts with the same headers under other roots share entries; ``False`` keys by
+    path, as before (:func:`tiered_progcache.keys.compile_key`). On a miss,
     with ``single_flight`` (default), one thread per process, one process per
     local cache directory and one node per remote compiles; the others wait up to
     ``wait_timeout`` seconds and get its entry. ``lease_ttl`` bounds how long a
@@ -214,20 +208,13 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     waiting processes and nodes retry the compile and get the error themselves.
     """
     names = _check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
-                             single_flight, wait_timeout, lease_ttl, header_recheck_s)
+                             single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     if options is None:
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
-    digest = header_digest(source, options, code_type, recheck_s=header_recheck_s)
-    key = make_program_cache_key(
-        code=source,
-        code_type=code_type,
-        options=options,
-        target_type=target_type,
-        name_expressions=names,
-        extra_digest=_combine(extra_digest, digest),
-    )
+    key = compile_key(source, code_type, options, target_type, names, extra_digest,
+                      portable=portable_keys, recheck_s=header_recheck_s).key
     target = target_type.lower()
     found = _find(cache, key, target, options, names)
     if found is not None:
@@ -256,7 +243,7 @@ def _number(name: str, value: object) -> float:
 def _check_arguments(
     source: object, code_type: object, options: object, target_type: object, cache: object,
     name_expressions: object, extra_digest: object, single_flight: object, wait_timeout: object,
-    lease_ttl: object, header_recheck_s: object,
+    lease_ttl: object, header_recheck_s: object, portable_keys: object,
 ) -> tuple[str | bytes, ...]:
     """Every argument of :func:`compile` checked up front: a caller's bug is a TypeError/ValueError naming it.
 
@@ -296,6 +283,8 @@ def _check_arguments(
         raise ValueError(f"lease_ttl must be a positive, finite number of seconds, got {lease_ttl!r}")
     if not _number("header_recheck_s", header_recheck_s) >= 0:
         raise ValueError(f"header_recheck_s must be >= 0, got {header_recheck_s!r}")
+    if not isinstance(portable_keys, bool):
+        raise TypeError(f"portable_keys must be a bool, got {type(portable_keys).__name__} {portable_keys!r}")
     return names
 
 

@@ -30,6 +30,16 @@ file's directory, then the include path; ``<x>`` only on the include path; the
 main source's directory is ``dirname(options.name)``, or the working directory
 when the name has none (unless ``no_source_include``).
 
+Two streams (``portable``): the location-bound digest (:func:`header_digest`, and
+``compile(portable_keys=False)``) names a directory outside the include path by its
+absolute path, as it always has. The portable digest (:func:`header_scan`, the default
+of ``compile()``) names every directory and absolute spelling by its role, the
+include-path position (``I0``, ``I1``, ...) or the source's directory (``source``),
+plus the path relative to it, so the same files under another root give the same
+digest. What lies under no root keeps its absolute path and the scan says so
+(``HeaderScan.path_free`` False). Either scan records the files it read as
+:class:`HeaderFile` s, named by role and relative path.
+
 Cost: file digests are memoized by ``(path, inode, size, mtime_ns, ctime_ns)``, and
 a whole scan is memoized with the list of paths it probed; a warm call re-stats
 those paths (about a microsecond each) and hashes nothing. A file modified in the
@@ -50,11 +60,24 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
-__all__ = ["clear_memo", "files_hashed", "header_digest", "needs_header_digest"]
+__all__ = [
+    "HeaderFile",
+    "HeaderScan",
+    "clear_memo",
+    "files_hashed",
+    "header_digest",
+    "header_scan",
+    "needs_header_digest",
+    "path_roles",
+    "role_relative",
+    "role_token",
+]
 
 logger = logging.getLogger(__name__)
 
 _DIGEST_VERSION = b"tiered-progcache/headers/1"
+#: The portable stream starts elsewhere: it never equals a location-bound digest.
+_PORTABLE_DIGEST_VERSION = b"tiered-progcache/headers/portable/1"
 
 _QUOTE, _ANGLE, _COMPUTED = 0, 1, 2
 
@@ -76,6 +99,41 @@ class _FileInfo:
     includes: tuple[tuple[int, str], ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class HeaderFile:
+    """One file a compile can read, named by where the compiler finds it, not where it lives. Immutable.
+
+    ``root`` is the role of the root it lies under: ``"I0"``, ``"I1"``, ... (the include
+    path, by position), ``"source"`` (the source's directory), ``"use_pch"`` (the PCH file
+    ``use_pch`` names; ``path`` is its basename), ``"libdevice"`` (NVVM), or ``"abs"``
+    (under no root: ``path`` is then absolute, and the key is not portable).
+    ``path`` is relative to the root, '/'-separated; ``digest`` the sha256 hex of its bytes.
+    """
+
+    root: str
+    path: str
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class HeaderScan:
+    """What :func:`header_scan` found. Immutable.
+
+    ``digest`` is the ``extra_digest`` to mix into the key (None: the compile reads no
+    file); ``headers`` every file it covers, sorted; ``missing`` the include spellings
+    found nowhere (NVRTC's built-in headers), sorted; ``path_free`` False when the digest
+    or a file's name had to keep an absolute path (always False for a location-bound scan).
+    """
+
+    digest: bytes | None
+    headers: tuple[HeaderFile, ...]
+    missing: tuple[str, ...]
+    path_free: bool
+
+
+_NOTHING_READ = {True: HeaderScan(None, (), (), True), False: HeaderScan(None, (), (), False)}  # by ``portable``
+
+
 @dataclasses.dataclass
 class _ScanResult:
     digest: bytes
@@ -83,6 +141,9 @@ class _ScanResult:
     checks: tuple[tuple[str, Signature], ...]
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
     checked_at: float  # time.monotonic() of the last full re-stat
+    headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
+    missing: tuple[str, ...]  # include spellings found nowhere, sorted
+    path_free: bool  # the digest and every file's name are free of absolute paths
 
 
 _file_memo: dict[str, tuple[Signature, _FileInfo]] = {}
@@ -322,17 +383,55 @@ def _file_info(path: str, sig: Signature) -> _FileInfo | None:
     return info
 
 
+def role_token(role: str) -> str:
+    """How a role stands in a key where a path stood: ``<tiered-progcache:I0>``."""
+    return f"<tiered-progcache:{role}>"
+
+
+def path_roles(options: Any) -> tuple[tuple[str, str], ...]:
+    """The roots a path may be named relative to, in order: ``(role, absolute directory)`` pairs.
+
+    The include path by position (``I0``, ``I1``, ...), then the source's directory
+    (``source``) unless ``no_source_include``; as spelled (made absolute), not resolved.
+    Reads the working directory when ``options.name`` has no directory.
+    """
+    roles = [(f"I{i}", os.path.abspath(d)) for i, d in enumerate(_as_list(getattr(options, "include_path", None)))]
+    source_dir = _source_dir(options)
+    if source_dir is not None:
+        roles.append(("source", source_dir))
+    return tuple(roles)
+
+
+def role_relative(path: str, roles: Sequence[tuple[str, str]]) -> str | None:
+    """An absolute ``path`` named by the first root it lies under: ``<tiered-progcache:I0>/cuda/x.h``.
+
+    None if it lies under no root. Textual (the rest of the path is kept as spelled): the
+    name only has to tell compiles apart; what the file holds is digested separately.
+    """
+    for role, root in roles:
+        if path == root:
+            return role_token(role)
+        prefix = root if root.endswith(os.sep) else root + os.sep
+        if path.startswith(prefix):
+            return role_token(role) + "/" + path[len(prefix):].replace(os.sep, "/")
+    return None
+
+
 class _Scan:
-    """One walk of the include graph, collecting the digest stream and the paths probed.
+    """One walk of the include graph, collecting the digest stream, the paths probed and the files read.
 
     Paths are resolved as the OS resolves them (a symlinked directory followed before
     ``..``): an includer's directory is its ``realpath``, recorded so a retargeted
     symlink invalidates the memo, and the textual ``normpath`` reading is digested too.
+    ``portable`` names directories and absolute spellings by role (see the module
+    docstring); otherwise the stream is the location-bound one, byte for byte as before.
     """
 
-    def __init__(self, include_dirs: Sequence[str]) -> None:
-        self.include_dirs = tuple(include_dirs)
-        self.hasher = hashlib.sha256(_DIGEST_VERSION, usedforsecurity=False)
+    def __init__(self, roles: Sequence[tuple[str, str]], source_dir: str | None, *, portable: bool) -> None:
+        self.include_dirs = tuple(d for role, d in roles if role != "source")
+        self.roles = tuple(roles)
+        self.portable = portable
+        self.hasher = hashlib.sha256(_PORTABLE_DIGEST_VERSION if portable else _DIGEST_VERSION, usedforsecurity=False)
         self.checks: dict[str, Signature] = {}
         self.real_checks: dict[str, str] = {}
         self.visited: set[tuple[str, tuple[tuple[int, str], ...]]] = set()
@@ -340,7 +439,11 @@ class _Scan:
         self.fallback_dirs: dict[str, str] = {}
         self.read_anything = False
         self.racy = False  # something changed too recently to trust a stat next time
+        self.files: dict[tuple[str, str], str] = {}  # (root, relative path) -> sha256 hex
+        self.missing: set[str] = set()
+        self.path_free = True  # nothing named by an absolute path so far
         self.real_include_dirs = tuple(self.realpath(d) for d in self.include_dirs)
+        self.real_source_dir = self.realpath(source_dir) if source_dir is not None else None
 
     def emit(self, label: str, payload: bytes) -> None:
         self.hasher.update(label.encode("ascii", "backslashreplace"))
@@ -362,8 +465,35 @@ class _Scan:
             real = self.real_checks[directory] = os.path.realpath(directory)
         return real
 
+    def locate(self, directory: str) -> tuple[str, str]:
+        """``(role, path relative to it)`` of a real directory; ``("abs", directory)`` under no root.
+
+        An include directory first (an exact match before a parent, as :meth:`dir_tag`),
+        then the source's directory.
+        """
+        for i, d in enumerate(self.real_include_dirs):
+            if directory == d:
+                return f"I{i}", ""
+        for i, d in enumerate(self.real_include_dirs):
+            if directory.startswith(d.rstrip(os.sep) + os.sep):
+                return f"I{i}", os.path.relpath(directory, d).replace(os.sep, "/")
+        source = self.real_source_dir
+        if source is not None:
+            if directory == source:
+                return "source", ""
+            if directory.startswith(source.rstrip(os.sep) + os.sep):
+                return "source", os.path.relpath(directory, source).replace(os.sep, "/")
+        return "abs", directory
+
     def dir_tag(self, directory: str) -> str:
-        """How a (real) directory is named in the digest: by include-path index, else relative to one."""
+        """How a (real) directory is named in the digest: by role and relative path where it can be."""
+        if self.portable:
+            role, rel = self.locate(directory)
+            if role == "abs":
+                self.path_free = False
+                return directory
+            return f"{role}:{rel}" if rel else role
+        # location-bound: as before, by include-path index or relative to one, else absolute
         for i, d in enumerate(self.real_include_dirs):
             if directory == d:
                 return f"I{i}"
@@ -372,26 +502,49 @@ class _Scan:
                 return f"I{i}:{os.path.relpath(directory, d)}"
         return directory
 
-    def add_file(self, label: str, path: str, *, follow: bool = True) -> bool:
-        """Hash ``path`` if it is a readable file, and queue its includes (``follow``); False if absent."""
+    def record(self, real_dir: str, name: str, digest: bytes) -> None:
+        """Remember a file read, by the role of the (real) directory it lies in."""
+        role, rel = self.locate(real_dir)
+        if role == "abs":
+            self.path_free = False
+            path = os.path.join(real_dir, name)
+        else:
+            path = f"{rel}/{name}" if rel else name
+        self.files[(role, path)] = digest.hex()
+
+    def add_file(self, label: str, path: str, *, follow: bool = True) -> _FileInfo | None:
+        """Hash ``path`` if it is a readable file, and queue its includes (``follow``); None if absent."""
         sig = self.probe(path)
         info = _file_info(path, sig)
         if info is None:
-            return False
+            return None
         self.read_anything = True
         self.emit(label, info.digest)
         if not follow:
-            return True
+            return info
         # What its includes resolve to depends only on its directory (as the OS finds it)
         # and on the includes themselves: one visit per pair, which also ends cycles.
-        state = (self.realpath(os.path.dirname(path) or "."), info.includes)
+        real_dir = self.realpath(os.path.dirname(path) or ".")
+        self.record(real_dir, os.path.basename(path), info.digest)
+        state = (real_dir, info.includes)
         if state not in self.visited:
             self.visited.add(state)
             self.queue.append(state)
-        return True
+        return info
+
+    def spelled(self, spelling: str) -> str:
+        """How an include's spelling enters the digest: an absolute one by role where it can be."""
+        if not self.portable or not os.path.isabs(spelling):
+            return spelling
+        named = role_relative(spelling, self.roles)
+        if named is None:
+            self.path_free = False
+            return spelling
+        return named
 
     def resolve(self, kind: int, spelling: str, includer_dir: str | None, includer_tag: str) -> None:
-        self.emit("include", f"{kind}:{spelling}".encode("utf-8", "surrogateescape"))
+        shown = self.spelled(spelling)
+        self.emit("include", f"{kind}:{shown}".encode("utf-8", "surrogateescape"))
         if os.path.isabs(spelling):
             candidates = [("abs", "")]
         else:
@@ -412,6 +565,7 @@ class _Scan:
         if not found:
             # A built-in NVRTC header or one the compile will fail on: keyed by name only.
             self.emit("missing", b"")
+            self.missing.add(shown)
 
     def computed(self, includer_dir: str | None, includer_tag: str) -> None:
         """``#include MACRO`` or anything unreadable: every file it could reach through the directories counts."""
@@ -434,12 +588,19 @@ class _Scan:
     def hash_fallback_dirs(self) -> None:
         for directory, tag in sorted(self.fallback_dirs.items(), key=lambda item: item[1]):
             self.emit("tree", tag.encode("utf-8", "surrogateescape"))
+            real_dir = self.realpath(directory)
             for path in _walk_files(directory, self):
                 info = _file_info(path, self.checks[path])
                 if info is not None:
                     self.read_anything = True
-                    rel = os.path.relpath(path, directory).encode("utf-8", "surrogateescape")
-                    self.emit("tree-file", rel + b"\0" + info.digest)
+                    rel = os.path.relpath(path, directory)
+                    self.emit("tree-file", rel.encode("utf-8", "surrogateescape") + b"\0" + info.digest)
+                    self.record(real_dir, rel.replace(os.sep, "/"), info.digest)
+
+    def outcome(self) -> tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]]:
+        """The files read as sorted ``(root, path, sha256 hex)`` rows, and the sorted missing spellings."""
+        return (tuple(sorted((root, path, digest) for (root, path), digest in self.files.items())),
+                tuple(sorted(self.missing)))
 
 
 def _walk_files(directory: str, scan: _Scan) -> Iterable[str]:
@@ -524,7 +685,7 @@ def needs_header_digest(options: Any, code_type: str = "c++") -> bool:
     return isinstance(name, str) and ("/" in name or "\\" in name)
 
 
-def _libdevice_digest() -> bytes:
+def _libdevice_scan(portable: bool) -> HeaderScan:
     # cuda.pathfinder's public finder: the same file cuda-core's NVVM path links in.
     from cuda.pathfinder import find_bitcode_lib
 
@@ -532,7 +693,9 @@ def _libdevice_digest() -> bytes:
     info = _file_info(path, _signature(path))
     if info is None:
         raise FileNotFoundError(f"libdevice not readable at {path}")
-    return hashlib.sha256(_DIGEST_VERSION + b"\0libdevice\0" + info.digest, usedforsecurity=False).digest()
+    # The file's content only, never its place: the same digest in both streams.
+    digest = hashlib.sha256(_DIGEST_VERSION + b"\0libdevice\0" + info.digest, usedforsecurity=False).digest()
+    return HeaderScan(digest, (HeaderFile("libdevice", os.path.basename(path), info.digest.hex()),), (), portable)
 
 
 def header_digest(
@@ -548,6 +711,10 @@ def header_digest(
     >>> key = make_program_cache_key(code=src, code_type="c++", options=opts,
     ...                              target_type="cubin", extra_digest=header_digest(src, opts))
 
+    This is the location-bound digest (a directory outside the include path is named by
+    its absolute path), the one ``compile(portable_keys=False)`` uses; :func:`header_scan`
+    gives the portable one and the files read.
+
     ``recheck_s``: trust a scan this process already validated for that many seconds
     without re-statting its files (0, the default: re-stat on every call, so an
     edited header is seen at once; the stat costs about a microsecond per header).
@@ -558,7 +725,57 @@ def header_digest(
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
-        return _libdevice_digest() if getattr(options, "use_libdevice", None) else None
+        return _libdevice_scan(False).digest if getattr(options, "use_libdevice", None) else None
+    result = _scan(source, options, code_type, recheck_s, portable=False)
+    if result is None:
+        return None
+    return result.digest if result.read_anything or needs_header_digest(options, code_type) else None
+
+
+def header_scan(
+    source: str | bytes, options: Any, code_type: str = "c++", *, recheck_s: float = 0.0, portable: bool = True
+) -> HeaderScan:
+    """The digest covering every file the compile of ``source`` could read, and those files.
+
+    >>> scan = header_scan(src, ProgramOptions(arch="sm_90", include_path=[cccl_dir]))
+    >>> scan.headers[0]
+    HeaderFile(root='I0', path='cuda/std/__cccl/assert.h', digest='9f0c...')
+
+    ``portable`` (default): the digest names directories by role (``I0``, ``source``)
+    and the path relative to it, so the same headers under another root digest the
+    same; ``HeaderScan.path_free`` says whether that held everywhere. ``portable=False``:
+    the digest :func:`header_digest` returns. The files read are recorded either way and
+    memoized with the scan: a warm call re-stats and returns them without reading any.
+    ``recheck_s`` and thread-safety as :func:`header_digest`.
+    """
+    code_type = code_type.lower()
+    if code_type == "nvvm":
+        return _libdevice_scan(portable) if getattr(options, "use_libdevice", None) else _NOTHING_READ[portable]
+    result = _scan(source, options, code_type, recheck_s, portable=portable)
+    if result is None:
+        return _NOTHING_READ[portable]
+    if not result.read_anything:  # then whether a digest is due depends on the options too
+        digest = result.digest if needs_header_digest(options, code_type) else None
+        return HeaderScan(digest, (), result.missing, result.path_free and portable)
+    # Made once per scan result: a warm call builds nothing.
+    hit = _header_scans.get(id(result))
+    if hit is not None and hit[0] is result:
+        return hit[1]
+    files = tuple(HeaderFile(root, path, digest) for root, path, digest in result.headers)
+    found = HeaderScan(result.digest, files, result.missing, result.path_free and portable)
+    with _memo_lock:
+        if len(_header_scans) >= MAX_MEMO_SCANS:
+            _header_scans.clear()
+        _header_scans[id(result)] = (result, found)
+    return found
+
+
+#: What header_scan returned for a memoized scan, by the scan result's identity (kept alive here).
+_header_scans: dict[int, tuple[_ScanResult, HeaderScan]] = {}
+
+
+def _scan(source: str | bytes, options: Any, code_type: str, recheck_s: float, *, portable: bool) -> _ScanResult | None:
+    """The (memoized) scan of what the compile of ``source`` could read; None when it reads nothing for sure."""
     if code_type != "c++":
         return None  # PTX: the linker reads no headers; cuda-core drops include options there
 
@@ -580,6 +797,7 @@ def header_digest(
         bool(getattr(options, "no_source_include", False)),
         _hashable(getattr(options, "use_pch", None)),
         os.getcwd(),
+        portable,
     )
     cached = _scan_memo.get(memo_key)
     if cached is not None:
@@ -589,17 +807,17 @@ def header_digest(
             cached.checked_at = now
             fresh = True
         if fresh:
-            return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
+            return cached
 
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
-    include_dirs = tuple(os.path.abspath(p) for p in _as_list(getattr(options, "include_path", None)))
+    roles = path_roles(options)
     pre_includes = tuple(_as_list(getattr(options, "pre_include", None)))
     source_dir = _source_dir(options)
     use_pch = getattr(options, "use_pch", None)
     use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
 
-    scan = _Scan(include_dirs)
-    source_real = scan.realpath(source_dir) if source_dir is not None else None
+    scan = _Scan(roles, source_dir, portable=portable)
+    source_real = scan.real_source_dir
     for spelling in pre_includes:
         scan.resolve(_QUOTE, spelling, source_real, "source")
     for kind, spelling in _parse_includes(data):
@@ -609,10 +827,19 @@ def header_digest(
             scan.resolve(kind, spelling, source_real, "source")
     scan.drain()
     scan.hash_fallback_dirs()
-    if use_pch_path is not None and not scan.add_file("use_pch", use_pch_path, follow=False):
-        scan.emit("use_pch-missing", b"")
+    if use_pch_path is not None:
+        pch = scan.add_file("use_pch", use_pch_path, follow=False)
+        if pch is None:
+            scan.emit("use_pch-missing", b"")
+        else:
+            scan.files[("use_pch", os.path.basename(use_pch_path))] = pch.digest.hex()
     digest = scan.hasher.digest()
     read_anything = scan.read_anything or bool(scan.fallback_dirs)
+    files, missing = scan.outcome()
+    result = _ScanResult(
+        digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic(),
+        files, missing, scan.path_free,
+    )
 
     with _memo_lock:
         if len(_scan_memo) >= MAX_MEMO_SCANS:
@@ -620,13 +847,11 @@ def header_digest(
         if scan.racy:
             _scan_memo.pop(memo_key, None)
         else:
-            _scan_memo[memo_key] = _ScanResult(
-                digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic()
-            )
+            _scan_memo[memo_key] = result
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
-    return digest if read_anything or needs_header_digest(options, code_type) else None
+    return result
 
 
 def files_hashed() -> int:
@@ -642,3 +867,4 @@ def clear_memo() -> None:
     with _memo_lock:
         _file_memo.clear()
         _scan_memo.clear()
+        _header_scans.clear()
