@@ -1,10 +1,17 @@
 """Remote tier costs, each measured side by side with its baseline in one run; prints a table of ratios.
 
     python benchmarks/bench_remote.py            # needs the test extra (moto, s3fs; fake-gcs-server, gcsfs optional)
+    python benchmarks/bench_remote.py --requests # only the requests-per-operation table (docs/performance.md)
 
 Rows:
+- requests per remote miss and per remote hit, counted on the wire (S3: moto behind a
+  keep-alive ``DelayProxy``; GCS: an aiohttp trace on gcsfs's session; Redis: the server's
+  ``INFO commandstats``), and with ``--requests`` the same for every remote operation;
+- a remote hit (memory and local cold) and a miss at 30 ms of injected RTT (``DelayProxy``),
+  in round trips: (latency at 30 ms - latency at 0 ms, samples alternating) / 30 ms;
 - remote hit, memory and local cold (chain.get -> verify -> promote into local and memory)
-  vs a raw fsspec ``cat_file`` of the same object, on moto S3 (its own process) and fake-gcs-server;
+  vs one ranged GET of the same object (``cat_file(start=0, end=...)``: one request; a
+  plain ``cat_file`` is a HEAD and a GET on s3fs), on moto S3 (its own process) and fake-gcs-server;
 - second hit (memory) vs a bare ``InMemoryProgramCache`` get;
 - ``warm`` of 1000 entries with 30 ms of injected round-trip per request (``SlowFileSystem``,
   an async in-memory store) vs sequential gets (20 timed, scaled to 1000);
@@ -25,18 +32,25 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
+import tiered_progcache
 from tiered_progcache import TieredProgramCache, transfer
+from tiered_progcache.envelope import FIRST_READ_BYTES
+from tiered_progcache.lease import RemoteLease
 from tiered_progcache.localdir import LocalDir
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.store import entry_name
+from tiered_progcache.testing.delayproxy import DelayProxy
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
 OPTIONS = ProgramOptions(std="c++17", arch="sm_90")
@@ -48,6 +62,11 @@ def _payload(n: int, size: int = 24 << 10) -> bytes:
     """A cubin-sized payload (24 KiB), partly compressible like real cubins."""
     block = hashlib.sha256(b"bench-%d" % n).digest()
     return (block * 8 + bytes(256)) * (size // 512) + block[: size % 512]
+
+
+def _one_get(fs: Any, path: str) -> bytes:
+    """The object in one request: a ranged GET (a plain ``cat_file`` on s3fs asks its size with a HEAD first)."""
+    return fs.cat_file(path, start=0, end=FIRST_READ_BYTES)
 
 
 def _ms(samples_ns: list[int]) -> float:
@@ -117,7 +136,7 @@ def bench_remote_hit(label: str, url: str, options: dict, count: int = 60) -> No
     fs = writer.fs
     paths = [writer.path_for(entry_name(key)) for key in keys]
     for path in paths[:5]:  # warm the connection pool
-        fs.cat_file(path)
+        _one_get(fs, path)
     with tempfile.TemporaryDirectory() as tmp:
         chain = TieredProgramCache(tmp, remote=url, remote_options=options, strict=True)
         ours, raw, tier_only, second, bare = [], [], [], [], []
@@ -125,12 +144,12 @@ def bench_remote_hit(label: str, url: str, options: dict, count: int = 60) -> No
         for n, (key, path) in enumerate(zip(keys, paths)):
             first_raw = n % 2 == 0
             if first_raw:
-                t = time.perf_counter_ns(); fs.cat_file(path); raw.append(time.perf_counter_ns() - t)  # noqa: E702
+                t = time.perf_counter_ns(); _one_get(fs, path); raw.append(time.perf_counter_ns() - t)  # noqa: E702
             t = time.perf_counter_ns()
             data = chain.get(key)
             ours.append(time.perf_counter_ns() - t)
             if not first_raw:
-                t = time.perf_counter_ns(); fs.cat_file(path); raw.append(time.perf_counter_ns() - t)  # noqa: E702
+                t = time.perf_counter_ns(); _one_get(fs, path); raw.append(time.perf_counter_ns() - t)  # noqa: E702
             assert data == _payload(n)
             t = time.perf_counter_ns(); writer[key]; tier_only.append(time.perf_counter_ns() - t)  # noqa: E702
             memory[key] = data
@@ -140,7 +159,7 @@ def bench_remote_hit(label: str, url: str, options: dict, count: int = 60) -> No
         stats = chain.stats()
         assert stats["remote"].hits == count and stats["memory"].hits == 20 * count, stats
         chain.close()
-    _row(f"remote hit, cold ({label}) vs raw cat", _ms(ours), _ms(raw), "<= 1.2x")
+    _row(f"remote hit, cold ({label}) vs one raw GET", _ms(ours), _ms(raw), "<= 1.2x")
     _row(f"  of which the remote tier's read+verify ({label})", _ms(tier_only), _ms(raw), "")
     NOTES.append(f"one GET on {label}: {_ms(raw):.2f} ms; a promotion into the local tier (cuda-core, fsync): "
                  f"{_local_write_ms():.2f} ms")
@@ -256,7 +275,7 @@ def bench_four_tiers(redis_url: str, s3_url: str, s3_options: dict, count: int =
         s3[key] = _payload(n)
     paths = [s3.path_for(entry_name(key)) for key in keys]
     for path in paths[:5]:
-        s3.fs.cat_file(path)
+        _one_get(s3.fs, path)
     chain_args = {"remote": [redis_url, s3_url], "remote_options": s3_options, "strict": True}
     with tempfile.TemporaryDirectory() as tmp:
         node_a = TieredProgramCache(Path(tmp, "a"), **chain_args)
@@ -264,7 +283,7 @@ def bench_four_tiers(redis_url: str, s3_url: str, s3_options: dict, count: int =
         client = node_a.shared_stores[0].client
         s3_hit, redis_hit, raw_s3, raw_redis = [], [], [], []
         for n, (key, path) in enumerate(zip(keys, paths)):
-            t = time.perf_counter_ns(); s3.fs.cat_file(path); raw_s3.append(time.perf_counter_ns() - t)  # noqa: E702
+            t = time.perf_counter_ns(); _one_get(s3.fs, path); raw_s3.append(time.perf_counter_ns() - t)  # noqa: E702
             t = time.perf_counter_ns()
             assert node_a.get(key) == _payload(n)
             s3_hit.append(time.perf_counter_ns() - t)
@@ -279,18 +298,234 @@ def bench_four_tiers(redis_url: str, s3_url: str, s3_options: dict, count: int =
         node_a.close()
         node_b.close()
     _row("four tiers: hit in Redis (memory, local cold) vs raw Redis GET", _ms(redis_hit), _ms(raw_redis), "")
-    _row("four tiers: hit in S3 (memory, local, Redis cold) vs raw S3 cat", _ms(s3_hit), _ms(raw_s3), "<= 1.2x")
+    _row("four tiers: hit in S3 (memory, local, Redis cold) vs one raw S3 GET", _ms(s3_hit), _ms(raw_s3), "<= 1.2x")
     _row("four tiers: hit in Redis vs hit in S3", _ms(redis_hit), _ms(s3_hit), "< 1x")
 
+
+# -- requests per operation, counted below the tier ---------------------------------------------------
+
+Count = Callable[[Callable[[], Any]], int]
+
+
+class _S3Wire:
+    """moto behind a keep-alive DelayProxy: HTTP requests as the wire sees them (and connections)."""
+
+    def __init__(self, endpoint_url: str, options: dict, url: str) -> None:
+        upstream = urlsplit(endpoint_url)
+        self.proxy = DelayProxy(upstream.hostname, upstream.port, keep_alive=True).start()
+        self.url = url
+        self.options = dict(options, endpoint_url=self.proxy.endpoint_url, skip_instance_cache=True)
+
+    def count(self, action: Callable[[], Any]) -> int:
+        before = self.proxy.requests
+        action()
+        return self.proxy.requests - before
+
+    def close(self) -> None:
+        self.proxy.close()
+
+
+class _GcsTrace:
+    """Every HTTP request gcsfs's aiohttp session sends (an ``aiohttp.TraceConfig``)."""
+
+    def __init__(self, options: dict, url: str) -> None:
+        import aiohttp
+
+        self.sent = 0
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(self._on_request)
+        self.url = url
+        self.options = dict(options, session_kwargs={"trace_configs": [trace]}, skip_instance_cache=True)
+
+    async def _on_request(self, *_: Any) -> None:
+        self.sent += 1
+
+    def count(self, action: Callable[[], Any]) -> int:
+        before = self.sent
+        action()
+        return self.sent - before
+
+    def close(self) -> None:
+        pass
+
+
+class _RedisCommands:
+    """Commands the server ran, from its own ``INFO commandstats`` (reset before each count)."""
+
+    def __init__(self, server: Any) -> None:
+        self.client = server.client()
+        self.url = server.url
+        self.options: dict = {}
+
+    def count(self, action: Callable[[], Any]) -> int:
+        self.client.config_resetstat()
+        action()
+        stats = self.client.info("commandstats")
+        return sum(row["calls"] for name, row in stats.items() if name not in ("cmdstat_config", "cmdstat_info"))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _join_lease_releases() -> None:
+    """Wait for compile()'s background lease releases (they run after the upload lands)."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("tiered-progcache-lease-"):
+            thread.join(60)
+
+
+def request_counts(counter: Any) -> dict[str, int]:
+    """Requests (Redis: commands) each remote operation sends, through the chain where a user would call it."""
+    url, options, count = counter.url, counter.options, counter.count
+    rows: dict[str, int] = {}
+    tag = uuid.uuid4().hex.encode()
+    small, large, big = b"small-" + tag, b"large-" + tag, b"big-" + tag
+    with tempfile.TemporaryDirectory() as tmp:
+        chains: list[TieredProgramCache] = []
+
+        def chain() -> TieredProgramCache:  # memory and local cold: every lookup reaches the remote
+            chains.append(TieredProgramCache(Path(tmp, str(len(chains))), remote=url, remote_options=options,
+                                             strict=True))
+            return chains[-1]
+
+        rows["open the tier (reachability probe, once per cache)"] = count(chain)
+        node = chains[0]
+        rows["lookup, miss"] = count(lambda: node.get(b"absent-" + tag))
+        rows["write one entry (background upload)"] = count(lambda: (node.put(small, _payload(1)), node.flush(60)))
+        node.put(large, bytes(3 << 20))  # a large CCCL kernel
+        node.put(big, bytes(FIRST_READ_BYTES + (1 << 20)))  # past the first read
+        node.flush(60)
+        fresh = chain()
+        rows["lookup, hit (24 KiB entry)"] = count(lambda: fresh.get(small))
+        rows["lookup, hit (3 MiB entry)"] = count(lambda: fresh.get(large))
+        rows["lookup, hit (9 MiB entry, past the 8 MiB first read)"] = count(lambda: fresh.get(big))
+        store = node.shared_store
+        leases = store.leases()
+        lease = RemoteLease(leases, "bench-" + tag.decode(), 600)
+        rows["lease create (free)"] = count(lease.try_acquire)
+        rows["lease create (taken)"] = count(lambda: RemoteLease(leases, lease.name, 600).try_acquire())
+        rows["lease renew (read, then replace)"] = count(lease.renew)
+        rows["lease release (read, then delete)"] = count(lease.release)
+        rows["delete one entry (del cache[key])"] = count(lambda: node.__delitem__(small))
+        names = []
+        for n in range(20):
+            node.put(b"warm-%d-" % n + tag, _payload(n))
+            names.append(entry_name(b"warm-%d-" % n + tag))
+        node.flush(60)
+        fresh = chain()
+        rows["warm 20 named entries"] = count(lambda: fresh.warm(names))
+        plain = matmul_source(16) + f"\n// {tag.decode()}\n"
+        templated = "template <typename T> __global__ void fill(T* o, T v) { *o = v; }\n// " + tag.decode()
+
+        def compile_miss() -> None:
+            tiered_progcache.compile(plain, "c++", OPTIONS, cache=node, lease_ttl=600)
+            node.flush(60)
+            _join_lease_releases()
+
+        rows["compile() miss (single-flight, upload, lease)"] = count(compile_miss)
+        tiered_progcache.compile(templated, "c++", OPTIONS, cache=node, name_expressions=["fill<float>"])
+        node.flush(60)
+        _join_lease_releases()
+        fresh = chain()
+        rows["compile() hit"] = count(lambda: tiered_progcache.compile(plain, "c++", OPTIONS, cache=fresh))
+        rows["compile() hit with name_expressions"] = count(
+            lambda: tiered_progcache.compile(templated, "c++", OPTIONS, cache=fresh, name_expressions=["fill<float>"])
+        )
+        for built in chains:
+            built.close()
+    return rows
+
+
+def bench_requests(counters: dict[str, Any]) -> dict[str, dict[str, int]]:
+    tables = {label: request_counts(counter) for label, counter in counters.items()}
+    for label, table in tables.items():
+        unit = "commands" if label == "redis" else "requests"
+        for operation in ("lookup, miss", "lookup, hit (24 KiB entry)", "lookup, hit (3 MiB entry)"):
+            count = table[operation]
+            ROWS.append((f"{unit} per {operation} ({label})", f"{count}", "1", count / 1, "1"))
+    return tables
+
+
+def print_request_table(tables: dict[str, dict[str, int]]) -> None:
+    labels = list(tables)
+    operations = list(next(iter(tables.values())))
+    width = max(len(op) for op in operations)
+    print(f"{'operation':<{width}}  " + "  ".join(f"{label:>9}" for label in labels))
+    for operation in operations:
+        print(f"{operation:<{width}}  " + "  ".join(f"{tables[label][operation]:>9}" for label in labels))
+
+
+# -- latency at an injected round-trip time -----------------------------------------------------------
+
+
+def bench_rtt(label: str, endpoint_url: str, options: dict, url: str, *, keep_alive: bool,
+              rtt_s: float = 0.030, count: int = 16, size: int = 24 << 10) -> None:
+    """A cold remote hit of ``size`` bytes and a miss through the chain, at ``rtt_s`` and at 0, in round trips.
+
+    Samples alternate 0, RTT, RTT, 0, so drift hits both; round trips are the difference of
+    the medians over the RTT: what the lookup waits on the network, without the server's own time.
+    """
+    upstream = urlsplit(endpoint_url)
+    with DelayProxy(upstream.hostname, upstream.port, keep_alive=keep_alive) as proxy:
+        opts = dict(options, endpoint_url=proxy.endpoint_url, skip_instance_cache=True)
+        tag = uuid.uuid4().hex.encode()
+        keys = [b"rtt-%d-" % n + tag for n in range(2 * count + 4)]
+        with tempfile.TemporaryDirectory() as tmp:
+            chain = TieredProgramCache(tmp, remote=url, remote_options=opts, strict=True)
+            for n, key in enumerate(keys):
+                chain.put(key, _payload(n, size))
+            chain.flush(300)
+            chain.clear()  # memory and local cold again; the remote keeps them
+            hits: dict[float, list[int]] = {0.0: [], rtt_s: []}
+            misses: dict[float, list[int]] = {0.0: [], rtt_s: []}
+            for n, key in enumerate(keys):
+                proxy.rtt_s = (0.0, rtt_s, rtt_s, 0.0)[n % 4]
+                t = time.perf_counter_ns()
+                assert chain.get(key) == _payload(n, size)
+                hit_ns = time.perf_counter_ns() - t
+                t = time.perf_counter_ns()
+                assert chain.get(b"absent-%d-" % n + tag) is None
+                miss_ns = time.perf_counter_ns() - t
+                if n >= 4:  # the first rounds warm the connection
+                    hits[proxy.rtt_s].append(hit_ns)
+                    misses[proxy.rtt_s].append(miss_ns)
+            chain.close()
+        connections = proxy.connections
+    kinds = [(f"hit, cold, {_size_text(size)} entry", hits)] + ([("miss", misses)] if size <= 64 << 10 else [])
+    for what, samples in kinds:
+        slow, fast = _ms(samples[rtt_s]), _ms(samples[0.0])
+        ROWS.append((f"remote {what} ({label}) at {rtt_s * 1e3:.0f} ms RTT, in round trips", f"{slow:.1f} ms",
+                     f"{fast:.1f} ms @0", (slow - fast) / (rtt_s * 1e3), "~1.0"))
+    NOTES.append(f"{label}, {_size_text(size)} entries: {count} samples at {rtt_s * 1e3:.0f} ms and {count} at 0, "
+                 f"alternating; {connections} TCP connection(s) for {2 * len(keys)} lookups and {len(keys)} uploads")
+
+
+def _size_text(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 def main() -> None:
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
     logging.basicConfig(level=logging.ERROR)
     started = time.perf_counter()
+    requests_only = "--requests" in sys.argv[1:]
     s3_url, s3_options, (conn, proc) = start_moto()
     gcs = start_gcs()
     redis_server = start_redis()
+    counters: dict[str, Any] = {}
     try:
+        counters["s3 (moto)"] = _S3Wire(s3_options["endpoint_url"], s3_options, s3_url)
+        if gcs is not None:
+            counters["gcs"] = _GcsTrace(gcs[1], gcs[0])
+        if redis_server is not None:
+            counters["redis"] = _RedisCommands(redis_server)
+        tables = bench_requests(counters)
+        if requests_only:
+            print_request_table(tables)
+            return
+        for size, count in ((24 << 10, 16), (3 << 20, 8)):
+            bench_rtt("moto S3", s3_options["endpoint_url"], s3_options, s3_url, keep_alive=True, size=size, count=count)
+            if gcs is not None:
+                bench_rtt("fake-gcs", gcs[1]["endpoint_url"], gcs[1], gcs[0], keep_alive=False, size=size, count=count)
         bench_remote_hit("moto S3", s3_url, s3_options)
         if gcs is not None:
             bench_remote_hit("fake-gcs", gcs[0], gcs[1])
@@ -304,10 +539,14 @@ def main() -> None:
         if redis_server is not None:
             bench_miss([redis_server.url, s3_url], s3_options, "four tiers: Redis + moto S3")
     finally:
+        for counter in counters.values():
+            counter.close()
         conn.send("stop")
         proc.join(10)
         if redis_server is not None:
             redis_server.close()
+    print_request_table(tables)
+    print()
     width = max(len(r[0]) for r in ROWS)
     print(f"{'measurement':<{width}}  {'ours':>12}  {'baseline':>12}  {'ratio':>7}  target")
     for name, ours, base, ratio, target in ROWS:

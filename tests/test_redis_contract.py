@@ -141,14 +141,36 @@ def test_corrupt_and_forged_values_are_rejected_and_counted(redis_url, client):
         assert tier.breaker.state == "closed"  # a bad value is an answer, not an outage
 
 
-def test_a_value_over_the_cap_is_refused_unread(redis_url, client):
+def _sent_bytes_of(client, action) -> int:
+    """Bytes the server sent while ``action()`` ran (its own counter, reset first; the reset's ``+OK`` included)."""
+    client.config_resetstat()
+    action()
+    return int(client.info("stats")["total_net_output_bytes"])
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        b"x" * 10_000_000,  # no envelope at all
+        EnvelopeCodec(max_entry_bytes=10_000_000).seal(NAME, bytes(10_000_000)),  # an honest header over the cap
+        EnvelopeCodec().seal(NAME, b"y" * 1000) + bytes(10_000_000),  # a header within the cap, then junk
+    ],
+    ids=["garbage", "header-over-cap", "cap-header-then-junk"],
+)
+def test_a_value_over_the_cap_is_refused_unread(redis_url, client, planted):
     with RedisProgramCache.from_url(redis_url, max_entry_bytes=1000, strict=True) as tier:
-        client.set(f"tiered-progcache:entries:{NAME}", b"x" * 10_000_000)
-        with pytest.raises(EntryRejected, match="more than the 1120-byte cap; not read"):
-            tier.read_entry(NAME)
-        assert tier.verify_entry(NAME).startswith("10000000 bytes stored")
+        client.set(f"tiered-progcache:entries:{NAME}", planted)
+
+        def lookup() -> None:
+            with pytest.raises(EntryRejected):
+                tier.read_entry(NAME)
+
+        # header + signature + the 1000-byte cap + one byte, and the reply's framing: never the 10 MB
+        assert _sent_bytes_of(client, lookup) < 1121 + 32
+        assert tier.verify_entry(NAME).startswith(f"{len(planted)} bytes stored, more than the 1120-byte cap")
         tier.write_entry(NAME, b"y" * 1000)  # exactly the cap reads back
         assert tier.read_entry(NAME) == b"y" * 1000
+        assert tier.breaker.consecutive_failures == 0
 
 
 def test_expiry_is_set_on_each_write(redis_url, client):
@@ -303,6 +325,8 @@ def test_an_empty_or_bad_value_is_listed_and_verify_names_it(redis_url, client):
         assert {e.name: e.size for e in tier.iter_entries()} == {NAME: len(client.get(f"tiered-progcache:entries:{NAME}")), empty: 0}
         assert tier.verify_entry(NAME) is None
         assert tier.verify_entry(empty).startswith("truncated: 0 bytes")
+        with pytest.raises(KeyError):  # a lookup's one GETRANGE cannot tell it from an absent key: a miss
+            tier.read_entry(empty)
 
 
 def test_close_leaves_a_request_in_flight_on_its_connection(redis_url):

@@ -65,11 +65,6 @@ class FlakyFileSystem(MemoryFileSystem):
         self._fault()
         return super().cat_file(path, *args, **kwargs)
 
-    def _open(self, path, mode="rb", **kwargs):  # entry reads stream from an open file
-        if mode == "rb":
-            self._fault()
-        return super()._open(path, mode, **kwargs)
-
 
 def _flaky_remote(**kwargs) -> tuple[FlakyFileSystem, RemoteProgramCache]:
     fs = FlakyFileSystem(skip_instance_cache=True)

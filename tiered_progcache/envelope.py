@@ -43,10 +43,14 @@ __all__ = [
     "VERSION",
     "EnvelopeCodec",
     "EnvelopeHeader",
+    "FIRST_READ_BYTES",
     "InvalidEnvelope",
+    "first_read_bytes",
+    "joined_envelope",
     "normalize_compression",
     "max_stored_bytes",
     "read_header",
+    "rest_to_read",
     "stored_length",
 ]
 
@@ -60,6 +64,10 @@ HEADER_SIZE = _HEADER.size  # 88
 _MAC_SIZE = 32
 #: Largest payload a reader accepts (decompressed); cubins are kilobytes to tens of megabytes.
 MAX_ENTRY_BYTES = 1 << 30
+#: Bytes a reader asks for in its first (ranged) request. Any envelope up to this size (a
+#: cubin of tens to hundreds of KiB, a CCCL kernel of a few MiB) is read in that one
+#: request; a larger one takes exactly one more, for the rest its header states.
+FIRST_READ_BYTES = 8 << 20
 _ZSTD_LEVEL = 3
 
 
@@ -130,6 +138,40 @@ def stored_length(head: bytes | bytearray | memoryview, max_entry_bytes: int) ->
     if header.body_length > max_entry_bytes:
         raise InvalidEnvelope(f"body length {header.body_length} exceeds the {max_entry_bytes}-byte cap")
     return header.total_length
+
+
+def first_read_bytes(max_entry_bytes: int) -> int:
+    """Bytes a reader's first ranged request asks for: :data:`FIRST_READ_BYTES`, or less under a small cap.
+
+    Under a small cap it is the largest envelope the cap allows plus one byte, so an
+    object longer than any valid envelope shows itself in that same request.
+    """
+    return min(FIRST_READ_BYTES, max_stored_bytes(max_entry_bytes) + 1)
+
+
+def rest_to_read(first: bytes | memoryview, asked: int, max_entry_bytes: int) -> tuple[int, int] | None:
+    """The byte range ``(start, end)`` still to read after a first request for ``asked`` bytes returned ``first``.
+
+    None when ``first`` is the whole object (it came back shorter than asked) or is too
+    short to hold a header (the codec then reports the truncation). ``end`` is one byte
+    past the length the header states, so trailing bytes show. Raises
+    :class:`InvalidEnvelope` for a header stating more than the cap, or for ``first``
+    already longer than its header states.
+    """
+    if len(first) < HEADER_SIZE:
+        return None
+    end = stored_length(first[:HEADER_SIZE], max_entry_bytes) + 1  # one more byte shows trailing bytes
+    joined_envelope(first, b"", end)
+    if len(first) < asked:
+        return None
+    return len(first), end
+
+
+def joined_envelope(first: bytes | memoryview, rest: bytes, end: int) -> bytes | memoryview:
+    """``first`` and ``rest`` as one object, unless it reaches ``end`` (one byte past the stated length): ``InvalidEnvelope``."""
+    if len(first) + len(rest) >= end:
+        raise InvalidEnvelope(f"trailing bytes: the object is longer than the {end - 1} bytes its header states")
+    return first if not rest else bytes(first) + rest
 
 
 def normalize_compression(compression: str | None) -> str | None:

@@ -6,8 +6,9 @@ An in-cluster Redis answers in well under a millisecond where an object-store GE
 same parts:
 
 - each value is an envelope (:mod:`tiered_progcache.envelope`: digest, optional HMAC,
-  optional zstd), verified on every read; a value longer than the byte cap is refused
-  before it is pulled (``STRLEN`` and a bounded ``GETRANGE`` in one round trip);
+  optional zstd), verified on every read; a lookup is one ``GETRANGE`` bounded by the
+  byte cap (a longer value is refused, never pulled past it; an empty answer is a miss),
+  and a second only for the rest of an envelope over 8 MiB;
 - every request goes through one :class:`~tiered_progcache.runner.RequestRunner`
   (a deadline on each, one circuit breaker over all; redis-py blocks, so its thread
   path), and redis-py's own socket timeouts are the same deadline;
@@ -32,7 +33,15 @@ from typing import Any, Callable, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .breaker import CircuitBreaker
-from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
+from .envelope import (
+    HEADER_SIZE,
+    MAX_ENTRY_BYTES,
+    EnvelopeCodec,
+    InvalidEnvelope,
+    first_read_bytes,
+    joined_envelope,
+    rest_to_read,
+)
 from .runner import RequestRunner
 from .sharedstore import SharedEntryStore, without_password
 from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
@@ -154,8 +163,10 @@ class RedisProgramCache(SharedEntryStore):
         self.transfer_concurrency = transfer_concurrency
         self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
         self._max_entry_bytes = max_entry_bytes
-        # The largest value a reader pulls: a bigger one is refused by its STRLEN, unread.
+        # The largest value a reader pulls (a bigger one is refused, unread past it), and
+        # how much a lookup's one GETRANGE asks for.
         self._max_value_bytes = HEADER_SIZE + _MAC_SIZE + max_entry_bytes
+        self._first_read = first_read_bytes(max_entry_bytes)
         self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"redis cache {self._location}")
         self._runner = RequestRunner(client, timeout=self.timeout, breaker=self._breaker, name=self._location)
         self._leases = None if self._read_only else RedisLeases(self, f"{prefix}:leases:")
@@ -243,6 +254,22 @@ class RedisProgramCache(SharedEntryStore):
         if isinstance(value, InvalidEnvelope):
             raise value
         return self._codec.open(name, value)
+
+    def verify_entry(self, name: str) -> str | None:
+        """``None`` if entry ``name`` verifies, else a one-line reason; an empty value or one over the cap is named as such.
+
+        (A lookup reads both as what they are to it, a miss and a rejected entry, in one command.)
+        """
+        value = self._call("verify", self._inspect_value, self.key_for(name))
+        if value is None:
+            return "missing"
+        if isinstance(value, InvalidEnvelope):
+            return value.reason
+        try:
+            self._codec.open(name, value)
+        except InvalidEnvelope as exc:
+            return exc.reason
+        return None
 
     def write_entry(self, name: str, payload: bytes) -> None:
         """Seal ``payload`` and ``SET`` it under ``name`` (with the expiry, if one is set)."""
@@ -356,35 +383,71 @@ class RedisProgramCache(SharedEntryStore):
             raise ConnectionError(f"{self._location}: {exc}") from None
 
     def _read_value(self, key: str) -> bytes | InvalidEnvelope | None:
-        """One round trip: ``EXISTS``, ``STRLEN`` and ``GETRANGE`` bounded by the cap (a huge value is never pulled)."""
+        """One ``GETRANGE`` bounded by the cap (a huge value is never pulled); a second only past the first read.
+
+        An empty answer is a miss: ``GETRANGE`` cannot tell an empty value from an absent
+        key, and neither is an envelope (``verify`` names an empty one, :meth:`_inspect_value`).
+        """
+        try:
+            first = self.client.getrange(key, 0, self._first_read - 1)
+        except self._redis.exceptions.ResponseError as exc:
+            first = exc
+        return self._completed(key, first)
+
+    def _read_values(self, keys: list[str]) -> list[bytes | InvalidEnvelope | None]:
+        """One pipeline of one ``GETRANGE`` per key; the rest of an envelope larger than the first read one by one."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.getrange(key, 0, self._first_read - 1)
+        return [self._completed(key, first) for key, first in zip(keys, pipe.execute(raise_on_error=False))]
+
+    def _completed(self, key: str, first: Any) -> bytes | InvalidEnvelope | None:
+        """The value from its first ``GETRANGE`` answer: None if empty, why it is refused (returned, so the
+        breaker sees an answer), or the envelope, its rest read with one more ``GETRANGE`` where the header says so."""
+        try:
+            first = self._string(first)
+            if not first:
+                return None
+            rest = rest_to_read(first, self._first_read, self._max_entry_bytes)
+            if rest is None:
+                return bytes(first)
+            start, end = rest
+            try:
+                more = self.client.getrange(key, start, end - 1)
+            except self._redis.exceptions.ResponseError as exc:
+                more = exc
+            return bytes(joined_envelope(first, self._string(more), end))
+        except InvalidEnvelope as exc:
+            return exc
+
+    def _string(self, answer: Any) -> bytes:
+        """A string command's answer; ``InvalidEnvelope`` for a key of another type, the error itself for any other."""
+        if isinstance(answer, self._redis.exceptions.ResponseError) and "WRONGTYPE" in str(answer):
+            raise InvalidEnvelope("not a string value (planted by something else)")
+        if isinstance(answer, Exception):
+            raise answer
+        return bytes(answer)
+
+    def _inspect_value(self, key: str) -> bytes | InvalidEnvelope | None:
+        """For ``verify``, not lookups: ``EXISTS``, ``STRLEN`` and a bounded ``GETRANGE`` in one round trip, so an
+        empty value is told from an absent key and a value over the cap is named by its length, unread."""
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(key)
         pipe.strlen(key)
         pipe.getrange(key, 0, self._max_value_bytes)
-        return self._value_of(pipe.execute(raise_on_error=False))
-
-    def _read_values(self, keys: list[str]) -> list[bytes | InvalidEnvelope | None]:
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-            pipe.strlen(key)
-            pipe.getrange(key, 0, self._max_value_bytes)
-        answers = pipe.execute(raise_on_error=False)
-        return [self._value_of(answers[i : i + 3]) for i in range(0, len(answers), 3)]
-
-    def _value_of(self, answers: list[Any]) -> bytes | InvalidEnvelope | None:
-        """The value, None if absent, or (returned, so the breaker sees an answer) why it is refused."""
-        for answer in answers:
-            if isinstance(answer, self._redis.exceptions.ResponseError) and "WRONGTYPE" in str(answer):
-                return InvalidEnvelope("not a string value (planted by something else)")
+        exists, length, value = pipe.execute(raise_on_error=False)
+        try:
+            value = self._string(value)  # a key of another type: refused
+        except InvalidEnvelope as exc:
+            return exc
+        for answer in (exists, length):
             if isinstance(answer, Exception):
                 raise answer
-        exists, length, value = answers
         if not exists:
             return None
         if length > self._max_value_bytes:
             return InvalidEnvelope(f"{length} bytes stored, more than the {self._max_value_bytes}-byte cap; not read")
-        return bytes(value)
+        return value
 
     def _set(self, key: str, blob: bytes, only_if_absent: bool) -> bool:
         return bool(self.client.set(key, blob, px=self._px, nx=only_if_absent))

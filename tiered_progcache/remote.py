@@ -26,12 +26,22 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 from . import fsutil
 from .breaker import CircuitBreaker
-from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope, max_stored_bytes, stored_length
+from .envelope import (
+    HEADER_SIZE,
+    MAX_ENTRY_BYTES,
+    EnvelopeCodec,
+    InvalidEnvelope,
+    first_read_bytes,
+    joined_envelope,
+    max_stored_bytes,
+    rest_to_read,
+    stored_length,
+)
 from .runner import FilesystemFactory, RequestRunner
 from .sharedstore import SharedEntryStore, without_password
 from .store import (
@@ -60,8 +70,8 @@ DEFAULT_TIMEOUT_S = 5.0
 MIN_LIST_TIMEOUT_S = 120.0
 #: Requests in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
 DEFAULT_TRANSFER_CONCURRENCY = 64
-#: Bytes an entry read takes at a time: the first request's size on an object store, the
-#: step between deadline checks on a file system. A read holds at most the stated length.
+#: Bytes a blocking read takes at a time past its first request (and on a local path): the
+#: step between deadline checks. A read holds at most the length the header states.
 READ_CHUNK_BYTES = 1 << 20
 #: Largest lease document read (they are a few hundred bytes of JSON).
 MAX_LEASE_BYTES = 1 << 16
@@ -549,31 +559,54 @@ class _Objects:
     def read_envelope(self, stop: threading.Event, path: str) -> bytes | memoryview:
         """An entry's envelope, read up to the length its header states and never past the cap.
 
-        Stops between chunks once ``stop`` is set (the caller's deadline passed). Raises
-        ``InvalidEnvelope`` for an object that states (or has) more than the cap, and on a
-        local path for a symbolic link or anything but a regular file, unread.
+        One request for an envelope up to :func:`~tiered_progcache.envelope.first_read_bytes`
+        (a ranged read, so a miss is that same request answering "not found"); a larger
+        one reads the rest its header states in steps of ``READ_CHUNK_BYTES``, stopping
+        between them once ``stop`` is set (the caller's deadline passed). A local path is
+        opened without following a link and read in such steps. Raises
+        ``InvalidEnvelope`` for an object that states (or has) more than the cap, and on
+        a local path for a symbolic link or anything but a regular file, unread.
         """
         if self._local:
             fd = _open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes))
             with open(fd, "rb", buffering=0) as fh:
                 return _read_capped(fh.read, stop, self._max_entry_bytes)
-        with self._fs.open(path, "rb") as fh:
-            return _read_capped(fh.read, stop, self._max_entry_bytes)
+        fs = self._fs
+        asked = first_read_bytes(self._max_entry_bytes)
+        first = _ranged_read(fs.cat_file, path, 0, asked)
+        rest = rest_to_read(first, asked, self._max_entry_bytes)
+        if rest is None:
+            return first
+        start, end = rest
+        more = bytearray()
+        while start < end:
+            if stop.is_set():
+                raise TimeoutError("read stopped at its deadline")
+            chunk = _ranged_read(fs.cat_file, path, start, min(end, start + READ_CHUNK_BYTES))
+            if not chunk:
+                break
+            more += chunk
+            start += len(chunk)
+        return joined_envelope(first, bytes(more), end)
 
     @property
     def read_envelope_async_or_none(self) -> Any:
         return self._read_envelope_async if self._async else None
 
     async def _read_envelope_async(self, path: str) -> bytes:
-        """As :meth:`read_envelope`, in ranged requests: one chunk, then only the rest the header states."""
-        first = bytes(await self._fs._cat_file(path, start=0, end=READ_CHUNK_BYTES))
-        if len(first) < HEADER_SIZE:
+        """As :meth:`read_envelope`: one ranged GET, and a second only for the rest of an envelope larger than it.
+
+        A GET answering 404 is the miss (``FileNotFoundError``): no HEAD, no listing.
+        The deadline cancels the coroutine wherever it is, so the rest is one request.
+        """
+        fs = self._fs
+        asked = first_read_bytes(self._max_entry_bytes)
+        first = await _ranged_read_async(fs._cat_file, path, 0, asked)
+        rest = rest_to_read(first, asked, self._max_entry_bytes)
+        if rest is None:
             return first
-        limit = stored_length(first[:HEADER_SIZE], self._max_entry_bytes) + 1  # one more byte shows trailing bytes
-        if len(first) < READ_CHUNK_BYTES or len(first) >= limit:
-            return _checked_length(first[:limit], limit)
-        rest = bytes(await self._fs._cat_file(path, start=len(first), end=limit))
-        return _checked_length(first + rest, limit)
+        start, end = rest
+        return bytes(joined_envelope(first, await _ranged_read_async(fs._cat_file, path, start, end), end))
 
     def read_or_none(self, path: str) -> bytes | None:
         """A small object (a lease), at most ``MAX_LEASE_BYTES``; None if absent."""
@@ -679,14 +712,56 @@ def _read_capped(read: Callable[[int], bytes], stop: threading.Event, max_entry_
             break
         view[filled : filled + len(chunk)] = chunk
         filled += len(chunk)
-    return _checked_length(view[:filled], limit)
+    return joined_envelope(view[:filled], b"", limit)
 
 
-def _checked_length(blob: Any, limit: int) -> Any:
-    """``blob`` unless it reached ``limit`` (one byte past the stated length): then ``InvalidEnvelope``."""
-    if len(blob) >= limit:
-        raise InvalidEnvelope(f"trailing bytes: the object is longer than the {limit - 1} bytes its header states")
-    return blob
+def _ranged_read(cat_file: Callable[..., bytes], path: str, start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of ``path`` in one request: fewer at the object's end, ``b""`` for an empty object."""
+    try:
+        return bytes(cat_file(path, start=start, end=end))
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        if _range_not_satisfiable(exc):
+            return b""
+        raise
+
+
+async def _ranged_read_async(cat_file: Callable[..., Awaitable[bytes]], path: str, start: int, end: int) -> bytes:
+    """As :func:`_ranged_read`, on an async filesystem's loop."""
+    try:
+        return bytes(await cat_file(path, start=start, end=end))
+    except FileNotFoundError:
+        raise
+    except Exception as exc:
+        if _range_not_satisfiable(exc):
+            return b""
+        raise
+
+
+def _range_not_satisfiable(exc: BaseException) -> bool:
+    """True if ``exc`` (or what it was raised from) is an HTTP 416 answer to a range read.
+
+    An object store answers a range starting at 0 of an *empty* object with 416: that
+    is the store's answer (an object too short to be an envelope, rejected by the codec),
+    not its failure, so it must not count against the breaker. Each client says 416 its
+    own way: gcsfs ``HttpError.code``, aiohttp ``ClientResponseError.status``, s3fs an
+    ``OSError`` raised from botocore's ``ClientError`` (``InvalidRange``).
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for field in ("code", "status", "status_code"):
+            if getattr(exc, field, None) == 416:
+                return True
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            error = response.get("Error") or {}
+            metadata = response.get("ResponseMetadata") or {}
+            if error.get("Code") == "InvalidRange" or metadata.get("HTTPStatusCode") == 416:
+                return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _unreachable_message(location: str, exc: BaseException, timeout: float) -> str:
