@@ -35,7 +35,7 @@ from cuda.core.utils import ProgramCacheResource, make_program_cache_key
 from .headers import header_digest
 from .singleflight import Work, run_once
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
-from .tiered import TieredProgramCache
+from .tiered import TieredProgramCache, stores_of
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -155,6 +155,15 @@ if hasattr(os, "register_at_fork"):
 # -- the helper ------------------------------------------------------------------------------------
 
 
+def _header_scans_dir(cache: ProgramCacheResource) -> str | None:
+    """Where header scans persist for the next process: the cache's local directory, if it has one."""
+    if isinstance(cache, TieredProgramCache):  # the common case, without building a CacheStores
+        local = cache.local_store
+    else:
+        local = stores_of(cache).local
+    return local.header_scans_dir if local is not None else None
+
+
 def _combine(user_digest: bytes | None, headers: bytes | None) -> bytes | None:
     if headers is None:
         return user_digest
@@ -205,8 +214,10 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     local cache directory and one node per remote compiles; the others wait up to
     ``wait_timeout`` seconds and get its entry. ``lease_ttl`` bounds how long a
     crashed node holds the others up. ``header_recheck_s`` lets a process trust a
-    header scan that long before re-statting the headers (0: every call; a header
-    edited within the window is not seen by this process until it passes).
+    header scan that long before looking at the headers again (0: every call, which
+    with inotify costs one ``poll(2)``; a header edited within the window is not seen
+    by this process until it passes). Header scans persist in the cache's local
+    directory (``header-scans/``), so a new process validates one instead of scanning.
     ``logs`` receives the compiler log on a miss only.
 
     Safe from any number of threads and processes at once, on one cache or many.
@@ -219,7 +230,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
-    digest = header_digest(source, options, code_type, recheck_s=header_recheck_s)
+    digest = header_digest(source, options, code_type, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
     key = make_program_cache_key(
         code=source,
         code_type=code_type,

@@ -37,6 +37,7 @@ __all__ = ["KEYED_READS", "LocalDir", "default_local_dir", "entry_name"]
 _ENTRIES = "entries"
 _TMP = "tmp"
 _LOCKS = "locks"
+_HEADER_SCANS = "header-scans"
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 #: Whether :meth:`LocalDir.read_key` can mark an entry used through its descriptor
@@ -78,6 +79,8 @@ class LocalDir(EntryStore):
         self._entries_prefix = os.path.join(os.fspath(root), _ENTRIES) + os.sep
         #: Where the node-level single-flight lock files live (``<root>/locks``).
         self.locks_dir = self.root / _LOCKS
+        #: Where ``compile()`` persists header scans for the next process (see ``scanmemo``).
+        self.header_scans_dir = os.path.join(os.fspath(root), _HEADER_SCANS)
         self._max_entry_bytes = max_entry_bytes
 
     @classmethod
