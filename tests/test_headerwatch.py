@@ -361,7 +361,7 @@ def test_without_inotify_simple_digests_work_by_stat(tree):
         import sys
         sys.modules["inotify_simple"] = None  # import fails as if not installed
         from cuda.core import ProgramOptions
-        from tiered_progcache import headers
+        from tiered_progcache import headers, headerwatch
         opts = ProgramOptions(arch="sm_90", include_path=[sys.argv[1]])
         src = '#include <a.h>\\n'
         digests = {headers.header_digest(src, opts) for _ in range(3)}
