@@ -331,9 +331,20 @@ def _value_decoder(hint: Any) -> Callable[[Any], Any]:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
+            if args[0] is Any:
+                return lambda v: _any(v) if type(v) is list else _wrong("list", v)
             item = _value_decoder(args[0])
             return lambda v: tuple(map(item, v)) if type(v) is list else _wrong("list", v)
         items = [_value_decoder(a) for a in args]
+        if len(items) == 2:  # (path, signature): the bulk of a scan, kept tight
+            first, second = items
+
+            def pair(v: Any) -> tuple[Any, ...]:
+                if type(v) is not list or len(v) != 2:
+                    _wrong("list of 2", v)
+                return (first(v[0]), second(v[1]))
+
+            return pair
 
         def fixed(v: Any) -> tuple[Any, ...]:
             if type(v) is not list or len(v) != len(items):
@@ -349,6 +360,10 @@ def _value_decoder(hint: Any) -> Callable[[Any], Any]:
         return lambda v: {k: item(x) for k, x in v.items()} if type(v) is dict else _wrong("object", v)
     if origin in (Union, getattr(types, "UnionType", Union)):
         options = [(a, _value_decoder(a)) for a in args]
+        others = [dec for a, dec in options if a is not type(None)]
+        if len(others) == 1 and len(options) == 2:  # Optional[X]
+            only = others[0]
+            return lambda v: None if v is None else only(v)
 
         def union(v: Any) -> Any:
             if v is None and type(None) in args:
@@ -370,9 +385,14 @@ def _exact(kind: type) -> Callable[[Any], Any]:
     return lambda v: v if type(v) is kind else _wrong(kind.__name__, v)
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _any(v: Any) -> Any:
     """An ``Any`` value back as it was encoded: lists become tuples (signatures are tuples)."""
     if type(v) is list:
+        if _SCALARS.issuperset(map(type, v)):
+            return tuple(v)
         return tuple(map(_any, v))
     if type(v) is dict:
         raise ValueError("an object where a plain value was expected")
