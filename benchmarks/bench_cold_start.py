@@ -20,6 +20,11 @@ scan persisted in ``<dir>/header-scans`` by an earlier process and without it (t
 directory removed before each run), alternately; and, in separate processes, how much
 of that first hit is ``header_digest`` itself.
 
+Part 4: where a cold scan's time goes: for each CCCL kernel, the files read and paths
+probed, and, over those files, reading + hashing against parsing for includes; then
+a what-if (not the shipped behaviour): the same scan if ``__has_include(param)`` inside
+a ``#define`` did not force the whole-directory fallback.
+
 No asserts: it prints numbers and ratios.
 """
 
@@ -136,7 +141,9 @@ def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
             try:
                 headers.clear_memo()
                 call()  # compiles (or hits), scans
+                started = time.perf_counter()
                 call()  # validates the scan by stat once (and watches it, where a watcher is)
+                setup_ms = (time.perf_counter() - started) * 1e3
                 hashed = headers.files_hashed()
                 counts = headers.validation_counts()
                 us, base_us = interleaved(call, baseline, calls if watched else max(1, calls // 20))
@@ -147,8 +154,8 @@ def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
                     headerwatch.replace_watcher(previous)
             per_call = (after.paths_statted - counts.paths_statted) / max(1, (after.by_watch - counts.by_watch)
                                                                           + (after.by_stat - counts.by_stat))
-            how = (f"inotify, {per_call:.0f} paths stat'ed per call" if watched
-                   else f"stat path, {per_call:.0f} paths stat'ed per call")
+            how = (f"inotify, {per_call:.0f} paths stat'ed per call; second use (stat once + watch) {setup_ms:.1f} ms"
+                   if watched else f"stat path, {per_call:.0f} paths stat'ed per call")
             rows.append((name if watched else "  same, without inotify", us, base_us, how))
         headers.clear_memo()
 
@@ -217,6 +224,59 @@ def fresh_process_first_hit(repeat: int) -> list[tuple[str, float, int, int]] | 
     return rows
 
 
+def scan_anatomy() -> list[str]:
+    """Lines describing a cold scan of each CCCL kernel: files, paths, hash vs parse time, the what-if."""
+    import hashlib
+    import re
+
+    from tiered_progcache import headers
+
+    cccl = cccl_dir()
+    if cccl is None:
+        return []
+    options = ProgramOptions(arch=ARCH, std="c++17", include_path=[cccl])
+    lines = []
+
+    def cold_scan(source: str) -> tuple[int, int, float]:
+        headers.clear_memo()
+        hashed = headers.files_hashed()
+        started = time.perf_counter()
+        headers.header_digest(source, options)
+        ms = (time.perf_counter() - started) * 1e3
+        (result,) = headers._scan_memo.values()
+        return headers.files_hashed() - hashed, len(result.checks), ms
+
+    for label, source in (("<cuda/std/...>", CUDA_STD_KERNEL), ("cub::BlockReduce", CUB_KERNEL)):
+        read, probed, ms = cold_scan(source)
+        (result,) = headers._scan_memo.values()
+        files = [path for path, sig in result.checks if sig is not None and sig[0] == "f"]
+        started = time.perf_counter()
+        contents = []
+        for path in files:
+            with open(path, "rb") as fh:
+                contents.append(fh.read())
+            hashlib.sha256(contents[-1]).digest()
+        hash_ms = (time.perf_counter() - started) * 1e3
+        started = time.perf_counter()
+        for data in contents:
+            headers._parse_includes(data)
+        parse_ms = (time.perf_counter() - started) * 1e3
+        lines.append(f"  {label:<18} cold scan {ms:7.1f} ms: {read} files read, {probed} paths probed; "
+                     f"over those files read+sha256 {hash_ms:.1f} ms, parse {parse_ms:.1f} ms")
+    shipped = headers._parse_includes
+    forwarded = re.compile(rb"__has_include\s*\(\s*[A-Za-z_]\w*\s*\)")
+    headers._parse_includes = lambda data: shipped(forwarded.sub(b"0", data))
+    try:
+        for label, source in (("<cuda/std/...>", CUDA_STD_KERNEL), ("cub::BlockReduce", CUB_KERNEL)):
+            read, probed, ms = cold_scan(source)
+            lines.append(f"  what-if, __has_include(param) not a fallback: {label:<18} {ms:7.1f} ms, "
+                         f"{read} files read, {probed} paths probed")
+    finally:
+        headers._parse_includes = shipped
+        headers.clear_memo()
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", type=int, default=12)
@@ -254,6 +314,13 @@ def main() -> None:
               f"median of {1 if args.quick else max(1, args.repeat)} processes each:")
         for label, ms, compiles, hashed in fresh:
             print(f"  {label:<50} {ms:8.1f} ms  (compiles {compiles}, headers read {hashed})")
+
+    anatomy = scan_anatomy()
+    if anatomy:
+        print()
+        print("where a cold scan's time goes (this process, memo cleared):")
+        for line in anatomy:
+            print(line)
 
 
 if __name__ == "__main__":
