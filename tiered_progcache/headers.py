@@ -60,6 +60,7 @@ from typing import Any, Union
 
 from . import headerwatch, scanmemo
 from .headerwatch import Subscription
+from .ratelimit import log_once
 
 __all__ = ["ValidationCounts", "clear_memo", "files_hashed", "header_digest", "needs_header_digest", "validation_counts"]
 
@@ -97,10 +98,10 @@ class _ScanResult:
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
     checked_at: float = dataclasses.field(metadata=scanmemo.PER_PROCESS)  # time.monotonic() of the last full re-stat
     #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
-    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False,
+    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
                                                    metadata=scanmemo.PER_PROCESS)
     #: validations by stat in this process (the scan itself counts one): watched from the second on
-    validations: int = dataclasses.field(default=1, compare=False, metadata=scanmemo.PER_PROCESS)
+    validations: int = dataclasses.field(default=1, compare=False, kw_only=True, metadata=scanmemo.PER_PROCESS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -641,8 +642,9 @@ def header_digest(
         now = time.monotonic()
         if (recheck_s > 0 and now - cached.checked_at < recheck_s) or _revalidate(cached):
             return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
-    store = _memo_store(memo_dir) if memo_dir is not None else None
-    name = scanmemo.memo_name(memo_key, _scanner_id()) if store is not None else ""
+    scanner_id = _scanner_id() if memo_dir is not None else None
+    store = _memo_store(memo_dir) if scanner_id is not None and memo_dir is not None else None
+    name = scanmemo.memo_name(memo_key, scanner_id) if store is not None and scanner_id is not None else ""
     if cached is None and store is not None:
         loaded = store.load(name, _ScanResult, checked_at=0.0, validations=0)
         if loaded is not None and _revalidate(loaded):
@@ -764,13 +766,20 @@ def _memo_store(memo_dir: str | os.PathLike[str]) -> scanmemo.ScanMemoStore:
     return store
 
 
-def _scanner_id() -> bytes:
-    """The scanner's own code, hashed: a memo persisted by another version of it is never read."""
+def _scanner_id() -> bytes | None:
+    """The scanner's own code, hashed: a memo persisted by another version of it is never read.
+
+    None (nothing persisted, logged once) where the module's file cannot be read (a zip import).
+    """
     global _scanner_id_value
     if _scanner_id_value is None:
-        with open(__file__, "rb") as fh:
-            _scanner_id_value = hashlib.sha256(fh.read(), usedforsecurity=False).digest()
-    return _scanner_id_value
+        try:
+            with open(__file__, "rb") as fh:
+                _scanner_id_value = hashlib.sha256(fh.read(), usedforsecurity=False).digest()
+        except OSError as exc:
+            log_once(logger, "no-scanner-id", logging.INFO, "header scans are not persisted: %s", exc)
+            _scanner_id_value = b""
+    return _scanner_id_value or None
 
 
 def _new_lock_after_fork() -> None:

@@ -123,6 +123,7 @@ WATCH_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | I
               | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF)
 
 _MAX_SYMLINKS = 40  # as the kernel's ELOOP limit
+_MAX_MEMO_PATHS = 200_000  # filesystem types remembered by path before the memo starts over
 _READ_CHUNK = 1 << 16
 
 Pair = tuple[str, str]  # (real directory, name looked up in it)
@@ -252,6 +253,8 @@ class _MountTable:
         """The type of the filesystem ``real_path`` (no symlinks in it) lives on; "" if unknown."""
         found = self._memo.get(real_path)
         if found is None:
+            if len(self._memo) >= _MAX_MEMO_PATHS:
+                self._memo.clear()
             found = self.types.get(real_path)
             if found is None:
                 parent = os.path.dirname(real_path)
