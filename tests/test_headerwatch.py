@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from cuda.core import ProgramOptions
 
-from tiered_progcache import headers
+from tiered_progcache import headers, headerwatch
 from tiered_progcache.headers import header_digest
 from tiered_progcache.headerwatch import HeaderWatcher, replace_watcher
 
@@ -463,3 +463,21 @@ def test_bad_arguments_name_the_problem():
         HeaderWatcher(max_watches="10")
     with pytest.raises(ValueError, match="max_watches"):
         HeaderWatcher(max_watches=0)
+
+
+def test_the_default_budget_is_the_documented_8192_watches(tmp_path):
+    assert headerwatch.DEFAULT_MAX_WATCHES == 8192
+    many = tmp_path / "many"
+    many.mkdir()
+    checks = []
+    for i in range(8200):
+        path = many / f"h{i}.h"
+        path.write_bytes(b"")
+        checks.append((str(path), headers._signature(str(path))))
+    watcher = HeaderWatcher()
+    try:
+        sub = watcher.subscribe(checks, [], signature=headers._signature, signature_of_stat=headers._signature_of_stat)
+        assert sub.valid and watcher.counts().watches == 8192
+        assert 0 < len(sub.stat_checks) < len(checks)  # the rest re-statted by the caller
+    finally:
+        watcher.close()

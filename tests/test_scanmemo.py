@@ -333,3 +333,17 @@ def test_bad_arguments_name_the_problem(tmp_path):
         ScanMemoStore(tmp_path, max_bytes=0)
     with pytest.raises(ValueError, match="64 lowercase hex"):
         ScanMemoStore(tmp_path).path_for("../../etc/passwd")
+
+
+def test_the_default_bounds_are_the_documented_512_files_and_64_mib(tmp_path):
+    assert (scanmemo.MAX_FILES, scanmemo.MAX_BYTES, scanmemo.MAX_FILE_BYTES) == (512, 64 << 20, 8 << 20)
+    by_count = ScanMemoStore(tmp_path / "count")
+    for i in range(513):
+        by_count.save(f"{i:064x}", _doc(i % 256))
+    assert len(_memo_files(tmp_path / "count")) == 512
+    by_bytes = ScanMemoStore(tmp_path / "bytes")
+    big = (8 << 20) - 4096  # just under the per-file cap
+    for i in range(9):
+        assert by_bytes.save(f"{i:064x}", _doc(i, pad=big - 400))
+    kept = _memo_files(tmp_path / "bytes")
+    assert len(kept) == 8 and sum(os.stat(p).st_size for p in kept) <= 64 << 20
