@@ -35,10 +35,10 @@ a whole scan is memoized with the list of paths it probed. A warm call asks
 :mod:`.headerwatch` whether inotify saw anything the scan depends on change (one
 ``poll(2)``, no stat); where inotify is unavailable or not trusted (a network
 filesystem) it re-stats those paths instead (about a microsecond each). Either way it
-hashes nothing. A memo is validated by stat once before it is trusted: after a scan,
-after an event on something it depends on, and when loaded from disk. A file modified
-in the last ``RACY_NS`` is hashed on every call: two edits within one coarse clock
-tick can leave its stat unchanged.
+hashes nothing. Before inotify vouches for a scan it is validated by stat once: at its
+second use in the process, after an event on something it depends on, and when it is
+loaded from disk (then by stat alone). A file modified in the last ``RACY_NS`` is hashed
+on every call: two edits within one coarse clock tick can leave its stat unchanged.
 
 Across processes: with ``memo_dir`` (``compile()`` passes the local cache directory's
 ``header-scans/``) a scan is persisted by :mod:`.scanmemo`, and a new process loads and
