@@ -632,24 +632,9 @@ def header_digest(
         _hashable(getattr(options, "use_pch", None)),
         os.getcwd(),
     )
-    cached = _scan_memo.get(memo_key)
+    cached = _memoized(memo_key, recheck_s, memo_dir)
     if cached is not None:
-        watch = cached.watch
-        if watch is not None and watch.current() and _unwatched_unchanged(watch):
-            global _by_watch
-            _by_watch += 1
-            return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
-        now = time.monotonic()
-        if (recheck_s > 0 and now - cached.checked_at < recheck_s) or _revalidate(cached):
-            return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
-    scanner_id = _scanner_id() if memo_dir is not None else None
-    store = _memo_store(memo_dir) if scanner_id is not None and memo_dir is not None else None
-    name = scanmemo.memo_name(memo_key, scanner_id) if store is not None and scanner_id is not None else ""
-    if cached is None and store is not None:
-        loaded = store.load(name, _ScanResult, checked_at=0.0, validations=0)
-        if loaded is not None and _revalidate(loaded):
-            _remember(memo_key, loaded)
-            return loaded.digest if loaded.read_anything or needs_header_digest(options, code_type) else None
+        return cached.digest if cached.read_anything or needs_header_digest(options, code_type) else None
 
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
     include_dirs = tuple(os.path.abspath(p) for p in _as_list(getattr(options, "include_path", None)))
@@ -674,19 +659,72 @@ def header_digest(
     digest = scan.hasher.digest()
     read_anything = scan.read_anything or bool(scan.fallback_dirs)
 
-    if scan.racy:
-        _forget(memo_key)
-    else:
-        result = _ScanResult(
-            digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic()
-        )
-        _remember(memo_key, result)
-        if store is not None:
-            store.save(name, result)
+    result = _ScanResult(
+        digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic()
+    )
+    _memoize(memo_key, None if scan.racy else result, memo_dir)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
     return digest if read_anything or needs_header_digest(options, code_type) else None
+
+
+def _memoized(
+    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None
+) -> _ScanResult | None:
+    """The scan memoized for ``memo_key`` if it still stands, else None (scan again).
+
+    In this process: on inotify's word (plus a stat of what no watch covers), within
+    ``recheck_s`` of its last validation, or after validating it again. Else, from
+    ``memo_dir``: a scan an earlier process persisted, validated by stat before use.
+    """
+    global _by_watch
+    cached = _scan_memo.get(memo_key)
+    if cached is not None:
+        watch = cached.watch
+        if watch is not None and watch.current() and _unwatched_unchanged(watch):
+            _by_watch += 1
+            return cached
+        if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
+            return cached
+        return None
+    found = _persisted(memo_key, memo_dir)
+    if found is None:
+        return None
+    store, name = found
+    loaded = store.load(name, _ScanResult, checked_at=0.0, validations=0)
+    if loaded is None or not _revalidate(loaded):
+        return None
+    _remember(memo_key, loaded)
+    return loaded
+
+
+def _memoize(memo_key: tuple[Any, ...], result: _ScanResult | None, memo_dir: str | os.PathLike[str] | None) -> None:
+    """Remember a fresh scan here and in ``memo_dir``; None (a racy scan) forgets ``memo_key`` instead."""
+    if result is None:
+        _forget(memo_key)
+        return
+    _remember(memo_key, result)
+    found = _persisted(memo_key, memo_dir)
+    if found is not None:
+        store, name = found
+        store.save(name, result)
+
+
+def _persisted(
+    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None
+) -> tuple[scanmemo.ScanMemoStore, str] | None:
+    """The store and file name ``memo_key`` persists under, or None (no ``memo_dir``, or no scanner id)."""
+    if memo_dir is None:
+        return None
+    scanner_id = _scanner_id()
+    if scanner_id is None:
+        return None
+    key = os.fspath(memo_dir)
+    store = _memo_stores.get(key)
+    if store is None:
+        store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
+    return store, scanmemo.memo_name(memo_key, scanner_id)
 
 
 def _unwatched_unchanged(watch: Subscription) -> bool:
@@ -756,14 +794,6 @@ def _release_all() -> None:
         if result.watch is not None:
             result.watch.release()
     _scan_memo.clear()
-
-
-def _memo_store(memo_dir: str | os.PathLike[str]) -> scanmemo.ScanMemoStore:
-    key = os.fspath(memo_dir)
-    store = _memo_stores.get(key)
-    if store is None:
-        store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
-    return store
 
 
 def _scanner_id() -> bytes | None:
