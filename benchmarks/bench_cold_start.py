@@ -10,9 +10,20 @@ is shown. Compiles are counted by the helper's hook in each process; wall time r
 from the barrier to the last process done.
 
 Part 2: the in-process cost of a warm hit (memory tier) through ``compile()`` with
-include paths against the same call without, once the header memo is warm. The
-headers are re-statted on every call by default (``header_recheck_s=0``); the last
-rows show the cost when a scan may be trusted for a second.
+include paths against the same call without, once the header memo is warm: with
+inotify vouching for the headers (the default where it is available), and with the
+stat path (every probed path re-statted on every call), side by side.
+
+Part 3: the first ``compile()`` hit of a ``cub::BlockReduce`` kernel in a FRESH process
+(a spawned interpreter; the entry is in the local directory already), with the header
+scan persisted in ``<dir>/header-scans`` by an earlier process and without it (the
+directory removed before each run), alternately; and, in separate processes, how much
+of that first hit is ``header_digest`` itself.
+
+Part 4: where a cold scan's time goes: for each CCCL kernel, the files read and paths
+probed, and, over those files, reading + hashing against parsing for includes; then
+a what-if (not the shipped behaviour): the same scan if ``__has_include(param)`` inside
+a ``#define`` did not force the whole-directory fallback.
 
 No asserts: it prints numbers and ratios.
 """
@@ -20,9 +31,13 @@ No asserts: it prints numbers and ratios.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,8 +46,10 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
-from tiered_progcache import TieredProgramCache
+from tiered_progcache import TieredProgramCache, headerwatch
 from tiered_progcache.samples import matmul_source
+
+from cccl_kernels import CUB_KERNEL, CUDA_STD_KERNEL, cccl_dir
 
 ARCH = "sm_90"
 
@@ -103,20 +120,8 @@ def _project_headers(root: Path, count: int) -> Path:
     return inc
 
 
-def _cccl_dir() -> str | None:
-    try:
-        from cuda.pathfinder import find_nvidia_header_directory
-
-        d = find_nvidia_header_directory("cccl")
-    except Exception:
-        d = None
-    if d and os.path.isfile(os.path.join(d, "cuda", "std", "type_traits")):
-        return d
-    return None
-
-
-def warm_hits(calls: int) -> list[tuple[str, float, float, int]]:
-    """(case, us per warm hit, us per baseline hit in the same rounds, paths stat'ed per call)."""
+def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
+    """(case, us per warm hit, us per baseline hit in the same rounds, how it was validated)."""
     from tiered_progcache import headers
 
     rows = []
@@ -127,46 +132,149 @@ def warm_hits(calls: int) -> list[tuple[str, float, float, int]]:
     def baseline() -> None:
         tpc.compile(base_src, "c++", plain, cache=cache)
 
-    def case(name: str, src: str, options: ProgramOptions, recheck: float = 0.0) -> None:
+    def case(name: str, src: str, options: ProgramOptions) -> None:
         def call() -> None:
-            tpc.compile(src, "c++", options, cache=cache, header_recheck_s=recheck)
+            tpc.compile(src, "c++", options, cache=cache)
 
-        call()  # compiles, warms the memo
-        call()
-        hashed = headers.files_hashed()
-        us, base_us = interleaved(call, baseline, calls)
-        assert headers.files_hashed() == hashed, "a warm hit rehashed headers"
-        probed = 0 if recheck else max((len(s.checks) for s in headers._scan_memo.values()), default=0)
-        rows.append((name, us, base_us, probed))
+        for watched in (True, False):
+            previous = None if watched else headerwatch.replace_watcher(None)
+            try:
+                headers.clear_memo()
+                call()  # compiles (or hits), scans
+                started = time.perf_counter()
+                call()  # validates the scan by stat once (and watches it, where a watcher is)
+                setup_ms = (time.perf_counter() - started) * 1e3
+                hashed = headers.files_hashed()
+                counts = headers.validation_counts()
+                us, base_us = interleaved(call, baseline, calls if watched else max(1, calls // 20))
+                after = headers.validation_counts()
+                assert headers.files_hashed() == hashed, "a warm hit rehashed headers"
+            finally:
+                if not watched:
+                    headerwatch.replace_watcher(previous)
+            per_call = (after.paths_statted - counts.paths_statted) / max(1, (after.by_watch - counts.by_watch)
+                                                                          + (after.by_stat - counts.by_stat))
+            how = (f"inotify, {per_call:.0f} paths stat'ed per call; second use (stat once + watch) {setup_ms:.1f} ms"
+                   if watched else f"stat path, {per_call:.0f} paths stat'ed per call")
+            rows.append((name if watched else "  same, without inotify", us, base_us, how))
+        headers.clear_memo()
 
     baseline()
     with tempfile.TemporaryDirectory(prefix="bench-inc-") as tmp:
         inc = _project_headers(Path(tmp), 3)
-        headers.clear_memo()
         case("include_path, 3 project headers", '#include "h0.h"\n' + base_src,
              ProgramOptions(arch=ARCH, std="c++17", include_path=[str(inc)]))
-    cccl = _cccl_dir()
+    cccl = cccl_dir()
     if cccl is not None:
-        src = "#include <cuda/std/type_traits>\n#include <cuda/std/limits>\n" + base_src
         opts = ProgramOptions(arch=ARCH, std="c++17", include_path=[cccl])
-        headers.clear_memo()
-        case("include_path, CCCL <cuda/std/...>", src, opts)
-        case("  same, header_recheck_s=1", src, opts, recheck=1.0)
+        case("include_path, CCCL <cuda/std/...>", CUDA_STD_KERNEL, opts)
+        case("include_path, cub::BlockReduce", CUB_KERNEL, opts)
     return rows
 
 
-def cold_process_scan_ms() -> float | None:
-    """First header scan of a CCCL include in a process (memo empty): what a new rank pays once."""
-    from tiered_progcache import headers
+_FRESH_CHILD = r"""
+import json, sys, time
+from cuda.core import ProgramOptions
+import tiered_progcache as tpc
+from tiered_progcache import headers
+cache_dir, cccl, source, what = sys.argv[1:5]
+options = ProgramOptions(arch="sm_90", std="c++17", include_path=[cccl])
+cache = tpc.TieredProgramCache(cache_dir)
+started = time.perf_counter()
+if what == "digest":
+    headers.header_digest(source, options, memo_dir=cache.local_store.header_scans_dir)
+else:
+    tpc.compile(source, "c++", options, cache=cache)
+ms = (time.perf_counter() - started) * 1e3
+print(json.dumps([ms, tpc.compile_count(), headers.files_hashed()]))
+"""
 
-    cccl = _cccl_dir()
+
+def fresh_process_first_hit(repeat: int) -> list[tuple[str, float, int, int]] | None:
+    """(case, median ms, compiles, headers read) of the first CUB compile() hit in new processes."""
+    cccl = cccl_dir()
     if cccl is None:
         return None
-    headers.clear_memo()
-    opts = ProgramOptions(arch=ARCH, std="c++17", include_path=[cccl])
-    started = time.perf_counter()
-    headers.header_digest("#include <cub/block/block_reduce.cuh>\n", opts)
-    return (time.perf_counter() - started) * 1e3
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    results: dict[tuple[str, bool], list[tuple[float, int, int]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-fresh-") as tmp:
+        cache_dir = os.path.join(tmp, "cache")
+        scans = os.path.join(cache_dir, "header-scans")
+
+        def child(what: str) -> tuple[float, int, int]:
+            out = subprocess.run([sys.executable, "-c", _FRESH_CHILD, cache_dir, cccl, CUB_KERNEL, what],
+                                 check=True, capture_output=True, text=True, env=env, cwd=tmp).stdout
+            ms, compiles, hashed = json.loads(out)
+            return ms, compiles, hashed
+
+        child("compile")  # compiles once: every later process hits
+        for _ in range(repeat):
+            for what in ("compile", "digest"):
+                for persisted in (True, False):
+                    if not persisted:
+                        shutil.rmtree(scans, ignore_errors=True)
+                    results.setdefault((what, persisted), []).append(child(what))  # (re)writes the memo
+    rows = []
+    for (what, persisted), runs in results.items():
+        ms = statistics.median(r[0] for r in runs)
+        label = ("first compile() hit" if what == "compile" else "  of which header_digest") + (
+            ", scan persisted" if persisted else ", no persisted scan")
+        rows.append((label, ms, runs[0][1], runs[0][2]))
+    return rows
+
+
+def scan_anatomy() -> list[str]:
+    """Lines describing a cold scan of each CCCL kernel: files, paths, hash vs parse time, the what-if."""
+    import hashlib
+    import re
+
+    from tiered_progcache import headers
+
+    cccl = cccl_dir()
+    if cccl is None:
+        return []
+    options = ProgramOptions(arch=ARCH, std="c++17", include_path=[cccl])
+    lines = []
+
+    def cold_scan(source: str) -> tuple[int, int, float]:
+        headers.clear_memo()
+        hashed = headers.files_hashed()
+        started = time.perf_counter()
+        headers.header_digest(source, options)
+        ms = (time.perf_counter() - started) * 1e3
+        (result,) = headers._scan_memo.values()
+        return headers.files_hashed() - hashed, len(result.checks), ms
+
+    for label, source in (("<cuda/std/...>", CUDA_STD_KERNEL), ("cub::BlockReduce", CUB_KERNEL)):
+        read, probed, ms = cold_scan(source)
+        (result,) = headers._scan_memo.values()
+        files = [path for path, sig in result.checks if sig is not None and sig[0] == "f"]
+        started = time.perf_counter()
+        contents = []
+        for path in files:
+            with open(path, "rb") as fh:
+                contents.append(fh.read())
+            hashlib.sha256(contents[-1]).digest()
+        hash_ms = (time.perf_counter() - started) * 1e3
+        started = time.perf_counter()
+        for data in contents:
+            headers._parse_includes(data)
+        parse_ms = (time.perf_counter() - started) * 1e3
+        lines.append(f"  {label:<18} cold scan {ms:7.1f} ms: {read} files read, {probed} paths probed; "
+                     f"over those files read+sha256 {hash_ms:.1f} ms, parse {parse_ms:.1f} ms")
+    shipped = headers._parse_includes
+    forwarded = re.compile(rb"__has_include\s*\(\s*[A-Za-z_]\w*\s*\)")
+    headers._parse_includes = lambda data: shipped(forwarded.sub(b"0", data))
+    try:
+        for label, source in (("<cuda/std/...>", CUDA_STD_KERNEL), ("cub::BlockReduce", CUB_KERNEL)):
+            read, probed, ms = cold_scan(source)
+            lines.append(f"  what-if, __has_include(param) not a fallback: {label:<18} {ms:7.1f} ms, "
+                         f"{read} files read, {probed} paths probed")
+    finally:
+        headers._parse_includes = shipped
+        headers.clear_memo()
+    return lines
 
 
 def main() -> None:
@@ -195,13 +303,24 @@ def main() -> None:
 
     print()
     print("warm hit through compile() (memory tier, header memo warm), against the same call")
-    print("without include path (baseline), timed in alternating rounds; headers are re-statted every call:")
-    for name, us, base_us, probed in warm_hits(300 if args.quick else 2000):
-        extra = f"  ({probed} paths stat'ed per call)" if probed else ""
-        print(f"  {name:<34} {us:8.1f} us  vs {base_us:6.1f} us   {us / base_us:5.2f}x{extra}")
-    cold = cold_process_scan_ms()
-    if cold is not None:
-        print(f"  first scan in a new process, <cub/block/block_reduce.cuh> (memo cold): {cold:.1f} ms")
+    print("without include path (baseline), timed in alternating rounds:")
+    for name, us, base_us, how in warm_hits(300 if args.quick else 2000):
+        print(f"  {name:<34} {us:9.1f} us  vs {base_us:6.1f} us  {us / base_us:7.2f}x  ({how})")
+
+    fresh = fresh_process_first_hit(1 if args.quick else max(1, args.repeat))
+    if fresh is not None:
+        print()
+        print(f"first compile() hit of the cub::BlockReduce kernel in a new process (entry on disk), "
+              f"median of {1 if args.quick else max(1, args.repeat)} processes each:")
+        for label, ms, compiles, hashed in fresh:
+            print(f"  {label:<50} {ms:8.1f} ms  (compiles {compiles}, headers read {hashed})")
+
+    anatomy = scan_anatomy()
+    if anatomy:
+        print()
+        print("where a cold scan's time goes (this process, memo cleared):")
+        for line in anatomy:
+            print(line)
 
 
 if __name__ == "__main__":

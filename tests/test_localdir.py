@@ -9,7 +9,7 @@ from cuda.core.utils import FileStreamProgramCache
 
 from tiered_progcache import _cudacore
 from tiered_progcache.errors import EntryRejected
-from tiered_progcache.localdir import LocalDir, default_local_dir
+from tiered_progcache.localdir import KEYED_READS, LocalDir, default_local_dir
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing import EntryStoreTests
 
@@ -107,3 +107,45 @@ def test_read_refuses_an_entry_over_the_cap(tmp_path):
 
 def test_default_local_dir_is_cuda_cores():
     assert default_local_dir() == _cudacore.default_cache_dir()
+
+
+# -- the chain's keyed read of a local hit -------------------------------------------------------
+
+
+@pytest.mark.skipif(not KEYED_READS, reason="utime on a descriptor: Linux and macOS")
+def test_read_key_is_cuda_cores_read_with_its_lru_effect(tmp_path):
+    """Same bytes as FileStreamProgramCache[key]; atime set to now, mtime kept (what eviction sorts by)."""
+    cache = FileStreamProgramCache(tmp_path)
+    local = LocalDir.of(cache)
+    cache[b"k"] = ELF
+    path = local.path_for(entry_name(b"k"))
+    old_ns = 1_000_000_000 * 1_000_000_000  # 2001
+    os.utime(path, ns=(old_ns, old_ns))
+    assert local.read_key(b"k") == cache[b"k"] == ELF
+    os.utime(path, ns=(old_ns, old_ns))
+    local.read_key(b"k")
+    st = os.stat(path)
+    assert st.st_mtime_ns == old_ns and st.st_atime_ns > old_ns
+    with pytest.raises(KeyError):
+        local.read_key(b"absent")
+
+
+@pytest.mark.skipif(not KEYED_READS, reason="utime on a descriptor: Linux and macOS")
+def test_read_key_refuses_a_link_a_non_file_and_an_entry_over_the_cap(tmp_path):
+    local = LocalDir(tmp_path, max_entry_bytes=len(ELF))
+    target = tmp_path / "elsewhere"
+    target.write_bytes(ELF)
+    linked = local.path_for(entry_name(b"link"))
+    linked.parent.mkdir(parents=True)
+    os.symlink(target, linked)
+    with pytest.raises(EntryRejected, match="symbolic link"):
+        local.read_key(b"link")
+    directory = local.path_for(entry_name(b"dir"))
+    directory.mkdir(parents=True)
+    with pytest.raises(EntryRejected, match="regular file"):
+        local.read_key(b"dir")
+    local.write_entry(entry_name(b"big"), ELF + b"!")
+    with pytest.raises(EntryRejected, match="limit"):
+        local.read_key(b"big")
+    local.write_entry(entry_name(b"fits"), ELF)
+    assert local.read_key(b"fits") == ELF

@@ -13,7 +13,7 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource, make_program_cache_key
 
 from tiered_progcache import CacheStores, EntryStore, StoredEntry, TieredProgramCache, TierPolicy, stores_of
-from tiered_progcache.localdir import LocalDir, default_local_dir, entry_name
+from tiered_progcache.localdir import KEYED_READS, LocalDir, default_local_dir, entry_name
 from tiered_progcache.samples import matmul_source
 
 ARCH = "sm_90"
@@ -105,6 +105,35 @@ def test_hit_in_slow_tier_is_promoted_into_every_faster_tier(tmp_path):
     assert stats["fast"].promotions == 1 and stats["middle"].promotions == 1
     assert cache.get(b"k") == b"payload"
     assert (cache.stats() - stats)["fast"].hits == 1
+
+
+@pytest.mark.skipif(not KEYED_READS, reason="utime on a descriptor: Linux and macOS")
+def test_a_local_hit_is_read_by_entry_file_not_through_a_planted_link(tmp_path):
+    """The chain reads cuda-core's directory itself (LocalDir.read_key): a symlinked entry, which
+    cuda-core's own read follows, is a rejected miss; a whole entry is a hit, promoted as usual."""
+    cache = TieredProgramCache(tmp_path / "cache")
+    local = cache.local_store
+    cache.tier("local").resource[b"k"] = b"payload"
+    (tmp_path / "planted").write_bytes(b"not ours")
+    planted = local.path_for(entry_name(b"linked"))
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(tmp_path / "planted")
+    assert cache.tier("local").resource[b"linked"] == b"not ours"  # cuda-core follows it
+    assert cache.get(b"linked") is None
+    assert cache.get(b"k") == b"payload"
+    stats = cache.stats()
+    assert (stats["local"].rejected, stats["local"].hits, stats["memory"].promotions) == (1, 1, 1)
+
+
+def test_a_file_tier_subclass_that_reads_its_own_way_is_read_through_its_getitem(tmp_path):
+    class Upper(FileStreamProgramCache):
+        def __getitem__(self, key):
+            return super().__getitem__(key).upper()
+
+    slow = Upper(tmp_path)
+    slow[b"k"] = b"payload"
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), slow])
+    assert cache.get(b"k") == b"PAYLOAD"
 
 
 def test_no_promotion_into_tier_that_opts_out_or_is_read_only(tmp_path):

@@ -41,7 +41,7 @@ from .manifest import ManifestError, build_manifest, compile_inputs, decode_mani
 from .singleflight import Work, run_once
 from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
-from .tiered import TieredProgramCache
+from .tiered import TieredProgramCache, stores_of
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -245,6 +245,15 @@ if hasattr(os, "register_at_fork"):
 # -- the helper ------------------------------------------------------------------------------------
 
 
+def _header_scans_dir(cache: ProgramCacheResource) -> str | None:
+    """Where header scans persist for the next process: the cache's local directory, if it has one."""
+    if isinstance(cache, TieredProgramCache):  # the common case, without building a CacheStores
+        local = cache.local_store
+    else:
+        local = stores_of(cache).local
+    return local.header_scans_dir if local is not None else None
+
+
 class _Outcome:
     """What the thread that compiled hands to the threads that waited for it."""
 
@@ -288,8 +297,10 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     local cache directory and one node per remote compiles; the others wait up to
     ``wait_timeout`` seconds and get its entry. ``lease_ttl`` bounds how long a
     crashed node holds the others up. ``header_recheck_s`` lets a process trust a
-    header scan that long before re-statting the headers (0: every call; a header
-    edited within the window is not seen by this process until it passes).
+    header scan that long before looking at the headers again (0: every call, which
+    with inotify costs one ``poll(2)``; a header edited within the window is not seen
+    by this process until it passes). Header scans persist in the cache's local
+    directory (``header-scans/``), so a new process validates one instead of scanning.
     ``logs`` receives the compiler log on a miss only.
 
     Safe from any number of threads and processes at once, on one cache or many.
@@ -303,7 +314,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if cache is None:
         cache = default_cache()
     compiled = compile_key(source, code_type, options, target_type, names, extra_digest,
-                           portable=portable_keys, recheck_s=header_recheck_s)
+                           portable=portable_keys, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
     key = compiled.key
     target = target_type.lower()
     found = _find(cache, key, target, options, names)

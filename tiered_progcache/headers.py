@@ -41,10 +41,18 @@ digest. What lies under no root keeps its absolute path and the scan says so
 :class:`HeaderFile` s, named by role and relative path.
 
 Cost: file digests are memoized by ``(path, inode, size, mtime_ns, ctime_ns)``, and
-a whole scan is memoized with the list of paths it probed; a warm call re-stats
-those paths (about a microsecond each) and hashes nothing. A file modified in the
-last ``RACY_NS`` is hashed on every call: two edits within one coarse clock tick
-can leave its stat unchanged.
+a whole scan is memoized with the list of paths it probed. A warm call asks
+:mod:`.headerwatch` whether inotify saw anything the scan depends on change (one
+``poll(2)``, no stat); where inotify is unavailable or not trusted (a network
+filesystem) it re-stats those paths instead (about a microsecond each). Either way it
+hashes nothing. Before inotify vouches for a scan it is validated by stat once: at its
+second use in the process, after an event on something it depends on, and when it is
+loaded from disk (then by stat alone). A file modified in the last ``RACY_NS`` is hashed
+on every call: two edits within one coarse clock tick can leave its stat unchanged.
+
+Across processes: with ``memo_dir`` (``compile()`` passes the local cache directory's
+``header-scans/``) a scan is persisted by :mod:`.scanmemo`, and a new process loads and
+validates it instead of scanning again.
 """
 
 from __future__ import annotations
@@ -60,9 +68,14 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Union
 
+from . import headerwatch, scanmemo
+from .headerwatch import Subscription
+from .ratelimit import log_once
+
 __all__ = [
     "HeaderFile",
     "HeaderScan",
+    "ValidationCounts",
     "clear_memo",
     "files_hashed",
     "header_digest",
@@ -71,6 +84,7 @@ __all__ = [
     "path_roles",
     "role_relative",
     "role_token",
+    "validation_counts",
 ]
 
 logger = logging.getLogger(__name__)
@@ -136,20 +150,45 @@ _NOTHING_READ = {True: HeaderScan(None, (), (), True), False: HeaderScan(None, (
 
 @dataclasses.dataclass
 class _ScanResult:
+    """One scan: persisted field by field (scanmemo), except the fields marked per-process."""
+
     digest: bytes
     read_anything: bool
     checks: tuple[tuple[str, Signature], ...]
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
-    checked_at: float  # time.monotonic() of the last full re-stat
+    checked_at: float = dataclasses.field(metadata=scanmemo.PER_PROCESS)  # time.monotonic() of the last full re-stat
     headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
+    #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
+    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
+                                                   metadata=scanmemo.PER_PROCESS)
+    #: validations by stat in this process (the scan itself counts one): watched from the second on
+    validations: int = dataclasses.field(default=1, compare=False, kw_only=True, metadata=scanmemo.PER_PROCESS)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationCounts:
+    """How this process's warm ``header_digest`` calls were validated (tests and benchmarks prove a path with it).
+
+    ``by_stat``: memos validated by a stat of every path they probed (the first
+    validation of a memo, one after an event on something it depends on, every call
+    where no watch can be had); ``by_watch``: calls answered on inotify's word;
+    ``paths_statted``: paths those validations stat'ed in all.
+    """
+
+    by_stat: int
+    by_watch: int
+    paths_statted: int
 
 
 _file_memo: dict[str, tuple[Signature, _FileInfo]] = {}
 _scan_memo: dict[tuple[Any, ...], _ScanResult] = {}
 _memo_lock = threading.Lock()
 _files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
+_by_stat = _by_watch = _paths_statted = 0  # see ValidationCounts
+_memo_stores: dict[str, scanmemo.ScanMemoStore] = {}
+_scanner_id_value: bytes | None = None
 
 
 def _signature(path: str) -> Signature:
@@ -160,6 +199,10 @@ def _signature(path: str) -> Signature:
         return None
     except OSError as exc:
         return ("error", type(exc).__name__)
+    return _signature_of_stat(st)
+
+
+def _signature_of_stat(st: os.stat_result) -> Signature:
     if stat.S_ISREG(st.st_mode):
         return ("f", st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if stat.S_ISDIR(st.st_mode):
@@ -169,6 +212,8 @@ def _signature(path: str) -> Signature:
 
 def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
     """True if every path still stats as it did: the hot loop of a warm call, kept tight."""
+    global _paths_statted
+    _paths_statted += len(checks)
     stat_ = os.stat
     for path, sig in checks:
         if sig is not None and sig[0] == "f":
@@ -699,7 +744,12 @@ def _libdevice_scan(portable: bool) -> HeaderScan:
 
 
 def header_digest(
-    source: str | bytes, options: Any, code_type: str = "c++", *, recheck_s: float = 0.0
+    source: str | bytes,
+    options: Any,
+    code_type: str = "c++",
+    *,
+    recheck_s: float = 0.0,
+    memo_dir: str | os.PathLike[str] | None = None,
 ) -> bytes | None:
     """The ``extra_digest`` covering every file the compile of ``source`` could read, or None.
 
@@ -716,24 +766,33 @@ def header_digest(
     gives the portable one and the files read.
 
     ``recheck_s``: trust a scan this process already validated for that many seconds
-    without re-statting its files (0, the default: re-stat on every call, so an
-    edited header is seen at once; the stat costs about a microsecond per header).
+    without looking again (0, the default: every call looks, so an edited header is
+    seen at once; with inotify that costs one ``poll(2)``, without it a stat per header).
 
-    Thread-safe and process-safe: it only reads files; the memo is per process and
-    a racing writer at worst causes a rehash. The working directory and include
+    ``memo_dir``: a directory where scans persist for the next process (``compile()``
+    passes ``<local cache dir>/header-scans``); None keeps the memo in this process only.
+
+    Thread-safe and process-safe: it only reads headers (and writes ``memo_dir``
+    atomically); a racing writer at worst causes a rehash. The working directory and include
     directories are read at call time (relative include paths follow ``os.getcwd()``).
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
         return _libdevice_scan(False).digest if getattr(options, "use_libdevice", None) else None
-    result = _scan(source, options, code_type, recheck_s, portable=False)
+    result = _scan(source, options, code_type, recheck_s, portable=False, memo_dir=memo_dir)
     if result is None:
         return None
     return result.digest if result.read_anything or needs_header_digest(options, code_type) else None
 
 
 def header_scan(
-    source: str | bytes, options: Any, code_type: str = "c++", *, recheck_s: float = 0.0, portable: bool = True
+    source: str | bytes,
+    options: Any,
+    code_type: str = "c++",
+    *,
+    recheck_s: float = 0.0,
+    portable: bool = True,
+    memo_dir: str | os.PathLike[str] | None = None,
 ) -> HeaderScan:
     """The digest covering every file the compile of ``source`` could read, and those files.
 
@@ -746,12 +805,12 @@ def header_scan(
     same; ``HeaderScan.path_free`` says whether that held everywhere. ``portable=False``:
     the digest :func:`header_digest` returns. The files read are recorded either way and
     memoized with the scan: a warm call re-stats and returns them without reading any.
-    ``recheck_s`` and thread-safety as :func:`header_digest`.
+    ``recheck_s``, ``memo_dir`` and thread-safety as :func:`header_digest`.
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
         return _libdevice_scan(portable) if getattr(options, "use_libdevice", None) else _NOTHING_READ[portable]
-    result = _scan(source, options, code_type, recheck_s, portable=portable)
+    result = _scan(source, options, code_type, recheck_s, portable=portable, memo_dir=memo_dir)
     if result is None:
         return _NOTHING_READ[portable]
     if not result.read_anything:  # then whether a digest is due depends on the options too
@@ -774,7 +833,15 @@ def header_scan(
 _header_scans: dict[int, tuple[_ScanResult, HeaderScan]] = {}
 
 
-def _scan(source: str | bytes, options: Any, code_type: str, recheck_s: float, *, portable: bool) -> _ScanResult | None:
+def _scan(
+    source: str | bytes,
+    options: Any,
+    code_type: str,
+    recheck_s: float,
+    *,
+    portable: bool,
+    memo_dir: str | os.PathLike[str] | None,
+) -> _ScanResult | None:
     """The (memoized) scan of what the compile of ``source`` could read; None when it reads nothing for sure."""
     if code_type != "c++":
         return None  # PTX: the linker reads no headers; cuda-core drops include options there
@@ -799,15 +866,9 @@ def _scan(source: str | bytes, options: Any, code_type: str, recheck_s: float, *
         os.getcwd(),
         portable,
     )
-    cached = _scan_memo.get(memo_key)
+    cached = _memoized(memo_key, recheck_s, memo_dir)
     if cached is not None:
-        now = time.monotonic()
-        fresh = recheck_s > 0 and now - cached.checked_at < recheck_s
-        if not fresh and _unchanged(cached.checks) and _same_realpaths(cached.real_checks):
-            cached.checked_at = now
-            fresh = True
-        if fresh:
-            return cached
+        return cached
 
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
     roles = path_roles(options)
@@ -841,17 +902,168 @@ def _scan(source: str | bytes, options: Any, code_type: str, recheck_s: float, *
         files, missing, scan.path_free,
     )
 
-    with _memo_lock:
-        if len(_scan_memo) >= MAX_MEMO_SCANS:
-            _scan_memo.clear()
-        if scan.racy:
-            _scan_memo.pop(memo_key, None)
-        else:
-            _scan_memo[memo_key] = result
+    _memoize(memo_key, None if scan.racy else result, memo_dir)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
     return result
+
+
+def _memoized(
+    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None
+) -> _ScanResult | None:
+    """The scan memoized for ``memo_key`` if it still stands, else None (scan again).
+
+    In this process: on inotify's word (plus a stat of what no watch covers), within
+    ``recheck_s`` of its last validation, or after validating it again. Else, from
+    ``memo_dir``: a scan an earlier process persisted, validated by stat before use.
+    """
+    global _by_watch
+    cached = _scan_memo.get(memo_key)
+    if cached is not None:
+        watch = cached.watch
+        if watch is not None and watch.current() and _unwatched_unchanged(watch):
+            _by_watch += 1
+            return cached
+        if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
+            return cached
+        return None
+    found = _persisted(memo_key, memo_dir)
+    if found is None:
+        return None
+    store, name = found
+    loaded = store.load(name, _ScanResult, checked_at=0.0, validations=0)
+    if loaded is None or not _revalidate(loaded):
+        return None
+    _remember(memo_key, loaded)
+    return loaded
+
+
+def _memoize(memo_key: tuple[Any, ...], result: _ScanResult | None, memo_dir: str | os.PathLike[str] | None) -> None:
+    """Remember a fresh scan here and in ``memo_dir``; None (a racy scan) forgets ``memo_key`` instead."""
+    if result is None:
+        _forget(memo_key)
+        return
+    _remember(memo_key, result)
+    found = _persisted(memo_key, memo_dir)
+    if found is not None:
+        store, name = found
+        store.save(name, result)
+
+
+def _persisted(
+    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None
+) -> tuple[scanmemo.ScanMemoStore, str] | None:
+    """The store and file name ``memo_key`` persists under, or None (no ``memo_dir``, or no scanner id)."""
+    if memo_dir is None:
+        return None
+    scanner_id = _scanner_id()
+    if scanner_id is None:
+        return None
+    key = os.fspath(memo_dir)
+    store = _memo_stores.get(key)
+    if store is None:
+        store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
+    return store, scanmemo.memo_name(memo_key, scanner_id)
+
+
+def _unwatched_unchanged(watch: Subscription) -> bool:
+    """The paths no watch covers (an untrusted filesystem, a refused watch), re-stat'ed as before."""
+    return (not watch.stat_checks or _unchanged(watch.stat_checks)) and (
+        not watch.stat_real_checks or _same_realpaths(watch.stat_real_checks)
+    )
+
+
+def _revalidate(result: _ScanResult) -> bool:
+    """Validate ``result`` by stat; from its second use on, where inotify can be had, watch first,
+    so that this stat is the last one.
+
+    False if anything differs, or if a header is too fresh to vouch for by stat (RACY_NS).
+    """
+    global _by_stat, _paths_statted
+    previous, result.watch = result.watch, None
+    if previous is not None:
+        previous.release()
+    with _memo_lock:
+        _by_stat += 1
+    deadline = time.time_ns() - RACY_NS
+    for _, sig in result.checks:
+        if sig is not None and sig[0] in ("f", "d") and sig[3 if sig[0] == "f" else 2] > deadline:
+            return False
+    # Watched from the second use on: a process that uses a scan once (a script compiling
+    # each kernel once, the first call after a load) pays one stat pass, not a watch setup.
+    watcher = headerwatch.watcher() if result.validations > 0 else None
+    result.validations += 1
+    if watcher is None:
+        valid = _unchanged(result.checks) and _same_realpaths(result.real_checks)
+    else:
+        _paths_statted += len(result.checks)
+        sub = watcher.subscribe(result.checks, result.real_checks,
+                                signature=_signature, signature_of_stat=_signature_of_stat)
+        valid = sub.valid
+        if valid:
+            with _memo_lock:
+                raced, result.watch = result.watch, sub  # another thread validating the same scan at once
+            if raced is not None:
+                raced.release()
+    if valid:
+        result.checked_at = time.monotonic()
+    return valid
+
+
+def _remember(memo_key: tuple[Any, ...], result: _ScanResult) -> None:
+    with _memo_lock:
+        if len(_scan_memo) >= MAX_MEMO_SCANS:
+            _release_all()
+        previous = _scan_memo.get(memo_key)
+        _scan_memo[memo_key] = result
+    if previous is not None and previous is not result and previous.watch is not None:
+        previous.watch.release()
+
+
+def _forget(memo_key: tuple[Any, ...]) -> None:
+    with _memo_lock:
+        previous = _scan_memo.pop(memo_key, None)
+    if previous is not None and previous.watch is not None:
+        previous.watch.release()
+
+
+def _release_all() -> None:
+    """Drop every scan (memo lock held) and release their watches."""
+    for result in _scan_memo.values():
+        if result.watch is not None:
+            result.watch.release()
+    _scan_memo.clear()
+
+
+def _scanner_id() -> bytes | None:
+    """The scanner's own code, hashed: a memo persisted by another version of it is never read.
+
+    None (nothing persisted, logged once) where the module's file cannot be read (a zip import).
+    """
+    global _scanner_id_value
+    if _scanner_id_value is None:
+        try:
+            with open(__file__, "rb") as fh:
+                _scanner_id_value = hashlib.sha256(fh.read(), usedforsecurity=False).digest()
+        except OSError as exc:
+            log_once(logger, "no-scanner-id", logging.INFO, "header scans are not persisted: %s", exc)
+            _scanner_id_value = b""
+    return _scanner_id_value or None
+
+
+def _new_lock_after_fork() -> None:
+    global _memo_lock
+    _memo_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+def validation_counts() -> ValidationCounts:
+    """This process's validations of warm header memos so far (see :class:`ValidationCounts`)."""
+    return ValidationCounts(_by_stat, _by_watch, _paths_statted)
 
 
 def files_hashed() -> int:
@@ -866,5 +1078,5 @@ def clear_memo() -> None:
     """Forget every memoized file and scan (tests, or after remounting a header tree). Thread-safe."""
     with _memo_lock:
         _file_memo.clear()
-        _scan_memo.clear()
         _header_scans.clear()
+        _release_all()

@@ -251,6 +251,7 @@ def compile_key(
     *,
     portable: bool = True,
     recheck_s: float = 0.0,
+    memo_dir: str | os.PathLike[str] | None = None,
 ) -> CompileKey:
     """The key ``compile()`` stores and finds this compile under, and what went into it.
 
@@ -262,7 +263,8 @@ def compile_key(
     False: the location-bound key, exactly ``make_program_cache_key(options=options,
     extra_digest=...)`` over :func:`.headers.header_digest`. ``extra_digest`` is mixed
     with the header digest (only when the compile reads a file, so a plain compile keys
-    as ``Program.compile(cache=...)`` does). ``recheck_s`` as for ``header_digest``.
+    as ``Program.compile(cache=...)`` does). ``recheck_s`` and ``memo_dir`` (where header
+    scans persist for the next process) as for ``header_digest``.
     Raises what ``make_program_cache_key`` raises for options it refuses to key.
     Thread-safe; reads the working directory and the header files.
     """
@@ -273,7 +275,7 @@ def compile_key(
     if not isinstance(code_type, str):
         raise TypeError(f"code_type must be a str, got {type(code_type).__name__}")
     by_role = portable and not carries_debug_info(options)
-    scan = header_scan(source, options, code_type, recheck_s=recheck_s, portable=by_role)
+    scan = header_scan(source, options, code_type, recheck_s=recheck_s, portable=by_role, memo_dir=memo_dir)
     keyed, options_path_free = _keyed_options(options, portable=by_role)
     key = make_program_cache_key(
         code=source,

@@ -95,6 +95,7 @@ class TieredProgramCache(ProgramCacheResource):
         self._tiers: tuple[Tier, ...] = _build_tiers(
             specs, config.max_pending_uploads, config.max_pending_upload_bytes
         )
+        self._local_store = _first_local_dir(self._tiers)
         self._first = self._tiers[0]
         self._first_resource = self._first.resource
         self._first_counters = self._first.counters
@@ -123,11 +124,8 @@ class TieredProgramCache(ProgramCacheResource):
 
     @property
     def local_store(self) -> LocalDir | None:
-        """The first local directory tier seen by entry name (where node locks live), or None."""
-        for t in self._tiers:
-            if isinstance(t.resource, FileStreamProgramCache):
-                return LocalDir.of(t.resource)
-        return None
+        """The first local directory tier seen by entry name (where node locks and header scans live), or None."""
+        return self._local_store
 
     @property
     def shared_stores(self) -> tuple[EntryStore, ...]:
@@ -362,6 +360,13 @@ class TieredProgramCache(ProgramCacheResource):
         from .config import CacheConfig
 
         return CacheConfig.from_env(environ, **overrides).build()
+
+
+def _first_local_dir(tiers: Sequence[Tier]) -> LocalDir | None:
+    for t in tiers:
+        if isinstance(t.resource, FileStreamProgramCache):
+            return LocalDir.of(t.resource)
+    return None
 
 
 def _untimed_mask() -> int:
