@@ -26,6 +26,20 @@ FAMILY = {
 }  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _collectors_unsubscribe():
+    """A collector a test leaves registered would keep its compile/hit hooks for the process's life,
+    and the hit hook reads manifests: later tests that count requests would see those reads."""
+    import importlib
+
+    compile_module = importlib.import_module("tiered_progcache.compile")
+
+    compile_hooks, hit_hooks = list(compile_module._hooks), list(compile_module._hit_hooks)
+    yield
+    compile_module._hooks[:] = compile_hooks
+    compile_module._hit_hooks[:] = hit_hooks
+
+
 def _scrape(registry) -> dict[tuple[str, tuple], float]:
     """{(sample name, sorted labels): value} from the text exposition, as Prometheus would parse it."""
     text = prometheus_client.generate_latest(registry).decode()
