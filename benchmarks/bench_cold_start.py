@@ -182,7 +182,7 @@ options = ProgramOptions(arch="sm_90", std="c++17", include_path=[cccl])
 cache = tpc.TieredProgramCache(cache_dir)
 started = time.perf_counter()
 if what == "digest":
-    headers.header_digest(source, options, memo_dir=cache.local_store.header_scans_dir)
+    headers.header_scan(source, options, memo_dir=cache.local_store.header_scans_dir)  # the scan compile() makes
 else:
     tpc.compile(source, "c++", options, cache=cache)
 ms = (time.perf_counter() - started) * 1e3
@@ -191,7 +191,7 @@ print(json.dumps([ms, tpc.compile_count(), headers.files_hashed()]))
 
 
 def fresh_process_first_hit(repeat: int) -> list[tuple[str, float, int, int]] | None:
-    """(case, median ms, compiles, headers read) of the first CUB compile() hit in new processes."""
+    """(case, median ms, most compiles, most headers read) of the first CUB compile() hit in new processes."""
     cccl = cccl_dir()
     if cccl is None:
         return None
@@ -218,9 +218,9 @@ def fresh_process_first_hit(repeat: int) -> list[tuple[str, float, int, int]] | 
     rows = []
     for (what, persisted), runs in results.items():
         ms = statistics.median(r[0] for r in runs)
-        label = ("first compile() hit" if what == "compile" else "  of which header_digest") + (
+        label = ("first compile() hit" if what == "compile" else "  of which the header scan") + (
             ", scan persisted" if persisted else ", no persisted scan")
-        rows.append((label, ms, runs[0][1], runs[0][2]))
+        rows.append((label, ms, max(r[1] for r in runs), max(r[2] for r in runs)))
     return rows
 
 
