@@ -32,6 +32,7 @@ from typing import Any, Callable
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource, make_program_cache_key
 
+from .flightpolicy import compile_times
 from .headers import header_digest
 from .singleflight import Work, run_once
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -241,7 +242,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     def adopt(outcome: _Outcome) -> ObjectCode:
         return _wrap(outcome.data, target, options, outcome.mapping)
 
-    return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl)
+    return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl,
+                    compile_estimate_s=compile_times.estimate(code_type, target))
 
 
 _CODE_TYPES = ("c++", "ptx", "nvvm")
@@ -347,6 +349,7 @@ def _compile_and_store(
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
         del program
     seconds = time.perf_counter() - started
+    compile_times.record(code_type, target, seconds)  # what single-flight plans the next compile with
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None

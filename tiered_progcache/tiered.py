@@ -15,6 +15,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
 from .errors import DeleteFailed, one_line
+from .flightpolicy import FlightPolicy
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from .redis_store import RedisProgramCache, is_redis_url
@@ -102,6 +103,12 @@ class TieredProgramCache(ProgramCacheResource):
         self._rest = self._tiers[1:]
         self._closed = False
         self._min_upload_compile_s: float | None = config.min_upload_compile_s
+        self._flight_policy = FlightPolicy(
+            lease_min_compile_rtts=config.lease_min_compile_rtts,
+            wait_patience=config.wait_patience,
+            compile_time_prior_s=config.compile_time_prior_s,
+            min_upload_compile_s=config.min_upload_compile_s,
+        )
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
@@ -138,6 +145,11 @@ class TieredProgramCache(ProgramCacheResource):
         """The first shared entry store (the cluster's remote), or None for a local-only chain."""
         stores = self.shared_stores
         return stores[0] if stores else None
+
+    @property
+    def flight_policy(self) -> FlightPolicy:
+        """When ``compile()`` takes a cluster lease and how long it waits for another node's (the settings)."""
+        return self._flight_policy
 
     def stats(self) -> CacheStats:
         """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
@@ -298,6 +310,26 @@ class TieredProgramCache(ProgramCacheResource):
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 done = tier.writeback.flush(remaining) and done
         return done
+
+    def wait_uploaded(self, key: bytes | str, timeout: float | None = None) -> bool:
+        """Wait until no background write of ``key`` is queued or under way; False if ``timeout`` ran out.
+
+        Writes queued after it do not hold it up (``flush`` waits for those too).
+        """
+        k = as_key_bytes(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = True
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = tier.writeback.wait_for(k, remaining) and done
+        return done
+
+    def expedite_uploads(self, since: int) -> None:
+        """Send the background writes submitted after ``since`` (``writeback.submission_mark()``) first."""
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                tier.writeback.expedite(since)
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Drain background writes (within ``timeout`` seconds) and release every tier. Idempotent."""
