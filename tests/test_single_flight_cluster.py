@@ -308,3 +308,41 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
         remote_a.gate.set()
         node_a.close()
         node_b.close()
+
+
+class GatedByKeyRemote(RemoteProgramCache):
+    """A real file:// remote whose upload of each key in ``gates`` waits for that key's event."""
+
+    gates: dict[bytes, threading.Event]
+
+    def __setitem__(self, key, value) -> None:
+        gate = self.gates.get(bytes(key))
+        if gate is not None:
+            assert gate.wait(JOIN_S)
+        super().__setitem__(key, value)
+
+
+def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one(tmp_path):
+    """A's entry is uploaded while an upload queued after it is stuck: A's lease goes at once."""
+    from cuda.core.utils import make_program_cache_key
+
+    key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+    remote = GatedByKeyRemote.from_url(f"file://{tmp_path / 'remote'}")
+    remote.gates = {key: threading.Event(), b"stuck": threading.Event()}
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                                **WAIT_FOR_HOLDER)
+    try:
+        tpc.compile(kernel(56), "c++", options(), cache=node_a, lease_ttl=600)  # its upload waits
+        node_a[b"stuck"] = b"\x7fELF" + bytes(64)  # queued after it, and stuck
+        (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
+        assert isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)  # held while not up
+        remote.gates[key].set()
+        releaser.join(10)  # the release used to wait for the whole queue: 30 s here
+        assert not releaser.is_alive(), "the lease waited for an upload queued after its own"
+        assert RemoteLease(remote.leases(), name, 600).read() is None
+        assert not node_a.flush(timeout=0)  # the later upload is still stuck
+    finally:
+        for gate in remote.gates.values():
+            gate.set()
+        node_a.close()
