@@ -206,7 +206,7 @@ def slow_s3(s3_bucket):
 def test_a_short_compile_takes_no_lease_and_a_long_one_does(
     tmp_path, slow_s3, decisions, fresh_compile_times, prior, choice, requests
 ):
-    """At a 50 ms round trip, 0.01 s is under 4 round trips and 10 s over. Requests on the wire:
+    """At a 50 ms round trip, 0.01 s is under the default one round trip and 10 s over. Requests on the wire:
     short: look, look under the node lock, upload (3); held: look, lease create, look under the
     lease, upload, lease read and delete by the release (6)."""
     proxy, storage_options, url = slow_s3

@@ -521,6 +521,36 @@ def test_the_waiter_looks_at_once_then_every_poll_period_and_reads_the_lease_onl
     assert reads == 3  # at 0, LEASE_RECHECK_S and 2 x LEASE_RECHECK_S
 
 
+def test_the_first_look_and_the_first_lease_read_run_side_by_side():
+    """The first look only returns once the lease is being read: were they one after the other, it would not."""
+
+    class SignallingLeases(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reading = threading.Event()
+
+        def read(self, name):
+            self.reading.set()
+            return super().read(name)
+
+    leases, clock = SignallingLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.3)
+    assert holder.try_acquire()
+    try:
+        first_look = []
+
+        def poll():
+            if not first_look:
+                first_look.append(leases.reading.wait(JOIN_S))
+            return "entry" if clock.mono >= 0.5 else None
+
+        waited = clock.wait_for(RemoteLease(leases, NAME, 60, clock=clock.time), 30, poll)
+    finally:
+        holder.release()
+    assert first_look == [True]
+    assert waited.found == "entry" and waited.holder_estimate_s == 0.3  # the read's answer was used
+
+
 def test_a_waiter_holds_the_entry_within_one_poll_period_of_its_landing():
     """Whenever the entry lands, the waiter's next look (at most one period later) returns it."""
     for landed_at in (0.0001, 0.437, 1.0, 3.21):

@@ -14,6 +14,7 @@ seconds of each other (NTP), or make the TTL comfortably larger than the skew.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
@@ -413,7 +414,8 @@ def wait_for_lease(
     ``found`` not None: ``poll()`` found the holder's result. Neither: the plan's patience
     or the timeout ran out, or the store failed (do the work without a lease).
 
-    A waiter looks for the result once right after finding the lease taken, then every
+    A waiter looks for the result once right after finding the lease taken (reading the
+    lease on a helper thread meanwhile: one round trip for both), then every
     ``plan.poll_period()`` seconds (start to start: one look in flight at a time), so it
     learns the result landed within about one period and one request. The lease itself
     only matters for a holder that crashed or failed, so it is re-read less often: every
@@ -443,7 +445,9 @@ def wait_for_lease(
     except Exception as exc:
         _log_store_failure(exc)
         return ended(WaitOutcome.STORE_FAILED)
-    # Taken: the holder may have just published, and then there is no point waiting.
+    # Taken. Look for the holder's result (it may have just published, and then there is no
+    # point waiting) and read its lease side by side: one round trip for both.
+    first_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
     found = poll()
     if found is not None:
         return ended(WaitOutcome.FOUND, found)
@@ -459,10 +463,11 @@ def wait_for_lease(
         now = clock()
         if now >= recheck_at:
             try:
-                info = lease.read()
+                info = lease.read() if first_read is None else first_read.result()  # bounded by the store
             except Exception as exc:
                 _log_store_failure(exc)
                 return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+            first_read = None
             wall = lease.clock()
             retake = False
             if info is None:
@@ -527,6 +532,21 @@ def wait_for_lease(
             continue
         wake = min(next_poll, recheck_at, deadline, patience_end if patience_end is not None else deadline)
         sleep(max(0.0, wake - now))
+
+
+def _read_aside(lease: RemoteLease) -> concurrent.futures.Future[LeaseInfo | None | bytes]:
+    """``lease.read()`` on a daemon thread; every request it makes has the store's own deadline."""
+    future: concurrent.futures.Future[LeaseInfo | None | bytes] = concurrent.futures.Future()
+
+    def read() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(lease.read())
+            except BaseException as exc:  # handed to the waiter
+                future.set_exception(exc)
+
+    threading.Thread(target=read, name="tiered-progcache-lease-read", daemon=True).start()
+    return future
 
 
 def _log_store_failure(exc: BaseException) -> None:

@@ -48,7 +48,7 @@ ENV_PREFIX = "TIERED_PROGCACHE_"
 DEFAULT_MAX_MEMORY_BYTES = 256 << 20
 
 #: Leases only for compiles of at least this many round trips (docs/cluster.md, "When nodes wait").
-DEFAULT_LEASE_MIN_COMPILE_RTTS = 4.0
+DEFAULT_LEASE_MIN_COMPILE_RTTS = 1.0
 #: A waiter compiles itself after this many estimated compile times (plus the landing's round trips).
 DEFAULT_WAIT_PATIENCE = 1.0
 #: The compile time assumed before a process has timed one: long enough that the first compiles take leases.
