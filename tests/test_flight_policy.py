@@ -231,8 +231,8 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_its
     """Node A holds the lease and its compile is held until node B is done. B plans with a 0.2 s
     compile: it waits about that long, compiles itself, and reports it; A's lease stays A's."""
     url = f"file://{tmp_path / 'remote'}"
-    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2)
-    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2)
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
     a_compiling, b_done = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -259,7 +259,7 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_its
         stop()
         node_a.close()
         node_b.close()
-    assert runs == ["node-a", "MainThread"]
+    assert runs == ["node-a", "MainThread"], decisions
     by_choice = {d.choice: d for d in decisions}
     assert set(by_choice) == {"held", "gave up"}
     gave_up = by_choice["gave up"]
@@ -270,8 +270,9 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_its
 def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, fresh_compile_times):
     """The control: wait_patience=None, the same stuck holder let go after B has waited 1 s: one compile."""
     url = f"file://{tmp_path / 'remote'}"
-    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2)
-    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, wait_patience=None)
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0,
+                                wait_patience=None)
     a_compiling, let_go = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -303,5 +304,5 @@ def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, f
         stop()
         node_a.close()
         node_b.close()
+    assert sorted(d.choice for d in decisions) == ["held", "waited"], decisions
     assert runs == ["node-a"] and len(out) == 1
-    assert sorted(d.choice for d in decisions) == ["held", "waited"]

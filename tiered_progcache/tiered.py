@@ -352,15 +352,19 @@ class TieredProgramCache(ProgramCacheResource):
 
     # -- bulk transfer with the remote ---------------------------------------------------
 
-    def warm(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
+    def warm(
+        self, names: Iterable[str] | None = None, *, max_bytes: int | None = None, progress: Any = None
+    ) -> TransferReport:
         """Prefetch the nearest shared tier's entries into the local directory (see ``transfer.warm``).
 
-        >>> cache.warm(progress=lambda done, total: print(done, "/", total))  # at node start-up
+        >>> cache.warm(max_bytes=20 << 30)  # at node start-up: the newest 20 GB, one listing, batched reads
+
+        After it, ``compile()`` of anything it fetched asks the remote nothing.
         """
         from . import transfer
 
         remote, local = self._remote_and_local("warm")
-        return transfer.warm(remote, local, names, progress=progress)
+        return transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
 
     def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
         """Upload local entries the nearest shared tier lacks (see ``transfer.push``); e.g. at the end of a CI job.
