@@ -235,7 +235,7 @@ def main() -> None:
     started = time.perf_counter()
     print(f"fleet: {n} nodes x {k} kernels (sample matmul variants), remote {args.remote}, "
           f"{os.cpu_count()} CPUs, median of {args.repeat} run(s) per row")
-    print(f"{'RTT':>5}  {'row':<18} {'compiles':>8} {'wall s':>7} {'vs alone':>8} {'node p50':>8} {'max':>6} "
+    print(f"{'RTT':>5}  {'row':<24} {'compiles':>8} {'wall s':>7} {'vs alone':>8} {'node p50':>8} {'max':>6} "
           f"{'req/lookup':>10}  choices")
     try:
         for rtt in rtts:
@@ -261,7 +261,7 @@ def main() -> None:
                 run = _median_run(runs[name])
                 requests, lookups = run["requests"], (1 if name.endswith("1 node") else n) * k
                 per_lookup = "" if requests is None else f"{requests / lookups:.2f}"
-                print(f"{rtt * 1e3:>3.0f}ms  {name:<18} {run['compiles']:>8} {run['wall']:>7.2f} "
+                print(f"{rtt * 1e3:>3.0f}ms  {name:<24} {run['compiles']:>8} {run['wall']:>7.2f} "
                       f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10}  "
                       f"{_choices(run['decisions'])}")
                 if log is not None:
