@@ -26,7 +26,10 @@ Columns: compiler runs in the fleet; wall seconds from the barrier to the last n
 p50 and max per node of the time to hold all K kernels; HTTP requests per ``compile()``
 call, from the barrier until every node has exited, so uploads, lease requests, polls and
 prefetch included (moto behind ``testing.delayproxy.DelayProxy`` with keep-alive counts
-them; blank for file://); and the flight policy's choices (``tiered_progcache.flightpolicy.on_flight``).
+them; blank for file://); ``R ms``, the median round trip the nodes' policy saw (the
+injected RTT plus moto's and the client's own time); and the flight policy's choices
+(``tiered_progcache.flightpolicy.on_flight``), with the estimate in round trips (C/R)
+where it compiled without a lease, and the wait where a waiter gave up.
 
 ``--remote s3``: moto S3 in its own process behind the delay proxy (RTT injected per
 request). ``--remote file``: a ``file://`` directory, 0 ms only (the GPU host has no moto;
@@ -208,7 +211,14 @@ class FileRemote:
 
 def _choices(decisions: list[dict[str, Any]]) -> str:
     counts = collections.Counter(d["choice"] for d in decisions)
-    return " ".join(f"{choice} {n}" for choice, n in sorted(counts.items())) or "-"
+    text = " ".join(f"{choice} {n}" for choice, n in sorted(counts.items())) or "-"
+    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions if d["choice"] == "short" and d["round_trip_s"]]
+    if ratios:  # where the policy compiled instead of taking a lease: the estimate in round trips
+        text += f" (short at C/R {min(ratios):.1f}-{max(ratios):.1f})"
+    waits = [d["waited_s"] for d in decisions if d["choice"] == "gave up"]
+    if waits:
+        text += f" (gave up after {min(waits):.2f}-{max(waits):.2f} s)"
+    return text
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -236,7 +246,7 @@ def main() -> None:
     print(f"fleet: {n} nodes x {k} kernels (sample matmul variants), remote {args.remote}, "
           f"{os.cpu_count()} CPUs, median of {args.repeat} run(s) per row")
     print(f"{'RTT':>5}  {'row':<24} {'compiles':>8} {'wall s':>7} {'vs alone':>8} {'node p50':>8} {'max':>6} "
-          f"{'req/lookup':>10}  choices")
+          f"{'req/lookup':>10} {'R ms':>5}  choices")
     try:
         for rtt in rtts:
             remote.set_rtt(rtt)
@@ -261,9 +271,11 @@ def main() -> None:
                 run = _median_run(runs[name])
                 requests, lookups = run["requests"], (1 if name.endswith("1 node") else n) * k
                 per_lookup = "" if requests is None else f"{requests / lookups:.2f}"
+                seen = [d["round_trip_s"] for d in run["decisions"] if d["round_trip_s"] is not None]
+                observed = f"{statistics.median(seen) * 1e3:.0f}" if seen else ""
                 print(f"{rtt * 1e3:>3.0f}ms  {name:<24} {run['compiles']:>8} {run['wall']:>7.2f} "
-                      f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10}  "
-                      f"{_choices(run['decisions'])}")
+                      f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10} "
+                      f"{observed:>5}  {_choices(run['decisions'])}")
                 if log is not None:
                     for d in run["decisions"]:
                         log.write(json.dumps({"rtt_ms": rtt * 1e3, "row": name, **d}) + "\n")
