@@ -156,7 +156,7 @@ def test_a_waiters_plan_polls_every_round_trip_and_waits_the_holders_compile_plu
     assert plan.poll_period() == pytest.approx(0.04)
     assert plan.patience(None) == pytest.approx(0.9 + LANDING_RTTS * 0.04 + 0.04)  # its own estimate
     assert plan.patience(0.3) == pytest.approx(0.3 + LANDING_RTTS * 0.04 + 0.04)  # the holder's
-    assert FlightPolicy(wait_patience=2.0).wait_plan(0.9, store).patience(0.3) == pytest.approx(0.6 + 0.16)
+    assert FlightPolicy(wait_patience=2.0).wait_plan(0.9, store).patience(0.3) == pytest.approx(0.6 + 0.2)
     assert FlightPolicy(wait_patience=None).wait_plan(0.9, store).patience(0.3) is None
 
 

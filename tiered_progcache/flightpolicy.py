@@ -6,18 +6,16 @@ store (observed: :class:`~tiered_progcache.latency.LatencyTracker`), ``C`` the c
 (estimated: :class:`CompileTimes`) and ``P`` the poll period (``max(floor, R)``), after
 the first miss that every path pays:
 
-* alone: ``C`` (plus one look under the node lock);
-* the lease holder: ``R`` (create) ``+ R`` (look again under the lease) ``+ C``; its
-  upload and release run in the background;
-* a waiter that finds the lease taken by a holder that started with it: the holder's
-  ``R + C``, its upload ``R``, at most ``P`` until the next look, and that look's ``R``:
-  about ``C + 3R + P``.
+* alone: ``R + C`` (one more look, under the node lock);
+* the lease holder: ``2R + C`` (the create, one look under the lease); its upload and
+  release run in the background;
+* a waiter: the holder created its lease before the waiter tried, then looked, compiled
+  and uploaded; the waiter's next look starts within ``P``: at most ``C + 4R + P``.
 
-So the lease is taken only when ``C >= lease_min_compile_rtts x R`` (it can then cost a
-waiter at most ``(3R + P) / C`` more than compiling alone, and saves a compile), and a
-waiter compiles itself once it has waited ``wait_patience x C + 3R + P``: as long as the
-holder should need. The full arithmetic and the defaults' figures are in
-docs/cluster.md ("When nodes wait").
+So the lease is taken only when ``C >= lease_min_compile_rtts x R``, and a waiter
+compiles itself once it has waited ``wait_patience x C + 4R + P``: what the holder needs
+at most. The full arithmetic and the defaults' figures are in docs/cluster.md ("When
+nodes wait").
 
 Every choice is reported to hooks (:func:`on_flight`) and logged at DEBUG (a waiter
 that gave up: INFO), so a run can show where the policy compiled instead of waiting.
@@ -50,9 +48,9 @@ logger = logging.getLogger(__name__)
 
 #: The shortest poll period: on a store that answers in microseconds (a local path) a waiter still pauses.
 POLL_FLOOR_S = 0.01
-#: Round trips between a holder's lease and the waiter holding its entry, besides the compile:
-#: the holder's look under the lease, its upload, and the waiter's look that finds it.
-LANDING_RTTS = 3
+#: Round trips between a waiter's first try and it holding the entry, besides the compile and
+#: one poll period: the holder's create and look under the lease, its upload, the look that finds it.
+LANDING_RTTS = 4
 #: Weight of the newest compile time in the running estimate (an exponentially weighted mean).
 COMPILE_TIME_WEIGHT = 0.3
 
