@@ -49,6 +49,9 @@ def test_every_variable_is_read(tmp_path):
         ENV + "TRANSFER_CONCURRENCY": "16",
         ENV + "MIN_UPLOAD_COMPILE_S": "0.5",
         ENV + "EXPLAIN": "1",
+        ENV + "LEASE_MIN_COMPILE_RTTS": "6",
+        ENV + "WAIT_PATIENCE": "none",
+        ENV + "COMPILE_TIME_PRIOR_S": "0.3",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -60,6 +63,7 @@ def test_every_variable_is_read(tmp_path):
     assert config.max_pending_upload_bytes == 64 << 20
     assert config.transfer_concurrency == 16 and config.min_upload_compile_s == 0.5
     assert config.explain_misses is True
+    assert (config.lease_min_compile_rtts, config.wait_patience, config.compile_time_prior_s) == (6.0, None, 0.3)
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
@@ -257,7 +261,7 @@ def test_every_setting_is_a_row_of_the_documented_table():
 OLD_FLAGS = {
     "--dir", "--remote", "--remote-options", "--read-only", "--signing-key-file",
     "--compression", "--remote-timeout", "--strict", "--max-local-bytes", "--transfer-concurrency",
-    "--min-upload-compile-s",
+    "--min-upload-compile-s", "--lease-min-compile-rtts", "--wait-patience", "--compile-time-prior-s",
 }  # fmt: skip
 
 
@@ -310,6 +314,9 @@ def test_flags_parse_into_settings(tmp_path):
         (["--remote-options", "[1, 2]"], "JSON object"),
         (["--remote-options", "{nope"], "not valid JSON"),
         (["--compression", "gzip"], "zstd or none"),
+        (["--wait-patience", "soon"], "not a number"),
+        (["--lease-min-compile-rtts", "-1"], "non-negative"),
+        (["--lease-min-compile-rtts", "none"], "not a number"),
     ],
 )
 def test_bad_flag_values_are_usage_errors_naming_the_flag(argv, needle):
@@ -335,6 +342,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "max_pending_upload_bytes": 1 << 20,
         "redis_expire_s": 3600.0,
         "transfer_concurrency": 16, "min_upload_compile_s": 0.25, "explain_misses": True,
+        "lease_min_compile_rtts": 2.5, "wait_patience": None, "compile_time_prior_s": 0.75,
     }  # fmt: skip
     value = samples[setting.name]
     text = setting.text(value)

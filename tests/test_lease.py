@@ -19,7 +19,16 @@ from typing import Callable
 
 import pytest
 
-from tiered_progcache.lease import LEASE_FORMAT, LeaseInfo, RemoteLease, wait_for_lease
+from tiered_progcache.lease import (
+    LEASE_FORMAT,
+    LEASE_RECHECK_S,
+    FixedWait,
+    LeaseInfo,
+    LeaseWait,
+    RemoteLease,
+    WaitOutcome,
+    wait_for_lease,
+)
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import LeaseStore, entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
@@ -53,9 +62,14 @@ class SteppedClock:
         for hook in self.on_sleep:
             hook()
 
-    def wait(self, lease: RemoteLease, timeout: float, poll=lambda: None):
-        """``wait_for_lease`` on this clock (``lease`` must be built with ``clock=self.time``)."""
-        return wait_for_lease(lease, poll, timeout, clock=self.monotonic, sleep=self.sleep)
+    def wait(self, lease: RemoteLease, timeout: float, poll=lambda: None, plan=None) -> tuple[object, bool]:
+        """``wait_for_lease`` on this clock as ``(found, held)`` (``lease`` must be built with ``clock=self.time``)."""
+        waited = self.wait_for(lease, timeout, poll, plan)
+        return waited.found, waited.held
+
+    def wait_for(self, lease: RemoteLease, timeout: float, poll=lambda: None, plan=None) -> LeaseWait:
+        """``wait_for_lease`` on this clock, all it reports."""
+        return wait_for_lease(lease, poll, timeout, plan=plan, clock=self.monotonic, sleep=self.sleep)
 
 
 class DictLeases(LeaseStore):
@@ -171,7 +185,11 @@ def test_a_waiter_gets_the_holders_result_when_it_is_published(leases):
         assert finished.wait(JOIN_S)
         return "entry-bytes"
 
-    t = threading.Thread(target=lambda: out.append(wait_for_lease(RemoteLease(leases, NAME, 30), poll, 20)))
+    def wait() -> None:
+        waited = wait_for_lease(RemoteLease(leases, NAME, 30), poll, 20)
+        out.append((waited.found, waited.held))
+
+    t = threading.Thread(target=wait)
     t.start()
     assert polled.wait(JOIN_S)  # it polled only after finding the lease taken
     holder.release()
@@ -462,31 +480,197 @@ def test_a_holder_process_without_proc_information_is_never_judged():
 # -- the waiter's loop, step by step on the stepped clock -------------------------------------------
 
 
-def test_the_waiter_looks_for_the_result_after_every_pause_and_backs_off_by_half():
-    """The holder keeps its lease; its result appears on the waiter's third look, after its third pause."""
-    leases, clock = DictLeases(), SteppedClock()
+class CountingLeases(DictLeases):
+    """DictLeases that count reads of the lease itself (not of break markers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def read(self, name: str) -> bytes | None:
+        if name == NAME:
+            self.reads += 1
+        return super().read(name)
+
+
+def test_the_waiter_looks_at_once_then_every_poll_period_and_reads_the_lease_only_every_recheck():
+    """The holder keeps its lease; its result appears on the waiter's 80th look (at 2.37 s).
+
+    Looks: one right after the taken lease, then one every poll period, start to start,
+    never a backoff. The lease is read once at the start, then once per LEASE_RECHECK_S.
+    """
+    leases, clock = CountingLeases(), SteppedClock()
     holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     assert holder.try_acquire()
     looks = []
 
     def poll():
         looks.append(clock.mono)
-        return "entry" if len(looks) == 3 else None
+        return "entry" if len(looks) == 80 else None
 
     try:
         waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
-        assert wait_for_lease(waiter, poll, 30, clock=clock.monotonic, sleep=clock.sleep) == ("entry", False)
+        waited = clock.wait_for(waiter, 30, poll, plan=FixedWait(poll_s=0.03))
+        reads = leases.reads
     finally:
         holder.release()
-    assert clock.sleeps == pytest.approx([0.05, 0.075, 0.1125])  # LEASE_POLL_S, then x1.5 each time
-    assert looks == pytest.approx([0.05, 0.125, 0.2375])  # one look after each pause, none before the first try
+    assert (waited.found, waited.held, waited.outcome) == ("entry", False, WaitOutcome.FOUND)
+    assert looks == pytest.approx([0.03 * n for n in range(80)])
+    assert waited.waited_s == pytest.approx(0.03 * 79)
+    assert max(clock.sleeps) <= 0.03 + 1e-9  # no pause ever longer than the poll period
+    assert reads == 3  # at 0, LEASE_RECHECK_S and 2 x LEASE_RECHECK_S
+
+
+def test_the_first_look_and_the_first_lease_read_run_side_by_side():
+    """The first look only returns once the lease is being read: were they one after the other, it would not."""
+
+    class SignallingLeases(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reading = threading.Event()
+
+        def read(self, name):
+            self.reading.set()
+            return super().read(name)
+
+    leases, clock = SignallingLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.3)
+    assert holder.try_acquire()
+    try:
+        first_look = []
+
+        def poll():
+            if not first_look:
+                first_look.append(leases.reading.wait(JOIN_S))
+            return "entry" if clock.mono >= 0.5 else None
+
+        waited = clock.wait_for(RemoteLease(leases, NAME, 60, clock=clock.time), 30, poll)
+    finally:
+        holder.release()
+    assert first_look == [True]
+    assert waited.found == "entry" and waited.holder_estimate_s == 0.3  # the read's answer was used
+
+
+def test_a_waiter_holds_the_entry_within_one_poll_period_of_its_landing():
+    """Whenever the entry lands, the waiter's next look (at most one period later) returns it."""
+    for landed_at in (0.0001, 0.437, 1.0, 3.21):
+        leases, clock = DictLeases(), SteppedClock()
+        holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        assert holder.try_acquire()
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        waited = clock.wait_for(waiter, 30, lambda: "entry" if clock.mono >= landed_at else None,
+                                plan=FixedWait(poll_s=0.05))
+        holder.release()
+        assert waited.found == "entry"
+        assert landed_at <= waited.waited_s < landed_at + 0.05 + 1e-9, (landed_at, waited.waited_s)
+
+
+def test_the_waiter_gives_up_after_exactly_its_patience_and_leaves_the_lease_alone():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    try:
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        waited = clock.wait_for(waiter, 300, plan=FixedWait(poll_s=0.05, patience_s=0.7))
+        assert (waited.found, waited.held, waited.outcome) == (None, False, WaitOutcome.PATIENCE)
+        assert waited.waited_s == pytest.approx(0.7) and clock.mono == pytest.approx(0.7)
+        info = waiter.read()
+        assert isinstance(info, LeaseInfo) and info.token == holder.token  # still the holder's
+    finally:
+        holder.release()
+
+
+class PatienceOfTwiceTheEstimate:
+    """A plan whose patience is twice the holder's estimate (1 s when the lease carries none)."""
+
+    def poll_period(self) -> float:
+        return 0.05
+
+    def patience(self, holder_estimate_s):
+        return 1.0 if holder_estimate_s is None else 2 * holder_estimate_s
+
+
+def test_the_patience_is_sized_by_the_estimate_in_the_holders_lease():
+    for estimate, gives_up_at in ((0.4, 0.8), (None, 1.0), (3.0, 6.0)):
+        leases, clock = DictLeases(), SteppedClock()
+        holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=estimate)
+        assert holder.try_acquire()
+        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+        waited = clock.wait_for(waiter, 300, plan=PatienceOfTwiceTheEstimate())
+        holder.release()
+        assert waited.outcome is WaitOutcome.PATIENCE and waited.holder_estimate_s == estimate
+        assert waited.waited_s == pytest.approx(gives_up_at)
+
+
+def test_a_new_holder_restarts_the_patience():
+    """Holder A hands over to holder B at 0.3 s; the waiter sees B at its 1 s re-read and waits B's patience."""
+    leases, clock = DictLeases(), SteppedClock()
+    first = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.75)
+    second = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.75)
+    assert first.try_acquire()
+
+    def hand_over() -> None:
+        if clock.mono >= 0.3 and first.held:
+            first.release()
+            assert second.try_acquire()
+
+    clock.on_sleep.append(hand_over)
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    try:
+        waited = clock.wait_for(waiter, 300, plan=PatienceOfTwiceTheEstimate())
+    finally:
+        second.release()
+    assert waited.outcome is WaitOutcome.PATIENCE
+    assert waited.waited_s == pytest.approx(1.0 + 1.5)  # the re-read at 1 s, then 2 x 0.75
+
+
+def test_a_failed_holders_release_is_seen_at_the_next_lease_reread_and_the_waiter_takes_it():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    clock.on_sleep.append(lambda: holder.release() if clock.mono >= 0.2 else None)
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    waited = clock.wait_for(waiter, 300, plan=FixedWait(poll_s=0.05))
+    assert (waited.held, waited.outcome) == (True, WaitOutcome.HELD)
+    assert waited.waited_s == pytest.approx(LEASE_RECHECK_S)
+    waiter.release()
+
+
+def test_the_holders_estimate_is_in_its_lease_and_documents_without_one_still_read():
+    leases = DictLeases()
+    holder = RemoteLease(leases, NAME, ttl_s=60, compile_estimate_s=0.25)
+    assert holder.try_acquire()
+    info = holder.read()
+    assert isinstance(info, LeaseInfo) and info.compile_estimate_s == 0.25
+    holder.release()
+    old = _stale_document(expires_at=time.time() + 60)  # as holders wrote them before: no estimate
+    assert "compile_estimate_s" not in json.loads(old)
+    leases.objects[NAME] = old
+    info = RemoteLease(leases, NAME, 60).read()
+    assert isinstance(info, LeaseInfo) and info.holder == "gone:1" and info.compile_estimate_s is None
+
+
+@pytest.mark.parametrize("bad", [-1, "0.5", True, float("inf"), float("nan"), None, [1]])
+def test_a_bad_estimate_in_a_lease_reads_as_none(bad):
+    leases = DictLeases()
+    doc = json.loads(_stale_document(expires_at=time.time() + 60))
+    doc["compile_estimate_s"] = bad
+    leases.objects[NAME] = json.dumps(doc).encode()
+    info = RemoteLease(leases, NAME, 60).read()
+    assert isinstance(info, LeaseInfo) and info.compile_estimate_s is None
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan")])
+def test_a_holder_refuses_a_bad_estimate(bad):
+    with pytest.raises(ValueError, match="compile_estimate_s"):
+        RemoteLease(DictLeases(), NAME, 60, compile_estimate_s=bad)
 
 
 def test_a_free_lease_is_taken_without_looking_for_a_result_or_pausing():
     clock = SteppedClock()
     polls = []
     waiter = RemoteLease(DictLeases(), NAME, ttl_s=60, clock=clock.time)
-    assert wait_for_lease(waiter, lambda: polls.append(1), 30, clock=clock.monotonic, sleep=clock.sleep) == (None, True)
+    assert clock.wait(waiter, 30, lambda: polls.append(1)) == (None, True)
     assert polls == [] and clock.sleeps == []
     waiter.release()
 

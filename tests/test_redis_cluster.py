@@ -20,6 +20,7 @@ from tiered_progcache.store import entry_name
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401
 
 from test_single_flight import collect_outcomes, kernel, log_compiles, options
+from test_single_flight_cluster import WAIT_FOR_HOLDER
 
 pytest.importorskip("redis")
 
@@ -33,7 +34,7 @@ def _node(local_dir: str, url: str, log_path: str, sources: list[str], seed: int
         log_compiles(log_path)
         order = list(sources)
         random.Random(seed).shuffle(order)
-        with TieredProgramCache(local_dir, remote=url, strict=True) as cache:
+        with TieredProgramCache(local_dir, remote=url, strict=True, **WAIT_FOR_HOLDER) as cache:
             assert cache.shared_store.leases().atomic_create
             go.wait(JOIN_S)
             outcomes = []

@@ -32,6 +32,11 @@ from test_single_flight import BROKEN, collect_outcomes, kernel, options
 SPAWN = mp.get_context("spawn")
 JOIN_S = 90
 LEASE_TTL_S = 2.0
+#: The policy under which these tests check the mechanism: every compile takes the lease and every
+#: waiter waits for the holder (up to wait_timeout). The default policy compiles short kernels
+#: without a lease and stops waiting after about a compile's time (test_flight_policy.py), which on
+#: a loaded test machine would let a waiter compile a kernel its holder was still compiling.
+WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -68,7 +73,7 @@ def _node(local_dir, url, storage_options, log_path, sources, seed, go, results)
         _log_compiles(log_path)
         order = list(sources)
         random.Random(seed).shuffle(order)
-        with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
+        with TieredProgramCache(local_dir, remote=url, remote_options=storage_options, **WAIT_FOR_HOLDER) as cache:
             go.wait(JOIN_S)
             outcomes = []
             for src in order:
@@ -185,7 +190,7 @@ def test_a_lease_holder_killed_on_this_host_does_not_hold_up_the_next_compile(tm
     holder.join(JOIN_S)
     assert len(_lease_paths(url, None)) == 1
     start = tpc.compile_count()
-    with TieredProgramCache(tmp_path / "waiter", remote=url) as cache:
+    with TieredProgramCache(tmp_path / "waiter", remote=url, **WAIT_FOR_HOLDER) as cache:
         obj = tpc.compile(kernel(43), "c++", options(), cache=cache, lease_ttl=3600, wait_timeout=3600)
     assert bytes(obj.code)[:4] == b"\x7fELF" and tpc.compile_count() - start == 1
 
@@ -274,7 +279,8 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
     url = f"file://{tmp_path / 'remote'}"
     remote_a = GatedRemote.from_url(url)
     remote_a.gate = threading.Event()
-    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a])
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a],
+                                **WAIT_FOR_HOLDER)
     start = tpc.compile_count()
     tpc.compile(kernel(55), "c++", options(), cache=node_a, lease_ttl=600)  # returns; the upload waits
     key = make_program_cache_key(code=kernel(55), code_type="c++", options=options(), target_type="cubin")
@@ -291,7 +297,8 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
 
     try:
         lease_b = RemoteLease(node_b.shared_store.leases(), name, 600)
-        found, held = wait_for_lease(lease_b, lambda: node_b.get(key), timeout=JOIN_S, sleep=pause)
+        waited = wait_for_lease(lease_b, lambda: node_b.get(key), timeout=JOIN_S, sleep=pause)
+        found, held = waited.found, waited.held
         if held:  # what run_once does next: look again under the lease
             found = node_b.get(key)
             lease_b.release()
@@ -301,3 +308,41 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
         remote_a.gate.set()
         node_a.close()
         node_b.close()
+
+
+class GatedByKeyRemote(RemoteProgramCache):
+    """A real file:// remote whose upload of each key in ``gates`` waits for that key's event."""
+
+    gates: dict[bytes, threading.Event]
+
+    def __setitem__(self, key, value) -> None:
+        gate = self.gates.get(bytes(key))
+        if gate is not None:
+            assert gate.wait(JOIN_S)
+        super().__setitem__(key, value)
+
+
+def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one(tmp_path):
+    """A's entry is uploaded while an upload queued after it is stuck: A's lease goes at once."""
+    from cuda.core.utils import make_program_cache_key
+
+    key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+    remote = GatedByKeyRemote.from_url(f"file://{tmp_path / 'remote'}")
+    remote.gates = {key: threading.Event(), b"stuck": threading.Event()}
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                                **WAIT_FOR_HOLDER)
+    try:
+        tpc.compile(kernel(56), "c++", options(), cache=node_a, lease_ttl=600)  # its upload waits
+        node_a[b"stuck"] = b"\x7fELF" + bytes(64)  # queued after it, and stuck
+        (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
+        assert isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)  # held while not up
+        remote.gates[key].set()
+        releaser.join(10)  # the release used to wait for the whole queue: 30 s here
+        assert not releaser.is_alive(), "the lease waited for an upload queued after its own"
+        assert RemoteLease(remote.leases(), name, 600).read() is None
+        assert not node_a.flush(timeout=0)  # the later upload is still stuck
+    finally:
+        for gate in remote.gates.values():
+            gate.set()
+        node_a.close()

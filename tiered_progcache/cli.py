@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = command(name, verb)
         p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (64-hex names from ls)")
+        if name == "warm":
+            p.add_argument("--names-from", metavar="FILE",
+                           help="only the entries named in FILE, one per line as ls prints them (- for stdin); "
+                           "no listing of the remote")  # fmt: skip
+            p.add_argument("--max-bytes", type=_typed(parse_size), metavar="SIZE",
+                           help="only the newest entries that fit in SIZE (e.g. 20G, the local cap)")  # fmt: skip
         _progress_flag(p)
         p.set_defaults(func=functools.partial(cmd_transfer, direction=name))
 
@@ -463,13 +469,20 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     from . import transfer
 
     names = _entry_names(args.names)
+    max_bytes = None
+    if direction == "warm":
+        if args.names_from is not None:
+            names = (names or []) + _names_from(args.names_from)
+        max_bytes = args.max_bytes
+        if max_bytes is not None and names is not None:
+            raise UsageError("--max-bytes picks from the remote's listing: give it or entry names, not both")
     local = _local(args)
     with _remote(args) as remote:
         if direction == "push":
             _refuse_read_only(remote, "push")
         with _progress_bar(args, direction) as progress:
             if direction == "warm":
-                report = transfer.warm(remote, local, names, progress=progress)
+                report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
             else:
                 report = transfer.push(local, remote, names, progress=progress)
         source, target = (remote.location, local.location) if direction == "warm" else (local.location, remote.location)
@@ -480,6 +493,26 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
         f"in {report.seconds:.2f} s{rate}; {report.skipped} already there, {report.failures} failed"
     )
     return EXIT_PROBLEMS if report.failures else EXIT_OK
+
+
+def _names_from(path: str) -> list[str]:
+    """Entry names from a file (or ``-``: stdin), the first field of each line, as ``ls`` prints them.
+
+    Blank lines and ``#`` comments are skipped; anything else that is not an entry name is a usage error.
+    """
+    try:
+        if path == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--names-from {path}: {exc}") from None
+    fields = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    for field in fields:
+        if not is_entry_name(field):
+            raise UsageError(f"--names-from {path}: {field!r} is not an entry name (64 lowercase hex digits)")
+    return fields
 
 
 def _entry_names(names: Sequence[str]) -> list[str] | None:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
+from .flightpolicy import compile_times
 from .keys import CompileKey, compile_key
 from .manifest import ManifestError, build_manifest, compile_inputs, decode_manifest, encode_manifest, manifest_key
 from .singleflight import Work, run_once
@@ -334,7 +335,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     def adopt(outcome: _Outcome) -> ObjectCode:
         return _wrap(outcome.data, target, options, outcome.mapping)
 
-    return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl)
+    return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl,
+                    compile_estimate_s=compile_times.estimate(code_type, target))
 
 
 _CODE_TYPES = ("c++", "ptx", "nvvm")
@@ -462,6 +464,7 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
         del program
     seconds = time.perf_counter() - started
+    compile_times.record(code_type, target, seconds)  # what single-flight plans the next compile with
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     if _hit_hooks:
         _remember_seconds((id(cache), key), round(seconds, 6))  # what the manifest records

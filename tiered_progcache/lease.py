@@ -14,9 +14,12 @@ seconds of each other (NTP), or make the TTL comfortably larger than the skew.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
+import enum
 import hashlib
+import math
 import json
 import logging
 import os
@@ -24,20 +27,36 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable, TypeVar
+from typing import Callable, Generic, Protocol, TypeVar
 
 from .ratelimit import log_once
 from .store import LeaseStore
 
-__all__ = ["LEASE_FORMAT", "LEASE_POLL_S", "HolderProcess", "LeaseInfo", "RemoteLease", "wait_for_lease"]
+__all__ = [
+    "DEFAULT_POLL_S",
+    "LEASE_FORMAT",
+    "LEASE_RECHECK_S",
+    "FixedWait",
+    "HolderProcess",
+    "LeaseInfo",
+    "LeaseWait",
+    "RemoteLease",
+    "WaitOutcome",
+    "WaitPlan",
+    "wait_for_lease",
+]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 LEASE_FORMAT = "tiered-progcache/lease"
-#: First and largest pause between looks at a taken lease, in seconds.
-LEASE_POLL_S = (0.05, 1.0)
+#: Seconds between a waiter's looks for the holder's result when no plan says otherwise.
+DEFAULT_POLL_S = 0.05
+#: A waiter re-reads a taken lease this often (and at its expiry): it matters only for a crashed or failed holder.
+LEASE_RECHECK_S = 1.0
+#: How long after a lease's stated expiry a waiter looks again (so the lease has expired when it looks).
+EXPIRY_MARGIN_S = 0.01
 #: Retries without a pause (the lease was just released or broken) before pausing anyway.
 QUICK_RETRIES = 3
 
@@ -138,7 +157,11 @@ def _start_ticks(pid: int) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class LeaseInfo:
-    """What a lease object says: who holds it and until when (holder's wall clock). Immutable."""
+    """What a lease object says: who holds it and until when (holder's wall clock). Immutable.
+
+    ``compile_estimate_s`` is how long the holder expected its compile to take when it took
+    the lease (None in documents written before holders wrote it, or with a bad value).
+    """
 
     holder: str
     token: str
@@ -146,6 +169,7 @@ class LeaseInfo:
     expires_at: float
     raw: bytes
     process: HolderProcess | None = None
+    compile_estimate_s: float | None = None
 
     def expired(self, now: float | None = None) -> bool:
         """True once ``now`` (seconds since the epoch; default: this host's clock) reaches the expiry."""
@@ -167,13 +191,21 @@ def _parse_lease(raw: bytes) -> LeaseInfo | None:
             return None
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
-    return LeaseInfo(holder, token, acquired_at, expires_at, raw, HolderProcess.from_json(doc.get("process")))
+    return LeaseInfo(holder, token, acquired_at, expires_at, raw, HolderProcess.from_json(doc.get("process")),
+                     _seconds_or_none(doc.get("compile_estimate_s")))
+
+
+def _seconds_or_none(value: object) -> float | None:
+    """A non-negative, finite number of seconds from a lease document; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < math.inf else None
 
 
 class RemoteLease:
     """One holder's attempt at the lease ``name`` in ``leases``.
 
-    >>> lease = RemoteLease(shared.leases(), entry_name(key), ttl_s=60)
+    >>> lease = RemoteLease(shared.leases(), entry_name(key), ttl_s=60, compile_estimate_s=0.8)
     >>> if lease.try_acquire():
     ...     try: compile_and_upload()
     ...     finally: lease.release()
@@ -181,17 +213,28 @@ class RemoteLease:
     Safe across threads, processes and hosts when ``leases.atomic_create`` is True;
     one instance is one attempt by one holder. ``clock`` is the wall clock the
     expiry is written and judged by (injectable so tests can step it).
+    ``compile_estimate_s`` goes into the document for waiters to size their patience by.
     """
 
     def __init__(
-        self, leases: LeaseStore, name: str, ttl_s: float, *, clock: Callable[[], float] = time.time
+        self,
+        leases: LeaseStore,
+        name: str,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.time,
+        compile_estimate_s: float | None = None,
     ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        if compile_estimate_s is not None and _seconds_or_none(compile_estimate_s) is None:
+            raise ValueError(f"compile_estimate_s must be a non-negative, finite number or None, "
+                             f"got {compile_estimate_s!r}")
         self.leases = leases
         self.name = name
         self.ttl_s = float(ttl_s)
         self.clock = clock
+        self.compile_estimate_s = compile_estimate_s
         self.token = uuid.uuid4().hex
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.process = HolderProcess.current()
@@ -206,18 +249,18 @@ class RemoteLease:
 
     def _document(self) -> bytes:
         now = self.clock()
-        return json.dumps(
-            {
-                "format": LEASE_FORMAT,
-                "version": 1,
-                "holder": self.holder,
-                "token": self.token,
-                "acquired_at": now,
-                "expires_at": now + self.ttl_s,
-                "process": self.process.as_json(),
-            },
-            sort_keys=True,
-        ).encode()
+        doc: dict[str, object] = {
+            "format": LEASE_FORMAT,
+            "version": 1,
+            "holder": self.holder,
+            "token": self.token,
+            "acquired_at": now,
+            "expires_at": now + self.ttl_s,
+            "process": self.process.as_json(),
+        }
+        if self.compile_estimate_s is not None:
+            doc["compile_estimate_s"] = self.compile_estimate_s  # readers that predate it ignore it
+        return json.dumps(doc, sort_keys=True).encode()
 
     def read(self) -> LeaseInfo | None | bytes:
         """The current lease; None if there is none; the raw bytes if they are not a lease."""
@@ -301,8 +344,56 @@ class RemoteLease:
             logger.warning("could not release lease %s (it expires by itself): %r", self.location, exc)
 
 
-def _backoff(delay: float, limit: float) -> float:
-    return min(delay * 1.5, limit)
+class WaitPlan(Protocol):
+    """How a waiter waits (:mod:`.flightpolicy` makes the real one from the remote's latency and compile times)."""
+
+    def poll_period(self) -> float:
+        """Seconds from the start of one look for the holder's result to the start of the next."""
+
+    def patience(self, holder_estimate_s: float | None) -> float | None:
+        """Seconds to wait for a holder before doing the work without the lease; None: only the timeout.
+
+        ``holder_estimate_s`` is the compile time the holder wrote into its lease (None if it wrote none).
+        """
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedWait:
+    """A plan with a fixed poll period and patience (None: wait up to the timeout). Immutable."""
+
+    poll_s: float = DEFAULT_POLL_S
+    patience_s: float | None = None
+
+    def poll_period(self) -> float:
+        return self.poll_s
+
+    def patience(self, holder_estimate_s: float | None) -> float | None:
+        return self.patience_s
+
+
+class WaitOutcome(str, enum.Enum):
+    """How :func:`wait_for_lease` ended."""
+
+    HELD = "held"  # the caller holds the lease: do the work, then release it
+    FOUND = "found"  # poll() returned the holder's result
+    PATIENCE = "patience"  # waited the plan's patience: do the work without the lease
+    TIMEOUT = "timeout"  # the caller's timeout ran out: do the work without the lease
+    STORE_FAILED = "store failed"  # the lease store raised: do the work without the lease
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseWait(Generic[T]):
+    """What :func:`wait_for_lease` found: the holder's result, the lease, or neither. Immutable.
+
+    ``waited_s`` is measured on the wait's clock; ``holder_estimate_s`` is what the last
+    holder seen wrote into its lease (None if none was seen or it wrote none).
+    """
+
+    found: T | None
+    held: bool
+    outcome: WaitOutcome
+    waited_s: float
+    holder_estimate_s: float | None = None
 
 
 def wait_for_lease(
@@ -310,85 +401,157 @@ def wait_for_lease(
     poll: Callable[[], T | None],
     timeout: float,
     *,
+    plan: WaitPlan | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
-) -> tuple[T | None, bool]:
+) -> LeaseWait[T]:
     """Take ``lease``, or wait for whoever holds it to produce the result.
 
-    >>> found, held = wait_for_lease(lease, lambda: cache.get(key), timeout=300)
+    >>> waited = wait_for_lease(lease, lambda: cache.get(key), timeout=300, plan=policy_plan)
+    >>> waited.held, waited.found, waited.outcome
 
-    Returns ``(None, True)`` when this caller now holds the lease (do the work, then
-    ``lease.release()``); ``(result, False)`` when ``poll()`` found the holder's
-    result; ``(None, False)`` when the wait ran out or the store failed (do the
-    work without a lease). An expired lease (a crashed holder) is broken and
-    retaken, so a crash costs the others at most the lease TTL (nothing at all when the
-    holder ran on this host and its process is gone); bytes that are not
-    a lease (a partial write, garbage) are given one TTL, then broken.
+    ``held`` True: this caller now holds the lease (do the work, then ``lease.release()``).
+    ``found`` not None: ``poll()`` found the holder's result. Neither: the plan's patience
+    or the timeout ran out, or the store failed (do the work without a lease).
 
-    ``timeout`` is measured on ``clock`` (monotonic) and the pauses taken with
-    ``sleep``; expiry is judged on the lease's own wall clock. Both are injectable so
-    tests can step time. Any number of threads, processes and hosts may wait on one
-    lease at once, each with its own :class:`RemoteLease`; ``poll`` is called from
+    A waiter looks for the result once right after finding the lease taken (reading the
+    lease on a helper thread meanwhile: one round trip for both), then every
+    ``plan.poll_period()`` seconds (start to start: one look in flight at a time), so it
+    learns the result landed within about one period and one request. The lease itself
+    only matters for a holder that crashed or failed, so it is re-read less often: every
+    ``LEASE_RECHECK_S`` and at its expiry. An expired lease (a crashed holder) is broken
+    and retaken, so a crash costs the others at most the lease TTL (nothing at all when
+    the holder ran on this host and its process is gone); a released one is retaken at
+    once; bytes that are not a lease (a partial write, garbage) are given one TTL, then
+    broken. The patience runs from the start of the wait for the first holder seen, and
+    starts again for a new holder (the old one failed or died).
+
+    ``timeout`` and the patience are measured on ``clock`` (monotonic) and the pauses
+    taken with ``sleep``; expiry is judged on the lease's own wall clock. Both are
+    injectable so tests can step time. Any number of threads, processes and hosts may wait
+    on one lease at once, each with its own :class:`RemoteLease`; ``poll`` is called from
     the calling thread only.
     """
-    deadline = clock() + timeout
-    delay, limit = LEASE_POLL_S
+    plan = plan if plan is not None else FixedWait()
+    started = clock()
+    deadline = started + timeout
+
+    def ended(outcome: WaitOutcome, found: T | None = None, estimate: float | None = None) -> LeaseWait[T]:
+        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, estimate)
+
+    try:
+        if lease.try_acquire():
+            return ended(WaitOutcome.HELD)
+    except Exception as exc:
+        _log_store_failure(exc)
+        return ended(WaitOutcome.STORE_FAILED)
+    # Taken. Look for the holder's result (it may have just published, and then there is no
+    # point waiting) and read its lease side by side: one round trip for both.
+    first_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
+    found = poll()
+    if found is not None:
+        return ended(WaitOutcome.FOUND, found)
+    first_patience = plan.patience(None)
+    patience_end = None if first_patience is None else started + first_patience
+    holder_token: str | None = None
+    holder_estimate: float | None = None
     unreadable_since: float | None = None
-    quick_retries = 0  # retries without a pause (lease just released or broken); capped
-    first = True
+    quick_retries = 0  # retries without a pause (the lease was just released or broken); capped
+    recheck_at = clock()
+    next_poll = started + plan.poll_period()
     while True:
-        if not first:
-            # Look for the holder's result before trying the lease again: once it is
-            # published there is no point taking (and releasing) a lease for it.
+        now = clock()
+        if now >= recheck_at:
+            try:
+                info = lease.read() if first_read is None else first_read.result()  # bounded by the store
+            except Exception as exc:
+                _log_store_failure(exc)
+                return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+            first_read = None
+            wall = lease.clock()
+            retake = False
+            if info is None:
+                retake = True  # released: the holder is done or failed, take it
+            elif isinstance(info, LeaseInfo):
+                unreadable_since = None
+                if info.expired(wall) or info.holder_gone():
+                    logger.info("lease %s held by %s %s; breaking it", lease.location, info.holder,
+                                "expired" if info.expired(wall) else "is gone (its process died on this host)")
+                    with contextlib.suppress(Exception):
+                        lease.break_if_unchanged(info.raw)
+                    retake = True
+                else:
+                    if info.token != holder_token:
+                        # A holder (a new one: the last one failed or died): its estimate, and patience for it.
+                        since = started if holder_token is None else now
+                        holder_token, holder_estimate = info.token, info.compile_estimate_s
+                        patience = plan.patience(holder_estimate)
+                        patience_end = None if patience is None else since + patience
+                    recheck_at = now + min(LEASE_RECHECK_S, max(0.0, info.expires_at - wall) + EXPIRY_MARGIN_S)
+            else:
+                # Not a lease document (a partial write, or garbage): give it one TTL.
+                if unreadable_since is None:
+                    unreadable_since = wall
+                until_expiry = unreadable_since + lease.ttl_s - wall
+                if until_expiry <= 0:
+                    with contextlib.suppress(Exception):
+                        lease.break_if_unchanged(info)
+                    unreadable_since = None
+                    retake = True
+                else:
+                    recheck_at = now + min(LEASE_RECHECK_S, until_expiry + EXPIRY_MARGIN_S)
+            if retake:
+                try:
+                    if lease.try_acquire():
+                        return ended(WaitOutcome.HELD, estimate=holder_estimate)
+                except Exception as exc:
+                    _log_store_failure(exc)
+                    return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+                quick_retries += 1  # someone else took it: read it again to learn the new holder
+                if quick_retries <= QUICK_RETRIES:
+                    recheck_at = now
+                else:  # a store that keeps answering "taken" and "gone": slow down
+                    quick_retries = 0
+                    recheck_at = now + plan.poll_period()
+            else:
+                quick_retries = 0
+        if now >= deadline:
+            logger.info("waited %.3g s for lease %s; going ahead without it", timeout, lease.location)
+            return ended(WaitOutcome.TIMEOUT, estimate=holder_estimate)
+        if patience_end is not None and now >= patience_end:
+            logger.info("waited %.3g s (the patience for an estimated %s s compile) for lease %s; compiling here",
+                        now - started, "?" if holder_estimate is None else f"{holder_estimate:.3g}", lease.location)
+            return ended(WaitOutcome.PATIENCE, estimate=holder_estimate)
+        if recheck_at <= now:
+            continue
+        if now >= next_poll:
+            next_poll = now + plan.poll_period()
             found = poll()
             if found is not None:
-                return found, False
-        first = False
-        try:
-            if lease.try_acquire():
-                return None, True
-            info = lease.read()
-        except Exception as exc:
-            log_once(logger, f"lease-io:{type(exc).__name__}", logging.WARNING,
-                     "lease store failed (%r): going ahead without a lease", exc)
-            return None, False
-        now = lease.clock()
-        if info is None:
-            pause = 0.0  # released between our create and our read: try to take it
-        elif isinstance(info, LeaseInfo):
-            unreadable_since = None
-            if info.expired(now) or info.holder_gone():
-                logger.info("lease %s held by %s %s; breaking it", lease.location, info.holder,
-                            "expired" if info.expired(now) else "is gone (its process died on this host)")
-                with contextlib.suppress(Exception):
-                    lease.break_if_unchanged(info.raw)
-                pause = 0.0
-            else:
-                pause = min(delay, info.expires_at - now + 0.01)
-        else:
-            # Not a lease document (a partial write, or garbage): give it one TTL.
-            if unreadable_since is None:
-                unreadable_since = now
-            until_expiry = unreadable_since + lease.ttl_s - now
-            if until_expiry <= 0:
-                with contextlib.suppress(Exception):
-                    lease.break_if_unchanged(info)
-                unreadable_since = None
-                pause = 0.0
-            else:
-                pause = min(delay, until_expiry + 0.01)
-        remaining = deadline - clock()
-        if remaining <= 0:
-            logger.info("waited %.1f s for lease %s; going ahead without it", timeout, lease.location)
-            return None, False
-        if pause <= 0.0:
-            quick_retries += 1
-            if quick_retries <= QUICK_RETRIES:
-                continue
-            pause = delay  # a store that keeps answering "taken" and "gone": slow down
-        quick_retries = 0
-        sleep(max(0.0, min(pause, remaining)))
-        delay = _backoff(delay, limit)
+                return ended(WaitOutcome.FOUND, found, holder_estimate)
+            continue
+        wake = min(next_poll, recheck_at, deadline, patience_end if patience_end is not None else deadline)
+        sleep(max(0.0, wake - now))
+
+
+def _read_aside(lease: RemoteLease) -> concurrent.futures.Future[LeaseInfo | None | bytes]:
+    """``lease.read()`` on a daemon thread; every request it makes has the store's own deadline."""
+    future: concurrent.futures.Future[LeaseInfo | None | bytes] = concurrent.futures.Future()
+
+    def read() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(lease.read())
+            except BaseException as exc:  # handed to the waiter
+                future.set_exception(exc)
+
+    threading.Thread(target=read, name="tiered-progcache-lease-read", daemon=True).start()
+    return future
+
+
+def _log_store_failure(exc: BaseException) -> None:
+    log_once(logger, f"lease-io:{type(exc).__name__}", logging.WARNING,
+             "lease store failed (%r): going ahead without a lease", exc)
 
 
 def _break_marker(expires_at: float) -> bytes:

@@ -48,6 +48,7 @@ from typing import Any, Callable, TypeVar
 
 from .breaker import CircuitBreaker
 from .errors import EntryRejected
+from .latency import LatencyTracker
 
 __all__ = ["ANSWERS", "FilesystemFactory", "RequestRunner"]
 
@@ -126,6 +127,8 @@ class RequestRunner:
         self._threads = _DaemonThreads(max_threads, name=f"remote {name}")
         self._connect_lock = threading.Lock()
         self._forked = False
+        #: Durations of single requests run under the per-request deadline (see :mod:`.latency`).
+        self.latency = LatencyTracker()
         _RUNNERS.add(self)
 
     @property
@@ -196,19 +199,25 @@ class RequestRunner:
         self.breaker.before_call()
         limit = self.timeout if timeout is None else timeout
         what = f"{what} on {self.name}"
+        started = time.monotonic()
         try:
             if self._fs is None:
                 self._build()
+                started = time.monotonic()
             if self._async and async_fn is not None:
                 result = _run_async(self.fs.loop, async_fn, args, limit, what)
             else:
                 result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
+            if timeout is None:
+                self.latency.record(time.monotonic() - started)
             self.breaker.record_success()  # an answer: the remote works
             raise
         except BaseException as exc:  # a half-open probe's outcome is always recorded
             self.breaker.record_failure(exc)
             raise
+        if timeout is None:  # one round trip (listings and bulk calls pass their own deadline)
+            self.latency.record(time.monotonic() - started)
         self.breaker.record_success()
         return result
 

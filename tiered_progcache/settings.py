@@ -25,8 +25,11 @@ from typing import Any, Callable
 from .units import parse_size
 
 __all__ = [
+    "DEFAULT_COMPILE_TIME_PRIOR_S",
+    "DEFAULT_LEASE_MIN_COMPILE_RTTS",
     "DEFAULT_MAX_MEMORY_BYTES",
     "DEFAULT_MAX_PENDING_UPLOAD_BYTES",
+    "DEFAULT_WAIT_PATIENCE",
     "ENV_PREFIX",
     "SETTINGS",
     "Kind",
@@ -43,6 +46,13 @@ ENV_PREFIX = "TIERED_PROGCACHE_"
 
 #: The memory tier's default byte cap: a few thousand typical cubins.
 DEFAULT_MAX_MEMORY_BYTES = 256 << 20
+
+#: Leases only for compiles of at least this many round trips (docs/cluster.md, "When nodes wait").
+DEFAULT_LEASE_MIN_COMPILE_RTTS = 1.0
+#: A waiter compiles itself after this many estimated compile times (plus the landing's round trips).
+DEFAULT_WAIT_PATIENCE = 1.0
+#: The compile time assumed before a process has timed one: long enough that the first compiles take leases.
+DEFAULT_COMPILE_TIME_PRIOR_S = 1.0
 
 #: The byte cap on a tier's background write queue: as much as the memory tier holds.
 DEFAULT_MAX_PENDING_UPLOAD_BYTES = 256 << 20
@@ -188,6 +198,34 @@ def _seconds_from_text(text: str) -> float:
         raise ValueError(f"not a number of seconds: {text!r}") from None
 
 
+def _check_factor(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"must be a number, got {type(value).__name__}")
+    if not 0 <= value < math.inf:
+        raise ValueError(f"must be a non-negative, finite number, got {value!r}")
+    return float(value)
+
+
+def _factor_from_text(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+
+
+def _check_factor_or_none(value: Any) -> float | None:
+    return None if value is None else _check_factor(value)
+
+
+def _factor_or_none_from_text(text: str) -> float | None:
+    if text.strip().lower() in _UNLIMITED:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r} (or none for no limit)") from None
+
+
 def _check_path(value: Any) -> Path | None:
     if value is None:
         return None
@@ -315,6 +353,8 @@ SIZE = Kind("size", _check_size, _size_from_text, _none_as_word, metavar="SIZE")
 COUNT = Kind("count", _check_count, _count_from_text, _plain_text, metavar="N")
 SWITCH = Kind("switch", _check_switch, _switch_from_text, lambda value: "1" if value else "0", switch=True)
 SECONDS = Kind("seconds", _check_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
+FACTOR = Kind("factor", _check_factor, _factor_from_text, _plain_text, metavar="X")
+FACTOR_OR_NONE = Kind("factor", _check_factor_or_none, _factor_or_none_from_text, _none_as_word, metavar="X")
 PATH = Kind("path", _check_path, str, _plain_text, metavar="PATH")
 URL = Kind("url", _check_url, _urls_from_text, _urls_to_text, metavar="URL")
 OPTIONS = Kind("json", _check_options, _options_from_text, _options_to_text, metavar="JSON")
@@ -386,6 +426,23 @@ SETTINGS: tuple[Setting, ...] = (
         "explain_misses", SWITCH, False,
         "log why each compile() miss missed (one INFO line on tiered_progcache.compile; lists every tier per miss)",
         env="EXPLAIN",
+    ),
+    Setting(
+        "lease_min_compile_rtts", FACTOR, DEFAULT_LEASE_MIN_COMPILE_RTTS,
+        "take a cluster lease (other nodes wait for this compile) only when the compile is estimated at "
+        "this many remote round trips or more (0: always)",
+        env="LEASE_MIN_COMPILE_RTTS", flag="--lease-min-compile-rtts",
+    ),
+    Setting(
+        "wait_patience", FACTOR_OR_NONE, DEFAULT_WAIT_PATIENCE,
+        "a node waiting for another node's compile compiles itself after this many estimated compile times "
+        "plus the upload's round trips (none: wait up to compile()'s wait_timeout)",
+        env="WAIT_PATIENCE", flag="--wait-patience",
+    ),
+    Setting(
+        "compile_time_prior_s", SECONDS, DEFAULT_COMPILE_TIME_PRIOR_S,
+        "compile time assumed before this process has timed a compile of the same code type",
+        env="COMPILE_TIME_PRIOR_S", flag="--compile-time-prior-s",
     ),
     Setting(
         "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",

@@ -72,6 +72,11 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         return self._breaker.state != "open"
 
     @property
+    def round_trip_s(self) -> float | None:
+        """The median of this store's recent single requests (its runner times each), in seconds."""
+        return self._runner.latency.median()
+
+    @property
     def max_entry_bytes(self) -> int:
         return self._max_entry_bytes
 

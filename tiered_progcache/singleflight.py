@@ -6,7 +6,10 @@ Three scopes, each re-checking the cache once it gets its turn:
 2. processes of a node take the key's file lock in the local directory's ``locks_dir``
    (:func:`~.locks.node_lock`);
 3. nodes of a cluster take the key's lease in the shared store (:mod:`.lease`), only
-   where that store is up, writable, and declares an atomic create for its leases.
+   where that store is up, writable, and declares an atomic create for its leases, and
+   only where the compile is long enough for waiting to pay (:mod:`.flightpolicy`);
+   a waiter polls for the entry and compiles itself once it has waited about as long
+   as the compile would take.
 
 The cache's stores come from :func:`~.tiered.stores_of`; a cache without a local
 directory or a usable shared store simply skips that scope. Every wait is bounded
@@ -25,12 +28,13 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Generic, TypeVar
 
 from cuda.core.utils import ProgramCacheResource
 
-from .lease import RemoteLease, wait_for_lease
+from .flightpolicy import FlightDecision, FlightPolicy, report
+from .lease import RemoteLease, WaitOutcome, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from .ratelimit import log_once
 from .store import EntryStore, LeaseStore, entry_name
 from .tiered import TieredProgramCache, stores_of
-from .writeback import EXIT_FLUSH_TIMEOUT_S
+from .writeback import EXIT_FLUSH_TIMEOUT_S, submission_mark
 
 if TYPE_CHECKING:
     from .localdir import LocalDir
@@ -74,14 +78,23 @@ def followers(cache: ProgramCacheResource, key: bytes) -> int:
 
 
 def run_once(
-    cache: ProgramCacheResource, key: bytes, work: Work[R, S], *, wait_timeout: float, lease_ttl: float
+    cache: ProgramCacheResource,
+    key: bytes,
+    work: Work[R, S],
+    *,
+    wait_timeout: float,
+    lease_ttl: float,
+    compile_estimate_s: float | None = None,
 ) -> R:
     """``work``'s result for ``key``, produced by at most one thread per process, process per node, node per cluster.
 
-    >>> run_once(cache, key, Work(find, produce, adopt), wait_timeout=300, lease_ttl=60)
+    >>> run_once(cache, key, Work(find, produce, adopt), wait_timeout=300, lease_ttl=60, compile_estimate_s=0.4)
 
     Call it after a miss. Waits at most ``wait_timeout`` seconds for others in all;
-    ``lease_ttl`` bounds how long a crashed node holds the cluster up. Exceptions of
+    ``lease_ttl`` bounds how long a crashed node holds the cluster up.
+    ``compile_estimate_s`` is how long ``produce`` is expected to take (None: unknown);
+    the cache's :class:`~.flightpolicy.FlightPolicy` decides from it whether the cluster
+    lease is worth taking and how long to wait for another node's. Exceptions of
     ``produce`` reach the caller and the threads waiting on it; waiting processes and
     nodes retry and get the error themselves. Safe from any number of threads.
     """
@@ -98,43 +111,79 @@ def run_once(
                 if time.monotonic() < deadline:
                     continue  # the leader was interrupted: take our own turn
                 return work.produce()[0]
-            result, shared = _lead(cache, key, work, max(0.0, deadline - time.monotonic()), lease_ttl)
+            remaining = max(0.0, deadline - time.monotonic())
+            result, shared = _lead(cache, key, work, remaining, lease_ttl, compile_estimate_s)
             seat.result = shared
             return result
 
 
 def _lead(
-    cache: ProgramCacheResource, key: bytes, work: Work[R, S], wait_s: float, lease_ttl: float
+    cache: ProgramCacheResource,
+    key: bytes,
+    work: Work[R, S],
+    wait_s: float,
+    lease_ttl: float,
+    measured_s: float | None,
 ) -> tuple[R, S]:
-    """This process's one attempt at ``key``: node lock, re-check, lease, re-check, work."""
+    """This process's one attempt at ``key``: node lock, then the cluster lease where the policy says it pays."""
     name = entry_name(key)
     deadline = time.monotonic() + wait_s
     stores = stores_of(cache)
+    policy = cache.flight_policy if isinstance(cache, TieredProgramCache) else FlightPolicy()
     with _node_lock(stores.local, name, wait_s):
-        found = work.find()  # another thread or process may have just finished it
-        if found is not None:
-            return found
         leases = _lease_store(stores.shared)
-        if leases is None:
+        if leases is None or stores.shared is None:
+            return _find_or_produce(work)
+        estimate = policy.estimate(measured_s)
+        round_trip = stores.shared.round_trip_s
+        if not policy.takes_lease(estimate, round_trip):
+            found = work.find()  # another process of this node may have just finished it
+            if found is not None:
+                return found
+            report(FlightDecision(name, "short", estimate, round_trip))
             return work.produce()
-        lease = RemoteLease(leases, name, lease_ttl)
-        found, held = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()))
-        if found is not None:
-            return found
-        release_here = True
+        # The lease first, then the look: a holder pays one look, and a waiter's look right
+        # after the taken lease also finds what another process of this node just stored.
+        lease = RemoteLease(leases, name, lease_ttl, compile_estimate_s=estimate)
+        plan = policy.wait_plan(estimate, stores.shared)
+        waited = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()), plan=plan)
+        if not waited.held:
+            decision = FlightDecision(name, _CHOICES[waited.outcome], estimate, round_trip, waited.waited_s,
+                                      waited.holder_estimate_s)
+            report(decision)
+            return waited.found if waited.found is not None else work.produce()
         try:
-            if held:
-                found = work.find()
-                if found is not None:
-                    return found
-            result = work.produce()
-            if held and isinstance(cache, TieredProgramCache):
-                _release_after_upload(lease, cache, name)
-                release_here = False
-            return result
-        finally:
-            if release_here:
-                lease.release()
+            found = work.find()
+            if found is None:
+                report(FlightDecision(name, "held", estimate, round_trip, waited.waited_s, waited.holder_estimate_s))
+                mark = submission_mark()
+                found = work.produce()
+                if isinstance(cache, TieredProgramCache):
+                    cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
+            else:
+                report(FlightDecision(name, "found", estimate, round_trip, waited.waited_s))
+        except BaseException:
+            lease.release()  # at once: the waiters retry and get the error themselves
+            raise
+        if isinstance(cache, TieredProgramCache):
+            _release_after_upload(lease, cache, key, name)
+        else:
+            lease.release()
+        return found
+
+
+#: The decision each way of ending a wait without the lease is reported as.
+_CHOICES = {
+    WaitOutcome.FOUND: "waited",
+    WaitOutcome.PATIENCE: "gave up",
+    WaitOutcome.TIMEOUT: "timeout",
+    WaitOutcome.STORE_FAILED: "no lease",
+}
+
+
+def _find_or_produce(work: Work[R, S]) -> tuple[R, S]:
+    found = work.find()  # another thread or process may have just finished it
+    return found if found is not None else work.produce()
 
 
 def _node_lock(local: LocalDir | None, name: str, wait_s: float) -> ContextManager[bool]:
@@ -161,11 +210,13 @@ def _lease_store(shared: EntryStore | None) -> LeaseStore | None:
     return leases
 
 
-def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, name: str) -> None:
-    """Hold the lease until the upload lands, on a thread, so the compile returns at once.
+def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, key: bytes, name: str) -> None:
+    """Hold the lease until the upload of ``key`` lands, on a thread, so the compile returns at once.
 
-    Nodes waiting on the lease find the entry once it is up; if the upload is slow or
-    lost they wait out the lease or their own timeout and compile: slower, never wrong.
+    Nodes waiting on the lease look for the entry itself and find it once it is up; a node
+    that comes later and finds the lease still held looks for the entry first too. If the
+    upload is slow or lost, waiters run out of patience and compile: slower, never wrong.
+    Uploads queued after this one do not hold the release up.
 
     The thread is not a daemon, so a process that exits right after compiling still
     releases its lease (``multiprocessing`` children run no atexit handlers, but do join
@@ -177,7 +228,7 @@ def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, name: s
 
     def upload_then_release() -> None:
         deadline = time.monotonic() + UPLOAD_FLUSH_TIMEOUT_S
-        while not cache.flush(EXIT_POLL_S):
+        while not cache.wait_uploaded(key, EXIT_POLL_S):
             if not threading.main_thread().is_alive():
                 logger.info("interpreter exit: lease %s left to expire (its upload is not in)", name[:16])
                 return

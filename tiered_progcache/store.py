@@ -118,6 +118,11 @@ class EntryStore(abc.ABC):
         return True
 
     @property
+    def round_trip_s(self) -> float | None:
+        """The median time one request to this store took lately, in seconds; None where unknown (or local)."""
+        return None
+
+    @property
     @abc.abstractmethod
     def max_entry_bytes(self) -> int:
         """The largest payload this store reads or writes; larger objects are refused while read."""

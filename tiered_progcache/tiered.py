@@ -15,6 +15,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
 from .errors import DeleteFailed, one_line
+from .flightpolicy import FlightPolicy
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from .redis_store import RedisProgramCache, is_redis_url
@@ -104,6 +105,12 @@ class TieredProgramCache(ProgramCacheResource):
         self._closed = False
         self._min_upload_compile_s: float | None = config.min_upload_compile_s
         self._explain_misses: bool = config.explain_misses
+        self._flight_policy = FlightPolicy(
+            lease_min_compile_rtts=config.lease_min_compile_rtts,
+            wait_patience=config.wait_patience,
+            compile_time_prior_s=config.compile_time_prior_s,
+            min_upload_compile_s=config.min_upload_compile_s,
+        )
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
@@ -142,6 +149,11 @@ class TieredProgramCache(ProgramCacheResource):
     def explain_misses(self) -> bool:
         """True if ``compile()`` logs why each of its misses on this cache missed (the ``explain_misses`` setting)."""
         return self._explain_misses
+
+    @property
+    def flight_policy(self) -> FlightPolicy:
+        """When ``compile()`` takes a cluster lease and how long it waits for another node's (the settings)."""
+        return self._flight_policy
 
     def stats(self) -> CacheStats:
         """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
@@ -303,6 +315,26 @@ class TieredProgramCache(ProgramCacheResource):
                 done = tier.writeback.flush(remaining) and done
         return done
 
+    def wait_uploaded(self, key: bytes | str, timeout: float | None = None) -> bool:
+        """Wait until no background write of ``key`` is queued or under way; False if ``timeout`` ran out.
+
+        Writes queued after it do not hold it up (``flush`` waits for those too).
+        """
+        k = as_key_bytes(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = True
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = tier.writeback.wait_for(k, remaining) and done
+        return done
+
+    def expedite_uploads(self, since: int) -> None:
+        """Send the background writes submitted after ``since`` (``writeback.submission_mark()``) first."""
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                tier.writeback.expedite(since)
+
     def close(self, timeout: float | None = 30.0) -> None:
         """Drain background writes (within ``timeout`` seconds) and release every tier. Idempotent."""
         if self._closed:
@@ -324,15 +356,19 @@ class TieredProgramCache(ProgramCacheResource):
 
     # -- bulk transfer with the remote ---------------------------------------------------
 
-    def warm(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
+    def warm(
+        self, names: Iterable[str] | None = None, *, max_bytes: int | None = None, progress: Any = None
+    ) -> TransferReport:
         """Prefetch the nearest shared tier's entries into the local directory (see ``transfer.warm``).
 
-        >>> cache.warm(progress=lambda done, total: print(done, "/", total))  # at node start-up
+        >>> cache.warm(max_bytes=20 << 30)  # at node start-up: the newest 20 GB, one listing, batched reads
+
+        After it, ``compile()`` of anything it fetched asks the remote nothing.
         """
         from . import transfer
 
         remote, local = self._remote_and_local("warm")
-        return transfer.warm(remote, local, names, progress=progress)
+        return transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
 
     def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
         """Upload local entries the nearest shared tier lacks (see ``transfer.push``); e.g. at the end of a CI job.

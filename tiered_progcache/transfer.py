@@ -21,7 +21,7 @@ from .codeobject import check_code_object
 from .envelope import InvalidEnvelope
 from .errors import EntryRejected, one_line
 from .localdir import LocalDir
-from .store import EntryStore, check_entry_name
+from .store import EntryStore, StoredEntry, check_entry_name
 
 __all__ = ["LOCAL_WRITERS", "Progress", "TransferReport", "push", "warm"]
 
@@ -50,17 +50,30 @@ def warm(
     local: LocalDir,
     names: Iterable[str] | None = None,
     *,
+    max_bytes: int | None = None,
     progress: Progress | None = None,
 ) -> TransferReport:
     """Copy remote entries the local directory lacks into it, verified, many requests at a time.
 
-    >>> report = warm(remote, LocalDir("/var/cache/kernels"), progress=lambda done, total: ...)
+    >>> report = warm(remote, LocalDir("/var/cache/kernels"), max_bytes=20 << 30)   # at node boot
 
-    ``names`` limits it to those entries (default: everything listed). A bad or
+    What the node needs: ``names`` (e.g. the names an earlier run of the job left in
+    its local directory, ``tiered-progcache ls``), read without listing the remote; else
+    everything one listing shows, newest first, and with ``max_bytes`` only the newest
+    entries whose stored sizes add up to at most that (entries already here count, so a
+    node's working set fits its local cap). Then one concurrent batch of reads per
+    ``transfer_batch`` entries (one batch for a node's few hundred kernels). A bad or
     unreadable entry is counted in ``failures`` and skipped; the rest still land.
     """
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+            raise TypeError(f"max_bytes must be an int (bytes) or None, got {type(max_bytes).__name__}")
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if names is not None:
+            raise ValueError("give names or max_bytes, not both: a byte budget picks from the remote's listing")
     started = time.perf_counter()
-    wanted = _unique_names(names) if names is not None else [entry.name for entry in remote.iter_entries()]
+    wanted = _unique_names(names) if names is not None else _newest_first(remote.iter_entries(), max_bytes)
     have = {entry.name for entry in local.iter_entries()}
     todo = [name for name in wanted if name not in have]
     done = moved = nbytes = failures = 0
@@ -149,6 +162,20 @@ def push(
             "push to %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
         )
     return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
+
+
+def _newest_first(entries: Iterable[StoredEntry], max_bytes: int | None) -> list[str]:
+    """Entry names, most recently written first (unknown times last); with a budget, the newest that fit in it."""
+    ordered = sorted(entries, key=lambda e: (e.mtime is None, -(e.mtime or 0.0), e.name))
+    if max_bytes is None:
+        return [entry.name for entry in ordered]
+    picked, total = [], 0
+    for entry in ordered:
+        if total + entry.size > max_bytes:
+            break
+        picked.append(entry.name)
+        total += entry.size
+    return picked
 
 
 def _land(local: LocalDir, name: str, fetched: bytes | BaseException) -> int:

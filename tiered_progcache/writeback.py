@@ -18,6 +18,7 @@ import atexit
 import collections
 import enum
 import concurrent.futures.thread  # noqa: F401  (registers its exit hook first; ours must run before it)
+import itertools
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ import time
 import weakref
 from typing import Callable
 
-__all__ = ["Refused", "WriteBackQueue"]
+__all__ = ["Refused", "WriteBackQueue", "submission_mark"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,20 @@ logger = logging.getLogger(__name__)
 EXIT_FLUSH_TIMEOUT_S = 10.0
 
 _live_queues: weakref.WeakSet[WriteBackQueue] = weakref.WeakSet()
+
+# One sequence over every queue of the process, so one mark covers all of a chain's tiers.
+_sequence = itertools.count(1)
+_sequence_lock = threading.Lock()
+
+
+def _next_sequence() -> int:
+    with _sequence_lock:
+        return next(_sequence)
+
+
+def submission_mark() -> int:
+    """A mark for :meth:`WriteBackQueue.expedite`: every write submitted after this call has a later sequence."""
+    return _next_sequence()
 
 
 class Refused(str, enum.Enum):
@@ -46,10 +61,12 @@ class Refused(str, enum.Enum):
 class WriteBackQueue:
     """Calls ``store(key, data)`` for each submitted pair on a worker thread.
 
-    Thread-safe: any thread may ``submit``, ``cancel``, ``flush`` or ``close``.
-    A key submitted again while still queued replaces the queued bytes (one upload,
-    the newest value). ``store`` must not raise; if it does, the error is logged
-    and the worker carries on.
+    Thread-safe: any thread may ``submit``, ``cancel``, ``flush``, ``wait_for``,
+    ``expedite`` or ``close``. Writes go out in the order submitted (one worker, no
+    batching: a write starts as soon as the ones before it are done), except that
+    ``expedite`` moves chosen ones to the front. A key submitted again while still queued
+    replaces the queued bytes (one upload, the newest value). ``store`` must not raise;
+    if it does, the error is logged and the worker carries on.
     """
 
     def __init__(
@@ -71,6 +88,8 @@ class WriteBackQueue:
         self._max_pending_bytes = max_pending_bytes
         self._name = name
         self._pending: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+        self._submitted_at: dict[bytes, int] = {}  # each queued key's submission sequence
+        self._in_flight_keys: set[bytes] = set()
         self._in_flight = 0
         self._bytes = 0  # queued and under way
         self._closed = False
@@ -103,6 +122,7 @@ class WriteBackQueue:
                 return Refused.TOO_MANY_BYTES
             self._bytes = grown
             self._pending[key] = data
+            self._submitted_at[key] = _next_sequence()
             if replaced is not None:
                 return None
             if self._worker is None:
@@ -119,7 +139,36 @@ class WriteBackQueue:
             data = self._pending.pop(key, None)
             if data is None:
                 return False
+            self._submitted_at.pop(key, None)
             self._bytes -= len(data)
+            self._cond.notify_all()
+            return True
+
+    def expedite(self, since: int) -> int:
+        """Move the queued writes submitted after ``since`` (a :func:`submission_mark`) to the front, in order.
+
+        For a write others are waiting for (a lease holder's entry): it goes next, not
+        after whatever was queued before it. Returns how many moved.
+        """
+        with self._cond:
+            chosen = [key for key in self._pending if self._submitted_at.get(key, 0) > since]
+            for key in reversed(chosen):
+                self._pending.move_to_end(key, last=False)
+            return len(chosen)
+
+    def wait_for(self, key: bytes, timeout: float | None = None) -> bool:
+        """Wait until no write of ``key`` is queued or under way; False if ``timeout`` ran out first.
+
+        True at once for a key never submitted (or already written). Unlike :meth:`flush`,
+        writes submitted after it do not hold it up.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while key in self._pending or key in self._in_flight_keys:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
             return True
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -145,6 +194,7 @@ class WriteBackQueue:
             left = len(self._pending)
             self._bytes -= sum(len(data) for data in self._pending.values())
             self._pending.clear()
+            self._submitted_at.clear()
             self._cond.notify_all()
         if left:
             logger.warning("write-back %s closed with %d writes not done", self._name, left)
@@ -155,6 +205,8 @@ class WriteBackQueue:
         """In a forked child: drop the parent's pending writes and its (absent) worker; keep closed-ness."""
         self._cond = threading.Condition()  # the parent's lock may have been held by a thread the child lacks
         self._pending = collections.OrderedDict()
+        self._submitted_at = {}
+        self._in_flight_keys = set()
         self._in_flight = 0
         self._bytes = 0
         self._worker = None
@@ -167,6 +219,8 @@ class WriteBackQueue:
                 if not self._pending:
                     return  # closed and drained
                 key, data = self._pending.popitem(last=False)
+                self._submitted_at.pop(key, None)
+                self._in_flight_keys.add(key)
                 self._in_flight += 1
             try:
                 self._store(key, data)
@@ -174,6 +228,7 @@ class WriteBackQueue:
                 logger.exception("write-back %s: store raised", self._name)
             finally:
                 with self._cond:
+                    self._in_flight_keys.discard(key)
                     self._in_flight -= 1
                     self._bytes -= len(data)
                     self._cond.notify_all()

@@ -1,0 +1,294 @@
+"""A fleet of nodes on one shared remote: compiles, wall time and requests, at several round-trip times.
+
+    python benchmarks/bench_fleet.py [--nodes 8] [--kernels 12] [--rtt-ms 0,10,30,50] [--remote s3|file]
+                                     [--repeat 1] [--decisions FILE]
+
+Each node is a real process (spawn) with its own local directory; all nodes start together
+(a barrier) and each compiles the same K distinct kernels (the sample matmul, variants) through
+``tiered_progcache.compile()`` in its own shuffled order. Every node loads NVRTC before the
+barrier (one throwaway compile outside the cache), so no row pays the library's load.
+
+Rows, per round-trip time:
+
+- ``alone``: no remote; every node compiles every kernel (N x K compiler runs);
+- ``cold``: an empty remote, the flight policy of the settings (``TIERED_PROGCACHE_*`` variables
+  apply, e.g. ``TIERED_PROGCACHE_LEASE_MIN_COMPILE_RTTS``; otherwise the defaults);
+- ``cold, always wait``: the same with ``lease_min_compile_rtts=0, wait_patience=None``
+  (every compile takes the lease, every waiter waits for its holder: the pre-policy rule);
+- ``cold, k=X`` (``--compare-k``): the same with ``lease_min_compile_rtts=X``;
+- ``warm``: fresh nodes (empty local directories) on the remote the cold row filled,
+  compiling the K kernels (one remote look each);
+- ``warm + prefetch``: the same, each node first calling ``cache.warm()`` (one listing,
+  one concurrent batch of GETs), then compiling; ``1 node``: one such node on its own
+  (the N nodes above boot together, and here share 2 CPUs with the object store).
+
+Columns: compiler runs in the fleet; wall seconds from the barrier to the last node done;
+p50 and max per node of the time to hold all K kernels; HTTP requests per ``compile()``
+call, from the barrier until every node has exited, so uploads, lease requests, polls and
+prefetch included (moto behind ``testing.delayproxy.DelayProxy`` with keep-alive counts
+them; blank for file://); ``R ms``, the median round trip the nodes' policy saw (the
+injected RTT plus moto's and the client's own time); and the flight policy's choices
+(``tiered_progcache.flightpolicy.on_flight``), with the estimate in round trips (C/R)
+where it compiled without a lease, and the wait where a waiter gave up.
+
+``--remote s3``: moto S3 in its own process behind the delay proxy (RTT injected per
+request). ``--remote file``: a ``file://`` directory, 0 ms only (the GPU host has no moto;
+a local path has no round trip to inject). No asserts: it reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+ARCH = "sm_90"
+ALWAYS_WAIT = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
+
+
+def kernel_sources(k: int, salt: str) -> list[str]:
+    """K distinct kernels: the sample matmul's four specialisations, each made distinct by a comment."""
+    from tiered_progcache.samples import matmul_source
+
+    variants = [(t, e) for t in (16, 32) for e in ("identity", "relu")]
+    return [matmul_source(*variants[i % 4]) + f"\n// fleet kernel {i} {salt}\n" for i in range(k)]
+
+
+# -- one node ----------------------------------------------------------------------------------------
+
+
+def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], seed: int, prefetch: bool,
+          barrier, results) -> None:
+    logging.basicConfig(level=logging.ERROR)
+    from cuda.core import Program, ProgramOptions
+
+    import tiered_progcache as tpc
+    from tiered_progcache import TieredProgramCache
+    from tiered_progcache.flightpolicy import on_flight
+
+    options = ProgramOptions(arch=ARCH, std="c++17")
+    warmup = Program('extern "C" __global__ void fleet_warmup() {}', "c++", options)
+    warmup.compile("cubin")  # load NVRTC before the clock starts, outside the cache
+    warmup.close()
+    del warmup  # now: cuda-core's Program.__dealloc__ fails at interpreter exit
+    decisions: list[dict[str, Any]] = []
+    on_flight(lambda d: decisions.append(d.as_dict()))
+    order = list(sources)
+    random.Random(seed).shuffle(order)
+    cache = TieredProgramCache.from_env(local_dir=local_dir, **(remote or {}))  # other settings: the environment
+    if remote is not None:
+        cache.get(b"a first request: connections and the round trip, as a running node has them")
+    barrier.wait()
+    started = time.time()
+    prefetched = cache.warm().entries if prefetch else 0
+    for src in order:
+        tpc.compile(src, "c++", options, cache=cache)
+    done = time.time()
+    results.put({"compiles": tpc.compile_count(), "started": started, "done": done, "decisions": decisions,
+                 "prefetched": prefetched})
+    cache.close()  # uploads drain here, after the clock
+
+
+def run_fleet(
+    n: int, sources: list[str], remote: dict[str, Any] | None, prefetch: bool = False,
+    requests: Callable[[], int | None] = lambda: None,
+) -> dict[str, Any]:
+    """Start n nodes together; what they did, the fleet's wall time from the barrier, and the
+    remote requests from the barrier until every node has exited (its uploads and releases included)."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        barrier = ctx.Barrier(n + 1)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_node, args=(os.path.join(tmp, f"node{i}"), remote, sources, i, prefetch, barrier, results))
+            for i in range(n)
+        ]
+        for p in procs:
+            p.start()
+        barrier.wait(120)
+        started = time.time()
+        before = requests()  # each node's connection probe and first look are in already
+        done = [results.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join(60)
+        after = requests()
+    per_node = [d["done"] - d["started"] for d in done]
+    return {
+        "compiles": sum(d["compiles"] for d in done),
+        "wall": max(d["done"] for d in done) - started,
+        "p50": statistics.median(per_node),
+        "max": max(per_node),
+        "decisions": [x for d in done for x in d["decisions"]],
+        "prefetched": sum(d["prefetched"] for d in done),
+        "requests": None if before is None or after is None else after - before,
+    }
+
+
+# -- the remote ---------------------------------------------------------------------------------------
+
+
+def _serve_moto(conn) -> None:  # a child process, as a real remote would be
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    conn.send(server.get_host_and_port())
+    conn.recv()
+    server.stop()
+
+
+class S3Remote:
+    """moto in its own process behind a keep-alive delay proxy; a fresh prefix per cold run."""
+
+    def __init__(self) -> None:
+        import s3fs
+
+        from tiered_progcache.testing.delayproxy import DelayProxy
+
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_moto, args=(child,), daemon=True)
+        self._proc.start()
+        host, port = self._conn.recv()
+        self.proxy = DelayProxy(host, port, keep_alive=True).start()
+        self.options = {
+            "endpoint_url": self.proxy.endpoint_url, "key": "bench", "secret": "bench",
+            "client_kwargs": {"region_name": "us-east-1"}, "config_kwargs": {"max_pool_connections": 64},
+        }  # fmt: skip
+        self.bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+        s3fs.S3FileSystem(**self.options).call_s3("create_bucket", Bucket=self.bucket)
+
+    def set_rtt(self, rtt_s: float) -> None:
+        self.proxy.rtt_s = rtt_s
+
+    def new_prefix(self) -> dict[str, Any]:
+        return {"remote": f"s3://{self.bucket}/{uuid.uuid4().hex[:8]}", "remote_options": self.options}
+
+    def count(self) -> int | None:
+        """HTTP requests the proxy has forwarded so far."""
+        return self.proxy.requests
+
+    def close(self) -> None:
+        self.proxy.close()
+        self._conn.send("stop")
+        self._proc.join(10)
+
+
+class FileRemote:
+    """A file:// directory: no round trip to inject, so 0 ms only."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench-fleet-remote-")
+
+    def set_rtt(self, rtt_s: float) -> None:
+        if rtt_s:
+            raise ValueError("a file:// remote has no round trip to inject; use --rtt-ms 0")
+
+    def new_prefix(self) -> dict[str, Any]:
+        return {"remote": f"file://{Path(self._tmp.name) / uuid.uuid4().hex[:8]}"}
+
+    def count(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+# -- the table ------------------------------------------------------------------------------------------
+
+
+def _choices(decisions: list[dict[str, Any]]) -> str:
+    counts = collections.Counter(d["choice"] for d in decisions)
+    text = " ".join(f"{choice} {n}" for choice, n in sorted(counts.items())) or "-"
+    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions if d["choice"] == "short" and d["round_trip_s"]]
+    if ratios:  # where the policy compiled instead of taking a lease: the estimate in round trips
+        text += f" (short at C/R {min(ratios):.1f}-{max(ratios):.1f})"
+    waits = [d["waited_s"] for d in decisions if d["choice"] == "gave up"]
+    if waits:
+        text += f" (gave up after {min(waits):.2f}-{max(waits):.2f} s)"
+    return text
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--kernels", type=int, default=12)
+    p.add_argument("--rtt-ms", default="0,10,30,50", help="round-trip times to inject, comma-separated")
+    p.add_argument("--remote", choices=("s3", "file"), default="s3")
+    p.add_argument("--repeat", type=int, default=1, help="runs per row; the run with the median wall is shown")
+    p.add_argument("--decisions", metavar="FILE", help="write every flight decision as a JSON line here")
+    p.add_argument("--compare-k", default="", metavar="LIST",
+                   help="extra cold rows with lease_min_compile_rtts set to each of these (e.g. 1,2,8)")
+    args = p.parse_args()
+    rtts = [float(x) / 1e3 for x in args.rtt_ms.split(",")]
+    cold_rows: list[tuple[str, dict[str, Any]]] = [("cold", {}), ("cold, always wait", ALWAYS_WAIT)]
+    cold_rows += [(f"cold, k={k}", {"lease_min_compile_rtts": float(k)}) for k in args.compare_k.split(",") if k]
+    n, k = args.nodes, args.kernels
+    remote = S3Remote() if args.remote == "s3" else FileRemote()
+    log = open(args.decisions, "w") if args.decisions else None
+    started = time.perf_counter()
+    print(f"fleet: {n} nodes x {k} kernels (sample matmul variants), remote {args.remote}, "
+          f"{os.cpu_count()} CPUs, median of {args.repeat} run(s) per row")
+    print(f"{'RTT':>5}  {'row':<24} {'compiles':>8} {'wall s':>7} {'vs alone':>8} {'node p50':>8} {'max':>6} "
+          f"{'req/lookup':>10} {'R ms':>5}  choices")
+    try:
+        for rtt in rtts:
+            remote.set_rtt(rtt)
+            runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+            warm_prefix: dict[str, Any] | None = None
+            for _ in range(args.repeat):
+                salt = uuid.uuid4().hex[:8]
+                sources = kernel_sources(k, salt)
+                runs["alone"].append(run_fleet(n, sources, None))
+                for name, extra in cold_rows:
+                    prefix = {**remote.new_prefix(), **extra}
+                    runs[name].append(run_fleet(n, sources, prefix, requests=remote.count))
+                    if name == "cold":
+                        warm_prefix = {key: prefix[key] for key in ("remote", "remote_options") if key in prefix}
+                        warm_sources = sources
+                assert warm_prefix is not None
+                for name, nodes, prefetch in (("warm", n, False), ("warm + prefetch", n, True),
+                                              ("warm + prefetch, 1 node", 1, True)):
+                    runs[name].append(run_fleet(nodes, warm_sources, warm_prefix, prefetch, remote.count))
+            alone_wall = _median_run(runs["alone"])["wall"]
+            for name in ("alone", *(row for row, _ in cold_rows), "warm", "warm + prefetch", "warm + prefetch, 1 node"):
+                run = _median_run(runs[name])
+                requests, lookups = run["requests"], (1 if name.endswith("1 node") else n) * k
+                per_lookup = "" if requests is None else f"{requests / lookups:.2f}"
+                seen = [d["round_trip_s"] for d in run["decisions"] if d["round_trip_s"] is not None]
+                observed = f"{statistics.median(seen) * 1e3:.0f}" if seen else ""
+                print(f"{rtt * 1e3:>3.0f}ms  {name:<24} {run['compiles']:>8} {run['wall']:>7.2f} "
+                      f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10} "
+                      f"{observed:>5}  {_choices(run['decisions'])}")
+                if log is not None:
+                    for d in run["decisions"]:
+                        log.write(json.dumps({"rtt_ms": rtt * 1e3, "row": name, **d}) + "\n")
+    finally:
+        remote.close()
+        if log is not None:
+            log.close()
+    print("choices: held = took the lease and compiled; waited = got another node's entry; found = it was there "
+          "once the lease was ours; short = under the lease threshold, compiled without one; gave up = waited "
+          "the patience, then compiled")
+    print(f"({sys.platform}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"{time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

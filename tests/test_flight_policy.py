@@ -1,0 +1,308 @@
+"""The cross-node single-flight policy: the measurements it plans with, its arithmetic, and compile() following it.
+
+The arithmetic is checked exactly at its boundaries; the integration tests run real NVRTC
+against moto S3 behind a real delay proxy (its wire-level request count) and a real
+file:// remote, and read the policy's choices from its own hook (``on_flight``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from cuda.core import ProgramOptions
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.flightpolicy import (
+    LANDING_RTTS,
+    POLL_FLOOR_S,
+    CompileTimes,
+    FlightPolicy,
+    compile_times,
+    on_flight,
+)
+from tiered_progcache.latency import LatencyTracker
+from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_RTTS
+from tiered_progcache.store import entry_name
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+from test_single_flight import kernel, options
+
+JOIN_S = 90
+
+
+@pytest.fixture
+def decisions():
+    """Every FlightDecision this process reports during the test, in order."""
+    seen = []
+    stop = on_flight(seen.append)
+    yield seen
+    stop()
+
+
+@pytest.fixture
+def fresh_compile_times():
+    """No compile timed yet in this process: the policy plans with the prior (restored afterwards)."""
+    compile_times.clear()
+    yield compile_times
+    compile_times.clear()
+
+
+# -- the measurements ------------------------------------------------------------------------------
+
+
+def test_latency_tracker_keeps_the_median_of_the_last_window():
+    tracker = LatencyTracker(window=4)
+    assert tracker.median() is None
+    for seconds in (0.5, 0.01, 0.03, 0.02, 0.04):  # the 0.5 falls out of the window of 4
+        tracker.record(seconds)
+    assert tracker.median() == pytest.approx(0.025) and tracker.recorded == 5
+    for bad in (-1.0, float("inf"), float("nan")):
+        tracker.record(bad)
+    assert tracker.recorded == 5
+
+
+def test_latency_tracker_counts_exactly_under_many_threads():
+    tracker = LatencyTracker()
+    barrier = threading.Barrier(16)
+
+    def record() -> None:
+        barrier.wait(JOIN_S)
+        for _ in range(1000):
+            tracker.record(0.03)
+
+    threads = [threading.Thread(target=record) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert tracker.recorded == 16_000 and tracker.median() == 0.03
+
+
+def test_the_runner_times_each_single_request_and_no_listing_or_batch(tmp_path):
+    remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
+    latency = remote.runner.latency
+    before = latency.recorded
+    names = [entry_name(b"k%d" % n) for n in range(3)]
+    for name in names:
+        remote.write_entry(name, b"\x7fELF" + bytes(100))
+    for name in names:
+        remote.read_entry(name)
+    with pytest.raises(KeyError):
+        remote.read_entry(entry_name(b"absent"))  # a miss is an answer: one round trip too
+    assert latency.recorded - before == 7
+    list(remote.iter_entries())
+    remote.read_many(names)
+    remote.write_many({name: b"\x7fELF" for name in names})
+    assert latency.recorded - before == 7  # a listing and two batches are not one round trip each
+    assert remote.round_trip_s == latency.median() and remote.round_trip_s > 0
+
+
+def test_compile_times_are_an_exponentially_weighted_mean_per_code_and_target_type():
+    times = CompileTimes(weight=0.5)
+    assert times.estimate("c++", "cubin") is None
+    times.record("c++", "cubin", 1.0)
+    assert times.estimate("C++", "CUBIN") == 1.0  # the first sample is the estimate
+    times.record("c++", "cubin", 0.2)
+    times.record("c++", "cubin", 0.2)
+    assert times.estimate("c++", "cubin") == pytest.approx(0.4)  # 1.0 -> 0.6 -> 0.4
+    assert times.estimate("c++", "ptx") is None and times.estimate("nvvm", "cubin") is None
+    times.record("c++", "cubin", -1.0)
+    assert times.estimate("c++", "cubin") == pytest.approx(0.4)
+
+
+def test_compile_records_each_successful_compile_time(tmp_path, fresh_compile_times, events):
+    with TieredProgramCache(tmp_path) as cache:
+        tpc.compile(kernel(301), "c++", options(), cache=cache)
+    (event,) = events
+    assert fresh_compile_times.estimate("c++", "cubin") == event.seconds
+
+
+# -- the arithmetic --------------------------------------------------------------------------------
+
+
+def test_the_lease_is_taken_exactly_from_k_round_trips():
+    policy = FlightPolicy(lease_min_compile_rtts=4.0)
+    assert policy.takes_lease(0.2, 0.05)  # 0.2 s = 4 x 50 ms
+    assert not policy.takes_lease(0.1999, 0.05)
+    assert policy.takes_lease(0.0001, None)  # no request timed yet: free
+    assert FlightPolicy(lease_min_compile_rtts=0.0).takes_lease(0.0, 10.0)  # 0: always
+    admitting = FlightPolicy(lease_min_compile_rtts=0.0, min_upload_compile_s=0.5)
+    assert not admitting.takes_lease(0.49, 0.0)  # would not be uploaded: nobody could wait for it
+    assert admitting.takes_lease(0.5, 0.0)
+
+
+def test_the_estimate_is_the_measurement_else_the_prior():
+    policy = FlightPolicy()
+    assert policy.estimate(None) == DEFAULT_COMPILE_TIME_PRIOR_S and policy.estimate(0.07) == 0.07
+    assert FlightPolicy(compile_time_prior_s=3.0).estimate(None) == 3.0
+
+
+def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
+    """A real remote whose runner has timed exactly these round trips (seconds)."""
+    remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
+    remote.runner.latency = LatencyTracker()  # forget the probe at construction
+    for seconds in round_trips:
+        remote.runner.latency.record(seconds)
+    return remote
+
+
+def test_a_waiters_plan_polls_every_round_trip_and_waits_the_holders_compile_plus_the_landing(tmp_path):
+    store = _store_at(tmp_path, 0.03, 0.05, 0.04)
+    plan = FlightPolicy(wait_patience=1.0).wait_plan(0.9, store)
+    assert plan.poll_period() == pytest.approx(0.04)
+    assert plan.patience(None) == pytest.approx(0.9 + LANDING_RTTS * 0.04 + 0.04)  # its own estimate
+    assert plan.patience(0.3) == pytest.approx(0.3 + LANDING_RTTS * 0.04 + 0.04)  # the holder's
+    assert FlightPolicy(wait_patience=2.0).wait_plan(0.9, store).patience(0.3) == pytest.approx(0.6 + 0.2)
+    assert FlightPolicy(wait_patience=None).wait_plan(0.9, store).patience(0.3) is None
+
+
+def test_the_poll_period_has_a_floor(tmp_path):
+    plan = FlightPolicy().wait_plan(1.0, _store_at(tmp_path, 0.0002))
+    assert plan.poll_period() == POLL_FLOOR_S
+
+
+def test_the_policy_comes_from_the_settings(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIERED_PROGCACHE_LEASE_MIN_COMPILE_RTTS", "2.5")
+    monkeypatch.setenv("TIERED_PROGCACHE_WAIT_PATIENCE", "none")
+    monkeypatch.setenv("TIERED_PROGCACHE_COMPILE_TIME_PRIOR_S", "0.25")
+    monkeypatch.setenv("TIERED_PROGCACHE_MIN_UPLOAD_COMPILE_S", "0.1")
+    monkeypatch.setenv("TIERED_PROGCACHE_DIR", str(tmp_path))
+    with TieredProgramCache.from_env() as cache:
+        assert cache.flight_policy == FlightPolicy(2.5, None, 0.25, 0.1)
+    with TieredProgramCache(tmp_path) as cache:
+        assert cache.flight_policy.lease_min_compile_rtts == DEFAULT_LEASE_MIN_COMPILE_RTTS
+    for bad, error in (({"lease_min_compile_rtts": -1}, ValueError), ({"wait_patience": "1"}, TypeError),
+                       ({"compile_time_prior_s": 0}, ValueError)):
+        with pytest.raises(error, match=next(iter(bad))):
+            TieredProgramCache(tmp_path, **bad)
+
+
+# -- compile() following the policy, on real remotes ------------------------------------------------
+
+
+def _released(name: str) -> None:
+    """Join the holder's background release of lease ``name`` (its thread is named after it), if any."""
+    for thread in threading.enumerate():
+        if thread.name == f"tiered-progcache-lease-{name[:8]}":
+            thread.join(JOIN_S)
+            assert not thread.is_alive(), "the lease was never released"
+
+
+@pytest.fixture
+def slow_s3(s3_bucket):
+    """moto S3 behind a 50 ms delay proxy that keeps connections alive and counts HTTP requests."""
+    from tiered_progcache.testing.delayproxy import DelayProxy
+
+    host, port = s3_bucket.storage_options["endpoint_url"].split("//")[1].split(":")
+    with DelayProxy(host, int(port), rtt_s=0.05, keep_alive=True) as proxy:
+        yield proxy, {**s3_bucket.storage_options, "endpoint_url": proxy.endpoint_url}, s3_bucket.url
+
+
+@pytest.mark.parametrize("prior, choice, requests", [(0.01, "short", 4), (10.0, "held", 7)])
+def test_a_short_compile_takes_no_lease_and_a_long_one_does(
+    tmp_path, slow_s3, decisions, fresh_compile_times, prior, choice, requests
+):
+    """At a 50 ms round trip, 0.01 s is under the default one round trip and 10 s over. Requests on the wire:
+    short: look, look under the node lock, upload of the manifest and of the cubin (4); held: look,
+    lease create, look under the lease, the two uploads, lease read and delete by the release (7)."""
+    proxy, storage_options, url = slow_s3
+    with TieredProgramCache(tmp_path, remote=url, remote_options=storage_options, compile_time_prior_s=prior) as cache:
+        cache.get(b"a first request, so the round trip is known")
+        before = proxy.requests
+        obj = tpc.compile(kernel(310), "c++", options(), cache=cache)
+        (decision,) = decisions
+        assert cache.flush(JOIN_S)
+        _released(decision.name)
+        seen = proxy.requests - before
+        assert cache.shared_store.leases().read(decision.name) is None
+    assert bytes(obj.code)[:4] == b"\x7fELF"
+    assert (decision.choice, decision.estimate_s) == (choice, prior)
+    assert decision.round_trip_s >= 0.05
+    assert seen == requests
+
+
+def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_itself(
+    tmp_path, decisions, fresh_compile_times
+):
+    """Node A holds the lease and its compile is held until node B is done. B plans with a 0.2 s
+    compile: it waits about that long, compiles itself, and reports it; A's lease stays A's."""
+    url = f"file://{tmp_path / 'remote'}"
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
+    a_compiling, b_done = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def hold_node_a(event: tpc.CompileEvent) -> None:
+        runs.append(threading.current_thread().name)
+        if threading.current_thread().name == "node-a":
+            a_compiling.set()
+            assert b_done.wait(JOIN_S)
+
+    stop = tpc.on_compile(hold_node_a)
+    node_a_thread = threading.Thread(
+        target=tpc.compile, args=(kernel(320), "c++", options()), kwargs={"cache": node_a}, name="node-a"
+    )
+    try:
+        node_a_thread.start()
+        assert a_compiling.wait(JOIN_S)
+        started = time.monotonic()
+        tpc.compile(kernel(320), "c++", options(), cache=node_b)
+        took = time.monotonic() - started
+        b_done.set()
+        node_a_thread.join(JOIN_S)
+    finally:
+        b_done.set()
+        stop()
+        node_a.close()
+        node_b.close()
+    assert runs == ["node-a", "MainThread"], decisions
+    by_choice = {d.choice: d for d in decisions}
+    assert set(by_choice) == {"held", "gave up"}
+    gave_up = by_choice["gave up"]
+    assert gave_up.holder_estimate_s == 0.2  # A's lease said so
+    assert 0.2 <= gave_up.waited_s < took  # at least the holder's estimate; then it compiled
+
+
+def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, fresh_compile_times):
+    """The control: wait_patience=None, the same stuck holder let go after B has waited 1 s: one compile."""
+    url = f"file://{tmp_path / 'remote'}"
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0,
+                                wait_patience=None)
+    a_compiling, let_go = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def hold_node_a(event: tpc.CompileEvent) -> None:
+        runs.append(threading.current_thread().name)
+        if threading.current_thread().name == "node-a":
+            a_compiling.set()
+            assert let_go.wait(JOIN_S)
+
+    stop = tpc.on_compile(hold_node_a)
+    node_a_thread = threading.Thread(
+        target=tpc.compile, args=(kernel(321), "c++", options()), kwargs={"cache": node_a}, name="node-a"
+    )
+    out = []
+    node_b_thread = threading.Thread(
+        target=lambda: out.append(tpc.compile(kernel(321), "c++", options(), cache=node_b)), name="node-b"
+    )
+    try:
+        node_a_thread.start()
+        assert a_compiling.wait(JOIN_S)
+        node_b_thread.start()
+        node_b_thread.join(1.0)  # B is still waiting after five times its patience would have been
+        assert node_b_thread.is_alive()
+        let_go.set()
+        node_b_thread.join(JOIN_S)
+        node_a_thread.join(JOIN_S)
+    finally:
+        let_go.set()
+        stop()
+        node_a.close()
+        node_b.close()
+    assert sorted(d.choice for d in decisions) == ["held", "waited"], decisions
+    assert runs == ["node-a"] and len(out) == 1
