@@ -19,8 +19,9 @@ Rows, per round-trip time:
 - ``warm``: fresh nodes (empty local directories) on the remote the cold row filled,
   compiling the K kernels (one remote look each);
 - ``warm + prefetch``: the same, each node first calling ``cache.warm()`` (one listing,
-  one concurrent batch of GETs), then compiling; ``1 node``: one such node on its own
-  (the N nodes above boot together, and here share 2 CPUs with the object store).
+  one concurrent batch of GETs), then compiling;
+- ``warm, 1 node`` and ``warm + prefetch, 1 node``: one such node on its own (the N nodes
+  above boot together and here share 2 CPUs with the object store).
 
 Columns: compiler runs in the fleet; wall seconds from the barrier to the last node done;
 p50 and max per node of the time to hold all K kernels; HTTP requests per ``compile()``
@@ -92,11 +93,12 @@ def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], see
     barrier.wait()
     started = time.time()
     prefetched = cache.warm().entries if prefetch else 0
+    warmed = time.time()
     for src in order:
         tpc.compile(src, "c++", options, cache=cache)
     done = time.time()
     results.put({"compiles": tpc.compile_count(), "started": started, "done": done, "decisions": decisions,
-                 "prefetched": prefetched})
+                 "prefetched": prefetched, "prefetch_s": warmed - started})
     cache.close()  # uploads drain here, after the clock
 
 
@@ -131,6 +133,7 @@ def run_fleet(
         "max": max(per_node),
         "decisions": [x for d in done for x in d["decisions"]],
         "prefetched": sum(d["prefetched"] for d in done),
+        "prefetch_p50": statistics.median(d["prefetch_s"] for d in done),
         "requests": None if before is None or after is None else after - before,
     }
 
@@ -264,10 +267,11 @@ def main() -> None:
                         warm_sources = sources
                 assert warm_prefix is not None
                 for name, nodes, prefetch in (("warm", n, False), ("warm + prefetch", n, True),
-                                              ("warm + prefetch, 1 node", 1, True)):
+                                              ("warm, 1 node", 1, False), ("warm + prefetch, 1 node", 1, True)):
                     runs[name].append(run_fleet(nodes, warm_sources, warm_prefix, prefetch, remote.count))
             alone_wall = _median_run(runs["alone"])["wall"]
-            for name in ("alone", *(row for row, _ in cold_rows), "warm", "warm + prefetch", "warm + prefetch, 1 node"):
+            for name in ("alone", *(row for row, _ in cold_rows), "warm", "warm + prefetch", "warm, 1 node",
+                         "warm + prefetch, 1 node"):
                 run = _median_run(runs[name])
                 requests, lookups = run["requests"], (1 if name.endswith("1 node") else n) * k
                 per_lookup = "" if requests is None else f"{requests / lookups:.2f}"
@@ -275,7 +279,8 @@ def main() -> None:
                 observed = f"{statistics.median(seen) * 1e3:.0f}" if seen else ""
                 print(f"{rtt * 1e3:>3.0f}ms  {name:<24} {run['compiles']:>8} {run['wall']:>7.2f} "
                       f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10} "
-                      f"{observed:>5}  {_choices(run['decisions'])}")
+                      f"{observed:>5}  {_choices(run['decisions'])}"
+                      + (f" (the prefetch: p50 {run['prefetch_p50']:.3f} s)" if run["prefetched"] else ""))
                 if log is not None:
                     for d in run["decisions"]:
                         log.write(json.dumps({"rtt_ms": rtt * 1e3, "row": name, **d}) + "\n")
