@@ -53,8 +53,8 @@ def test_a_fresh_node_is_ready_after_one_listing_and_one_batch_then_compiles_fro
     with TieredProgramCache(tmp_path / "node", **settings) as node:
         before = proxy.requests
         report = node.warm()
-        assert (report.entries, report.failures) == (K, 0)
-        assert proxy.requests - before == 1 + K  # one listing, K reads
+        assert (report.entries, report.failures) == (2 * K, 0)  # each cubin and its manifest
+        assert proxy.requests - before == 1 + 2 * K  # one listing, 2K reads
         before, stats = proxy.requests, node.stats()
         for i in range(K):
             tpc.compile(kernel(400 + i), "c++", options(), cache=node)
