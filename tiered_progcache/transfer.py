@@ -21,6 +21,7 @@ from .codeobject import check_code_object
 from .envelope import InvalidEnvelope
 from .errors import EntryRejected, one_line
 from .localdir import LocalDir
+from .manifest import manifest_name
 from .store import EntryStore, StoredEntry, check_entry_name
 
 __all__ = ["LOCAL_WRITERS", "Progress", "TransferReport", "push", "warm"]
@@ -61,7 +62,9 @@ def warm(
     its local directory, ``tiered-progcache ls``), read without listing the remote; else
     everything one listing shows, newest first, and with ``max_bytes`` only the newest
     entries whose stored sizes add up to at most that (entries already here count, so a
-    node's working set fits its local cap). Then one concurrent batch of reads per
+    node's working set fits its local cap). From a listing, the manifests of listed
+    binaries are left behind (a hit never reads them; ``explain`` reads them remotely),
+    so a boot fetches one object per kernel. Then one concurrent batch of reads per
     ``transfer_batch`` entries (one batch for a node's few hundred kernels). A bad or
     unreadable entry is counted in ``failures`` and skipped; the rest still land.
     """
@@ -73,7 +76,7 @@ def warm(
         if names is not None:
             raise ValueError("give names or max_bytes, not both: a byte budget picks from the remote's listing")
     started = time.perf_counter()
-    wanted = _unique_names(names) if names is not None else _newest_first(remote.iter_entries(), max_bytes)
+    wanted = _unique_names(names) if names is not None else _newest_first(_without_manifests(remote), max_bytes)
     have = {entry.name for entry in local.iter_entries()}
     todo = [name for name in wanted if name not in have]
     done = moved = nbytes = failures = 0
@@ -162,6 +165,13 @@ def push(
             "push to %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
         )
     return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
+
+
+def _without_manifests(remote: EntryStore) -> list[StoredEntry]:
+    """One listing, less the entries that are the manifest of another listed entry (named after it)."""
+    entries = list(remote.iter_entries())
+    manifests = {manifest_name(entry.name) for entry in entries}
+    return [entry for entry in entries if entry.name not in manifests]
 
 
 def _newest_first(entries: Iterable[StoredEntry], max_bytes: int | None) -> list[str]:
