@@ -296,7 +296,10 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     path, as before (:func:`tiered_progcache.keys.compile_key`). On a miss,
     with ``single_flight`` (default), one thread per process, one process per
     local cache directory and one node per remote compiles; the others wait up to
-    ``wait_timeout`` seconds and get its entry. ``lease_ttl`` bounds how long a
+    ``wait_timeout`` seconds and get its entry. Across nodes the cache's flight policy
+    decides: a lease only for compiles worth at least ``lease_min_compile_rtts`` round
+    trips, and a waiting node compiles itself after about one compile's time
+    (``wait_patience``; docs/cluster.md, "When nodes wait"). ``lease_ttl`` bounds how long a
     crashed node holds the others up. ``header_recheck_s`` lets a process trust a
     header scan that long before looking at the headers again (0: every call, which
     with inotify costs one ``poll(2)``; a header edited within the window is not seen
