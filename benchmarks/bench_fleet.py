@@ -232,14 +232,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--kernels", type=int, default=12)
-    p.add_argument("--rtt-ms", default="0,10,30,50", help="round-trip times to inject, comma-separated")
+    p.add_argument("--rtt-ms", default=None,
+                   help="round-trip times to inject, comma-separated (default 0,10,30,50 for s3, 0 for file)")
     p.add_argument("--remote", choices=("s3", "file"), default="s3")
     p.add_argument("--repeat", type=int, default=1, help="runs per row; the run with the median wall is shown")
     p.add_argument("--decisions", metavar="FILE", help="write every flight decision as a JSON line here")
     p.add_argument("--compare-k", default="", metavar="LIST",
                    help="extra cold rows with lease_min_compile_rtts set to each of these (e.g. 1,2,8)")
     args = p.parse_args()
-    rtts = [float(x) / 1e3 for x in args.rtt_ms.split(",")]
+    rtt_ms = args.rtt_ms if args.rtt_ms is not None else ("0,10,30,50" if args.remote == "s3" else "0")
+    rtts = [float(x) / 1e3 for x in rtt_ms.split(",")]
     cold_rows: list[tuple[str, dict[str, Any]]] = [("cold", {}), ("cold, always wait", ALWAYS_WAIT)]
     cold_rows += [(f"cold, k={k}", {"lease_min_compile_rtts": float(k)}) for k in args.compare_k.split(",") if k]
     n, k = args.nodes, args.kernels
