@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
@@ -119,13 +119,21 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
     short, and do not call :func:`compile` from it. Exceptions it raises are logged
     and swallowed. Thread-safe.
     """
+    return _subscribe(_hooks, hook)
+
+
+E = TypeVar("E")
+
+
+def _subscribe(hooks: list[Callable[[E], None]], hook: Callable[[E], None]) -> Callable[[], None]:
+    """Add ``hook`` to ``hooks`` under the counter lock; the unsubscribe removes it (idempotent)."""
     with _counter_lock:
-        _hooks.append(hook)
+        hooks.append(hook)
 
     def unsubscribe() -> None:
         with _counter_lock:
-            if hook in _hooks:
-                _hooks.remove(hook)
+            if hook in hooks:
+                hooks.remove(hook)
 
     return unsubscribe
 
@@ -145,15 +153,7 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
     on the calling thread; exceptions it raises are logged and swallowed. Thread-safe.
     ``tiered_progcache.metrics`` sums ``saved_seconds`` into ``compile_seconds_saved``.
     """
-    with _counter_lock:
-        _hit_hooks.append(hook)
-
-    def unsubscribe() -> None:
-        with _counter_lock:
-            if hook in _hit_hooks:
-                _hit_hooks.remove(hook)
-
-    return unsubscribe
+    return _subscribe(_hit_hooks, hook)
 
 
 def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
