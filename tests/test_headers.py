@@ -17,6 +17,8 @@ import tiered_progcache as tpc
 from tiered_progcache import headers
 from tiered_progcache.headers import HeaderFile, header_digest, header_scan, needs_header_digest
 
+from header_support import fresh_header_memo  # noqa: F401  (autouse)
+
 ARCH = "sm_90"
 OLD = time.time() - 3600  # mtimes an hour back: old enough for the memo to trust a stat
 
@@ -27,13 +29,6 @@ def _write(path: Path, text: str, *, settled: bool = True) -> Path:
     if settled:
         os.utime(path, (OLD, OLD))
     return path
-
-
-@pytest.fixture(autouse=True)
-def _fresh_memo():
-    headers.clear_memo()
-    yield
-    headers.clear_memo()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,20 +24,14 @@ from tiered_progcache import headers, headerwatch
 from tiered_progcache.headers import header_digest
 from tiered_progcache.headerwatch import HeaderWatcher, replace_watcher
 
+from header_support import OLD, SRC, fresh_header_memo  # noqa: F401  (autouse)
+from header_support import write_header as _write
+
 pytest.importorskip("inotify_simple")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux-only")
 
 ARCH = "sm_90"
-OLD = time.time() - 3600  # settled mtimes: a stat can vouch for them
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SRC = '#include <a.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
-
-
-def _write(path: Path, text: str, *, mtime: float = OLD) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.utime(path, (mtime, mtime))
-    return path
 
 
 def _edit_in_place(path: Path, text: str) -> None:
@@ -48,13 +41,6 @@ def _edit_in_place(path: Path, text: str) -> None:
     with open(path, "r+b") as fh:
         fh.write(text.encode())
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_memo():
-    headers.clear_memo()
-    yield
-    headers.clear_memo()
 
 
 @pytest.fixture

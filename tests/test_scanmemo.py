@@ -26,24 +26,11 @@ from tiered_progcache import headers, scanmemo
 from tiered_progcache.headers import header_digest
 from tiered_progcache.scanmemo import ScanMemoStore
 
+from header_support import SRC, fresh_header_memo  # noqa: F401  (autouse)
+from header_support import write_header as _write
+
 ARCH = "sm_90"
-OLD = time.time() - 3600
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SRC = '#include <a.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
-
-
-def _write(path: Path, text: str, *, mtime: float = OLD) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.utime(path, (mtime, mtime))
-    return path
-
-
-@pytest.fixture(autouse=True)
-def _fresh_memo():
-    headers.clear_memo()
-    yield
-    headers.clear_memo()
 
 
 @pytest.fixture
@@ -307,6 +294,7 @@ def test_the_directory_is_made_with_the_librarys_modes_and_never_through_a_symli
         """
         import os, sys
         os.umask(0)
+        sys.path.insert(0, "tests")  # test_scanmemo imports header_support, as pytest finds it
         from tests.test_scanmemo import _doc
         from tiered_progcache.scanmemo import ScanMemoStore
         ScanMemoStore(sys.argv[1]).save("ab" * 32, _doc(1))
