@@ -65,6 +65,20 @@ def test_latency_tracker_keeps_the_median_of_the_last_window():
     assert tracker.recorded == 5
 
 
+def test_the_documented_defaults_keep_the_last_64_round_trips_and_weigh_the_newest_compile_0_3():
+    """docs/cluster.md: R is the median of the last 64 requests; C a running mean, the newest weighing 0.3."""
+    tracker = LatencyTracker()
+    for _ in range(64):
+        tracker.record(1.0)
+    for _ in range(32):
+        tracker.record(0.0)
+    assert tracker.median() == 0.5  # 32 of each kept: one more or less in the window moves it to 1.0 or 0.0
+    times = CompileTimes()
+    times.record("c++", "cubin", 1.0)
+    times.record("C++", "CUBIN", 2.0)
+    assert times.estimate("c++", "cubin") == pytest.approx(1.3)
+
+
 def test_latency_tracker_counts_exactly_under_many_threads():
     tracker = LatencyTracker()
     barrier = threading.Barrier(16)
