@@ -7,6 +7,7 @@ file:// remote, and read the policy's choices from its own hook (``on_flight``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -320,3 +321,59 @@ def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, f
         node_b.close()
     assert sorted(d.choice for d in decisions) == ["held", "waited"], decisions
     assert runs == ["node-a"] and len(out) == 1
+
+
+# -- the small parts, each pinned ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [0, -0.1, 1.0001, 2])
+def test_compile_times_refuse_a_weight_outside_0_exclusive_to_1(weight):
+    with pytest.raises(ValueError, match="weight must be in"):
+        CompileTimes(weight=weight)
+
+
+def test_a_weight_of_one_keeps_the_newest_compile_only():
+    times = CompileTimes(weight=1)
+    times.record("c++", "cubin", 5.0)
+    times.record("c++", "cubin", 0.5)
+    assert times.estimate("c++", "cubin") == 0.5
+
+
+def test_with_no_round_trip_timed_the_plan_adds_no_network_time(tmp_path):
+    """A store that has timed nothing (round_trip_s None): poll at the floor, patience = C + the floor."""
+    plan = FlightPolicy(wait_patience=1.0).wait_plan(0.9, _store_at(tmp_path))
+    assert plan.poll_period() == POLL_FLOOR_S
+    assert plan.patience(None) == pytest.approx(0.9 + POLL_FLOOR_S)
+
+
+def test_a_decision_is_logged_at_info_when_a_waiter_gave_up_and_debug_otherwise(caplog):
+    from tiered_progcache.flightpolicy import FlightDecision, report
+
+    caplog.set_level(logging.DEBUG, logger="tiered_progcache.flightpolicy")
+    report(FlightDecision("ab" * 32, "gave up", 0.25, 0.0305, waited_s=0.5))
+    report(FlightDecision("cd" * 32, "held", 1.5, None))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "entry abababababababab: gave up (estimate 0.250 s, round trip 30.5 ms, waited 0.500 s)"),
+        (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate 1.500 s, round trip unknown, waited 0.000 s)"),
+    ]
+
+
+def test_a_hook_gets_each_decision_until_unsubscribed_and_a_failing_hook_is_logged(caplog):
+    from tiered_progcache.flightpolicy import FlightDecision, report
+
+    seen: list[FlightDecision] = []
+    stop = on_flight(seen.append)
+
+    def broken(decision: FlightDecision) -> None:
+        raise RuntimeError("hook bug")
+
+    stop_broken = on_flight(broken)
+    first = FlightDecision("ef" * 32, "short", 0.01, 0.05)
+    report(first)
+    stop()
+    stop()  # twice: harmless
+    stop_broken()
+    report(FlightDecision("ef" * 32, "held", 2.0, 0.05))
+    assert seen == [first]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"on_flight hook {broken!r} failed"]
