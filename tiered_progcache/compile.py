@@ -31,12 +31,13 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from .flightpolicy import compile_times
+from .hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from .manifest import ManifestError, build_manifest, compile_inputs, decode_manifest, encode_manifest, manifest_key
 from .singleflight import Work, run_once
@@ -119,23 +120,8 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
     short, and do not call :func:`compile` from it. Exceptions it raises are logged
     and swallowed. Thread-safe.
     """
-    return _subscribe(_hooks, hook)
+    return subscribe(_hooks, _counter_lock, hook)
 
-
-E = TypeVar("E")
-
-
-def _subscribe(hooks: list[Callable[[E], None]], hook: Callable[[E], None]) -> Callable[[], None]:
-    """Add ``hook`` to ``hooks`` under the counter lock; the unsubscribe removes it (idempotent)."""
-    with _counter_lock:
-        hooks.append(hook)
-
-    def unsubscribe() -> None:
-        with _counter_lock:
-            if hook in hooks:
-                hooks.remove(hook)
-
-    return unsubscribe
 
 
 _hit_hooks: list[Callable[[HitEvent], None]] = []
@@ -153,7 +139,7 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
     on the calling thread; exceptions it raises are logged and swallowed. Thread-safe.
     ``tiered_progcache.metrics`` sums ``saved_seconds`` into ``compile_seconds_saved``.
     """
-    return _subscribe(_hit_hooks, hook)
+    return subscribe(_hit_hooks, _counter_lock, hook)
 
 
 def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
@@ -168,11 +154,7 @@ def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
         seconds = _manifest_seconds(cache, key)
         _remember_seconds(memo, seconds)
     event = HitEvent(key, seconds)
-    for hook in hooks:
-        try:
-            hook(event)
-        except Exception:
-            logger.exception("on_hit hook %r failed", hook)
+    call_each(hooks, event, logger, "on_hit")
 
 
 def _manifest_seconds(cache: ProgramCacheResource, key: bytes) -> float | None:
@@ -203,11 +185,7 @@ def _record_compile(event: CompileEvent) -> None:
     with _counter_lock:
         _compiles += 1
         hooks = list(_hooks)
-    for hook in hooks:
-        try:
-            hook(event)
-        except Exception:
-            logger.exception("on_compile hook %r failed", hook)
+    call_each(hooks, event, logger, "on_compile")
 
 
 # -- the default cache ---------------------------------------------------------------------------

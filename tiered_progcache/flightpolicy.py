@@ -28,6 +28,7 @@ import logging
 import threading
 from typing import Any, Callable
 
+from .hooks import call_each, subscribe
 from .settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_RTTS, DEFAULT_WAIT_PATIENCE
 from .store import EntryStore
 
@@ -195,15 +196,7 @@ def on_flight(hook: Callable[[FlightDecision], None]) -> Callable[[], None]:
     The hook runs on the compiling thread; exceptions it raises are logged and swallowed.
     Thread-safe.
     """
-    with _hooks_lock:
-        _hooks.append(hook)
-
-    def unsubscribe() -> None:
-        with _hooks_lock:
-            if hook in _hooks:
-                _hooks.remove(hook)
-
-    return unsubscribe
+    return subscribe(_hooks, _hooks_lock, hook)
 
 
 def report(decision: FlightDecision) -> None:
@@ -216,8 +209,4 @@ def report(decision: FlightDecision) -> None:
                    decision.waited_s)
     with _hooks_lock:
         hooks = list(_hooks)
-    for hook in hooks:
-        try:
-            hook(decision)
-        except Exception:
-            logger.exception("on_flight hook %r failed", hook)
+    call_each(hooks, decision, logger, "on_flight")
