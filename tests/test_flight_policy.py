@@ -377,3 +377,21 @@ def test_a_hook_gets_each_decision_until_unsubscribed_and_a_failing_hook_is_logg
     assert seen == [first]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
         f"on_flight hook {broken!r} failed"]
+
+
+@pytest.mark.parametrize("window", [0, -1, True, 1.5, "4"])
+def test_latency_tracker_refuses_a_window_that_is_not_a_positive_int(window):
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        LatencyTracker(window=window)
+
+
+def test_a_zero_duration_counts_and_an_infinite_one_does_not():
+    tracker = LatencyTracker(window=1)
+    tracker.record(0.0)
+    assert (tracker.recorded, tracker.median()) == (1, 0.0)
+    times = CompileTimes(weight=1)
+    times.record("c++", "cubin", 0.0)
+    assert times.estimate("c++", "cubin") == 0.0
+    for bad in (float("inf"), float("nan"), -0.5):
+        times.record("c++", "cubin", bad)
+    assert times.estimate("c++", "cubin") == 0.0
