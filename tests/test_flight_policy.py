@@ -375,6 +375,8 @@ def test_a_hook_gets_each_decision_until_unsubscribed_and_a_failing_hook_is_logg
     stop_broken()
     report(FlightDecision("ef" * 32, "held", 2.0, 0.05))
     assert seen == [first]
+    assert first.as_dict() == {"name": "ef" * 32, "choice": "short", "estimate_s": 0.01, "round_trip_s": 0.05,
+                               "waited_s": 0.0, "holder_estimate_s": None}  # what bench_fleet --decisions writes
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
         f"on_flight hook {broken!r} failed"]
 
