@@ -13,22 +13,31 @@ headers), so a header that appears later on the path changes the key.
 
 Over-approximation, never under: ``#if`` is ignored (both branches count), a
 quoted include counts every candidate on the search path (not only the first),
-``__has_include`` counts like an include, and a computed ``#include MACRO``
-hashes every file under the directories it could resolve against.
+``__has_include`` counts like an include. A computed ``#include MACRO`` (and
+``__has_include(MACRO)``, and a call of a ``__has_include`` wrapper such as CCCL's
+``_CCCL_HAS_INCLUDE(<x>)`` on an ``#if``/``#elif``/``#define`` line) is resolved through
+every definition of the macro the scan has seen (object-like, nested, ``-D``): all of
+them count. One it cannot resolve (a function-like macro, ``##``) hashes every file
+under the includer's directory and the include path, within ``MAX_WALK_FILES`` /
+``MAX_WALK_BYTES``; where that would mean the working directory or ``/``, or past those
+bounds, or a header over ``MAX_HEADER_BYTES``, the scan *declines* instead
+(``HeaderScan.declined``): ``compile()`` compiles without the cache. Headers are hashed
+by streaming; nothing is read whole past the bound.
 
 Directives are found the way the compiler finds them, on preprocessor tokens after
 translation phases 1-3: line splices removed, each comment one space, ``%:`` is
 ``#``, string and raw-string literals skipped. Where a reading is in doubt (trigraphs,
 a backslash followed by spaces, a lone CR) every reading counts; where the scanner
-cannot tell at all (an unterminated comment or raw string, a computed
-``__has_include``) it falls back to the whole directories. Paths resolve as the OS
-resolves them: ``..`` after a symlinked directory goes to the symlink target's parent
-(and the textual reading is digested too).
+cannot tell at all (an unterminated comment or raw string) it falls back to the whole
+directories as above. Paths resolve as the OS resolves them: ``..`` after a symlinked
+directory goes to the symlink target's parent (and the textual reading is digested too).
 
-Search rules (checked against NVRTC 13): ``"x"`` is looked up in the including
-file's directory, then the include path; ``<x>`` only on the include path; the
-main source's directory is ``dirname(options.name)``, or the working directory
-when the name has none (unless ``no_source_include``).
+Search rules (checked against NVRTC 13, docs/reliability.md "Where NVRTC looks for a
+header"): ``"x"`` is looked up in the including file's directory, then the include
+path (no includer stack); ``<x>`` only on the include path; the main source's directory
+is ``dirname(options.name)``, or the working directory when the name has none (unless
+``no_source_include``); a relative ``pre_include`` in the working directory, then the
+include path (role ``cwd`` where the working directory is not the source's).
 
 Two streams (``portable``): the location-bound digest (:func:`header_digest`, and
 ``compile(portable_keys=False)``) names a directory outside the include path by its
