@@ -152,7 +152,8 @@ class HeaderFile:
     """One file a compile can read, named by where the compiler finds it, not where it lives. Immutable.
 
     ``root`` is the role of the root it lies under: ``"I0"``, ``"I1"``, ... (the include
-    path, by position), ``"source"`` (the source's directory), ``"use_pch"`` (the PCH file
+    path, by position), ``"source"`` (the source's directory), ``"cwd"`` (the working directory,
+    where a relative ``pre_include`` is found, when it is not the source's), ``"use_pch"`` (the PCH file
     ``use_pch`` names; ``path`` is its basename), ``"libdevice"`` (NVVM), or ``"abs"``
     (under no root: ``path`` is then absolute, and the key is not portable).
     ``path`` is relative to the root, '/'-separated; ``digest`` the sha256 hex of its bytes.
