@@ -188,6 +188,20 @@ def test_a_computed_include_in_the_main_source_declines_instead_of_reading_the_w
     assert any("not cached" in line for line in explain(src, "c++", opts, cache=cache).lines())
 
 
+def test_a_working_directory_of_root_is_never_walked(tmp_path, monkeypatch):
+    write_header(tmp_path / "top.h", "#define ANGLE(x) <x>\n#include ANGLE(v.h)\n")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir("/")
+    hashed = headers.files_hashed()
+    in_source = headers.header_scan("#define STR(x) #x\n#include STR(v.h)" + KERNEL, ProgramOptions(arch=ARCH))
+    assert in_source.declined is not None and headers.files_hashed() == hashed
+    # an include directory above the working directory: never walked whole either
+    monkeypatch.chdir(tmp_path / "work")
+    scan = headers.header_scan("#include <top.h>" + KERNEL, ProgramOptions(arch=ARCH, include_path=[str(tmp_path)]))
+    assert scan.declined is not None and "working directory" in scan.declined
+    assert headers.files_hashed() == hashed + 1  # top.h alone
+
+
 def test_a_header_over_the_size_bound_declines_without_being_read(tmp_path, monkeypatch):
     inc = tmp_path / "inc"
     inc.mkdir()
