@@ -122,7 +122,9 @@ def test_a_missing_header_is_keyed_by_name_and_its_arrival_changes_the_digest(tr
 
 
 def test_computed_include_falls_back_to_the_whole_include_directory(tree):
-    src = '#define HEADER <a.h>\n#include HEADER\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
+    # a computed include the scanner cannot read (a function-like macro), in a header of the include path
+    _write(tree / "computed.h", "#define STR(x) #x\n#include STR(a.h)\n")
+    src = '#include <computed.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
     before = header_digest(src, _opts(tree))
     _write(tree / "unrelated.h", "#define NOT_USED 3\n")  # not reachable by name, but could be
     after_edit = header_digest(src, _opts(tree))
@@ -257,9 +259,17 @@ def test_a_file_under_no_root_keeps_its_absolute_path_and_says_so(tmp_path, monk
 
 
 def test_a_computed_include_records_every_file_of_the_directories_it_could_reach(tree):
+    _write(tree / "computed.h", "#define STR(x) #x\n#include STR(a.h)\n")
+    scan = header_scan("#include <computed.h>" + KERNEL, _opts(tree))
+    assert [h.path for h in scan.headers] == ["a.h", "computed.h", "sub/also_unrelated.h", "sub/b.h", "sub/c.h",
+                                              "unrelated.h"]
+    assert scan.path_free and scan.declined is None
+
+
+def test_a_computed_include_through_a_define_reads_only_what_it_names(tree):
     scan = header_scan("#define HDR <a.h>\n#include HDR" + KERNEL, _opts(tree))
-    assert [h.path for h in scan.headers] == ["a.h", "sub/also_unrelated.h", "sub/b.h", "sub/c.h", "unrelated.h"]
-    assert scan.path_free
+    assert [h.path for h in scan.headers] == ["a.h", "sub/b.h", "sub/c.h"]
+    assert scan.path_free and scan.declined is None
 
 
 # -- through the compile helper, with real NVRTC ---------------------------------------------------
@@ -383,12 +393,38 @@ def test_retargeting_a_symlinked_directory_changes_the_digest_on_a_warm_memo(tmp
 @pytest.mark.parametrize("odd", [
     "/* an unterminated comment\n#include \"val.h\"",
     '__device__ const char r[] = R"x(never closed\n#include "val.h"',
-    "#define HDR <val.h>\n#include HDR",
-    "#define H(x) __has_include(x)\n#if H(<val.h>)\n#endif",
 ])
 def test_what_the_scanner_cannot_read_falls_back_to_the_whole_include_directories(valdir, odd):
-    before = header_digest(odd + KERNEL, _opts(valdir))
+    _write(valdir / "odd.h", odd + "\n")  # in a header of the include path: its directory is walked whole
+    src = "#include <odd.h>" + KERNEL
+    before = header_digest(src, _opts(valdir))
     _write(valdir / "unrelated_new.h", "#define X 1\n")  # a file reachable only through the fallback
+    assert header_digest(src, _opts(valdir)) != before
+    assert header_scan(src, _opts(valdir)).declined is None
+
+
+@pytest.mark.parametrize("odd", [
+    "/* an unterminated comment\n#include \"val.h\"",
+    '__device__ const char r[] = R"x(never closed\n#include "val.h"',
+])
+def test_what_the_scanner_cannot_read_in_the_main_source_declines_rather_than_walk_the_working_directory(valdir, odd):
+    scan = header_scan(odd + KERNEL, _opts(valdir))
+    assert scan.declined is not None and "working directory" in scan.declined
+    assert scan.headers == ()  # nothing under the working directory (nor the include path) was read
+
+
+@pytest.mark.parametrize("odd", [
+    "#define HDR <val.h>\n#include HDR",
+    "#define H(x) __has_include(x)\n#if H(<val.h>)\n#endif",
+    "#define H(x) __has_include(x)\n#define W(y) H(y)\n#define HDR <val.h>\n#if W(HDR)\n#endif",
+])
+def test_a_computed_include_or_has_include_through_macros_reads_exactly_what_it_names(valdir, odd):
+    before = header_digest(odd + KERNEL, _opts(valdir))
+    scan = header_scan(odd + KERNEL, _opts(valdir))
+    assert [h.path for h in scan.headers] == ["val.h"] and scan.declined is None
+    _write(valdir / "unrelated_new.h", "#define X 1\n")  # not nameable by it: no effect
+    assert header_digest(odd + KERNEL, _opts(valdir)) == before
+    _write(valdir / "val.h", "#define VAL 4\n")
     assert header_digest(odd + KERNEL, _opts(valdir)) != before
 
 

@@ -198,7 +198,7 @@ def test_a_forged_digest_over_a_fresh_header_is_never_returned(tree, tmp_path):
     (path,) = _memo_files(memo_dir)
     fresh = _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 3\n", mtime=time.time())
     forged = headers._ScanResult(b"\xff" * 32, True, ((str(fresh), headers._signature(str(fresh))),), (), 0.0,
-                                 (), (), True)
+                                 (), (), True, None)
     assert ScanMemoStore(memo_dir).save(path.stem, forged)
     headers.clear_memo()
     assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) != b"\xff" * 32

@@ -53,6 +53,7 @@ __all__ = [
     "check_arguments",
     "compile",
     "compile_count",
+    "declined_count",
     "default_cache",
     "on_compile",
     "on_hit",
@@ -101,6 +102,15 @@ class HitEvent:
 _counter_lock = threading.Lock()
 _compiles = 0
 _hooks: list[Callable[[CompileEvent], None]] = []
+
+
+_declined = 0
+
+
+def declined_count() -> int:
+    """Compiles :func:`compile` ran without the cache because what they read cannot be known
+    (a computed include the header scan cannot resolve within bounds; ``CompileKey.declined``). Per process."""
+    return _declined
 
 
 def compile_count() -> int:
@@ -299,6 +309,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
                            portable=portable_keys, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
     key = compiled.key
     target = target_type.lower()
+    if compiled.declined is not None:
+        return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     found = _find(cache, key, target, options, names)
     if found is not None:
         if _hit_hooks:
@@ -375,6 +387,30 @@ def check_arguments(
     if not isinstance(portable_keys, bool):
         raise TypeError(f"portable_keys must be a bool, got {type(portable_keys).__name__} {portable_keys!r}")
     return names
+
+
+def _compile_declined(
+    cache: ProgramCacheResource, compiled: CompileKey, source: str | bytes, code_type: str,
+    options: ProgramOptions, target: str, names: tuple[str | bytes, ...], logs: Any,
+) -> ObjectCode:
+    """Compile without the cache: never looked up, never stored (what it reads cannot be keyed)."""
+    global _declined
+    with _counter_lock:
+        _declined += 1
+    if isinstance(cache, TieredProgramCache) and cache.explain_misses:
+        logger.info("not cached %s: %s", compiled.key[:8].hex(), compiled.declined)
+    started = time.perf_counter()
+    program = Program(source, code_type, options)
+    try:
+        obj = program.compile(target, name_expressions=names, logs=logs)
+    except BaseException:
+        _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=False))
+        raise
+    finally:
+        program.close()
+        del program  # as in _compile_and_store
+    _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=True))
+    return obj
 
 
 def _find(

@@ -408,6 +408,8 @@ def explain_key(
     name = entry_name(key)
     inputs = compile_inputs(compiled, source, code_type, options, target, names, extra_digest)
     notes: list[str] = []
+    if compiled.declined is not None:
+        notes.append(f"not cached, compiled every time: {compiled.declined}")
     listings: list[tuple[_View, dict[str, StoredEntry]]] = []
     for view in _views(cache):
         if view.store is None:

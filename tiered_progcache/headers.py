@@ -13,22 +13,31 @@ headers), so a header that appears later on the path changes the key.
 
 Over-approximation, never under: ``#if`` is ignored (both branches count), a
 quoted include counts every candidate on the search path (not only the first),
-``__has_include`` counts like an include, and a computed ``#include MACRO``
-hashes every file under the directories it could resolve against.
+``__has_include`` counts like an include. A computed ``#include MACRO`` (and
+``__has_include(MACRO)``, and a call of a ``__has_include`` wrapper such as CCCL's
+``_CCCL_HAS_INCLUDE(<x>)`` on an ``#if``/``#elif``/``#define`` line) is resolved through
+every definition of the macro the scan has seen (object-like, nested, ``-D``): all of
+them count. One it cannot resolve (a function-like macro, ``##``) hashes every file
+under the includer's directory and the include path, within ``MAX_WALK_FILES`` /
+``MAX_WALK_BYTES``; where that would mean the working directory or ``/``, or past those
+bounds, or a header over ``MAX_HEADER_BYTES``, the scan *declines* instead
+(``HeaderScan.declined``): ``compile()`` compiles without the cache. Headers are hashed
+by streaming; nothing is read whole past the bound.
 
 Directives are found the way the compiler finds them, on preprocessor tokens after
 translation phases 1-3: line splices removed, each comment one space, ``%:`` is
 ``#``, string and raw-string literals skipped. Where a reading is in doubt (trigraphs,
 a backslash followed by spaces, a lone CR) every reading counts; where the scanner
-cannot tell at all (an unterminated comment or raw string, a computed
-``__has_include``) it falls back to the whole directories. Paths resolve as the OS
-resolves them: ``..`` after a symlinked directory goes to the symlink target's parent
-(and the textual reading is digested too).
+cannot tell at all (an unterminated comment or raw string) it falls back to the whole
+directories as above. Paths resolve as the OS resolves them: ``..`` after a symlinked
+directory goes to the symlink target's parent (and the textual reading is digested too).
 
-Search rules (checked against NVRTC 13): ``"x"`` is looked up in the including
-file's directory, then the include path; ``<x>`` only on the include path; the
-main source's directory is ``dirname(options.name)``, or the working directory
-when the name has none (unless ``no_source_include``).
+Search rules (checked against NVRTC 13, docs/reliability.md "Where NVRTC looks for a
+header"): ``"x"`` is looked up in the including file's directory, then the include
+path (no includer stack); ``<x>`` only on the include path; the main source's directory
+is ``dirname(options.name)``, or the working directory when the name has none (unless
+``no_source_include``); a relative ``pre_include`` in the working directory, then the
+include path (role ``cwd`` where the working directory is not the source's).
 
 Two streams (``portable``): the location-bound digest (:func:`header_digest`, and
 ``compile(portable_keys=False)``) names a directory outside the include path by its
@@ -94,11 +103,32 @@ _DIGEST_VERSION = b"tiered-progcache/headers/1"
 _PORTABLE_DIGEST_VERSION = b"tiered-progcache/headers/portable/1"
 
 _QUOTE, _ANGLE, _COMPUTED = 0, 1, 2
+#: What the parser records besides includes, so the scan can resolve macros as the preprocessor does:
+#: an object-like ``#define`` ("NAME\nvalue"), a function-like macro wrapping ``__has_include`` of its
+#: parameter ("NAME"), one calling another with its parameter ("NAME\nCALLEE"), and a call
+#: ``IDENT(ARG)`` on an ``#if``/``#elif``/``#define`` line ("IDENT\nARG"), a ``__has_include``
+#: through a wrapper when IDENT turns out to be one. A ``_COMPUTED`` entry's spelling is the macro
+#: it names ("" when it is no single identifier).
+_DEFINE, _HAS_WRAPPER, _WRAPS, _CALL = 3, 4, 5, 6
+#: A ``pre_include`` (``--pre-include``): looked up in the working directory, then on the include path.
+_PRE_INCLUDE = 7
+_IDENT_RE = re.compile(r"[A-Za-z_$][\w$]*")
+_IDENT_SPLIT_RE = re.compile(r"([A-Za-z_$][\w$]*)")
+#: Bounds on resolving a computed include through definitions (past them it is unresolvable).
+_MAX_EXPANSION_DEPTH = 16
+_MAX_EXPANSIONS = 64
 
 #: Files whose digest this process remembers; past this the memo is dropped and rebuilt.
 MAX_MEMO_FILES = 200_000
 #: Whole scans remembered (one per distinct source and search configuration).
 MAX_MEMO_SCANS = 4096
+#: Largest header hashed (streamed, never read whole past this): a bigger one declines the compile.
+MAX_HEADER_BYTES = 32 << 20
+#: Most files, and bytes, an unresolvable computed include's directory walk reads before the compile
+#: is declined (never cached) instead: the whole CCCL tree is about 2,000 files and 25 MB.
+MAX_WALK_FILES = 20_000
+MAX_WALK_BYTES = 256 << 20
+_HASH_CHUNK = 1 << 20
 
 Signature = Union[tuple[Any, ...], None]
 
@@ -113,12 +143,17 @@ class _FileInfo:
     includes: tuple[tuple[int, str], ...]
 
 
+#: What _file_info returns for a file over MAX_HEADER_BYTES (the scan then declines the compile).
+_TOO_BIG = _FileInfo(b"", ())
+
+
 @dataclasses.dataclass(frozen=True)
 class HeaderFile:
     """One file a compile can read, named by where the compiler finds it, not where it lives. Immutable.
 
     ``root`` is the role of the root it lies under: ``"I0"``, ``"I1"``, ... (the include
-    path, by position), ``"source"`` (the source's directory), ``"use_pch"`` (the PCH file
+    path, by position), ``"source"`` (the source's directory), ``"cwd"`` (the working directory,
+    where a relative ``pre_include`` is found, when it is not the source's), ``"use_pch"`` (the PCH file
     ``use_pch`` names; ``path`` is its basename), ``"libdevice"`` (NVVM), or ``"abs"``
     (under no root: ``path`` is then absolute, and the key is not portable).
     ``path`` is relative to the root, '/'-separated; ``digest`` the sha256 hex of its bytes.
@@ -137,12 +172,17 @@ class HeaderScan:
     file); ``headers`` every file it covers, sorted; ``missing`` the include spellings
     found nowhere (NVRTC's built-in headers), sorted; ``path_free`` False when the digest
     or a file's name had to keep an absolute path (always False for a location-bound scan).
+    ``declined``: why what the compile reads cannot be known within the scanner's bounds (a
+    computed include it cannot resolve, whose directories are the working directory or too
+    big; a header over ``MAX_HEADER_BYTES``); ``compile()`` then compiles without caching.
+    None for a scan that covers everything.
     """
 
     digest: bytes | None
     headers: tuple[HeaderFile, ...]
     missing: tuple[str, ...]
     path_free: bool
+    declined: str | None = None
 
 
 _NOTHING_READ = {True: HeaderScan(None, (), (), True), False: HeaderScan(None, (), (), False)}  # by ``portable``
@@ -160,6 +200,7 @@ class _ScanResult:
     headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
+    declined: Union[str, None]  # why the compile cannot be keyed (HeaderScan.declined), or None
     #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
     watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
                                                    metadata=scanmemo.PER_PROCESS)
@@ -182,7 +223,7 @@ class ValidationCounts:
     paths_statted: int
 
 
-_file_memo: dict[str, tuple[Signature, _FileInfo]] = {}
+_file_memo: dict[str, tuple[Signature, _FileInfo, bool]] = {}  # path -> (signature, info, parsed)
 _scan_memo: dict[tuple[Any, ...], _ScanResult] = {}
 _memo_lock = threading.Lock()
 _files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
@@ -206,7 +247,8 @@ def _signature_of_stat(st: os.stat_result) -> Signature:
     if stat.S_ISREG(st.st_mode):
         return ("f", st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if stat.S_ISDIR(st.st_mode):
-        return ("d", st.st_ino, st.st_mtime_ns)
+        # ctime too: ``cp -p``, ``rsync -t`` and ``tar x`` put a directory's mtime back after adding a file
+        return ("d", st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
     return ("o", st.st_mode)
 
 
@@ -255,9 +297,22 @@ _TOKEN_RE = re.compile(
     rb"|(?P<imp>" + _NOT_AFTER_ID + rb"import(?!" + _ID_CHAR + rb")))"
 )
 _DIRECTIVE_NAME_RE = re.compile(
-    _WS_OR_COMMENT + rb"(?P<name>include_next|include|import|embed|define|undef)(?!" + _ID_CHAR + rb")" + _WS_OR_COMMENT,
+    _WS_OR_COMMENT + rb"(?P<name>include_next|include|import|embed|define|undef|elif|if)(?!" + _ID_CHAR + rb")"
+    + _WS_OR_COMMENT,
     re.DOTALL,
 )
+_COMMENT_RE = re.compile(rb"/\*.*?\*/|//[^\n]*", re.DOTALL)
+#: A single identifier and nothing else (a computed include naming one macro).
+_LONE_NAME_RE = re.compile(rb"[ \t\f\v\r\0]*(?P<name>[A-Za-z_$\x80-\xff][\w$\x80-\xff]*)[ \t\f\v\r\0]*\Z")
+#: ``NAME(a, b)`` right after ``#define``: a function-like macro's parameters.
+_PARAMS_RE = re.compile(rb"\((?P<params>[^)\n]*)\)")
+#: ``IDENT(<x>)``, ``IDENT("x")``, ``IDENT(ARG)`` on a directive line: a possible ``__has_include`` wrapper call.
+_CALL_RE = re.compile(
+    rb"(?<![\w$\x80-\xff])(?P<fn>[A-Za-z_][\w$]*)[ \t]*\([ \t]*"
+    rb'(?:"(?P<q>[^"\n]*)"|<(?P<a>[^>\n]*)>|(?P<arg>[A-Za-z_][\w$]*))[ \t]*\)'
+)
+#: Longest ``#define`` value remembered for resolving computed includes.
+_MAX_DEFINE_CHARS = 512
 _MACRO_NAME_RE = re.compile(rb"[A-Za-z_$\x80-\xff][\w$\x80-\xff]*")
 _HEADER_NAME_RE = re.compile(rb'"(?P<q>[^"\n]*)"|<(?P<a>[^>\n]*)>')
 _HAS_ARG_RE = re.compile(_WS_OR_COMMENT + rb"\(" + _WS_OR_COMMENT, re.DOTALL)
@@ -287,10 +342,18 @@ def _scan_directives(text: bytes) -> list[tuple[int, str]]:
     """The includes one reading of ``text`` names, in order; ``_COMPUTED`` where it cannot tell."""
     found: list[tuple[int, str]] = []
 
+    def line_end(at: int) -> int:
+        end = text.find(b"\n", at)
+        return len(text) if end < 0 else end
+
     def header(kind_pos: int) -> int:
         m = _HEADER_NAME_RE.match(text, kind_pos)
         if m is None:
-            found.append((_COMPUTED, ""))  # a macro, or something odd: the directories count
+            end = line_end(kind_pos)
+            operand = _COMMENT_RE.sub(b" ", text[kind_pos:end])
+            lone = _LONE_NAME_RE.match(operand)
+            # ``#include MACRO``: resolved through the scan's definitions; anything else: the directories count
+            found.append((_COMPUTED, lone.group("name").decode("utf-8", "surrogateescape") if lone else ""))
             return kind_pos
         quoted = m.group("q")
         if quoted is not None:
@@ -299,6 +362,48 @@ def _scan_directives(text: bytes) -> list[tuple[int, str]]:
             found.append((_ANGLE, m.group("a").decode("utf-8", "surrogateescape")))
         return m.end()
 
+    def calls(start_at: int, end: int, params: frozenset[str] | None, macro: str) -> None:
+        """Record each ``IDENT(<x>)`` / ``IDENT("x")`` / ``IDENT(ARG)`` call between ``start_at`` and ``end``."""
+        for call in _CALL_RE.finditer(text, start_at, end):
+            fn = call.group("fn")
+            if fn in (b"defined", b"__has_include", b"__has_include_next", b"__has_embed"):
+                continue  # ``defined(X)`` reads nothing; ``__has_include`` is a token of its own
+            fn_name = fn.decode("utf-8", "surrogateescape")
+            if call.group("q") is not None:
+                found.append((_QUOTE, call.group("q").decode("utf-8", "surrogateescape")))
+            elif call.group("a") is not None:
+                found.append((_ANGLE, call.group("a").decode("utf-8", "surrogateescape")))
+            else:
+                arg = call.group("arg").decode("utf-8", "surrogateescape")
+                if params is not None and arg in params:
+                    found.append((_WRAPS, f"{macro}\n{fn_name}"))
+                else:
+                    found.append((_CALL, f"{fn_name}\n{arg}"))
+
+    def define(at: int) -> tuple[int, int, frozenset[str] | None]:
+        """Record a ``#define``: an object-like one's value, a function-like one's calls. Returns
+        (where to scan on, where the directive ends, its parameters or None)."""
+        nonlocal define_name
+        macro_m = _MACRO_NAME_RE.match(text, at)
+        if macro_m is None:
+            return at, -1, None
+        end = line_end(macro_m.end())
+        define_name = macro_m.group().decode("utf-8", "surrogateescape")
+        params_m = _PARAMS_RE.match(text, macro_m.end())
+        if params_m is not None:  # function-like: ``(`` right after the name
+            params = frozenset(p.strip().decode("utf-8", "surrogateescape")
+                               for p in params_m.group("params").split(b","))
+            calls(params_m.end(), end, params, define_name)
+            return macro_m.end(), end, params
+        value = _COMMENT_RE.sub(b" ", text[macro_m.end():end]).strip(_LINE_WS)
+        if len(value) <= _MAX_DEFINE_CHARS:
+            found.append((_DEFINE, define_name + "\n" + value.decode("utf-8", "surrogateescape")))
+        calls(macro_m.end(), end, None, define_name)
+        return macro_m.end(), end, None
+
+    define_name = ""
+    define_end = -1  # where the ``#define`` being read ends (its body's tokens lie before it)
+    define_params: frozenset[str] | None = None
     pos = 0
     clean = True  # nothing but whitespace and comments between the last line start and ``pos``
     search = _TOKEN_RE.search
@@ -339,16 +444,30 @@ def _scan_directives(text: bytes) -> list[tuple[int, str]]:
                 d = _DIRECTIVE_NAME_RE.match(text, pos)
                 if d is not None:
                     name = d.group("name")
-                    if name in (b"define", b"undef"):
+                    if name == b"define":
+                        pos, define_end, define_params = define(d.end())
+                    elif name == b"undef":
                         macro = _MACRO_NAME_RE.match(text, d.end())
                         pos = macro.end() if macro is not None else d.end()
+                    elif name in (b"if", b"elif"):
+                        calls(d.end(), line_end(d.end()), None, b"")
+                        pos = d.end()
                     else:
                         pos = header(d.end())
             clean = False
         elif kind == "has":
             arg = _HAS_ARG_RE.match(text, pos)
             if arg is not None:
-                pos = header(arg.end())
+                lone = _MACRO_NAME_RE.match(text, arg.end())
+                if lone is not None and _HEADER_NAME_RE.match(text, arg.end()) is None:
+                    ident = lone.group().decode("utf-8", "surrogateescape")
+                    if start < define_end and define_params is not None and ident in define_params:
+                        found.append((_HAS_WRAPPER, define_name))  # ``#define W(x) __has_include(x)``
+                    else:
+                        found.append((_COMPUTED, ident))  # ``__has_include(MACRO)``
+                    pos = lone.end()
+                else:
+                    pos = header(arg.end())
             clean = False
         elif kind == "imp":
             # C++20 header units (``import <x.h>;``); a named module (``import m;``) reads no header.
@@ -405,26 +524,45 @@ def _count_hashed() -> None:
     _files_hashed += 1
 
 
-def _file_info(path: str, sig: Signature) -> _FileInfo | None:
-    """Digest and include list of a regular file, memoized by its stat signature."""
+def _file_info(path: str, sig: Signature, *, parse: bool = True) -> _FileInfo | None:
+    """Digest and include list of a regular file, memoized by its stat signature.
+
+    Streamed: never more than ``MAX_HEADER_BYTES`` read (``_TOO_BIG`` past it). ``parse=False``
+    (a directory walk's files) hashes in chunks and keeps no text; its memo entry has no includes,
+    so a later include of the same file parses it then.
+    """
     if sig is None or sig[0] != "f":
         return None
+    if sig[2] > MAX_HEADER_BYTES:
+        return _TOO_BIG
     cached = _file_memo.get(path)
-    if cached is not None and cached[0] == sig:
+    if cached is not None and cached[0] == sig and (cached[2] or not parse):
         return cached[1]
+    hasher = hashlib.sha256(usedforsecurity=False)
+    chunks: list[bytes] = []
+    size = 0
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            while True:
+                chunk = fh.read(_HASH_CHUNK)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_HEADER_BYTES:
+                    return _TOO_BIG  # grew past the bound while we read it
+                hasher.update(chunk)
+                if parse:
+                    chunks.append(chunk)
     except OSError:
         return None
     _count_hashed()
-    info = _FileInfo(hashlib.sha256(data, usedforsecurity=False).digest(), _parse_includes(data))
+    info = _FileInfo(hasher.digest(), _parse_includes(b"".join(chunks)) if parse else ())
     after = _signature(path)
     if after == sig and not _is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
             if len(_file_memo) >= MAX_MEMO_FILES:
                 _file_memo.clear()
-            _file_memo[path] = (sig, info)
+            _file_memo[path] = (sig, info, parse)
     return info
 
 
@@ -487,6 +625,14 @@ class _Scan:
         self.files: dict[tuple[str, str], str] = {}  # (root, relative path) -> sha256 hex
         self.missing: set[str] = set()
         self.path_free = True  # nothing named by an absolute path so far
+        self.declined: str | None = None  # why this compile cannot be keyed (then it is not cached)
+        self.defines: dict[str, set[str]] = {}  # object-like macros seen: name -> every value
+        self.wrappers: set[str] = set()  # function-like macros that are ``__has_include`` of a parameter
+        self.wraps: set[tuple[str, str]] = set()  # (macro, macro it calls with its parameter)
+        self.calls: set[tuple[str, str, str | None, str]] = set()  # (fn, identifier arg, includer dir, tag)
+        #: computed includes by (macro, includer dir, tag): the header names already resolved for each
+        self.pending: dict[tuple[str, str | None, str], set[tuple[int, str]]] = {}
+        self.cwd_real = os.path.realpath(os.getcwd())
         self.real_include_dirs = tuple(self.realpath(d) for d in self.include_dirs)
         self.real_source_dir = self.realpath(source_dir) if source_dir is not None else None
 
@@ -528,6 +674,11 @@ class _Scan:
                 return "source", ""
             if directory.startswith(source.rstrip(os.sep) + os.sep):
                 return "source", os.path.relpath(directory, source).replace(os.sep, "/")
+        cwd = self.cwd_real
+        if directory == cwd:
+            return "cwd", ""
+        if directory.startswith(cwd.rstrip(os.sep) + os.sep):
+            return "cwd", os.path.relpath(directory, cwd).replace(os.sep, "/")
         return "abs", directory
 
     def dir_tag(self, directory: str) -> str:
@@ -561,6 +712,9 @@ class _Scan:
         """Hash ``path`` if it is a readable file, and queue its includes (``follow``); None if absent."""
         sig = self.probe(path)
         info = _file_info(path, sig)
+        if info is _TOO_BIG:
+            self.decline(f"{label}: a header over {MAX_HEADER_BYTES} bytes")
+            return info
         if info is None:
             return None
         self.read_anything = True
@@ -588,13 +742,19 @@ class _Scan:
         return named
 
     def resolve(self, kind: int, spelling: str, includer_dir: str | None, includer_tag: str) -> None:
+        """Digest every file ``#include`` of ``spelling`` can open, in NVRTC's search order (docs/reliability.md):
+        an absolute spelling as it stands; a quoted one in the including file's directory, then the
+        include path; an angle one on the include path only. ``_PRE_INCLUDE``: the working directory, then
+        the include path."""
         shown = self.spelled(spelling)
         self.emit("include", f"{kind}:{shown}".encode("utf-8", "surrogateescape"))
         if os.path.isabs(spelling):
             candidates = [("abs", "")]
         else:
             candidates = []
-            if kind == _QUOTE and includer_dir is not None:
+            if kind == _PRE_INCLUDE:
+                candidates.append(("cwd", os.getcwd()))
+            elif kind == _QUOTE and includer_dir is not None:
                 candidates.append((includer_tag, includer_dir))
             candidates.extend((f"I{i}", d) for i, d in enumerate(self.include_dirs))
         found = False
@@ -620,27 +780,148 @@ class _Scan:
         for i, d in enumerate(self.include_dirs):
             self.fallback_dirs.setdefault(d, f"I{i}")
 
+    def include(self, kind: int, spelling: str, includer_dir: str | None, includer_tag: str) -> None:
+        """One entry of a file's parse: an include resolved now, a macro fact, or a computed include for later."""
+        if kind in (_QUOTE, _ANGLE):
+            self.resolve(kind, spelling, includer_dir, includer_tag)
+        elif kind == _COMPUTED:
+            if spelling:
+                self.pending.setdefault((spelling, includer_dir, includer_tag), set())
+            else:
+                self.computed(includer_dir, includer_tag)
+        elif kind == _DEFINE:
+            name, _, value = spelling.partition("\n")
+            self.defines.setdefault(name, set()).add(value)
+        elif kind == _HAS_WRAPPER:
+            self.wrappers.add(spelling)
+        elif kind == _WRAPS:
+            macro, _, callee = spelling.partition("\n")
+            self.wraps.add((macro, callee))
+        elif kind == _CALL:
+            fn, _, arg = spelling.partition("\n")
+            self.calls.add((fn, arg, includer_dir, includer_tag))
+
     def drain(self) -> None:
-        while self.queue:
-            own_dir, includes = self.queue.pop(0)
-            tag = f"cur:{self.dir_tag(own_dir)}"
-            for kind, spelling in includes:
-                if kind == _COMPUTED:
-                    self.computed(own_dir, tag)
-                else:
+        """Follow every include, then resolve computed ones through the definitions seen, until nothing new."""
+        while True:
+            while self.queue:
+                own_dir, includes = self.queue.pop(0)
+                tag = f"cur:{self.dir_tag(own_dir)}"
+                for kind, spelling in includes:
+                    self.include(kind, spelling, own_dir, tag)
+            self._close_wrappers()
+            for fn, arg, own_dir, tag in sorted(self.calls, key=repr):
+                if fn in self.wrappers:  # ``W(MACRO)`` where ``W(x)`` is ``__has_include(x)``
+                    self.pending.setdefault((arg, own_dir, tag), set())
+            for (name, own_dir, tag), done in sorted(self.pending.items(), key=lambda item: repr(item[0])):
+                expansions = self.expand(name)
+                if expansions is None:
+                    continue  # not (yet) resolvable: if it stays so, the directories count (finish)
+                for kind, spelling in sorted(expansions - done):
+                    done.add((kind, spelling))
+                    self.emit("computed-as", f"{name}:{kind}:{spelling}".encode("utf-8", "surrogateescape"))
                     self.resolve(kind, spelling, own_dir, tag)
+            if not self.queue:
+                break
+        for (name, own_dir, tag), done in sorted(self.pending.items(), key=lambda item: repr(item[0])):
+            if self.expand(name) is None:
+                self.computed(own_dir, tag)
+
+    def _close_wrappers(self) -> None:
+        """A macro calling a ``__has_include`` wrapper with its parameter is one too."""
+        grown = True
+        while grown:
+            grown = False
+            for macro, callee in self.wraps:
+                if callee in self.wrappers and macro not in self.wrappers:
+                    self.wrappers.add(macro)
+                    grown = True
+
+    def expand(self, name: str) -> set[tuple[int, str]] | None:
+        """Every header name ``#include name`` can expand to, by every definition the scan has seen;
+        None when one of them cannot be read (a function-like macro, ``##``, too many readings)."""
+        out: set[tuple[int, str]] = set()
+        stack = [(name, 0)]
+        while stack:
+            current, depth = stack.pop()
+            values = self.defines.get(current)
+            if not values or depth > _MAX_EXPANSION_DEPTH:
+                return None
+            for value in values:
+                if value.startswith('"') and value.endswith('"') and len(value) >= 2 and '"' not in value[1:-1]:
+                    out.add((_QUOTE, value[1:-1]))
+                elif value.startswith("<") and value.endswith(">") and ">" not in value[1:-1]:
+                    texts = self.expand_text(value[1:-1].strip(), depth)
+                    if texts is None:
+                        return None
+                    out.update((_ANGLE, t) for t in texts)
+                elif _IDENT_RE.fullmatch(value):
+                    stack.append((value, depth + 1))
+                else:
+                    return None
+            if len(out) > _MAX_EXPANSIONS:
+                return None
+        return out
+
+    def expand_text(self, text: str, depth: int) -> set[str] | None:
+        """``text`` with each identifier defined as plain text replaced, or not (both are digested)."""
+        readings = {""}
+        for piece in _IDENT_SPLIT_RE.split(text):
+            options = {piece}
+            if _IDENT_RE.fullmatch(piece) and piece in self.defines and depth < _MAX_EXPANSION_DEPTH:
+                for value in self.defines[piece]:
+                    if any(c in value for c in "\"<>#()"):
+                        return None
+                    inner = self.expand_text(value, depth + 1)
+                    if inner is None:
+                        return None
+                    options.update(inner)
+            readings = {r + o for r in readings for o in options}
+            if len(readings) > _MAX_EXPANSIONS:
+                return None
+        return readings
 
     def hash_fallback_dirs(self) -> None:
+        """Hash every file under the directories an unresolvable computed include could reach, within bounds.
+
+        Never the working directory, ``/`` or any directory above them (finding: a checkpoint beside
+        the script), never past ``MAX_WALK_FILES`` files or ``MAX_WALK_BYTES`` bytes: then the
+        compile is declined instead (not cached), since what it reads cannot be known.
+        """
+        cwd = os.path.realpath(os.getcwd())
+        files = total = 0
+        for directory, tag in sorted(self.fallback_dirs.items(), key=lambda item: item[1]):
+            real_dir = self.realpath(directory)
+            if real_dir == "/" or cwd == real_dir or cwd.startswith(real_dir.rstrip(os.sep) + os.sep):
+                self.decline(f"a computed #include the scanner cannot resolve could read any file under "
+                             f"{'/' if real_dir == '/' else 'the working directory'} ({tag}), which is never walked")
+                return
         for directory, tag in sorted(self.fallback_dirs.items(), key=lambda item: item[1]):
             self.emit("tree", tag.encode("utf-8", "surrogateescape"))
             real_dir = self.realpath(directory)
             for path in _walk_files(directory, self):
-                info = _file_info(path, self.checks[path])
+                sig = self.checks[path]
+                files += 1
+                total += sig[2] if sig is not None and sig[0] == "f" else 0
+                if files > MAX_WALK_FILES or total > MAX_WALK_BYTES:
+                    self.decline(f"a computed #include the scanner cannot resolve could read any of more than "
+                                 f"{MAX_WALK_FILES} files or {MAX_WALK_BYTES} bytes under {tag}")
+                    return
+                info = _file_info(path, sig, parse=False)
+                if info is _TOO_BIG:
+                    self.decline(f"{tag}:{os.path.relpath(path, directory)} is over {MAX_HEADER_BYTES} bytes")
+                    return
                 if info is not None:
                     self.read_anything = True
                     rel = os.path.relpath(path, directory)
                     self.emit("tree-file", rel.encode("utf-8", "surrogateescape") + b"\0" + info.digest)
                     self.record(real_dir, rel.replace(os.sep, "/"), info.digest)
+
+    def decline(self, reason: str) -> None:
+        """What this compile reads cannot be known within bounds: it is not cached (first reason kept)."""
+        if self.declined is None:
+            self.declined = reason
+        self.emit("declined", reason.encode("utf-8", "surrogateescape"))
 
     def outcome(self) -> tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]]:
         """The files read as sorted ``(root, path, sha256 hex)`` rows, and the sorted missing spellings."""
@@ -675,6 +956,21 @@ def _walk_files(directory: str, scan: _Scan) -> Iterable[str]:
             else:
                 yield path
         stack.extend(reversed(subdirs))
+
+
+def _command_line_defines(value: object) -> tuple[tuple[str, str], ...]:
+    """``define_macro`` as ``(name, value)`` pairs (``-DNAME`` is ``1``), as NVRTC's ``-D`` reads them."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, (str, tuple)) else list(value) if isinstance(value, Sequence) else []
+    pairs = []
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2:
+            pairs.append((str(item[0]), str(item[1])))
+        elif isinstance(item, str):
+            name, eq, val = item.partition("=")
+            pairs.append((name, val if eq else "1"))
+    return tuple(pairs)
 
 
 def _as_list(value: object) -> list[str]:
@@ -814,14 +1110,14 @@ def header_scan(
     if result is None:
         return _NOTHING_READ[portable]
     if not result.read_anything:  # then whether a digest is due depends on the options too
-        digest = result.digest if needs_header_digest(options, code_type) else None
-        return HeaderScan(digest, (), result.missing, result.path_free and portable)
+        digest = result.digest if needs_header_digest(options, code_type) or result.declined else None
+        return HeaderScan(digest, (), result.missing, result.path_free and portable, result.declined)
     # Made once per scan result: a warm call builds nothing.
     hit = _header_scans.get(id(result))
     if hit is not None and hit[0] is result:
         return hit[1]
     files = tuple(HeaderFile(root, path, digest) for root, path, digest in result.headers)
-    found = HeaderScan(result.digest, files, result.missing, result.path_free and portable)
+    found = HeaderScan(result.digest, files, result.missing, result.path_free and portable, result.declined)
     with _memo_lock:
         if len(_header_scans) >= MAX_MEMO_SCANS:
             _header_scans.clear()
@@ -863,6 +1159,7 @@ def _scan(
         getattr(options, "name", None),
         bool(getattr(options, "no_source_include", False)),
         _hashable(getattr(options, "use_pch", None)),
+        _command_line_defines(getattr(options, "define_macro", None)),  # computed includes resolve through them
         os.getcwd(),
         portable,
     )
@@ -879,13 +1176,12 @@ def _scan(
 
     scan = _Scan(roles, source_dir, portable=portable)
     source_real = scan.real_source_dir
+    for name, value in _command_line_defines(getattr(options, "define_macro", None)):
+        scan.defines.setdefault(name, set()).add(value)
     for spelling in pre_includes:
-        scan.resolve(_QUOTE, spelling, source_real, "source")
+        scan.resolve(_PRE_INCLUDE, spelling, None, "pre_include")
     for kind, spelling in _parse_includes(data):
-        if kind == _COMPUTED:
-            scan.computed(source_real, "source")
-        else:
-            scan.resolve(kind, spelling, source_real, "source")
+        scan.include(kind, spelling, source_real, "source")
     scan.drain()
     scan.hash_fallback_dirs()
     if use_pch_path is not None:
@@ -899,7 +1195,7 @@ def _scan(
     files, missing = scan.outcome()
     result = _ScanResult(
         digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic(),
-        files, missing, scan.path_free,
+        files, missing, scan.path_free, scan.declined,
     )
 
     _memoize(memo_key, None if scan.racy else result, memo_dir)
@@ -925,6 +1221,8 @@ def _memoized(
         if watch is not None and watch.current() and _unwatched_unchanged(watch):
             _by_watch += 1
             return cached
+        if watch is not None and watch.rescan:
+            return None  # a file appeared or went in a directory walked whole: scan it again
         if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
             return cached
         return None

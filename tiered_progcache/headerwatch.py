@@ -136,10 +136,13 @@ class Subscription:
     filesystem, a watch refused): the caller re-stats those on every call.
     """
 
-    __slots__ = ("valid", "stat_checks", "stat_real_checks", "_watcher", "_registrations")
+    __slots__ = ("valid", "rescan", "stat_checks", "stat_real_checks", "_watcher", "_registrations")
 
     def __init__(self, watcher: HeaderWatcher) -> None:
         self.valid = True
+        #: an event named a file in a directory the scan walked whole: scan again, do not re-stat
+        #: (``cp -p`` / ``rsync -t`` put the directory's mtime back, and a stat may not tell)
+        self.rescan = False
         self.stat_checks: tuple[tuple[str, Any], ...] = ()
         self.stat_real_checks: tuple[tuple[str, str], ...] = ()
         self._watcher = watcher
@@ -570,6 +573,8 @@ class HeaderWatcher:
             del self._wds[wd]  # the kernel dropped it (deleted, unmounted): watch again next time
             targets = set(watch.everyone)
         elif name:
+            for sub in watch.any_name:
+                sub.rescan = True
             targets = watch.any_name | watch.by_name.get(name, set())
         else:
             targets = set(watch.everyone)  # the watched directory or file itself

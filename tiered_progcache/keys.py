@@ -88,6 +88,8 @@ class CompileKey:
     missing: tuple[str, ...]
     options: tuple[str, ...]
     header_digest: bytes | None
+    #: why what the compile reads cannot be known (``HeaderScan.declined``): ``compile()`` does not cache it
+    declined: str | None = None
 
 
 class _KeyedOptions(ProgramOptions):
@@ -296,4 +298,5 @@ def compile_key(
         missing=scan.missing,
         options=keyed_strings,
         header_digest=scan.digest,
+        declined=scan.declined,
     )

@@ -9,9 +9,12 @@ is enough to pair them (``tiered-progcache ls --long``, ``explain NAME``).
 A manifest is information, never input: nothing it says changes what ``compile()``
 returns, and :func:`decode_manifest` rejects anything that is not exactly the
 documented shape (:class:`ManifestError`). It holds no environment, no settings, no
-signing key, no remote options and no absolute path of the machine (include
-directories are role tokens, ``I0``, ``I1``...; only a header included by absolute
-path is recorded by that path). ``Program.compile(cache=...)`` writes none.
+signing key, no remote options and no absolute path of the machine: include
+directories are role tokens (``I0``, ``I1``...), also for a path-keyed compile
+(``portable_keys=False``, ``debug``/``lineinfo``), whose key holds the paths; a path under
+no root (an option's value, a header included by absolute path) is written
+``<redacted:sha256:...>``, the first 16 hex digits of its digest, so two manifests still
+tell different paths apart. ``Program.compile(cache=...)`` writes none.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import hashlib
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import re
 import socket
@@ -32,6 +36,7 @@ from typing import Any
 
 from ._cudacore import key_schema_version
 from .envelope import max_stored_bytes
+from .headers import path_roles, role_relative
 from .keys import CompileKey, HeaderFile
 from .store import EntryStore, StoredEntry, entry_name, is_entry_name
 
@@ -264,10 +269,11 @@ def compile_inputs(
         target=target_type.lower(),
         arch=str(arch) if arch is not None else None,
         program_name=name if isinstance(name, str) else None,
-        options=tuple(compiled.options),
+        options=_without_machine_paths(compiled.options, options),
         compiler=compiler,
         compiler_version=version,
-        headers=tuple(compiled.headers),
+        headers=tuple(HeaderFile(h.root, redacted(h.path), h.digest) if h.root == "abs" else h
+                      for h in compiled.headers),
         headers_omitted=0,
         missing=tuple(compiled.missing),
         name_expressions=tuple(name_expressions),
@@ -275,6 +281,29 @@ def compile_inputs(
         extra_digest_sha256=hashlib.sha256(bytes(extra_digest), usedforsecurity=False).hexdigest()
         if extra_digest is not None else None,
     )  # fmt: skip
+
+
+def redacted(path: str) -> str:
+    """How a machine path stands in a manifest: ``<redacted:sha256:`` + 16 hex digits of it + ``>``."""
+    return "<redacted:sha256:" + hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:16] + ">"
+
+
+def _without_machine_paths(option_strings: Sequence[str], options: Any) -> tuple[str, ...]:
+    """The keyed option strings with every absolute path named by its role, or redacted under none.
+
+    A portable key's strings already hold role tokens; a path-keyed one's hold the paths themselves.
+    """
+    roles = path_roles(options)
+    out = []
+    for option in option_strings:
+        flag, eq, value = option.partition("=")
+        if eq and os.path.isabs(value):
+            named = role_relative(os.path.normpath(value), roles)
+            option = f"{flag}={named if named is not None else redacted(value)}"
+        elif not eq and os.path.isabs(option):
+            option = redacted(option)
+        out.append(option)
+    return tuple(out)
 
 
 def build_manifest(

@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 FORMAT = "tiered-progcache/header-scan/1"
 #: Memo files kept in one directory.
 MAX_FILES = 512
-#: Bytes kept in one directory (a CUB scan's memo is about 0.5 MB).
+#: Bytes kept in one directory (a CUB BlockReduce scan's memo is about 160 KB).
 MAX_BYTES = 64 << 20
 #: Largest memo written or read.
 MAX_FILE_BYTES = 8 << 20

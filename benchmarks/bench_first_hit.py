@@ -1,0 +1,86 @@
+"""The first ``compile()`` hit in a fresh process: a ``cub::BlockReduce`` kernel against a plain one, side by side.
+
+    python benchmarks/bench_first_hit.py [--runs 7] [--dir DIR]
+
+Both entries are compiled into one local cache directory first (so the header scan of
+the CUB kernel is persisted in ``<dir>/header-scans``, as a node that compiled it before
+leaves it). Then fresh interpreters are spawned, alternately one per kernel, each timing
+its first ``tiered_progcache.compile()`` call (a local-directory hit) after the imports.
+Prints the median per kernel, their ratio, the files the CUB scan digests and the bytes of
+the persisted scans. No asserts: numbers and ratios only. Local directory only (no remote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+PLAIN = 'extern "C" __global__ void plain(float* out) { out[threadIdx.x] = 2.0f * threadIdx.x; }\n'
+CUB = ('#include <cub/block/block_reduce.cuh>\n'
+       'extern "C" __global__ void reduce(const float* in, float* out) {\n'
+       '  using R = cub::BlockReduce<float, 128>;\n  __shared__ typename R::TempStorage tmp;\n'
+       '  float s = R(tmp).Sum(in[threadIdx.x]);\n  if (threadIdx.x == 0) *out = s;\n}\n')
+
+CHILD = r"""
+import json, os, sys, time
+import tiered_progcache as tpc
+from cuda.core import ProgramOptions
+from cuda.pathfinder import find_nvidia_header_directory
+src, kind, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+opts = ProgramOptions(arch="sm_90", std="c++17",
+                      include_path=[find_nvidia_header_directory("cccl")] if kind == "cub" else None)
+cache = tpc.TieredProgramCache(cache_dir)
+before = tpc.compile_count()
+t = time.perf_counter()
+tpc.compile(src, "c++", opts, cache=cache)
+seconds = time.perf_counter() - t
+print(json.dumps({"seconds": seconds, "compiled": tpc.compile_count() - before}))
+"""
+
+
+def _child(src: str, kind: str, cache_dir: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, src, kind, cache_dir], check=True, capture_output=True,
+                         text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=7, help="fresh processes per kernel (alternating); the median is shown")
+    p.add_argument("--dir", default=None, help="cache directory (default: a new temporary one)")
+    args = p.parse_args()
+    cache_dir = args.dir or tempfile.mkdtemp(prefix="bench-first-hit-")
+    for src, kind in ((PLAIN, "plain"), (CUB, "cub")):
+        _child(src, kind, cache_dir)  # compiles and stores it (and persists the CUB scan)
+    times: dict[str, list[float]] = {"plain": [], "cub": []}
+    for _ in range(args.runs):
+        for src, kind in ((PLAIN, "plain"), (CUB, "cub")):
+            run = _child(src, kind, cache_dir)
+            if run["compiled"]:
+                raise SystemExit(f"{kind}: the first call compiled; the entry should have been a hit")
+            times[kind].append(run["seconds"])
+    plain, cub = statistics.median(times["plain"]), statistics.median(times["cub"])
+    scans = os.path.join(cache_dir, "header-scans")
+    scan_bytes = sum(os.path.getsize(os.path.join(scans, f)) for f in os.listdir(scans)) if os.path.isdir(scans) else 0
+
+    from cuda.core import ProgramOptions
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    from tiered_progcache.headers import header_scan
+
+    cccl = find_nvidia_header_directory("cccl")
+    files = {inc: len(header_scan(f"#include <{inc}>\n", ProgramOptions(arch="sm_90", include_path=[cccl])).headers)
+             for inc in ("cuda/std/type_traits", "cub/block/block_reduce.cuh", "cub/cub.cuh")}
+    print(f"first compile() hit in a fresh process, median of {args.runs}: "
+          f"plain {plain * 1e3:.1f} ms, cub::BlockReduce {cub * 1e3:.1f} ms, ratio {cub / plain:.2f}x")
+    print(f"persisted header scans: {scan_bytes} bytes; files digested: "
+          + ", ".join(f"<{inc}> {n}" for inc, n in files.items()))
+
+
+if __name__ == "__main__":
+    main()
