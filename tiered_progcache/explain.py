@@ -17,7 +17,8 @@ exception. The compile key is computed as ``compile()`` computes it, so headers 
 read (and hashed where not memoized).
 
 With ``explain_misses`` on the cache (``TIERED_PROGCACHE_EXPLAIN=1``), ``compile()``
-logs :meth:`Explanation.one_line` at INFO for each miss, before compiling.
+logs :meth:`Explanation.one_line` at INFO for each miss, before compiling (on stderr where
+the application set up no logging: :mod:`.visible`).
 """
 
 from __future__ import annotations
