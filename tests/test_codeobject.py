@@ -47,7 +47,10 @@ def ptx() -> bytes:
 @functools.lru_cache(maxsize=None)
 def fatbin() -> bytes:
     nvfatbin = pytest.importorskip("cuda.bindings.nvfatbin")
-    handle = nvfatbin.create([], 0)
+    try:
+        handle = nvfatbin.create([], 0)
+    except Exception as exc:  # cuda-bindings without the nvidia-nvfatbin library
+        pytest.skip(f"nvfatbin is not usable here: {exc!r}")
     try:
         nvfatbin.add_cubin(handle, cubin(), len(cubin()), "80", "k")
         nvfatbin.add_ptx(handle, ptx(), len(ptx()), "80", "k", "")
@@ -74,8 +77,11 @@ def _sections(elf: bytes) -> list[tuple[int, int, int, int]]:
 def test_whole_real_code_objects_pass():
     assert check_code_object(cubin()) is None
     assert check_code_object(ptx()) is None and check_code_object(ptx().rstrip(b"\0")) is None
-    assert check_code_object(fatbin()) is None
     assert check_code_object(b"bytes of no known format", unknown_ok=True) is None  # what the local read passes
+
+
+def test_a_whole_real_fatbin_passes():
+    assert check_code_object(fatbin()) is None
 
 
 @settings(max_examples=150, deadline=None)
@@ -85,9 +91,12 @@ def test_a_cubin_cut_anywhere_fails_the_check(cut):
     assert check_code_object(data[: cut % len(data)] or data[:1], unknown_ok=True) is not None
 
 
-def test_every_cut_of_a_cubin_and_a_fatbin_fails_and_ptx_cut_inside_its_text_fails():
+def test_every_cut_of_a_cubin_and_of_a_fatbin_fails():
     for whole in (cubin(), fatbin()):
         assert [n for n in range(1, len(whole)) if check_code_object(whole[:n], unknown_ok=True) is None] == []
+
+
+def test_ptx_cut_anywhere_inside_its_text_fails():
     text_end = len(ptx().rstrip(b"\0 \t\r\n"))
     assert [n for n in range(1, text_end) if check_code_object(ptx()[:n], unknown_ok=True) is None] == []
 
