@@ -103,3 +103,46 @@ def test_help_names_explain():
 def test_explain_takes_one_name(tmp_path, args):
     line = assert_one_line_error(run_cli(*args, env={"TIERED_PROGCACHE_DIR": str(tmp_path)}), 2)
     assert line.startswith("tiered-progcache") and "error:" in line
+
+
+def test_after_a_remote_hit_explain_and_ls_long_read_the_manifest_from_the_remote(tmp_path, s3_bucket, events):
+    """Issue 19 item 8: node B's hit promotes the binary alone; its manifest stays on S3, where compile() wrote it."""
+    options = s3_bucket.storage_options
+    with TieredProgramCache(tmp_path / "node-a", remote=s3_bucket.url, remote_options=options) as node_a:
+        tiered_progcache.compile(SRC, "c++", OPTS, cache=node_a)
+        assert node_a.flush(30)
+    with TieredProgramCache(tmp_path / "node-b", remote=s3_bucket.url, remote_options=options) as node_b:
+        tiered_progcache.compile(SRC, "c++", OPTS, cache=node_b)  # a remote hit, promoted
+        assert node_b.stats()["remote"].hits == 1
+        in_memory = tiered_progcache.explain(SRC, "c++", OPTS, cache=node_b)  # held by the memory tier now
+    assert len(events) == 1  # node B never compiled
+    name = entry_name(events[0].key)
+    local_names = {e.name for e in LocalDir(tmp_path / "node-b").iter_entries()}
+    assert name in local_names and manifest_name(name) not in local_names  # the binary alone was promoted
+    with TieredProgramCache(tmp_path / "node-b", remote=s3_bucket.url, remote_options=options) as node_b:
+        on_disk = tiered_progcache.explain(SRC, "c++", OPTS, cache=node_b)  # a new process: held by local
+    for report, tier in ((in_memory, "memory"), (on_disk, "local")):
+        assert (report.hit, report.tier) == (True, tier)
+        assert report.manifest is not None and report.manifest.provenance.host == socket.gethostname()
+        assert report.manifest.entry == name and report.manifests_read == 1
+        assert any(note.startswith(f"manifest read from tier remote ({s3_bucket.url}") for note in report.notes)
+        assert not any("no manifest" in line for line in report.lines())
+
+    env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "node-b"), "TIERED_PROGCACHE_REMOTE": s3_bucket.url,
+           "TIERED_PROGCACHE_REMOTE_OPTIONS": json.dumps(options)}  # fmt: skip
+    shown = run_cli("explain", name, "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert (doc["entry"], doc["written_by"]["host"]) == (name, socket.gethostname())
+    assert f"manifest read from {s3_bucket.url}" in shown.stderr
+    text = run_cli("explain", name, env=env)
+    assert text.returncode == 0 and "no manifest" not in text.stdout + text.stderr and "compiled in" in text.stdout
+    listed = run_cli("ls", "--long", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert _row(listed.stdout, name)[-4:] == [socket.gethostname(), doc["written_by"]["time"],
+                                             f"{doc['compile_seconds']:.3f}s", "c++->cubin"]  # fmt: skip
+    # Without a remote configured the local directory alone answers, as before.
+    local_only = assert_one_line_error(run_cli("explain", name, env={"TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")}), 1)
+    assert "has no manifest" in local_only
+    alone = run_cli("ls", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")})
+    assert _row(alone.stdout, name)[-1] == "-"

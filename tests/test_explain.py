@@ -377,3 +377,39 @@ def test_on_redis_a_hit_and_a_miss_are_explained(tmp_path, include, redis_url):
     assert (hit.hit, hit.tier, hit.location) == (True, "redis", redis_url)
     assert hit.manifest is not None and hit.manifest.inputs == hit.inputs
     assert (miss.candidates[0].tier, _lines(miss)) == ("redis", ["arch sm_90 vs sm_80"])
+
+
+_EXPLAINED_JOB = r'''
+import logging, sys
+if sys.argv[1] == "configured":
+    logging.basicConfig(level=logging.INFO, format="app %(name)s %(levelname)s: %(message)s")
+import tiered_progcache
+from cuda.core import ProgramOptions
+from tiered_progcache import TieredProgramCache
+
+src = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
+with TieredProgramCache.from_env() as cache:
+    tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_80", std="c++17"), cache=cache)
+    tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_80", std="c++17"), cache=cache)  # a hit: no line
+    tiered_progcache.compile(src, "c++", ProgramOptions(arch="sm_80", std="c++20"), cache=cache)
+'''
+
+
+@pytest.mark.parametrize("logging_setup", ["none", "configured"])
+def test_explain_lines_reach_stderr_in_a_job_with_no_logging_set_up_and_once_with_it(tmp_path, logging_setup):
+    """Issue 19 item 7: TIERED_PROGCACHE_EXPLAIN=1 printed nothing unless the application set up INFO logging."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TIERED_PROGCACHE_EXPLAIN": "1", "TIERED_PROGCACHE_DIR": str(tmp_path / "c")}
+    job = subprocess.run([sys.executable, "-c", _EXPLAINED_JOB, logging_setup], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    prefix = "app " if logging_setup == "configured" else ""
+    lines = [line for line in job.stderr.splitlines() if "tiered_progcache.compile INFO: miss " in line]
+    assert len(lines) == 2, job.stderr  # one per miss, none for the hit, never twice
+    assert all(line.startswith(prefix + "tiered_progcache.compile INFO: miss ") for line in lines), lines
+    assert lines[0].endswith(": nothing similar stored (0 manifests read)")
+    assert "(tier local, same source): option `--std` c++20 vs c++17" in lines[1]
+    assert job.stdout == ""  # stderr only, as warnings are

@@ -13,7 +13,7 @@ from tiered_progcache.localdir import KEYED_READS, LocalDir, default_local_dir
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing import EntryStoreTests
 
-ELF = b"\x7fELF\x02\x01" + bytes(58)  # a 64-bit little-endian ELF header, no program or section headers
+ELF = b"\x7fELF\x02\x01" + bytes(46) + (64).to_bytes(2, "little") + bytes(10)  # an ELF64 header (e_ehsize 64), no tables
 
 
 class TestLocalDirStore(EntryStoreTests):

@@ -260,3 +260,26 @@ def test_seconds_saved_add_what_each_hits_manifest_records_and_nothing_without_o
 
 def scraped_saved(registry) -> float:
     return _scrape(registry)[("tiered_progcache_compile_seconds_saved_total", ())]
+
+
+def test_the_unregister_function_does_not_keep_the_cache_alive(tmp_path):
+    """Issue 19 item 3: the docs say the cache is held weakly; a kept unregister used to hold it strongly."""
+    import weakref
+
+    registry = prometheus_client.CollectorRegistry()
+    cache = TieredProgramCache(tmp_path)
+    unregister = metrics.register(cache, registry, name="kept")
+    cache.get(b"absent")
+    assert _scrape(registry)[("tiered_progcache_misses_total", (("cache", "kept"), ("tier", "local")))] == 1
+    gone = weakref.ref(cache)
+    cache.close()
+    del cache
+    gc.collect()
+    assert gone() is None  # freed although `unregister` is still held
+    assert not any(labels and labels[0] == ("cache", "kept") for _, labels in _scrape(registry))
+    unregister()  # still callable, and harmless, once the cache is gone
+    later = TieredProgramCache(tmp_path / "later")
+    metrics.register(later, registry, name="kept")
+    unregister()  # an old unregister never drops a later cache registered under the same name
+    assert ("tiered_progcache_misses_total", (("cache", "kept"), ("tier", "local"))) in _scrape(registry)
+    later.close()

@@ -236,7 +236,7 @@ def test_password_never_shows(caplog):
             tier.write_entry(NAME, b"x")
             assert tier.read_entry(NAME) == b"x"
             assert "s3cr3t-pw" not in repr(tier) + tier.location + tier.leases().location
-            assert tier.location == f"redis://127.0.0.1:{server.port}/0"
+            assert tier.location == f"redis://:***@127.0.0.1:{server.port}/0"  # a password is set, not shown
         wrong = url.replace("s3cr3t-pw", "wrong-pw")
         with caplog.at_level(logging.WARNING):
             tier = RedisProgramCache.from_url(wrong)

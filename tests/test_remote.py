@@ -23,9 +23,9 @@ from tiered_progcache.testing.slowfs import SlowFileSystem
 
 
 def _payload(n: int, size: int = 2000) -> bytes:
-    """``size`` bytes that pass the code-object framing check (an ELF header, then data): push uploads only those."""
+    """``size`` bytes that pass the code-object check (an ELF64 header, e_ehsize 64, no tables, then data): push uploads only those."""
     body = (hashlib.sha256(b"payload-%d" % n).digest() * (size // 32 + 1))[: size - 64]
-    return b"\x7fELF\x02\x01" + bytes(58) + body
+    return b"\x7fELF\x02\x01" + bytes(46) + b"\x40\x00" + bytes(10) + body
 
 
 def _memory_url() -> str:

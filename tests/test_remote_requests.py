@@ -132,7 +132,7 @@ def test_s3_warm_is_one_get_per_entry_over_a_bounded_pool(s3_wire, tmp_path):
     names = []
     for n in range(100):
         key = b"warm-%d" % n
-        writer[key] = b"\x7fELF\x02\x01" + bytes(58) + key * 50
+        writer[key] = b"\x7fELF\x02\x01" + bytes(46) + b"\x40\x00" + bytes(10) + key * 50
         names.append(entry_name(key))
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
                             strict=True) as cache:

@@ -167,3 +167,95 @@ def test_manifests_explanations_and_the_explain_command_hold_no_secret(tmp_path,
     assert "c++->cubin" in texts[-10] and '"written_by"' in texts[-4]  # the manifests really were shown
     blobs = b"\n".join(stored)
     assert [name for name, secret in planted.items() if secret.encode() in blobs or any(secret in t for t in texts)] == []
+
+
+# -- issue 19 item 10: every Redis URL form redis-py accepts, against a real redis-server ----------
+
+#: Passwords of the Redis forms; the "@" one must be masked whole, not up to its first "@".
+REDIS_PASSWORDS = {
+    "query": "PLANTED-REDIS-QUERY-PW-0013",
+    "unix": "PLANTED-REDIS-UNIX-PW-0014",
+    "at_sign": "p@ssPLANTED-REDIS-AT-PW-0015",
+}
+
+
+def _redis_url(form: str, server) -> str:
+    password = REDIS_PASSWORDS[form]
+    if form == "query":  # redis-py's documented form: redis://host/0?password=PW
+        return f"redis://127.0.0.1:{server.port}/0?password={password}"
+    if form == "unix":  # unix:///path?db=0&password=PW
+        return f"unix://{server.unix_socket}?db=0&password={password}"
+    return f"redis://default:{password}@127.0.0.1:{server.port}/0"  # the LAST "@" ends the userinfo
+
+
+def _redis_leaks(form: str, text: str) -> list[str]:
+    password = REDIS_PASSWORDS[form]
+    return [piece for piece in (password, password.split("@")[-1]) if piece in text]
+
+
+@pytest.mark.parametrize("form", sorted(REDIS_PASSWORDS))
+def test_no_redis_password_of_any_form_in_repr_location_config_stats_or_the_down_warning(form, tmp_path, caplog):
+    """repr, location, `config`, `stats --remote` and the warning logged when the server is down, for each form."""
+    pytest.importorskip("redis")
+    from tiered_progcache.redis_store import RedisProgramCache
+    from tiered_progcache.testing.redis_server import RedisServer
+
+    server = RedisServer(requirepass=REDIS_PASSWORDS[form], unix_socket=form == "unix").start()
+    texts: list[str] = []
+    try:
+        url = _redis_url(form, server)
+        tier = RedisProgramCache.from_url(url, strict=True)  # the password really is right: PING answered
+        tier[b"k"] = b"v"
+        assert tier[b"k"] == b"v"
+        texts += [repr(tier), tier.location, repr(tier.leases()), tier.leases().location, repr(CacheConfig(remote=url))]
+        tier.close()
+        env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "node"), "TIERED_PROGCACHE_REMOTE": url}
+        shown = {}
+        for args in (["config"], ["config", "--json"], ["stats", "--remote"], ["stats", "--remote", "--json"],
+                     ["stats"], ["ls", "--remote", "-vv"]):  # fmt: skip
+            result = shown[" ".join(args)] = run_cli(*args, env=env)
+            assert result.returncode == 0, (args, result.stderr)
+            texts += [result.stdout, result.stderr]
+        assert json.loads(shown["stats --remote --json"].stdout)["remote"]["entries"] == 1  # it really listed the server
+    finally:
+        server.kill()
+        server.close()
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache"):  # the server is down now
+        with TieredProgramCache(tmp_path / "other", remote=url) as down:  # warns, then runs without it
+            assert down.get(b"k") is None
+            texts += [repr(down), repr(down.shared_store), down.shared_store.location, str(down.stats())]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("is unreachable" in w for w in warnings), warnings  # the down-server warning was logged
+    texts += [record.getMessage() for record in caplog.records]
+    for args in (["stats", "--remote", "-vv"], ["ls", "--remote", "-vv"]):
+        result = run_cli(*args, env=env)
+        assert result.returncode == 1 and "unreachable" in result.stderr, result.stderr
+        texts += [result.stdout, result.stderr]
+    assert [text for text in texts if _redis_leaks(form, text)] == []
+    assert any("***" in text for text in texts)  # masked, not dropped: a reader sees a password is set
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://cache:6379/0?password=PW", "redis://cache:6379/0?password=***"),
+    ("unix:///run/redis.sock?db=0&password=PW", "unix:///run/redis.sock?db=0&password=***"),
+    ("unix://:PW@/run/redis.sock?db=0", "unix://:***@/run/redis.sock?db=0"),
+    ("redis://user:p@ssPW@cache:6379/0", "redis://user:***@cache:6379/0"),
+    ("rediss://:a@b@c@cache:6380/0/prefix", "rediss://:***@cache:6380/0/prefix"),
+    ("redis://cache/0?pass=PW&token=PW&api_key=PW&prefix=kernels", "redis://cache/0?pass=***&token=***&api_key=***&prefix=kernels"),
+    ("redis://user@cache/0", "redis://user@cache/0"),  # a user name alone is not secret
+    ("simplecache::sftp://alice:PW@host/k", "simplecache::sftp://alice:***@host/k"),
+    ("abfs://container@account.dfs.core.windows.net/k", "abfs://container@account.dfs.core.windows.net/k"),
+    ("https://acct.blob.core.windows.net/c?sv=2024&sig=PW", "https://acct.blob.core.windows.net/c?sv=2024&sig=***"),
+    ("redis://cache?password=a@PW", "redis://cache?password=***"),
+    ("redis://u:a::PW@cache", "redis://u:***@cache"),
+    ("s3://bucket/k,redis://:PW@cache/0", "s3://bucket/k,redis://:***@cache/0"),
+    ("connecting to redis://:PW@cache:1/0 failed", "connecting to redis://:***@cache:1/0 failed"),
+])  # fmt: skip
+def test_one_masking_function_understands_every_url_form(url, shown):
+    from tiered_progcache.config import masked
+    from tiered_progcache.redact import mask_url
+    from tiered_progcache.sharedstore import without_password
+
+    assert mask_url(url) == masked(url) == without_password(url) == shown
+    assert masked({"remote": [url], "storage_options": {"password": "PW", "nested": {"sas_token": "PW"}}}) == {
+        "remote": [shown], "storage_options": {"password": "***", "nested": {"sas_token": "***"}}}  # fmt: skip

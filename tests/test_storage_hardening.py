@@ -19,7 +19,7 @@ from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 from tiered_progcache.transfer import push
 
-ELF = b"\x7fELF\x02\x01" + bytes(58)  # a 64-bit little-endian ELF header, no program or section headers
+ELF = b"\x7fELF\x02\x01" + bytes(46) + (64).to_bytes(2, "little") + bytes(10)  # an ELF64 header (e_ehsize 64), no tables
 
 
 def test_push_never_signs_a_truncated_local_file(tmp_path):

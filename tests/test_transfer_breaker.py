@@ -74,7 +74,7 @@ def test_push_with_names_on_a_half_open_breaker_records_the_probe_and_recovers(s
     clock, fs, breaker, remote = setup
     local = LocalDir(tmp_path / "ci")
     for i, name in enumerate(NAMES):
-        local.write_entry(name, b"\x7fELF\x02\x01" + bytes(58) + bytes([i]))
+        local.write_entry(name, b"\x7fELF\x02\x01" + bytes(46) + b"\x40\x00" + bytes(10) + bytes([i]))
 
     _go_down_and_half_open(clock, fs, breaker, remote)
     with pytest.raises(ConnectionError):  # the remote's listing is the probe: it fails, push says so

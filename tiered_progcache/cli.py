@@ -263,6 +263,23 @@ def _store(args: argparse.Namespace) -> Iterator[EntryStore]:
         yield _local(args)
 
 
+@contextlib.contextmanager
+def _shared_for_manifests(args: argparse.Namespace) -> Iterator[Callable[[], EntryStore | None] | None]:
+    """For a local read: the configured remote, opened on first use, to read manifests a promoted hit left there."""
+    if _wants_remote(args) or not settings.remote_urls(load_config(args).remote):
+        yield None
+        return
+    with contextlib.ExitStack() as opened_stores:
+        opened: list[EntryStore] = []
+
+        def shared() -> EntryStore | None:
+            if not opened:
+                opened.append(opened_stores.enter_context(_remote(args)))
+            return opened[0]
+
+        yield shared
+
+
 def _refuse_read_only(store: EntryStore, doing: str) -> None:
     if store.read_only:
         raise UsageError(f"the remote {store.location} is read-only here: cannot {doing}")
@@ -423,7 +440,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         if args.long:
             from .manifest import manifest_columns
 
-            columns = manifest_columns(store, entries)
+            with _shared_for_manifests(args) as shared:
+                columns = manifest_columns(store, entries, shared=shared)
     if args.long:
         host_width = max([len("HOST")] + [len(c[0]) for c in columns.values()])
         print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}  "
@@ -444,8 +462,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import stored_manifest
 
-    with _store(args) as store:
-        found = stored_manifest(store, args.name)
+    with _store(args) as store, _shared_for_manifests(args) as shared:
+        found = stored_manifest(store, args.name, shared=shared)
         where = store.location
     if found.manifest is None:
         if found.problem == "no entry":
@@ -457,6 +475,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             message = f"entry {found.name} in {where}: {found.problem}"
         print(f"{PROG} explain: {message}", file=sys.stderr)
         return EXIT_PROBLEMS
+    if found.read_from is not None:  # the entry was promoted from the remote without it
+        print(f"{PROG} explain: manifest read from {found.read_from} (none beside the entry in {where})", file=sys.stderr)
     if args.json:
         _print_json(found.manifest.as_dict())
     else:

@@ -44,6 +44,7 @@ from .singleflight import Work, run_once
 from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from .tiered import TieredProgramCache, stores_of
+from .visible import log_requested
 
 __all__ = [
     "DEFAULT_LEASE_TTL_S",
@@ -524,9 +525,9 @@ def _explain_miss(
     try:
         report = explain_key(compiled, source, code_type, options, target, cache, names, extra_digest)
     except Exception as exc:
-        logger.info("miss %s: could not explain it: %r", compiled.key[:8].hex(), exc)
+        log_requested(logger, logging.INFO, "miss %s: could not explain it: %r", compiled.key[:8].hex(), exc)
         return
-    logger.info("%s", report.one_line())
+    log_requested(logger, logging.INFO, "%s", report.one_line())  # on stderr if the application set up no logging
 
 
 def _store(cache: ProgramCacheResource, key: bytes, data: bytes, seconds: float) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import settings
+from .redact import MASK, masked
 from .settings import ENV_PREFIX
 
 if TYPE_CHECKING:
@@ -26,29 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["ENV_PREFIX", "CacheConfig", "masked", "read_key_file"]
 
 logger = logging.getLogger(__name__)
-
-_MASK = "***"
-
-#: Option keys whose values are masked wherever they are nested (``client_kwargs.aws_session_token``).
-_SECRET_OPTION = re.compile(
-    r"secret|token|password|passwd|credential|connection_string|auth|private|sas|key$", re.IGNORECASE
-)
-#: The password of a URL (``scheme://user:PASSWORD@host``), in any string, at any depth.
-_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^@]*@")
-
-
-def masked(value: Any) -> Any:
-    """``value`` safe to print: secret-looking keys' values and URL passwords masked, at any depth.
-
-    What is not secret (an endpoint, a region) is kept, so a printed config can be debugged.
-    """
-    if isinstance(value, Mapping):
-        return {k: _MASK if v and _SECRET_OPTION.search(str(k)) else masked(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(masked(v) for v in value)
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(rf"\1{_MASK}@", value)
-    return value
 
 
 class CacheConfig:
@@ -132,7 +109,7 @@ class CacheConfig:
         """Every storage option's value masked (a repr ends up in logs nobody reviews), secrets and URL passwords too."""
         shown = self.masked()
         if self.remote_options is not None:
-            shown["remote_options"] = dict.fromkeys(self.remote_options, _MASK)
+            shown["remote_options"] = dict.fromkeys(self.remote_options, MASK)
         return "CacheConfig({})".format(", ".join(f"{name}={value!r}" for name, value in shown.items()))
 
     def as_dict(self) -> dict[str, Any]:
@@ -143,7 +120,7 @@ class CacheConfig:
         """Setting name -> value safe to print: secret settings, secret options (nested) and URL passwords masked."""
         table = settings.by_name()
         return {
-            name: _MASK if table[name].secret and value is not None else masked(value)
+            name: MASK if table[name].secret and value is not None else masked(value)
             for name, value in self._values.items()
         }
 

@@ -9,7 +9,9 @@ lines (``NVRTC 13.0 vs 13.3``, ``header `x.h` content differs``). Every "A vs B"
 
 Cost, at most: per tier, one listing (tiers that cannot be listed by name, the memory
 tier, get one lookup of the key instead) and one read of the binary where it is listed
-(to tell a usable entry from a rejected one); then on a hit one read of its manifest, on
+(to tell a usable entry from a rejected one); then on a hit one read of its manifest (where
+the tier holding the entry has none, one read in each slower tier until one has it: a
+hit promoted from the remote left its manifest there), on
 a miss :data:`MAX_MANIFEST_READS` manifest reads in all, newest first, each at most
 :data:`~tiered_progcache.manifest.MAX_MANIFEST_BYTES` (larger listed entries are not read). It walks the tiers fastest first and stops at
 the first that holds the entry. A tier that fails is a note in the report, never an
@@ -17,7 +19,8 @@ exception. The compile key is computed as ``compile()`` computes it, so headers 
 read (and hashed where not memoized).
 
 With ``explain_misses`` on the cache (``TIERED_PROGCACHE_EXPLAIN=1``), ``compile()``
-logs :meth:`Explanation.one_line` at INFO for each miss, before compiling.
+logs :meth:`Explanation.one_line` at INFO for each miss, before compiling (on stderr where
+the application set up no logging: :mod:`.visible`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable
 
 from cuda.core import ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, ProgramCacheResource
@@ -411,7 +414,8 @@ def explain_key(
     if compiled.declined is not None:
         notes.append(f"not cached, compiled every time: {compiled.declined}")
     listings: list[tuple[_View, dict[str, StoredEntry]]] = []
-    for view in _views(cache):
+    views = _views(cache)
+    for depth, view in enumerate(views):
         if view.store is None:
             try:
                 held = view.resource.get(key) is not None
@@ -419,7 +423,7 @@ def explain_key(
                 notes.append(f"tier {view.name}: could not look ({one_line(exc)})")
                 continue
             if held:
-                return _hit(view, key, inputs, None, notes)
+                return _hit(view, key, inputs, None, notes, views[depth + 1 :])
             continue
         try:
             listed = {e.name: e for e in view.store.iter_entries()}
@@ -429,7 +433,7 @@ def explain_key(
         if name in listed:
             problem = _unusable(view.store, name, listed, key, names)
             if problem is None:
-                return _hit(view, key, inputs, listed, notes)
+                return _hit(view, key, inputs, listed, notes, views[depth + 1 :])
             notes.append(f"tier {view.name} holds the entry but it is unusable: {problem}")
         listings.append((view, listed))
     return _miss(name, inputs, listings, notes)
@@ -451,27 +455,58 @@ def _unusable(
 
 
 def _hit(
-    view: _View, key: bytes, inputs: CompileInputs, listed: dict[str, StoredEntry] | None, notes: list[str]
+    view: _View, key: bytes, inputs: CompileInputs, listed: dict[str, StoredEntry] | None, notes: list[str],
+    slower: Sequence[_View],
 ) -> Explanation:
+    """The hit in ``view``, with its manifest: beside the entry, else from the first slower tier that holds it.
+
+    A hit promoted from the remote leaves its manifest there (``compile()`` fetches the
+    binary only), so the tier holding the entry often lacks it; one read per slower
+    tier with an entry store, fastest first, finds it.
+    """
     name = entry_name(key)
-    manifest: Manifest | None = None
     unreadable: list[Unreadable] = []
-    try:
-        if view.store is not None:
-            data = view.store.read_entry(manifest_name(name)) if listed and manifest_name(name) in listed else None
-        else:
-            data = view.resource.get(manifest_key(key))
-        if data is not None:
-            manifest = decode_manifest(data, entry=name)
-    except ManifestError as exc:
-        unreadable.append(Unreadable(name, view.name, str(exc)))
-    except KeyError as exc:
-        if type(exc) is not KeyError:  # EntryRejected: failed its digest or signature
-            unreadable.append(Unreadable(name, view.name, str(exc.args[0]) if exc.args else "rejected"))
-    except Exception as exc:
-        unreadable.append(Unreadable(name, view.name, one_line(exc)))
+    reads = 0
+
+    def read_in(where: _View, data_of: Any) -> Manifest | None:
+        nonlocal reads
+        try:
+            data = data_of()
+            if data is None:
+                return None
+            reads += 1
+            return decode_manifest(data, entry=name)
+        except ManifestError as exc:
+            unreadable.append(Unreadable(name, where.name, str(exc)))
+        except KeyError as exc:
+            if type(exc) is not KeyError:  # EntryRejected: failed its digest or signature
+                reads += 1
+                unreadable.append(Unreadable(name, where.name, str(exc.args[0]) if exc.args else "rejected"))
+        except Exception as exc:
+            if where is view:
+                unreadable.append(Unreadable(name, where.name, one_line(exc)))
+            else:  # a slower tier that is down: the entry's manifest is not known to be bad
+                notes.append(f"tier {where.name}: could not read the manifest ({one_line(exc)})")
+        return None
+
+    store = view.store
+    if store is not None:
+        manifest = read_in(view, lambda: store.read_entry(manifest_name(name))
+                           if listed and manifest_name(name) in listed else None)  # fmt: skip
+    else:
+        manifest = read_in(view, lambda: view.resource.get(manifest_key(key)))
+    if manifest is None and not unreadable:
+        for other in slower:
+            if other.store is None:
+                continue
+            other_store = other.store
+            manifest = read_in(other, lambda: other_store.read_entry(manifest_name(name)))
+            if manifest is not None:
+                notes.append(f"manifest read from tier {other.name} ({other.location}): tier {view.name} has none")
+            if manifest is not None or unreadable:
+                break
     return Explanation(name, True, view.name, view.location, manifest, inputs, (), tuple(unreadable),
-                       1 if manifest is not None or unreadable else 0, tuple(notes))  # fmt: skip
+                       reads, tuple(notes))  # fmt: skip
 
 
 def _miss(
@@ -538,20 +573,48 @@ class StoredManifest:
     ``manifest`` is set when found and readable; else ``problem`` says why not:
     ``"no entry"``, ``"no manifest"`` (an entry without one: stored by
     ``Program.compile(cache=...)`` or before manifests), or ``"unreadable manifest: ..."``.
+    ``read_from`` is the location of the shared store the manifest was read from where
+    the store holding the entry has none (a hit promoted from the remote), else None.
     """
 
     name: str
     manifest: Manifest | None
     problem: str | None
+    read_from: str | None = None
 
 
-def stored_manifest(store: EntryStore, name: str) -> StoredManifest:
+def stored_manifest(
+    store: EntryStore, name: str, *, shared: Callable[[], EntryStore | None] | None = None
+) -> StoredManifest:
     """The manifest of entry ``name`` in ``store`` (``name`` may also be a manifest's own name).
 
-    Two reads at most: the manifest, and the entry itself where there is no manifest
-    (to tell "no entry" from "no manifest"). ``ValueError`` for a name that is not an
-    entry name; store failures propagate (the command reports them).
+    Two reads at most in ``store``: the manifest, and the entry itself where there is no
+    manifest (to tell "no entry" from "no manifest"). Where ``store`` holds the entry
+    but no manifest, ``shared()`` (called then only; None: no shared store) gives the
+    shared store to read it from, one read more: ``compile()`` wrote it there, and a hit
+    promoted the binary alone. ``ValueError`` for a name that is not an entry name;
+    failures of ``store`` propagate (the command reports them); a shared store that
+    fails leaves the answer "no manifest".
     """
+    found = _stored_manifest(store, name)
+    if found.problem != "no manifest" or shared is None:
+        return found
+    try:
+        other = shared()
+        if other is None:
+            return found
+        data = other.read_entry(manifest_name(name))
+    except Exception as exc:  # KeyError: not there either; anything else: the shared store is down
+        if type(exc) is not KeyError:
+            logger.warning("could not read the manifest of %s from the shared store: %s", name[:12], one_line(exc))
+        return found
+    try:
+        return StoredManifest(name, decode_manifest(data, entry=name), None, other.location)
+    except ManifestError as exc:
+        return StoredManifest(name, None, f"unreadable manifest: {exc}", other.location)
+
+
+def _stored_manifest(store: EntryStore, name: str) -> StoredManifest:
     check_entry_name(name)
     try:
         data = store.read_entry(manifest_name(name))

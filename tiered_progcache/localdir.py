@@ -58,6 +58,17 @@ def _read_rest(fd: int, head: bytes, cap: int) -> bytes:
     raise EntryRejected(f"over the {cap}-byte entry limit")
 
 
+def _remove_if_unchanged(path: str, opened: os.stat_result) -> bool:
+    """Unlink ``path`` if it is still the file ``opened`` describes (an entry a writer replaced since is kept)."""
+    try:
+        if _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != _cudacore.stat_identity(opened):
+            return False
+        os.unlink(path)
+    except OSError:  # gone already, or a read-only directory: the next write replaces it
+        return False
+    return True
+
+
 def default_local_dir() -> Path:
     """cuda-core's default program-cache directory, so an existing cuda-core cache keeps working."""
     return _cudacore.default_cache_dir()
@@ -167,11 +178,15 @@ class LocalDir(EntryStore):
         gives that guarantee by construction). A symbolic link, a non-file or a file
         over ``max_entry_bytes`` is ``EntryRejected`` (cuda-core would follow the link).
         A read-only directory still reads; its atime is then left alone, as cuda-core does.
-        Only on platforms with :data:`KEYED_READS`.
+        A code object that fails :func:`~tiered_progcache.codeobject.check_code_object`
+        (a truncated cubin or fatbin, cut-short PTX or JSON) is ``EntryRejected`` and its
+        file removed, unless a writer replaced it since it was opened (cuda-core's stat
+        guard); bytes of no format known there pass. Only on platforms with :data:`KEYED_READS`.
         """
         digest = hashlib.sha256(key, usedforsecurity=False).hexdigest()
+        path = self._entries_prefix + digest[:2] + os.sep + digest[2:]
         try:
-            fd = os.open(self._entries_prefix + digest[:2] + os.sep + digest[2:], _READ_FLAGS)
+            fd = os.open(path, _READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             raise KeyError(key) from None
         except OSError as exc:
@@ -188,6 +203,10 @@ class LocalDir(EntryStore):
             data = os.read(fd, size + 1)
             if len(data) != size:  # a short read (signal, odd filesystem) or a file growing since the fstat
                 data = _read_rest(fd, data, self._max_entry_bytes)
+            problem = check_code_object(data, unknown_ok=True)
+            if problem is not None:
+                removed = _remove_if_unchanged(path, st)
+                raise EntryRejected(f"{problem}{'; removed' if removed else ''}")
             try:
                 os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
             except OSError:

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import logging
 import math
 import os
 import platform
@@ -57,7 +58,10 @@ __all__ = [
     "manifest_key",
     "manifest_name",
     "read_manifests",
+    "read_shared_manifests",
 ]
+
+logger = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = "tiered-progcache/manifest"
 MANIFEST_VERSION = 1
@@ -564,14 +568,20 @@ def read_manifests(store: EntryStore, listed: Iterable[StoredEntry]) -> dict[str
     return out
 
 
-def manifest_columns(store: EntryStore, listed: Sequence[StoredEntry]) -> dict[str, tuple[str, str, str, str]]:
+def manifest_columns(
+    store: EntryStore, listed: Sequence[StoredEntry], *, shared: Callable[[], EntryStore | None] | None = None
+) -> dict[str, tuple[str, str, str, str]]:
     """Per listed entry, what ``ls --long`` shows from its manifest: (host, written, compile seconds, kind).
 
     ``"-"`` where an entry has no manifest; a manifest itself shows kind ``manifest``;
-    an unreadable one ``?`` and kind ``unreadable-manifest``. Reads as :func:`read_manifests`.
+    an unreadable one ``?`` and kind ``unreadable-manifest``. Reads as :func:`read_manifests`,
+    then, where entries lack a manifest beside them and ``shared`` gives a shared store
+    (called then only), reads theirs from it (:func:`read_shared_manifests`).
     """
     found = read_manifests(store, listed)
     names = {e.name for e in listed}
+    if shared is not None:
+        found.update(read_shared_manifests(shared, listed, found))
     manifests = {manifest_name(name) for name in found}
     out: dict[str, tuple[str, str, str, str]] = {}
     for e in listed:
@@ -585,6 +595,49 @@ def manifest_columns(store: EntryStore, listed: Sequence[StoredEntry]) -> dict[s
             out[e.name] = ("-", "-", "-", "manifest")
         else:
             out[e.name] = ("-", "-", "-", "-")
+    return out
+
+
+def read_shared_manifests(
+    shared: Callable[[], EntryStore | None], listed: Iterable[StoredEntry], found: Mapping[str, object]
+) -> dict[str, Manifest | str]:
+    """Manifests of listed entries that have none beside them, read from the shared store ``shared()`` gives.
+
+    A hit promoted from the remote brings the binary alone; ``compile()`` wrote its
+    manifest to the remote. Entries that are manifests themselves, or already in
+    ``found``, are not asked for. One read per entry asked for, in the store's batches;
+    a manifest absent there too is left out; a shared store that cannot be reached is a
+    warning and leaves them all out (``ls`` still lists).
+    """
+    by_name = {e.name: e for e in listed}
+    own = {manifest_name(name) for name in by_name if manifest_name(name) in by_name}
+    wanted = {manifest_name(name): name for name in by_name if name not in found and name not in own
+              and manifest_name(name) not in by_name}  # fmt: skip
+    out: dict[str, Manifest | str] = {}
+    if not wanted:
+        return out
+    try:
+        store = shared()
+        if store is None:
+            return out
+        to_read = list(wanted)
+        batch = max(1, store.transfer_batch)
+        for start in range(0, len(to_read), batch):
+            for m, result in store.read_many(to_read[start : start + batch]).items():
+                name = wanted[m]
+                if type(result) is KeyError:
+                    continue  # no manifest there either (stored by Program.compile(cache=...))
+                if isinstance(result, Exception):
+                    out[name] = f"unreadable manifest: {_reason(result)}"
+                    continue
+                try:
+                    out[name] = decode_manifest(result, entry=name)
+                except ManifestError as exc:
+                    out[name] = f"unreadable manifest: {exc}"
+    except Exception as exc:
+        from .errors import one_line
+
+        logger.warning("could not read manifests from the shared store: %s", one_line(exc))
     return out
 
 

@@ -184,16 +184,19 @@ class _Collector:
 
         self.unsubscribe: Callable[[], None] = unsubscribe
 
-    def add(self, name: str, cache: TieredProgramCache) -> None:
+    def add(self, name: str, cache: TieredProgramCache) -> weakref.ref[TieredProgramCache]:
+        """Hold ``cache`` weakly under ``name``; the reference returned is what :meth:`remove` takes."""
         with self._lock:
             live = self._caches.get(name)
             if live is not None and live() is not None:
                 raise ValueError(f"a cache named {name!r} is already registered with this registry")
-            self._caches[name] = weakref.ref(cache)
+            held = self._caches[name] = weakref.ref(cache)
+        return held
 
-    def remove(self, name: str, cache: TieredProgramCache) -> None:
+    def remove(self, name: str, held: weakref.ref[TieredProgramCache]) -> None:
+        """Forget ``name`` if it still holds this registration (not a later cache registered under the name)."""
         with self._lock:
-            if name in self._caches and self._caches[name]() is cache:
+            if self._caches.get(name) is held:
                 del self._caches[name]
 
     def _live(self) -> Iterator[tuple[str, TieredProgramCache]]:
@@ -218,7 +221,8 @@ def register(cache: TieredProgramCache, registry: Any = None, *, name: str = "de
 
     ``registry`` defaults to prometheus_client's ``REGISTRY``. ``name`` is the ``cache``
     label, so several caches can share one registry (a second cache under a name in use
-    is a ``ValueError``). The cache is held weakly: a cache that is gone stops being reported.
+    is a ``ValueError``). The cache is held weakly, by the registry and by the function
+    returned alike: a cache that is gone stops being reported, whoever keeps the unregister.
     """
     from .tiered import TieredProgramCache
 
@@ -237,10 +241,10 @@ def register(cache: TieredProgramCache, registry: Any = None, *, name: str = "de
             _collectors[id(registry)] = (registry, collector)
         else:
             collector = held[1]
-        collector.add(name, cache)
+        held = collector.add(name, cache)
 
-    def unregister() -> None:
-        collector.remove(name, cache)
+    def unregister() -> None:  # holds the weak reference only: keeping this function keeps no cache alive
+        collector.remove(name, held)
 
     return unregister
 

@@ -14,26 +14,15 @@ from cuda.core.utils import ProgramCacheResource
 from . import _cudacore
 from .breaker import CircuitBreaker
 from .envelope import InvalidEnvelope
+from .redact import mask_url
 from .runner import RequestRunner
 from .store import EntryStore, entry_name
 
 __all__ = ["SharedEntryStore", "without_password"]
 
 
-def without_password(url: str) -> str:
-    """``url`` with the password of any ``user:password@`` removed (each part of a chained URL)."""
-    parts = []
-    for part in url.split("::"):
-        scheme, sep, rest = part.partition("://")
-        if sep:
-            netloc, slash, path = rest.partition("/")
-            userinfo, at, host = netloc.rpartition("@")
-            if at:
-                user = userinfo.split(":", 1)[0]
-                netloc = f"{user}@{host}" if user else host
-            part = f"{scheme}{sep}{netloc}{slash}{path}"
-        parts.append(part)
-    return "::".join(parts)
+#: ``url`` with its passwords and secret query parameters masked (:func:`tiered_progcache.redact.mask_url`).
+without_password = mask_url
 
 
 class SharedEntryStore(ProgramCacheResource, EntryStore):

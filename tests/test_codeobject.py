@@ -1,0 +1,186 @@
+"""A truncated or mangled local code object is a counted miss, removed, and compiled again (issue 19 item 9).
+
+Real NVRTC output throughout: a cubin, PTX, and a fatbin nvfatbin builds from them.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+
+import pytest
+from cuda.bindings import nvrtc
+from cuda.core import Program, ProgramOptions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tiered_progcache
+from tiered_progcache import LocalDir, TieredProgramCache
+from tiered_progcache.codeobject import check_code_object
+
+SRC = 'extern "C" __global__ void k(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 2.0f * x[i] + 1.0f; }\n'
+OPTS = ProgramOptions(arch="sm_80")
+_SHT_NOBITS = 8
+
+
+@functools.lru_cache(maxsize=None)
+def cubin() -> bytes:
+    return bytes(Program(SRC, "c++", OPTS).compile("cubin").code)
+
+
+@functools.lru_cache(maxsize=None)
+def ptx() -> bytes:
+    """NVRTC's PTX, NUL and all (cuda-core's PTX path needs a driver; nvrtc itself does not)."""
+    err, prog = nvrtc.nvrtcCreateProgram(SRC.encode(), b"k.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [b"-arch=compute_80"])
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        out = b" " * size
+        nvrtc.nvrtcGetPTX(prog, out)
+        return bytes(out)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+@functools.lru_cache(maxsize=None)
+def fatbin() -> bytes:
+    nvfatbin = pytest.importorskip("cuda.bindings.nvfatbin")
+    try:
+        handle = nvfatbin.create([], 0)
+    except Exception as exc:  # cuda-bindings without the nvidia-nvfatbin library
+        pytest.skip(f"nvfatbin is not usable here: {exc!r}")
+    try:
+        nvfatbin.add_cubin(handle, cubin(), len(cubin()), "80", "k")
+        nvfatbin.add_ptx(handle, ptx(), len(ptx()), "80", "k", "")
+        out = bytearray(nvfatbin.size(handle))
+        nvfatbin.get(handle, out)
+        return bytes(out)
+    finally:
+        nvfatbin.destroy(handle)
+
+
+def _sections(elf: bytes) -> list[tuple[int, int, int, int]]:
+    """(header offset, sh_type, sh_offset, sh_size) of each section of a cubin."""
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+    (shnum,) = struct.unpack_from("<H", elf, 0x3C)
+    out = []
+    for i in range(shnum):
+        at = shoff + i * 64
+        sh_type, = struct.unpack_from("<I", elf, at + 4)
+        offset, size = struct.unpack_from("<QQ", elf, at + 24)
+        out.append((at, sh_type, offset, size))
+    return out
+
+
+def test_whole_real_code_objects_pass():
+    assert check_code_object(cubin()) is None
+    assert check_code_object(ptx()) is None and check_code_object(ptx().rstrip(b"\0")) is None
+    assert check_code_object(b"bytes of no known format", unknown_ok=True) is None  # what the local read passes
+
+
+def test_a_whole_real_fatbin_passes():
+    assert check_code_object(fatbin()) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(cut=st.integers(min_value=1, max_value=10**6))
+def test_a_cubin_cut_anywhere_fails_the_check(cut):
+    data = cubin()
+    assert check_code_object(data[: cut % len(data)] or data[:1], unknown_ok=True) is not None
+
+
+def test_every_cut_of_a_cubin_and_of_a_fatbin_fails():
+    for whole in (cubin(), fatbin()):
+        assert [n for n in range(1, len(whole)) if check_code_object(whole[:n], unknown_ok=True) is None] == []
+
+
+def test_ptx_cut_anywhere_inside_its_text_fails():
+    text_end = len(ptx().rstrip(b"\0 \t\r\n"))
+    assert [n for n in range(1, text_end) if check_code_object(ptx()[:n], unknown_ok=True) is None] == []
+
+
+def test_flipped_section_table_bytes_fail_the_check():
+    data = cubin()
+    sections = [s for s in _sections(data) if s[1] not in (0, _SHT_NOBITS) and s[3] > 0]
+    assert len(sections) >= 5
+    for at, _, offset, size in sections:
+        grown = bytearray(data)
+        struct.pack_into("<Q", grown, at + 32, len(data) - offset + 1)  # sh_size one past the end of the file
+        assert "a section reaches" in check_code_object(bytes(grown))
+        moved = bytearray(data)
+        moved[at + 24 + 7] ^= 0x80  # the top byte of sh_offset
+        assert check_code_object(bytes(moved)) is not None
+    header = bytearray(data)
+    header[0x3C] ^= 0xFF  # e_shnum: the table now reaches past the end
+    assert check_code_object(bytes(header)) is not None
+    entsize = bytearray(data)
+    entsize[0x3A] = 40  # e_shentsize
+    assert "not a sane ELF64 header" in check_code_object(bytes(entsize))
+
+
+def test_a_fatbin_whose_entry_sizes_do_not_add_up_fails():
+    data = bytearray(fatbin())
+    (header_size,) = struct.unpack_from("<H", data, 6)
+    struct.pack_into("<Q", data, header_size + 8, struct.unpack_from("<Q", data, header_size + 8)[0] + 1)
+    assert "an entry at byte" in check_code_object(bytes(data))
+
+
+def _chain(root) -> TieredProgramCache:
+    return TieredProgramCache(root)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=1, max_value=10**6))
+def test_a_truncated_local_cubin_is_a_counted_miss_and_removed(tmp_path_factory, cut):
+    root = tmp_path_factory.mktemp("local")
+    key = b"a kernel"
+    with _chain(root) as first:
+        first[key] = cubin()
+    path = LocalDir(root).path_for(tiered_progcache.store.entry_name(key))
+    whole = path.read_bytes()
+    path.write_bytes(whole[: cut % len(whole)] or whole[:1])
+    with _chain(root) as cache:  # a new process: the memory tier is cold
+        assert cache.get(key) is None
+        local = cache.stats()["local"]
+        assert (local.hits, local.misses, local.rejected, local.errors) == (0, 1, 1, 0)
+    assert not path.exists()  # removed, as verify --delete-bad would
+
+
+def test_a_corrupt_entry_is_removed_only_if_no_writer_replaced_it_since_it_was_read(tmp_path):
+    """cuda-core's stat guard: the file read is removed, a whole entry renamed in since is kept."""
+    import os
+
+    from tiered_progcache.localdir import _remove_if_unchanged
+
+    local = LocalDir(tmp_path)
+    name = tiered_progcache.store.entry_name(b"k")
+    local.write_entry(name, cubin()[:100])
+    path = local.path_for(name)
+    read = os.stat(path)  # what read_key saw (fstat of its descriptor)
+    local.write_entry(name, cubin())  # a writer renames a whole entry in before the removal
+    assert _remove_if_unchanged(str(path), read) is False and path.read_bytes() == cubin()
+    assert local.read_key(b"k") == cubin()
+    local.write_entry(name, cubin()[:100])
+    assert _remove_if_unchanged(str(path), os.stat(path)) is True and not path.exists()
+
+
+@pytest.mark.parametrize("cut", [1, 63, 64, 1000, -700, -1])
+def test_compile_recompiles_once_and_never_returns_the_truncated_bytes(tmp_path, events, cut):
+    with _chain(tmp_path) as cache:
+        first = bytes(tiered_progcache.compile(SRC, "c++", OPTS, cache=cache).code)
+    assert len(events) == 1
+    stored = [p for p in (tmp_path / "entries").rglob("*") if p.is_file() and p.read_bytes() == first]
+    assert len(stored) == 1
+    stored[0].write_bytes(first[:cut])
+    with _chain(tmp_path) as cache:  # a new process: the memory tier is cold
+        again = bytes(tiered_progcache.compile(SRC, "c++", OPTS, cache=cache).code)
+        assert cache.stats()["local"].rejected == 1
+        assert bytes(tiered_progcache.compile(SRC, "c++", OPTS, cache=cache).code) == first  # a memory hit now
+    assert again == first and len(events) == 2  # exactly one more NVRTC run
+    assert stored[0].read_bytes() == first  # the entry is whole again
+    with _chain(tmp_path) as cache:
+        assert bytes(tiered_progcache.compile(SRC, "c++", OPTS, cache=cache).code) == first
+        assert (cache.stats()["local"].hits, cache.stats()["local"].rejected) == (1, 0)
+    assert len(events) == 2
