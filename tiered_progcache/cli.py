@@ -170,10 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ls)
 
     p = command("explain", "show one entry's manifest: what it was compiled from, by which host, when, how long",
-                "Print the manifest stored beside entry NAME (a 64-hex name from ls): compiler and version, "
+                "Print the manifest stored beside entry NAME (its name from ls, or a unique prefix of 8+ hex digits): compiler and version, "
                 "options, headers by include root, source digest, compile seconds, host and time. "
                 "Local unless --remote. Exit 1 if there is no such entry, or it has no readable manifest.")  # fmt: skip
-    p.add_argument("name", metavar="NAME", help="the entry (64-hex name from ls)")
+    p.add_argument("name", metavar="NAME", help="the entry (its name from ls, or a unique prefix of 8+ hex digits)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(func=cmd_explain)
 
@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("push", "copy local entries up to the remote (e.g. at the end of a CI job)"),
     ):
         p = command(name, verb)
-        p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (64-hex names from ls)")
+        p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (names from ls, or unique prefixes of 8+ hex digits)")
         if name == "warm":
             p.add_argument("--names-from", metavar="FILE",
                            help="only the entries named in FILE, one per line as ls prints them (- for stdin); "
@@ -610,10 +610,13 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from .kinds import classify, count_kinds
+
     now = time.time()
     with _store(args) as store:
         entries = sorted(store.iter_entries(), key=lambda e: e.name)
         where = store.location
+        kinds = classify(store, entries, names=True)
         if args.long:
             from .manifest import manifest_columns
 
@@ -621,17 +624,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.long:
         host_width = max([len("HOST")] + [len(c[0]) for c in columns.values()])
         print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}  "
-              f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  KIND")  # fmt: skip
+              f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  {'CODE':<12}  {'KIND':<8}  KERNELS")  # fmt: skip
     for e in entries:
         age = format_age(None if e.last_used is None else now - e.last_used)
+        kind = kinds[e.name]
         if args.long:
-            host, written, seconds, kind = columns[e.name]
+            host, written, seconds, code = columns[e.name]
             print(f"{e.name}  {e.size:>10}  {_iso(e.mtime):<20}  {_iso(e.atime):<20}  {age:>5}  "
-                  f"{host:<{host_width}}  {written:<20}  {seconds:>9}  {kind}")  # fmt: skip
+                  f"{host:<{host_width}}  {written:<20}  {seconds:>9}  {code:<12}  {kind.kind:<8}  {kind.shown_names()}")  # fmt: skip
         else:
-            print(f"{e.name}  {format_size(e.size):>10}  {age:>5}")
+            print(f"{e.name}  {format_size(e.size):>10}  {age:>5}  {kind.kind:<8}  {kind.shown_names()}")
     if args.long:
-        print(f"total {len(entries)} entries, {format_size(sum(e.size for e in entries))} in {where}")
+        kernels, metadata = count_kinds(kinds.values())
+        print(f"total {kernels} kernels (+{metadata} metadata), {format_size(sum(e.size for e in entries))} in {where}")
     return EXIT_OK
 
 
@@ -639,8 +644,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import stored_manifest
 
     with _store(args) as store:
-        found = stored_manifest(store, args.name)
         where = store.location
+        (name,) = _resolve_names([args.name], _store_names(store), where)
+        found = stored_manifest(store, name)
     if found.manifest is None:
         if found.problem == "no entry":
             message = f"no entry {found.name} in {where}"
@@ -662,18 +668,20 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     """``warm`` (remote -> local) or ``push`` (local -> remote)."""
     from . import transfer
 
-    names = _entry_names(args.names)
+    given = list(args.names)
     max_bytes = None
     if direction == "warm":
         if args.names_from is not None:
-            names = (names or []) + _names_from(args.names_from)
+            given += _names_from(args.names_from)
         max_bytes = args.max_bytes
-        if max_bytes is not None and names is not None:
+        if max_bytes is not None and given:
             raise UsageError("--max-bytes picks from the remote's listing: give it or entry names, not both")
     local = _local(args)
-    with _remote(args) as remote:
+    with _remote(args, writing=direction == "push") as remote:
         if direction == "push":
             _refuse_read_only(remote, "push")
+        source_store = remote if direction == "warm" else local
+        names = _resolve_names(given, _store_names(source_store), source_store.location) or None
         with _progress_bar(args, direction) as progress:
             if direction == "warm":
                 report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
@@ -683,16 +691,18 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     verb = "warmed" if direction == "warm" else "pushed"
     rate = f", {format_size(int(report.bytes / report.seconds))}/s" if report.seconds > 0 and report.bytes else ""
     print(
-        f"{verb} {report.entries} entries ({format_size(report.bytes)}) from {source} to {target} "
-        f"in {report.seconds:.2f} s{rate}; {report.skipped} already there, {report.failures} failed"
+        f"{verb} {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+        f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} already there, "
+        f"{report.failures} failed"
     )
     return EXIT_PROBLEMS if report.failures else EXIT_OK
 
 
 def _names_from(path: str) -> list[str]:
-    """Entry names from a file (or ``-``: stdin), the first field of each line, as ``ls`` prints them.
+    """Entry names (or prefixes) from a file (or ``-``: stdin), the first field of each line, as ``ls`` prints them.
 
-    Blank lines and ``#`` comments are skipped; anything else that is not an entry name is a usage error.
+    Blank lines, ``#`` comments, and the header and total lines of ``ls -l`` are skipped;
+    anything else that is not an entry name or prefix is a usage error.
     """
     try:
         if path == "-":
@@ -702,18 +712,16 @@ def _names_from(path: str) -> list[str]:
                 lines = fh.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--names-from {path}: {exc}") from None
-    fields = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    for field in fields:
-        if not is_entry_name(field):
-            raise UsageError(f"--names-from {path}: {field!r} is not an entry name (64 lowercase hex digits)")
+    fields = []
+    for line in lines:
+        words = line.split()
+        if not words or words[0].startswith("#") or words[0] == "NAME" or (words[0] == "total" and len(words) > 1):
+            continue
+        if not _is_name_or_prefix(words[0]):
+            raise UsageError(f"--names-from {path}: {words[0]!r} is not an entry name (64 hex digits as ls prints "
+                             f"them, or a unique prefix of at least {MIN_PREFIX_DIGITS})")  # fmt: skip
+        fields.append(words[0])
     return fields
-
-
-def _entry_names(names: Sequence[str]) -> list[str] | None:
-    try:
-        return [check_entry_name(n) for n in names] or None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -759,7 +767,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     if args.older_than is None and args.max_bytes is None:
         raise UsageError("say what to prune: --older-than AGE and/or --max-bytes SIZE")
-    with _store(args) as store:
+    with _store(args, writing=args.yes) as store:
         if args.yes:
             _refuse_read_only(store, "prune it")
         report = prune(store, older_than=args.older_than, max_bytes=args.max_bytes, dry_run=not args.yes)
@@ -786,7 +794,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad: list[tuple[str, str]] = []
     unsigned: list[tuple[str, str]] = []  # failed the signature check: never deleted here
     deleted = 0
-    with _store(args) as store:
+    with _store(args, writing=args.delete_bad) as store:
         if args.delete_bad:
             _refuse_read_only(store, "delete from it")
         entries = list(store.iter_entries())
@@ -835,7 +843,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         raise UsageError("say which tier to clear: --local, or --remote [URL] --yes")
     if wants_remote and not args.yes:
         raise UsageError("clearing a remote deletes it for every node that shares it: add --yes")
-    with _store(args) as store:
+    with _store(args, writing=True) as store:
         _refuse_read_only(store, "clear it")
         removed = store.delete_entries(list(store.iter_entries()))
         store.sweep_staged()  # and what writers that died over an hour ago staged
@@ -848,7 +856,7 @@ def _bundle_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                 "Write the entries of the local directory (or, with --remote, of the remote) into one file, "
                 "each in its verifiable envelope (signed with the configured signing key, if any).")  # fmt: skip
     p.add_argument("out", metavar="OUT", help="the bundle file to write (replaced whole)")
-    p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (64-hex names from ls)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (names from ls, or unique prefixes of 8+ hex digits)")
     p.add_argument("--arch", metavar="SM", help="only cubins and PTX for this SM, e.g. sm_90")
     p.add_argument("--max-age", type=_typed(parse_duration), metavar="AGE", help="only entries used within AGE, e.g. 30d")
     p.add_argument("--format", dest="bundle_format", choices=("auto", "zstd", "tar"), default="auto",
@@ -865,15 +873,16 @@ def _bundle_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from .bundle import export_bundle
 
-    names = _entry_names(args.names)
     compression = None if args.bundle_format == "tar" else args.bundle_format
     key = load_config(args).read_signing_key()
     with _store(args) as store:
+        names = _resolve_names(args.names, _store_names(store), store.location) or None
         report = export_bundle(store, args.out, names=names, max_age=args.max_age, arch=args.arch,
                                signing_key=key, compression=compression)  # fmt: skip
         where = store.location
     kind = "zstd" if report.compressed else "tar"
-    print(f"exported {report.entries} entries ({format_size(report.bytes)}) from {where} to {report.path} ({kind}); "
+    print(f"exported {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+          f"from {where} to {report.path} ({kind}); "
           f"{report.skipped} filtered out, {report.failures} unreadable")  # fmt: skip
     return EXIT_PROBLEMS if report.failures else EXIT_OK
 
@@ -882,7 +891,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from .bundle import BundleRefused, import_bundle
 
     key = load_config(args).read_signing_key()
-    with _store(args) as store:
+    with _store(args, writing=True) as store:
         _refuse_read_only(store, "import into it")
         try:
             report = import_bundle(args.bundle, store, signing_key=key)
@@ -890,7 +899,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"{PROG} import: refused {args.bundle}: {exc}; nothing landed", file=sys.stderr)
             return EXIT_PROBLEMS
         where = store.location
-    print(f"imported {report.entries} entries ({format_size(report.bytes)}) from {report.path} to {where}; "
+    print(f"imported {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+          f"from {report.path} to {where}; "
           f"{report.skipped} already there, {report.failures} failed")  # fmt: skip
     return EXIT_PROBLEMS if report.failures else EXIT_OK
 
