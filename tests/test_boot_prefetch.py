@@ -114,6 +114,7 @@ def test_a_byte_budget_and_names_do_not_mix_and_are_checked(tmp_path):
 def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
     """An earlier run's local directory names what the job needs: ``ls`` output is the file's format."""
     remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()  # a missing file:// root is an error, not created
     url = remote_dir.as_uri()
     with TieredProgramCache(tmp_path / "ci", remote=url) as ci:
         for i in range(4):
@@ -136,6 +137,7 @@ def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
 
 def test_warm_max_bytes_on_the_command_line(tmp_path):
     remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()  # a missing file:// root is an error, not created
     url = remote_dir.as_uri()
     with TieredProgramCache(tmp_path / "ci", remote=url) as ci:
         for i in range(3):

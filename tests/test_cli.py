@@ -69,7 +69,7 @@ def names_in(root: Path) -> set[str]:
         (["clear"], {}, "--local"),
         (["warm"], {}, "no remote configured"),
         (["warm", "--remote", "file:///nowhere", "not-a-name"], {}, "not an entry name"),
-        (["warm", "--remote", "ab" * 32], {}, "put entry names before --remote"),
+        (["warm", "--remote", "ab" * 32], {}, "no remote configured"),  # a name, not a URL: a bare --remote
         (["ls", "--", "x"], {}, "only for stats --run"),
         (["stats", "--run"], {}, "needs a command"),
         (["stats", "--run", "--", "true"], {"TIERED_PROGCACHE_REMOTE_TIMEOUT": "soon"}, "REMOTE_TIMEOUT"),
@@ -90,7 +90,7 @@ def test_help_names_every_command():
     assert proc.returncode == 0
     for command in ("config", "stats", "ls", "warm", "push", "prune", "verify", "clear"):
         assert command in proc.stdout
-    assert "TIERED_PROGCACHE_DIR" in proc.stdout
+    assert "config --help" in proc.stdout  # where the settings' flags are listed, once
 
 
 # -- config --------------------------------------------------------------------------------------
@@ -99,6 +99,7 @@ def test_help_names_every_command():
 def test_config_shows_each_value_and_where_it_came_from(tmp_path):
     env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "from-env"), "TIERED_PROGCACHE_REMOTE_TIMEOUT": "7.5"}
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     proc = run_cli("config", "--remote", remote, "--remote-options", '{"auto_mkdir": true, "secret": "hunter2"}',
                    env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -130,6 +131,7 @@ def test_config_masks_nested_secret_options_and_a_password_in_the_remote_url(tmp
 
 def test_a_bare_remote_after_the_command_keeps_the_url_given_before_it(tmp_path):
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     proc = run_cli("--remote", remote, "ls", "--remote", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == f"total 0 entries, 0 B in {remote}"
@@ -291,6 +293,7 @@ def test_stats_run_sums_concurrent_children_and_reports_commands_without_a_cache
 def test_push_and_warm_on_a_file_remote_work_without_tqdm(tmp_path, cache_dir):
     """tqdm is only for the bar: with it unimportable, --progress says so once and the transfer still runs."""
     remote = (tmp_path / "nfs" / "kernels").as_uri()
+    (tmp_path / "nfs" / "kernels").mkdir(parents=True)  # a missing file:// root is an error, not created
     no_tqdm = (
         "import sys; sys.modules['tqdm'] = None\n"
         "from tiered_progcache.cli import main\n"

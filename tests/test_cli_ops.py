@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from tiered_progcache import TieredProgramCache
-from tiered_progcache.errors import RemoteURLError
 from tiered_progcache.localdir import LocalDir
 from tiered_progcache.remote import RemoteProgramCache
 
@@ -74,19 +73,31 @@ def test_a_missing_file_root_is_created_only_when_asked_and_never_by_a_reading_c
 
 
 def test_library_refuses_a_url_without_a_scheme_and_a_missing_file_root(tmp_path):
+    from tiered_progcache.errors import RemoteURLError
+
     with pytest.raises(RemoteURLError, match="remote: remote URL 'notaurl' has no scheme"):
         TieredProgramCache(tmp_path / "local", remote="notaurl")
     with pytest.raises(ValueError, match="did you mean s3://bad-url"):
         TieredProgramCache(tmp_path / "local", remote="s3:/bad-url")
     missing = tmp_path / "absent"
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        RemoteProgramCache.from_url(missing.as_uri(), strict=True)
+        RemoteProgramCache.from_url(missing.as_uri(), strict=True, create_root=False)
     with TieredProgramCache(tmp_path / "local", remote=missing.as_uri()) as cache:  # lenient: local-only, warned
         cache[b"k"] = b"v"
         assert cache.flush(10) in (True, False)
     assert not missing.exists(), "a write recreated a missing file:// root"
-    RemoteProgramCache.from_url(missing.as_uri(), strict=True, create_root=True)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TieredProgramCache(tmp_path / "local", remote=missing.as_uri(), strict=True)
+    TieredProgramCache(tmp_path / "local", remote=missing.as_uri(), strict=True, create_remote_root=True).close()
     assert missing.is_dir()
+    remote = RemoteProgramCache.from_url(missing.as_uri(), strict=True)  # code that builds a tier: created
+    remote.close()
+    gone = tmp_path / "gone"
+    remote = RemoteProgramCache.from_url(gone.as_uri(), strict=True)
+    gone.rmdir()  # the share went away under a running tier: a write fails, and creates nothing
+    with pytest.raises(OSError):
+        remote.write_entry("ab" * 32, b"payload")
+    assert not gone.exists()
 
 
 # -- 2. the Prometheus textfile -------------------------------------------------------------------

@@ -305,16 +305,22 @@ def _is_name_or_prefix(text: str) -> bool:
     return MIN_PREFIX_DIGITS <= len(text) <= ENTRY_NAME_LENGTH and _HEX_DIGITS.issuperset(text.lower())
 
 
-def _resolve_names(given: Sequence[str], listing: Callable[[], Iterable[str]], where: str) -> list[str]:
-    """Full entry names for ``given`` names or unique prefixes of at least 8 hex digits.
-
-    ``listing`` (the names in the store) is called once, and only if a prefix is given.
-    A prefix that matches no entry or several is a usage error saying which.
-    """
+def _check_names(given: Sequence[str]) -> None:
+    """A usage error for anything that is neither an entry name nor a prefix of one (before any store is opened)."""
     for text in given:
         if not _is_name_or_prefix(text):
             raise UsageError(f"not an entry name: {text!r} (64 hex digits as ls prints them, or a unique prefix "
                              f"of at least {MIN_PREFIX_DIGITS})")  # fmt: skip
+
+
+def _resolve_names(given: Sequence[str], listing: Callable[[], Iterable[str]], where: str) -> list[str]:
+    """Full entry names for ``given`` names or unique prefixes of at least 8 hex digits.
+
+    ``listing`` (the names in the store) is called once, and only if a prefix is given.
+    A prefix that several entries share is a usage error saying how many; one that
+    matches none is :class:`NoSuchEntry`.
+    """
+    _check_names(given)
     names = [text.lower() for text in given]
     if all(len(n) == ENTRY_NAME_LENGTH for n in names):
         return names
@@ -643,6 +649,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import stored_manifest
 
+    _check_names([args.name])
     with _store(args) as store:
         where = store.location
         (name,) = _resolve_names([args.name], _store_names(store), where)
@@ -676,6 +683,7 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
         max_bytes = args.max_bytes
         if max_bytes is not None and given:
             raise UsageError("--max-bytes picks from the remote's listing: give it or entry names, not both")
+    _check_names(given)
     local = _local(args)
     with _remote(args, writing=direction == "push") as remote:
         if direction == "push":
@@ -874,6 +882,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .bundle import export_bundle
 
     compression = None if args.bundle_format == "tar" else args.bundle_format
+    _check_names(args.names)
     key = load_config(args).read_signing_key()
     with _store(args) as store:
         names = _resolve_names(args.names, _store_names(store), store.location) or None

@@ -143,7 +143,12 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
 
 
 def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
-    """The hit's saved compile seconds to the hooks and to the chain's tally (``stats``)."""
+    """The hit's saved compile seconds to the hooks and to the chain's tally (``stats``).
+
+    For the tally alone, the manifest is looked for only in the tiers on this node (memory,
+    local): a hit never costs a request to a shared tier it would not have made. With an
+    ``on_hit`` hook subscribed, every tier is asked, as that hook documents.
+    """
     with _counter_lock:
         hooks = list(_hit_hooks)
     tally = cache.compile_tally if isinstance(cache, TieredProgramCache) else None
@@ -153,17 +158,24 @@ def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
     if memo in _saved:
         seconds = _saved[memo]
     else:
-        seconds = _manifest_seconds(cache, key)
-        _remember_seconds(memo, seconds)
+        seconds = _manifest_seconds(cache, key, shared=bool(hooks))
+        if hooks or seconds is not None:  # an unknown found on this node alone may be known remotely later
+            _remember_seconds(memo, seconds)
     if tally is not None:
         tally.count_saved(seconds)
     if hooks:
         call_each(hooks, HitEvent(key, seconds), logger, "on_hit")
 
 
-def _manifest_seconds(cache: ProgramCacheResource, key: bytes) -> float | None:
-    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None."""
-    resources = [t.resource for t in cache.tiers] if isinstance(cache, TieredProgramCache) else [cache]
+def _manifest_seconds(cache: ProgramCacheResource, key: bytes, *, shared: bool = True) -> float | None:
+    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None.
+
+    ``shared=False``: only the tiers that are not shared (no request leaves the node).
+    """
+    if isinstance(cache, TieredProgramCache):
+        resources = [t.resource for t in cache.tiers if shared or not t.policy.shared]
+    else:
+        resources = [cache]
     for resource in resources:
         try:
             data = resource.get(manifest_key(key))

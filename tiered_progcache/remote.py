@@ -112,7 +112,7 @@ class RemoteProgramCache(SharedEntryStore):
         compression: str | None = None,
         timeout: float | None = None,
         strict: bool = False,
-        create_root: bool = False,
+        create_root: bool = True,
         breaker: CircuitBreaker | None = None,
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
@@ -157,7 +157,7 @@ class RemoteProgramCache(SharedEntryStore):
         compression: str | None = None,
         timeout: float | None = None,
         strict: bool = False,
-        create_root: bool = False,
+        create_root: bool = True,
         **options: Any,
     ) -> RemoteProgramCache:
         """Build the tier from a URL and fsspec ``storage_options``.
@@ -169,9 +169,12 @@ class RemoteProgramCache(SharedEntryStore):
         gcsfs) raises ``ImportError``. An unreachable remote, a missing bucket or bad
         credentials raise only with ``strict=True``; otherwise the tier logs a warning
         and starts with its breaker open (the chain works local-only until a probe
-        succeeds). A ``file://`` root that does not exist counts as missing (an NFS
-        mount that is not there must not fill the root disk) unless ``create_root=True``
-        (never on a read-only tier); other file systems (``memory://``) create their root. ``options`` go to :class:`RemoteProgramCache` (``breaker``,
+        succeeds). A root that does not exist is created (``create_root``; never on a
+        read-only tier), as code that builds a tier names its directory on purpose. With
+        ``create_root=False`` a missing ``file://`` root counts as missing, like a bucket:
+        what the ``create_remote_root`` setting (default off) passes, so a mistyped
+        flag or an NFS mount that is not there never fills the local disk. A write never
+        recreates a ``file://`` root that went away. ``options`` go to :class:`RemoteProgramCache` (``breaker``,
         ``transfer_concurrency``, ``max_entry_bytes``).
 
         The filesystem is built through the tier's request runner, under ``timeout``:
