@@ -131,7 +131,7 @@ def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
     node = tmp_path / "node"
     warmed = run_cli("warm", "--dir", str(node), "--remote", url, "--names-from", str(names_file))
     assert warmed.returncode == 0, warmed.stderr
-    assert "warmed 2 entries" in warmed.stdout
+    assert "warmed 2 kernels (+0 metadata" in warmed.stdout
     assert _names_in(node) == _names_in(earlier)
 
 
@@ -153,7 +153,7 @@ def test_warm_max_bytes_on_the_command_line(tmp_path):
     node = tmp_path / "node"
     warmed = run_cli("warm", "--dir", str(node), "--remote", url, "--max-bytes", str(budget))
     assert warmed.returncode == 0, warmed.stderr
-    assert "warmed 2 entries" in warmed.stdout
+    assert "warmed 2 kernels (+0 metadata" in warmed.stdout
     assert _names_in(node) == {p.parent.name + p.name for p in objects[-2:]}
 
 

@@ -334,10 +334,10 @@ def test_cli_export_then_import_into_a_fresh_directory_and_to_a_remote(tmp_path)
     out = tmp_path / "k.tpcb"
     proc = _cli("export", str(out), "--arch", "sm_90", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "builder")})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"exported 2 entries (") and "0 filtered out, 0 unreadable" in proc.stdout
+    assert proc.stdout.startswith(f"exported 2 kernels (+0 metadata, ") and "0 filtered out, 0 unreadable" in proc.stdout
     proc = _cli("import", str(out), "--dir", str(tmp_path / "fresh"))
     assert proc.returncode == 0, proc.stderr
-    assert "imported 2 entries" in proc.stdout and "0 already there, 0 failed" in proc.stdout
+    assert "imported 2 kernels (+0 metadata" in proc.stdout and "0 already there, 0 failed" in proc.stdout
     assert _names(LocalDir(tmp_path / "fresh")) == names
     remote = (tmp_path / "bucket").as_uri()
     (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created

@@ -105,14 +105,14 @@ def test_config_shows_each_value_and_where_it_came_from(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()}
     assert str(tmp_path / "from-env") in rows["local_dir"] and rows["local_dir"].endswith(" env TIERED_PROGCACHE_DIR")
-    assert remote in rows["remote"] and rows["remote"].endswith(" argument")
+    assert remote in rows["remote"] and rows["remote"].endswith(" flag --remote")
     assert "7.5 s" in rows["remote_timeout"] and rows["remote_timeout"].endswith(" env TIERED_PROGCACHE_REMOTE_TIMEOUT")
     assert rows["strict"].split() == ["strict", "False", "default"]
     assert rows["max_local_bytes"].split() == ["max_local_bytes", "no", "limit", "default"]
     assert "hunter2" not in proc.stdout  # secrets in storage options are masked
 
     as_json = json.loads(run_cli("config", "--json", "--dir", str(tmp_path / "flag"), env=env).stdout)
-    assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "argument"}
+    assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "flag --dir"}
     assert as_json["remote"] == {"value": None, "source": "default"}
 
 
@@ -134,7 +134,7 @@ def test_a_bare_remote_after_the_command_keeps_the_url_given_before_it(tmp_path)
     (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     proc = run_cli("--remote", remote, "ls", "--remote", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == f"total 0 entries, 0 B in {remote}"
+    assert proc.stdout.splitlines()[-1] == f"total 0 kernels (+0 metadata), 0 B in {remote}"
 
 
 # -- ls, stats -----------------------------------------------------------------------------------
@@ -146,19 +146,21 @@ def test_ls_and_stats_show_entries_sizes_and_ages(cache_dir, cubins):
     assert proc.returncode == 0, proc.stderr
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()}
     assert set(lines) == names_in(cache_dir)
-    assert lines[entry_name(b"old")][-1] == "40d"
-    assert lines[entry_name(b"mid")][-1] == "10d"
+    assert lines[entry_name(b"old")][3:5] == ["40d", "kernel"]  # name, size, age, kind, kernel names
+    assert lines[entry_name(b"mid")][3] == "10d"
     assert lines[entry_name(b"cut")][1:3] == ["1000", "B"]
 
     long = run_cli("ls", "--long", env=env).stdout.splitlines()
-    assert long[0].split() == ["NAME", "BYTES", "MODIFIED", "LAST", "READ", "AGE", "HOST", "WRITTEN", "COMPILE", "KIND"]
-    assert all(line.split()[-4:] == ["-", "-", "-", "-"] for line in long[1:-1])  # written without manifests
+    assert long[0].split() == ["NAME", "BYTES", "MODIFIED", "LAST", "READ", "AGE", "HOST", "WRITTEN", "COMPILE", "CODE",
+                               "KIND", "KERNELS"]  # fmt: skip
+    assert all(line.split()[-6:-2] == ["-", "-", "-", "-"] for line in long[1:-1])  # written without manifests
     assert any(line.startswith(entry_name(b"old")) and f" {len(cubins[0])} " in line for line in long)
     total = sum(len(c) for c in cubins) + len(cubins[0]) + 1000
-    assert long[-1].startswith("total 4 entries")
+    assert long[-1].startswith("total 4 kernels (+0 metadata)")
 
     stats = json.loads(run_cli("stats", "--json", env=env).stdout)
-    assert stats["local"] == {"where": str(cache_dir), "entries": 4, "bytes": total}
+    held = {k: stats["local"][k] for k in ("where", "entries", "kernels", "metadata", "bytes", "max_bytes")}
+    assert held == {"where": str(cache_dir), "entries": 4, "kernels": 4, "metadata": 0, "bytes": total, "max_bytes": None}
     table = run_cli("stats", env=env).stdout
     assert "local" in table and " 4 " in table
 
@@ -305,11 +307,11 @@ def test_push_and_warm_on_a_file_remote_work_without_tqdm(tmp_path, cache_dir):
 
     pushed = cli_without_tqdm("push", "--dir", str(cache_dir), "--remote", remote, "--progress")
     assert pushed.returncode == 1, pushed.stderr  # the truncated cubin is never signed and uploaded
-    assert "pushed 3 entries" in pushed.stdout and "1 failed" in pushed.stdout
+    assert "pushed 3 kernels (+0 metadata" in pushed.stdout and "1 failed" in pushed.stdout
     assert "tqdm is not installed" in pushed.stderr and "Traceback" not in pushed.stderr
 
     node = tmp_path / "node"
     warmed = cli_without_tqdm("warm", "--dir", str(node), "--remote", remote)
     assert warmed.returncode == 0, warmed.stderr
-    assert "warmed 3 entries" in warmed.stdout and warmed.stderr == ""
+    assert "warmed 3 kernels (+0 metadata" in warmed.stdout and warmed.stderr == ""
     assert names_in(node) == names_in(cache_dir) - {entry_name(b"cut")}
