@@ -48,8 +48,7 @@ def two_kernels(tmp_path_factory) -> Path:
 # -- 1. mistyped remotes ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["warm"], ["ls", "--remote"], ["stats", "--remote"], ["verify", "--remote"],
-                                     ["push"], ["explain", "0" * 64, "--remote"]])  # fmt: skip
+@pytest.mark.parametrize("command", [["warm"], ["ls", "--remote"], ["explain", "0" * 64, "--remote"]])
 def test_mistyped_remotes_exit_1_and_create_nothing(tmp_path, command):
     missing = tmp_path / "nfs" / "kernels"
     (tmp_path / "nfs").mkdir()
