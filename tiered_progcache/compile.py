@@ -159,8 +159,7 @@ def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
         seconds = _saved[memo]
     else:
         seconds = _manifest_seconds(cache, key, shared=bool(hooks))
-        if hooks or seconds is not None:  # an unknown found on this node alone may be known remotely later
-            _remember_seconds(memo, seconds)
+        _remember_seconds(memo, seconds)  # once per key and process: later hits are a dict lookup
     if tally is not None:
         tally.count_saved(seconds)
     if hooks:
