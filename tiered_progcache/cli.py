@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from . import settings
 from .config import masked
 from .errors import RemoteURLError, one_line
-from .store import ENTRY_NAME_LENGTH, EntryStore, is_entry_name
+from .store import ENTRY_NAME_LENGTH, EntryStore
 from .units import format_age, format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
