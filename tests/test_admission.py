@@ -52,6 +52,7 @@ def _local_names(root) -> set[str]:
 )
 def test_put_keeps_fast_entries_local_and_uploads_the_rest(tmp_path, threshold, seconds, uploaded):
     url = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     with TieredProgramCache(tmp_path / "local", remote=url, min_upload_compile_s=threshold) as cache:
         cache.put(b"key", b"\x7fELF entry", compile_seconds=seconds)
         assert cache.flush(30)
@@ -64,6 +65,7 @@ def test_put_keeps_fast_entries_local_and_uploads_the_rest(tmp_path, threshold, 
 
 def test_setitem_uploads_as_before_with_admission_on(tmp_path):
     url = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     with TieredProgramCache(tmp_path / "local", remote=url, min_upload_compile_s=60.0) as cache:
         cache[b"key"] = b"\x7fELF entry"
         assert cache.flush(30)
@@ -90,7 +92,7 @@ def test_the_setting_is_a_row_env_flag_and_checked(tmp_path):
     assert proc.returncode == 0, proc.stderr
     import json
 
-    assert json.loads(proc.stdout)["min_upload_compile_s"] == {"value": 2.5, "source": "argument"}
+    assert json.loads(proc.stdout)["min_upload_compile_s"] == {"value": 2.5, "source": "flag --min-upload-compile-s"}
 
 
 # -- end to end: real NVRTC, a fast kernel and a CCCL one ------------------------------------------
@@ -116,6 +118,7 @@ def test_a_fast_kernel_stays_local_and_a_cccl_kernel_is_uploaded(tmp_path, event
     threshold = math.sqrt(fast_s * slow_s)
 
     url = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     events.clear()
     with TieredProgramCache(tmp_path / "node", remote=url, min_upload_compile_s=threshold) as cache:
         tiered_progcache.compile(FAST, "c++", fast_opts, cache=cache)

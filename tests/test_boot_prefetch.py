@@ -114,6 +114,7 @@ def test_a_byte_budget_and_names_do_not_mix_and_are_checked(tmp_path):
 def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
     """An earlier run's local directory names what the job needs: ``ls`` output is the file's format."""
     remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()  # a missing file:// root is an error, not created
     url = remote_dir.as_uri()
     with TieredProgramCache(tmp_path / "ci", remote=url) as ci:
         for i in range(4):
@@ -130,12 +131,13 @@ def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
     node = tmp_path / "node"
     warmed = run_cli("warm", "--dir", str(node), "--remote", url, "--names-from", str(names_file))
     assert warmed.returncode == 0, warmed.stderr
-    assert "warmed 2 entries" in warmed.stdout
+    assert "warmed 2 kernels (+0 metadata" in warmed.stdout
     assert _names_in(node) == _names_in(earlier)
 
 
 def test_warm_max_bytes_on_the_command_line(tmp_path):
     remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()  # a missing file:// root is an error, not created
     url = remote_dir.as_uri()
     with TieredProgramCache(tmp_path / "ci", remote=url) as ci:
         for i in range(3):
@@ -151,7 +153,7 @@ def test_warm_max_bytes_on_the_command_line(tmp_path):
     node = tmp_path / "node"
     warmed = run_cli("warm", "--dir", str(node), "--remote", url, "--max-bytes", str(budget))
     assert warmed.returncode == 0, warmed.stderr
-    assert "warmed 2 entries" in warmed.stdout
+    assert "warmed 2 kernels (+0 metadata" in warmed.stdout
     assert _names_in(node) == {p.parent.name + p.name for p in objects[-2:]}
 
 

@@ -334,12 +334,13 @@ def test_cli_export_then_import_into_a_fresh_directory_and_to_a_remote(tmp_path)
     out = tmp_path / "k.tpcb"
     proc = _cli("export", str(out), "--arch", "sm_90", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "builder")})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"exported 2 entries (") and "0 filtered out, 0 unreadable" in proc.stdout
+    assert proc.stdout.startswith(f"exported 2 kernels (+0 metadata, ") and "0 filtered out, 0 unreadable" in proc.stdout
     proc = _cli("import", str(out), "--dir", str(tmp_path / "fresh"))
     assert proc.returncode == 0, proc.stderr
-    assert "imported 2 entries" in proc.stdout and "0 already there, 0 failed" in proc.stdout
+    assert "imported 2 kernels (+0 metadata" in proc.stdout and "0 already there, 0 failed" in proc.stdout
     assert _names(LocalDir(tmp_path / "fresh")) == names
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     proc = _cli("import", str(out), "--remote", remote, "--dir", str(tmp_path / "unused"))
     assert proc.returncode == 0, proc.stderr
     assert _names(RemoteProgramCache.from_url(remote)) == names
@@ -469,6 +470,7 @@ def test_a_zstd_bundle_without_zstandard_is_refused_and_a_read_only_store_is_not
     _fill(tmp_path / "builder")
     export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k.tpcb", compression="zstd")
     url = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     with pytest.raises(PermissionError, match="read-only"):
         import_bundle(tmp_path / "k.tpcb", RemoteProgramCache.from_url(url, read_only=True))
     assert not (tmp_path / "bucket" / "entries").exists()

@@ -59,6 +59,7 @@ def _fork(body) -> int:
 
 
 def _file_remote(tmp_path: Path) -> str:
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     return f"file://{tmp_path / 'remote'}"
 
 

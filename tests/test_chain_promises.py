@@ -276,6 +276,7 @@ from tiered_progcache.remote import RemoteProgramCache  # noqa: E402
 def test_every_remote_setting_reaches_the_remote_tier(tmp_path):
     pytest.importorskip("zstandard")  # compression="zstd" needs it (the test extra has it; the GPU host not)
     url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir()  # a missing file:// root is an error, not created
     with TieredProgramCache(
         tmp_path / "local", remote=url, signing_key=b"k" * 32, compression="zstd", remote_timeout=2.5
     ) as cache:

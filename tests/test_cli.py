@@ -69,7 +69,7 @@ def names_in(root: Path) -> set[str]:
         (["clear"], {}, "--local"),
         (["warm"], {}, "no remote configured"),
         (["warm", "--remote", "file:///nowhere", "not-a-name"], {}, "not an entry name"),
-        (["warm", "--remote", "ab" * 32], {}, "put entry names before --remote"),
+        (["warm", "--remote", "ab" * 32], {}, "no remote configured"),  # a name, not a URL: a bare --remote
         (["ls", "--", "x"], {}, "only for stats --run"),
         (["stats", "--run"], {}, "needs a command"),
         (["stats", "--run", "--", "true"], {"TIERED_PROGCACHE_REMOTE_TIMEOUT": "soon"}, "REMOTE_TIMEOUT"),
@@ -90,7 +90,7 @@ def test_help_names_every_command():
     assert proc.returncode == 0
     for command in ("config", "stats", "ls", "warm", "push", "prune", "verify", "clear"):
         assert command in proc.stdout
-    assert "TIERED_PROGCACHE_DIR" in proc.stdout
+    assert "config --help" in proc.stdout  # where the settings' flags are listed, once
 
 
 # -- config --------------------------------------------------------------------------------------
@@ -99,19 +99,20 @@ def test_help_names_every_command():
 def test_config_shows_each_value_and_where_it_came_from(tmp_path):
     env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "from-env"), "TIERED_PROGCACHE_REMOTE_TIMEOUT": "7.5"}
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     proc = run_cli("config", "--remote", remote, "--remote-options", '{"auto_mkdir": true, "secret": "hunter2"}',
                    env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = {line.split()[0]: line for line in proc.stdout.splitlines()}
     assert str(tmp_path / "from-env") in rows["local_dir"] and rows["local_dir"].endswith(" env TIERED_PROGCACHE_DIR")
-    assert remote in rows["remote"] and rows["remote"].endswith(" argument")
+    assert remote in rows["remote"] and rows["remote"].endswith(" flag --remote")
     assert "7.5 s" in rows["remote_timeout"] and rows["remote_timeout"].endswith(" env TIERED_PROGCACHE_REMOTE_TIMEOUT")
     assert rows["strict"].split() == ["strict", "False", "default"]
     assert rows["max_local_bytes"].split() == ["max_local_bytes", "no", "limit", "default"]
     assert "hunter2" not in proc.stdout  # secrets in storage options are masked
 
     as_json = json.loads(run_cli("config", "--json", "--dir", str(tmp_path / "flag"), env=env).stdout)
-    assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "argument"}
+    assert as_json["local_dir"] == {"value": str(tmp_path / "flag"), "source": "flag --dir"}
     assert as_json["remote"] == {"value": None, "source": "default"}
 
 
@@ -130,9 +131,10 @@ def test_config_masks_nested_secret_options_and_a_password_in_the_remote_url(tmp
 
 def test_a_bare_remote_after_the_command_keeps_the_url_given_before_it(tmp_path):
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     proc = run_cli("--remote", remote, "ls", "--remote", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "c")})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == f"total 0 entries, 0 B in {remote}"
+    assert proc.stdout.splitlines()[-1] == f"total 0 kernels (+0 metadata), 0 B in {remote}"
 
 
 # -- ls, stats -----------------------------------------------------------------------------------
@@ -144,19 +146,21 @@ def test_ls_and_stats_show_entries_sizes_and_ages(cache_dir, cubins):
     assert proc.returncode == 0, proc.stderr
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()}
     assert set(lines) == names_in(cache_dir)
-    assert lines[entry_name(b"old")][-1] == "40d"
-    assert lines[entry_name(b"mid")][-1] == "10d"
+    assert lines[entry_name(b"old")][3:5] == ["40d", "kernel"]  # name, size, age, kind, kernel names
+    assert lines[entry_name(b"mid")][3] == "10d"
     assert lines[entry_name(b"cut")][1:3] == ["1000", "B"]
 
     long = run_cli("ls", "--long", env=env).stdout.splitlines()
-    assert long[0].split() == ["NAME", "BYTES", "MODIFIED", "LAST", "READ", "AGE", "HOST", "WRITTEN", "COMPILE", "KIND"]
-    assert all(line.split()[-4:] == ["-", "-", "-", "-"] for line in long[1:-1])  # written without manifests
+    assert long[0].split() == ["NAME", "BYTES", "MODIFIED", "LAST", "READ", "AGE", "HOST", "WRITTEN", "COMPILE", "CODE",
+                               "KIND", "KERNELS"]  # fmt: skip
+    assert all(line.split()[-6:-2] == ["-", "-", "-", "-"] for line in long[1:-1])  # written without manifests
     assert any(line.startswith(entry_name(b"old")) and f" {len(cubins[0])} " in line for line in long)
     total = sum(len(c) for c in cubins) + len(cubins[0]) + 1000
-    assert long[-1].startswith("total 4 entries")
+    assert long[-1].startswith("total 4 kernels (+0 metadata)")
 
     stats = json.loads(run_cli("stats", "--json", env=env).stdout)
-    assert stats["local"] == {"where": str(cache_dir), "entries": 4, "bytes": total}
+    held = {k: stats["local"][k] for k in ("where", "entries", "kernels", "metadata", "bytes", "max_bytes")}
+    assert held == {"where": str(cache_dir), "entries": 4, "kernels": 4, "metadata": 0, "bytes": total, "max_bytes": None}
     table = run_cli("stats", env=env).stdout
     assert "local" in table and " 4 " in table
 
@@ -291,6 +295,7 @@ def test_stats_run_sums_concurrent_children_and_reports_commands_without_a_cache
 def test_push_and_warm_on_a_file_remote_work_without_tqdm(tmp_path, cache_dir):
     """tqdm is only for the bar: with it unimportable, --progress says so once and the transfer still runs."""
     remote = (tmp_path / "nfs" / "kernels").as_uri()
+    (tmp_path / "nfs" / "kernels").mkdir(parents=True)  # a missing file:// root is an error, not created
     no_tqdm = (
         "import sys; sys.modules['tqdm'] = None\n"
         "from tiered_progcache.cli import main\n"
@@ -302,11 +307,11 @@ def test_push_and_warm_on_a_file_remote_work_without_tqdm(tmp_path, cache_dir):
 
     pushed = cli_without_tqdm("push", "--dir", str(cache_dir), "--remote", remote, "--progress")
     assert pushed.returncode == 1, pushed.stderr  # the truncated cubin is never signed and uploaded
-    assert "pushed 3 entries" in pushed.stdout and "1 failed" in pushed.stdout
+    assert "pushed 3 kernels (+0 metadata" in pushed.stdout and "1 failed" in pushed.stdout
     assert "tqdm is not installed" in pushed.stderr and "Traceback" not in pushed.stderr
 
     node = tmp_path / "node"
     warmed = cli_without_tqdm("warm", "--dir", str(node), "--remote", remote)
     assert warmed.returncode == 0, warmed.stderr
-    assert "warmed 3 entries" in warmed.stdout and warmed.stderr == ""
+    assert "warmed 3 kernels (+0 metadata" in warmed.stdout and warmed.stderr == ""
     assert names_in(node) == names_in(cache_dir) - {entry_name(b"cut")}

@@ -52,13 +52,13 @@ def test_explain_and_ls_long_on_a_local_directory(tmp_path, events):
     listed = run_cli("ls", "--long", env=env)
     assert listed.returncode == 0, listed.stderr
     header = listed.stdout.splitlines()[0].split()
-    assert header[-4:] == ["HOST", "WRITTEN", "COMPILE", "KIND"]
+    assert header[-6:] == ["HOST", "WRITTEN", "COMPILE", "CODE", "KIND", "KERNELS"]
     host, written = socket.gethostname(), manifest.provenance.written_at
-    assert _row(listed.stdout, name)[-4:] == [host, written, f"{manifest.compile_seconds:.3f}s", "c++->cubin"]
-    assert _row(listed.stdout, manifest_name(name))[-4:] == ["-", "-", "-", "manifest"]
-    assert _row(listed.stdout, bare)[-4:] == ["-", "-", "-", "-"]
-    assert _row(listed.stdout, broken)[-4:] == ["?", "?", "?", "unreadable-manifest"]
-    assert listed.stdout.splitlines()[-1].startswith("total 5 entries")
+    assert _row(listed.stdout, name)[-6:-2] == [host, written, f"{manifest.compile_seconds:.3f}s", "c++->cubin"]
+    assert _row(listed.stdout, manifest_name(name))[-6:-2] == ["-", "-", "-", "manifest"]
+    assert _row(listed.stdout, bare)[-6:-2] == ["-", "-", "-", "-"]
+    assert _row(listed.stdout, broken)[-6:-2] == ["?", "?", "?", "unreadable-manifest"]
+    assert listed.stdout.splitlines()[-1].startswith("total 3 kernels (+2 metadata)")
 
     missing = assert_one_line_error(run_cli("explain", "a" * 64, env=env), 1)
     assert missing == f"tiered-progcache explain: no entry {'a' * 64} in {root}"
@@ -68,7 +68,8 @@ def test_explain_and_ls_long_on_a_local_directory(tmp_path, events):
     bad = assert_one_line_error(run_cli("explain", broken, env=env), 1)
     assert bad == f"tiered-progcache explain: entry {broken} in {root}: unreadable manifest: not JSON (JSONDecodeError)"
     typo = assert_one_line_error(run_cli("explain", "not-a-name", env=env), 2)
-    assert typo == "tiered-progcache explain: error: not an entry name (64 lowercase hex digits, as ls prints): 'not-a-name'"
+    assert typo == ("tiered-progcache explain: error: not an entry name: 'not-a-name' (64 hex digits as ls prints them, "
+                    "or a unique prefix of at least 8)")
 
 
 def test_explain_and_ls_long_on_s3(tmp_path, s3_bucket, events):
@@ -88,8 +89,8 @@ def test_explain_and_ls_long_on_s3(tmp_path, s3_bucket, events):
     listed = run_cli("ls", "--long", *flags)
     assert listed.returncode == 0, listed.stderr
     row = _row(listed.stdout, name)
-    assert row[-4:] == [socket.gethostname(), doc["written_by"]["time"], f"{doc['compile_seconds']:.3f}s", "c++->cubin"]
-    assert _row(listed.stdout, manifest_name(name))[-1] == "manifest"
+    assert row[-6:-2] == [socket.gethostname(), doc["written_by"]["time"], f"{doc['compile_seconds']:.3f}s", "c++->cubin"]
+    assert _row(listed.stdout, manifest_name(name))[-2] == "manifest"
     local_only = assert_one_line_error(run_cli("explain", name, "--dir", str(tmp_path / "elsewhere")), 1)
     assert local_only.startswith(f"tiered-progcache explain: no entry {name} in ")
 
@@ -139,10 +140,10 @@ def test_after_a_remote_hit_explain_and_ls_long_read_the_manifest_from_the_remot
     assert text.returncode == 0 and "no manifest" not in text.stdout + text.stderr and "compiled in" in text.stdout
     listed = run_cli("ls", "--long", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert _row(listed.stdout, name)[-4:] == [socket.gethostname(), doc["written_by"]["time"],
+    assert _row(listed.stdout, name)[-6:-2] == [socket.gethostname(), doc["written_by"]["time"],
                                              f"{doc['compile_seconds']:.3f}s", "c++->cubin"]  # fmt: skip
     # Without a remote configured the local directory alone answers, as before.
     local_only = assert_one_line_error(run_cli("explain", name, env={"TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")}), 1)
     assert "has no manifest" in local_only
     alone = run_cli("ls", "--long", env={"TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")})
-    assert _row(alone.stdout, name)[-1] == "-"
+    assert _row(alone.stdout, name)[-6:-2] == ["-", "-", "-", "-"]

@@ -43,7 +43,7 @@ def test_push_ls_stats_then_warm_a_fresh_node_with_progress(tmp_path, s3_bucket,
     flags = remote_flags(s3_bucket)
     pushed = run_cli("push", "--dir", str(local.root), *flags)
     assert pushed.returncode == 0, pushed.stderr
-    assert "pushed 3 entries" in pushed.stdout and "0 failed" in pushed.stdout
+    assert "pushed 3 kernels (+0 metadata" in pushed.stdout and "0 failed" in pushed.stdout
     assert len(s3_bucket.objects()) == 3
 
     listed = run_cli("ls", *flags)
@@ -57,13 +57,13 @@ def test_push_ls_stats_then_warm_a_fresh_node_with_progress(tmp_path, s3_bucket,
     node = tmp_path / "node"
     warmed = run_cli("warm", "--dir", str(node), "--progress", *flags)
     assert warmed.returncode == 0, warmed.stderr
-    assert f"warmed 3 entries ({_kib(cubins)}" in warmed.stdout and "0 already there, 0 failed" in warmed.stdout
+    assert f"warmed 3 kernels (+0 metadata, {_kib(cubins)}" in warmed.stdout and "0 already there, 0 failed" in warmed.stdout
     assert "3/3" in warmed.stderr and "100%" in warmed.stderr  # the tqdm bar
     node_dir = LocalDir(node)
     assert {e.name: node_dir.read_entry(e.name) for e in node_dir.iter_entries()} == cubins  # raw cubins again, verified
 
     again = run_cli("warm", "--dir", str(node), "--no-progress", *flags)
-    assert "warmed 0 entries" in again.stdout and "3 already there" in again.stdout
+    assert "warmed 0 kernels" in again.stdout and "3 already there" in again.stdout
     assert again.stderr == ""
 
 

@@ -53,8 +53,8 @@ def test_records_of_another_process_are_not_reported(tmp_path, stats_file):
     """A forked child inherits its parent's records; only the process that registered them reports."""
     cache = TieredProgramCache(tmp_path / "a")
     cache.get(b"x")
-    pid, tiers = runstats._records[0]
-    runstats._records[0] = (pid + 1, tiers)
+    pid, tiers, tally = runstats._records[0]
+    runstats._records[0] = (pid + 1, tiers, tally)
     runstats._report_at_exit()
     assert not stats_file.exists()
 

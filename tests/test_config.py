@@ -43,6 +43,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "COMPRESSION": "zstd",
         ENV + "REMOTE_TIMEOUT": "2.5",
         ENV + "STRICT": "1",
+        ENV + "CREATE_REMOTE_ROOT": "yes",
         ENV + "REDIS_EXPIRE_S": "3600",
         ENV + "MAX_PENDING_UPLOADS": "64",
         ENV + "MAX_PENDING_UPLOAD_BYTES": "64Mi",
@@ -62,7 +63,7 @@ def test_every_variable_is_read(tmp_path):
     assert (config.signing_key_file, config.remote_timeout, config.max_pending_uploads) == (key_file, 2.5, 64)
     assert config.max_pending_upload_bytes == 64 << 20
     assert config.transfer_concurrency == 16 and config.min_upload_compile_s == 0.5
-    assert config.explain_misses is True
+    assert config.explain_misses is True and config.create_remote_root is True
     assert (config.lease_min_compile_rtts, config.wait_patience, config.compile_time_prior_s) == (6.0, None, 0.3)
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
@@ -262,6 +263,7 @@ OLD_FLAGS = {
     "--dir", "--remote", "--remote-options", "--read-only", "--signing-key-file",
     "--compression", "--remote-timeout", "--strict", "--max-local-bytes", "--transfer-concurrency",
     "--min-upload-compile-s", "--lease-min-compile-rtts", "--wait-patience", "--compile-time-prior-s",
+    "--create-remote-root",
 }  # fmt: skip
 
 
@@ -338,7 +340,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
     samples = {
         "local_dir": tmp_path, "max_memory_bytes": None, "max_local_bytes": 5 << 30, "remote": "memory://x/y",
         "remote_options": {"anon": True}, "remote_read_only": True, "signing_key_file": tmp_path / "k",
-        "compression": None, "remote_timeout": 2.5, "strict": False, "max_pending_uploads": 7,
+        "compression": None, "remote_timeout": 2.5, "strict": False, "create_remote_root": True, "max_pending_uploads": 7,
         "max_pending_upload_bytes": 1 << 20,
         "redis_expire_s": 3600.0,
         "transfer_concurrency": 16, "min_upload_compile_s": 0.25, "explain_misses": True,
@@ -423,6 +425,7 @@ def test_an_entry_signed_through_the_variable_verifies_under_the_readme_reader(t
     path.write_bytes(b"0123456789abcdef0123456789abcdef\n")
     path.chmod(0o600)
     remote = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir()  # a missing file:// root is an error, not created
     with CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path), ENV + "REMOTE": remote, ENV + "DIR": str(tmp_path / "ci")}).build() as ci:
         ci[b"k"] = b"signed"
         assert ci.flush(30) is True

@@ -246,6 +246,7 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_its
     """Node A holds the lease and its compile is held until node B is done. B plans with a 0.2 s
     compile: it waits about that long, compiles itself, and reports it; A's lease stays A's."""
     url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
     node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
     a_compiling, b_done = threading.Event(), threading.Event()
@@ -285,6 +286,7 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_its
 def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, fresh_compile_times):
     """The control: wait_patience=None, the same stuck holder let go after B has waited 1 s: one compile."""
     url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
     node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0,
                                 wait_patience=None)

@@ -135,6 +135,7 @@ def test_program_compile_with_a_cache_writes_no_manifest(tmp_path):
 
 def test_the_remote_copy_rides_the_signed_envelope(tmp_path, include, events):
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     with TieredProgramCache(tmp_path / "c", remote=remote, signing_key=b"k" * 32) as cache:
         tiered_progcache.compile(NAMED, "c++", ProgramOptions(arch="sm_80", include_path=[str(include)]), cache=cache)
         assert cache.flush(30)

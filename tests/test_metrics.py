@@ -52,6 +52,7 @@ def _scrape(registry) -> dict[tuple[str, tuple], float]:
 
 def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
     remote = (tmp_path / "bucket").as_uri()
+    (tmp_path / "bucket").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     with TieredProgramCache(tmp_path / "a", remote=remote) as other_node:  # fills the remote
         tiered_progcache.compile(K_REMOTE, "c++", OPTS, cache=other_node)
         assert other_node.flush(30)

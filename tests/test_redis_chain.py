@@ -167,7 +167,7 @@ def test_cli_push_ls_verify_warm_prune_clear_on_redis(tmp_path, redis_url, redis
         ci.write_entry(name, data)
     flags = ["--remote", redis_url]
     pushed = run_cli("push", "--dir", str(ci.root), *flags)
-    assert pushed.returncode == 0 and "pushed 3 entries" in pushed.stdout, pushed.stderr
+    assert pushed.returncode == 0 and "pushed 3 kernels (+0 metadata" in pushed.stdout, pushed.stderr
 
     listed = run_cli("ls", *flags)
     assert listed.returncode == 0, listed.stderr
@@ -180,7 +180,7 @@ def test_cli_push_ls_verify_warm_prune_clear_on_redis(tmp_path, redis_url, redis
     assert verified.returncode == 1 and bad[:12] in verified.stdout + verified.stderr
 
     warmed = run_cli("warm", "--dir", str(tmp_path / "node"), *flags)
-    assert warmed.returncode == 1 and "warmed 2 entries" in warmed.stdout  # the planted one fails, counted
+    assert warmed.returncode == 1 and "warmed 2 kernels" in warmed.stdout  # the planted one fails, counted
     assert {e.name for e in LocalDir(tmp_path / "node").iter_entries()} == set(payloads) - {bad}
 
     pruned = run_cli("prune", "--max-bytes", "1", "--yes", *flags)

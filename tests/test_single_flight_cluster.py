@@ -43,6 +43,7 @@ WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
 def remote(request, tmp_path):
     """(url, storage_options) of an empty shared remote."""
     if request.param == "file":
+        (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
         return f"file://{tmp_path / 'remote'}", None
     bucket = request.getfixturevalue("s3_bucket")
     return bucket.url, bucket.storage_options
@@ -182,6 +183,7 @@ def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_pa
 def test_a_lease_holder_killed_on_this_host_does_not_hold_up_the_next_compile(tmp_path):
     """Its PID is gone, so the lease (an hour's TTL) is broken at once: one compile, no wait for the TTL."""
     url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     taken = SPAWN.Event()
     holder = SPAWN.Process(target=_lease_holder, args=(str(tmp_path / "holder"), url, None, kernel(43), taken, 3600.0))
     holder.start()
@@ -213,6 +215,7 @@ def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote
 def test_a_shared_store_without_atomic_create_gets_node_level_single_flight_only(tmp_path):
     """Two nodes, two caches per node, two threads per cache: one compile per node, at the same time."""
     url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     remotes = []
 
     def chain(node: str) -> TieredProgramCache:
@@ -277,6 +280,7 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
     from cuda.core.utils import make_program_cache_key
 
     url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     remote_a = GatedRemote.from_url(url)
     remote_a.gate = threading.Event()
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a],

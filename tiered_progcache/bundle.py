@@ -36,6 +36,7 @@ from typing import IO, Any
 from .codeobject import check_code_object, code_arch
 from .envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from .errors import one_line
+from .kinds import KERNEL, kind_of
 from .manifest import ManifestError, decode_manifest
 from .store import EntryStore, check_entry_name
 
@@ -82,7 +83,8 @@ class BundleReport:
     store (import) and their payload bytes; ``skipped``: left out by the age or arch
     filter (export; entries not among ``names`` are not counted) or already in the
     store (import); ``failures``: entries that could not be read (export) or written
-    (import), each logged.
+    (import), each logged. ``metadata``: how many of ``entries`` are manifests or symbol
+    maps rather than kernels (:mod:`~tiered_progcache.kinds`).
     """
 
     path: str
@@ -92,6 +94,7 @@ class BundleReport:
     failures: int
     compressed: bool
     seconds: float
+    metadata: int = 0
 
 
 # -- export --------------------------------------------------------------------------------------
@@ -147,7 +150,7 @@ def export_bundle(
 
     target = Path(path)
     staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    count = total = failures = 0
+    count = total = failures = metadata = 0
     try:
         with open(staging, "wb") as raw:
             sink: IO[bytes] = zstd.stream_writer(raw, closefd=False) if zstd is not None else raw
@@ -164,6 +167,7 @@ def export_bundle(
                     _add(tar, f"entries/{entry.name[:2]}/{entry.name[2:]}", blob, entry.mtime)
                     count += 1
                     total += len(payload)
+                    metadata += kind_of(payload) != KERNEL
                 index = {
                     "format": BUNDLE_FORMAT,
                     "version": BUNDLE_VERSION,
@@ -181,7 +185,9 @@ def export_bundle(
     except BaseException:
         staging.unlink(missing_ok=True)
         raise
-    return BundleReport(str(target), count, total, skipped, failures, zstd is not None, time.monotonic() - started)
+    return BundleReport(
+        str(target), count, total, skipped, failures, zstd is not None, time.monotonic() - started, metadata
+    )
 
 
 def _parse_arch(arch: int | str | None) -> int | None:
@@ -431,7 +437,7 @@ def import_bundle(
     )
     held = {entry.name for entry in store.iter_entries()}
     todo = sorted(name for name in payloads if name not in held)
-    landed = nbytes = failures = 0
+    landed = nbytes = failures = metadata = 0
     batch = max(1, store.transfer_batch)
     for start in range(0, len(todo), batch):
         chunk = {name: payloads[name] for name in todo[start : start + batch]}
@@ -439,11 +445,12 @@ def import_bundle(
             if error is None:
                 landed += 1
                 nbytes += len(chunk[name])
+                metadata += kind_of(chunk[name]) != KERNEL
             else:
                 failures += 1
                 logger.warning("import: could not write %s to %s: %s", name, store.location, one_line(error))
     return BundleReport(
-        str(path), landed, nbytes, len(payloads) - len(todo), failures, compressed, time.monotonic() - started
+        str(path), landed, nbytes, len(payloads) - len(todo), failures, compressed, time.monotonic() - started, metadata
     )
 
 

@@ -20,19 +20,18 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import settings
 from .config import masked
-from .errors import one_line
-from .store import check_entry_name, is_entry_name
+from .errors import RemoteURLError, one_line
+from .store import ENTRY_NAME_LENGTH, EntryStore
 from .units import format_age, format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from .config import CacheConfig
     from .localdir import LocalDir
-    from .store import EntryStore
     from .supervise import RunReport
 
 __all__ = ["main"]
@@ -56,6 +55,10 @@ _MISSING = "missing"
 
 class UsageError(Exception):
     """A mistake in how the command was called: one line on stderr, exit 2."""
+
+
+class NoSuchEntry(Exception):
+    """An entry name or prefix that matches nothing in the store: one line on stderr, exit 1."""
 
 
 def _iso(ts: float | None) -> str:
@@ -97,34 +100,50 @@ def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
-def _common_options() -> argparse.ArgumentParser:
-    """Options every subcommand takes, before or after its name. SUPPRESS: unset means "from env"."""
-    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    group = common.add_argument_group("configuration (each overrides its TIERED_PROGCACHE_* variable)")
-    settings.add_arguments(group, exclude=_SELECTOR)
-    group.add_argument("--remote", dest="remote", nargs="?", const=True, metavar="URL",  # also selects the tier
+def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None:
+    """Options every subcommand takes, before or after its name. SUPPRESS: unset means "from env".
+
+    The settings' flags are listed once, in ``config --help`` (``shown``); elsewhere they
+    are accepted but left out of the help. Added after a command's own options, so those come first.
+    """
+    group = parser.add_argument_group("configuration (each overrides its TIERED_PROGCACHE_* variable)")
+    settings.add_arguments(group, exclude=_SELECTOR, hidden=not shown)
+    group = parser.add_argument_group("tier")
+    group.add_argument("--remote", dest="remote", nargs="?", const=True, metavar="URL", default=argparse.SUPPRESS,
                        help="act on the remote tier; with URL, use that remote (s3://bucket/prefix, gs://..., "
                        "file:///...) [TIERED_PROGCACHE_REMOTE]")  # fmt: skip
-    out = common.add_argument_group("output")
-    out.add_argument("-v", "--verbose", action="count", help="log more (-v: info, -vv: every lookup)")
-    return common
+    out = parser.add_argument_group("output")
+    out.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v: info, -vv: every lookup)")
+
+
+_SETTINGS_EPILOG = ("Configuration flags (--dir, --max-local-bytes, --signing-key-file, ...) go before or after "
+                    "the command; tiered-progcache config --help lists them all.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common_options()
-    parser = _Parser(prog=PROG, parents=[common],
+    parser = _Parser(prog=PROG,
                      description="Look into, fill, trim and check the tiered program cache "
                      "(memory -> local directory -> remote bucket).",
-                     epilog="Exit codes: 0 ok, 1 problems found, 2 usage error. Flags override the "
-                     "TIERED_PROGCACHE_* environment variables; see docs/configuration.md.")  # fmt: skip
+                     epilog="Exit codes: 0 ok, 1 problems found (or a remote that names nothing usable), 2 usage "
+                     "error. Flags override the TIERED_PROGCACHE_* environment variables; tiered-progcache config "
+                     "--help lists them; see docs/configuration.md.")  # fmt: skip
+    _add_common_options(parser, shown=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    commands: list[tuple[str, argparse.ArgumentParser]] = []
 
     def command(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=description or help, parents=[common])
+        made = sub.add_parser(name, help=help, description=description or help, epilog=_SETTINGS_EPILOG)
+        commands.append((name, made))
+        return made
 
-    p = command("config", "show the resolved configuration and where each value came from")
+    p = command("config", "show the resolved configuration and where each value came from",
+                "Show every setting's resolved value and where it came from (default, env VARIABLE, flag --x). "
+                "Every configuration flag below works on every command. With --check, also read the signing "
+                "key file and reach the remote; exit 1 if either fails.")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--check", action="store_true",
+                   help="read the signing key file and reach each remote (creating nothing); exit 1 on a failure")  # fmt: skip
     p.set_defaults(func=cmd_config)
 
     p = command("stats", "entries and bytes per tier; with --run, the hits and misses of one command",
@@ -135,7 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="store_true",
                    help="run the command after -- (stats --run -- CMD [ARG ...]) and report its cache activity")  # fmt: skip
     p.add_argument("--prometheus", action="store_true",
-                   help="print Prometheus text (node_exporter's textfile collector); needs prometheus_client")  # fmt: skip
+                   help="print Prometheus text; needs prometheus_client")  # fmt: skip
+    p.add_argument("--prometheus-file", metavar="PATH",
+                   help="write Prometheus text to PATH, whole or not at all (staged beside it, then renamed), "
+                   "as node_exporter's textfile collector needs; stdout stays the command's own")  # fmt: skip
+    p.add_argument("--zero", action="store_true",
+                   help="start the local directory's cumulative counters over")  # fmt: skip
     p.set_defaults(func=cmd_stats)
 
     p = command("ls", "list entries with size and age", "List entries: name, size, and age "
@@ -146,10 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ls)
 
     p = command("explain", "show one entry's manifest: what it was compiled from, by which host, when, how long",
-                "Print the manifest stored beside entry NAME (a 64-hex name from ls): compiler and version, "
+                "Print the manifest stored beside entry NAME (its name from ls, or a unique prefix of 8+ hex digits): compiler and version, "
                 "options, headers by include root, source digest, compile seconds, host and time. "
                 "Local unless --remote. Exit 1 if there is no such entry, or it has no readable manifest.")  # fmt: skip
-    p.add_argument("name", metavar="NAME", help="the entry (64-hex name from ls)")
+    p.add_argument("name", metavar="NAME", help="the entry (its name from ls, or a unique prefix of 8+ hex digits)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(func=cmd_explain)
 
@@ -158,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("push", "copy local entries up to the remote (e.g. at the end of a CI job)"),
     ):
         p = command(name, verb)
-        p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (64-hex names from ls)")
+        p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (names from ls, or unique prefixes of 8+ hex digits)")
         if name == "warm":
             p.add_argument("--names-from", metavar="FILE",
                            help="only the entries named in FILE, one per line as ls prints them (- for stdin); "
@@ -193,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local", action="store_true", help="clear the local directory")
     p.add_argument("--yes", action="store_true", help="needed to clear a remote")
     p.set_defaults(func=cmd_clear)
+    for name, made in commands:  # after each command's own options, so those are listed first
+        _add_common_options(made, shown=name == "config")
     return parser
 
 
@@ -207,8 +233,6 @@ def _progress_flag(p: argparse.ArgumentParser) -> None:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the flags give; ``--remote URL`` sets the remote, a bare ``--remote`` only selects it."""
     remote = vars(args).get("remote")
-    if isinstance(remote, str) and is_entry_name(remote):
-        raise UsageError("--remote took an entry name as its URL: put entry names before --remote")
     overrides = settings.overrides_from_args(args, exclude=_SELECTOR)
     if isinstance(remote, str):
         overrides["remote"] = remote
@@ -234,11 +258,16 @@ def _local(args: argparse.Namespace) -> LocalDir:
 
 
 @contextlib.contextmanager
-def _remote(args: argparse.Namespace) -> Iterator[EntryStore]:
+def _remote(args: argparse.Namespace, *, writing: bool = False) -> Iterator[EntryStore]:
     """The configured shared tier (an fsspec remote or Redis), built strict: unreachable is an error now.
 
+    Only that tier is built (no local directory, no chain). A command that only reads
+    (``writing=False``: ls, stats, explain, verify, warm's side, export) never creates
+    anything, whatever ``create_remote_root`` says: a missing ``file://`` root is an error.
     Where several are configured, ``--remote URL`` picks one; a bare ``--remote`` is a usage error.
     """
+    from .tiered import shared_tier
+
     config = load_config(args, strict=True)
     urls = settings.remote_urls(config.remote)
     if not urls:
@@ -246,18 +275,20 @@ def _remote(args: argparse.Namespace) -> Iterator[EntryStore]:
     if len(urls) > 1:
         shown = ", ".join(masked(url) for url in urls)
         raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
-    with config.build() as cache:
-        remote = cache.shared_store
-        if remote is None:  # pragma: no cover - build() always adds the configured remote
-            raise UsageError("the configured chain has no remote tier")
+    remote, _ = shared_tier(config, urls[0], signing_key=config.read_signing_key(), create_root=None if writing else False)
+    if not isinstance(remote, EntryStore):  # pragma: no cover - every shared tier is an EntryStore
+        raise UsageError(f"the remote {masked(urls[0])} is not an entry store")
+    try:
         yield remote
+    finally:
+        remote.close()
 
 
 @contextlib.contextmanager
-def _store(args: argparse.Namespace) -> Iterator[EntryStore]:
+def _store(args: argparse.Namespace, *, writing: bool = False) -> Iterator[EntryStore]:
     """The store a command acts on: the configured remote with ``--remote``, else the local directory."""
     if _wants_remote(args):
-        with _remote(args) as remote:
+        with _remote(args, writing=writing) as remote:
             yield remote
     else:
         yield _local(args)
@@ -280,6 +311,56 @@ def _shared_for_manifests(args: argparse.Namespace) -> Iterator[Callable[[], Ent
         yield shared
 
 
+# -- entry names as the user gives them -----------------------------------------------------------
+
+#: The shortest prefix of an entry name the command accepts (as git accepts short hashes).
+MIN_PREFIX_DIGITS = 8
+_HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def _is_name_or_prefix(text: str) -> bool:
+    return MIN_PREFIX_DIGITS <= len(text) <= ENTRY_NAME_LENGTH and _HEX_DIGITS.issuperset(text.lower())
+
+
+def _check_names(given: Sequence[str]) -> None:
+    """A usage error for anything that is neither an entry name nor a prefix of one (before any store is opened)."""
+    for text in given:
+        if not _is_name_or_prefix(text):
+            raise UsageError(f"not an entry name: {text!r} (64 hex digits as ls prints them, or a unique prefix "
+                             f"of at least {MIN_PREFIX_DIGITS})")  # fmt: skip
+
+
+def _resolve_names(given: Sequence[str], listing: Callable[[], Iterable[str]], where: str) -> list[str]:
+    """Full entry names for ``given`` names or unique prefixes of at least 8 hex digits.
+
+    ``listing`` (the names in the store) is called once, and only if a prefix is given.
+    A prefix that several entries share is a usage error saying how many; one that
+    matches none is :class:`NoSuchEntry`.
+    """
+    _check_names(given)
+    names = [text.lower() for text in given]
+    if all(len(n) == ENTRY_NAME_LENGTH for n in names):
+        return names
+    listed = sorted(set(listing()))
+    out = []
+    for n in names:
+        if len(n) == ENTRY_NAME_LENGTH:
+            out.append(n)
+            continue
+        matches = [m for m in listed if m.startswith(n)]
+        if not matches:
+            raise NoSuchEntry(f"no entry in {where} begins with {n}")
+        if len(matches) > 1:
+            raise UsageError(f"the prefix {n} is ambiguous in {where}: {len(matches)} entries begin with it "
+                             f"({', '.join(m[:16] for m in matches[:3])}{', ...' if len(matches) > 3 else ''}); give more digits")  # fmt: skip
+        out.append(matches[0])
+    return out
+
+
+def _store_names(store: EntryStore) -> Callable[[], Iterable[str]]:
+    return lambda: (entry.name for entry in store.iter_entries())
+
+
 def _refuse_read_only(store: EntryStore, doing: str) -> None:
     if store.read_only:
         raise UsageError(f"the remote {store.location} is read-only here: cannot {doing}")
@@ -290,23 +371,70 @@ def _refuse_read_only(store: EntryStore, doing: str) -> None:
 
 def cmd_config(args: argparse.Namespace) -> int:
     config = load_config(args)
+    flags = {setting.name: setting.flag for setting in settings.SETTINGS}
     sources, rows = config.sources(), []
     for name, value in config.as_dict().items():  # every setting, in the table's order
         source = sources[name]
+        if source == "argument":  # here the overrides are the command line's flags
+            source = f"flag {flags[name]}"
         if name == "local_dir" and value is None:  # show where "default" is on this machine
             from .localdir import default_local_dir
 
             value = default_local_dir()
         rows.append((name, _shown(name, value), source))
+    checks = _checks(config) if args.check else []
     if args.json:
-        _print_json({name: {"value": value, "source": source} for name, value, source in rows})
-        return EXIT_OK
-    texts = [(name, _describe(name, value), source) for name, value, source in rows]
-    width = max(len(name) for name, _, _ in texts)
-    value_width = max(len(text) for _, text, _ in texts)
-    for name, text, source in texts:
-        print(f"{name:<{width}}  {text:<{value_width}}  {source}")
-    return EXIT_OK
+        out: dict[str, Any] = {name: {"value": value, "source": source} for name, value, source in rows}
+        if args.check:
+            out = {"settings": out, "checks": [{"what": what, "ok": problem is None, "problem": problem}
+                                               for what, problem in checks]}  # fmt: skip
+        _print_json(out)
+    else:
+        texts = [(name, _describe(name, value), source) for name, value, source in rows]
+        width = max(len(name) for name, _, _ in texts)
+        value_width = max(len(text) for _, text, _ in texts)
+        for name, text, source in texts:
+            print(f"{name:<{width}}  {text:<{value_width}}  {source}")
+        for what, problem in checks:
+            print(f"check {what}: {'ok' if problem is None else 'FAILED: ' + problem}")
+    return EXIT_PROBLEMS if any(problem is not None for _, problem in checks) else EXIT_OK
+
+
+def _checks(config: CacheConfig) -> list[tuple[str, str | None]]:
+    """``config --check``: read the signing key file, reach each remote (strict, creating nothing); (what, problem)."""
+    from .tiered import shared_tier
+
+    out: list[tuple[str, str | None]] = []
+    key: bytes | str | None = None
+    if config.signing_key_file is not None:
+        try:
+            key = config.read_signing_key()
+            out.append((f"signing key file {config.signing_key_file}", None))
+        except ValueError as exc:
+            out.append((f"signing key file {config.signing_key_file}", str(exc)))
+    strict = _config_with(config, strict=True)
+    for url in settings.remote_urls(config.remote):
+        what = f"remote {masked(url)}"
+        try:
+            remote, _ = shared_tier(strict, url, signing_key=key, create_root=False)
+        except Exception as exc:  # unreachable, missing, denied: the check's answer, not a crash
+            out.append((what, one_line(exc)))
+            continue
+        try:
+            next(iter(remote.iter_entries()), None)  # one listing request: reachable and readable
+            out.append((what, None))
+        except Exception as exc:
+            out.append((what, one_line(exc)))
+        finally:
+            remote.close()
+    return out
+
+
+def _config_with(config: CacheConfig, **changes: Any) -> CacheConfig:
+    """``config`` with some settings changed (its sources kept for the rest)."""
+    from .config import CacheConfig
+
+    return CacheConfig(**{**{k: v for k, v in config.as_dict().items() if v is not None}, **changes})
 
 
 def _shown(name: str, value: Any) -> Any:
@@ -342,45 +470,113 @@ def _describe(field: str, value: Any) -> str:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    if args.prometheus and args.json:
+    if (args.prometheus or args.prometheus_file) and args.json:
         raise UsageError("--prometheus and --json are two output formats: pick one")
+    if args.zero:
+        if args.run or args.prometheus or args.prometheus_file or args.json:
+            raise UsageError("--zero only starts the counters over: give it alone")
+        from . import ledger
+
+        local = _local(args)
+        if not local.root.is_dir():
+            raise NoSuchEntry(f"no local directory {local.location}: nothing to zero")
+        ledger.zero(local.root)
+        print(f"zeroed the counters of {local.location}")
+        return EXIT_OK
     if args.run:
         return _stats_of_run(args)
+    config = load_config(args)
     rows = [_held("local", _local(args))]
     if _wants_remote(args):
         with _remote(args) as remote:
             rows.append(_held("remote", remote))
     else:
-        urls = settings.remote_urls(load_config(args).remote)
+        urls = settings.remote_urls(config.remote)
         for n, url in enumerate(urls, start=1):  # listing a bucket can take a while: only on request
             tier = "remote" if n == 1 else f"remote{n}"
-            rows.append({"tier": tier, "where": masked(url), "entries": None, "bytes": None})
-    if args.prometheus:
+            rows.append({"tier": tier, "where": masked(url), "entries": None, "kernels": None, "metadata": None,
+                         "bytes": None})  # fmt: skip
+    if args.prometheus or args.prometheus_file:
         from .metrics import exposition
         from .stats import CacheStats, TierStats
 
         held = tuple((r["tier"], TierStats(entries=r["entries"], bytes_held=r["bytes"])) for r in rows)
-        sys.stdout.write(exposition(CacheStats(held), counters=False))
+        _write_prometheus(args, exposition(CacheStats(held), counters=False))
         return EXIT_OK
+    from . import ledger
+
+    local_row = rows[0]
+    cap = config.max_local_bytes
+    local_row["max_bytes"] = cap
+    totals = ledger.read_totals(local_row["where"])
+    local_row["cumulative"] = totals.as_dict()
+    over = cap is not None and local_row["bytes"] > cap
+    if over:
+        logger.warning("the local directory %s holds %s, over its cap of %s", local_row["where"],
+                       format_size(local_row["bytes"]), format_size(cap))  # fmt: skip
     if args.json:
         _print_json({row.pop("tier"): row for row in rows})
         return EXIT_OK
-    print(f"{'tier':<8} {'entries':>8} {'bytes':>12}  where")
-    for row in rows:
-        if row["entries"] is None:
-            print(f"{row['tier']:<8} {'-':>8} {'-':>12}  {row['where']} (pass --remote to list it)")
-        else:
-            print(f"{row['tier']:<8} {row['entries']:>8} {format_size(row['bytes']):>12}  {row['where']}")
+    _print_ccache_like(rows, totals, cap)
     return EXIT_OK
 
 
+def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None) -> None:
+    """``stats`` for people, like ``ccache -s``: what this directory did since the last ``--zero``, then what each tier holds."""
+    local = rows[0]
+    since = _iso(totals.zeroed_at) if totals.zeroed_at is not None else "the first run"
+    lookups = totals.lookups
+    rate = f" ({100 * totals.hit_count / lookups:.1f}% of {lookups} lookups)" if lookups else ""
+    print(f"local directory         {local['where']}")
+    print(f"counted since           {since} (stats --zero starts over); {totals.reports} cache reports")
+    print(f"hits                    {totals.hit_count}{rate}")
+    for tier, n in totals.hits:
+        print(f"  {tier:<21} {n}")
+    print(f"misses                  {totals.misses}")
+    print(f"NVRTC runs              {totals.compiles} ({totals.compile_seconds:.2f} s compiling)")
+    print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)")
+    print(f"errors                  {totals.errors}")
+    size = format_size(local["bytes"])
+    if cap is None:
+        print(f"size                    {size} (no cap)")
+    else:
+        share = 100 * local["bytes"] / cap if cap else float("inf")
+        warn = "  WARNING: over the cap" if local["bytes"] > cap else ""
+        print(f"size                    {size} of {format_size(cap)} ({share:.1f}%){warn}")
+    print()
+    print(f"{'tier':<8} {'kernels':>8} {'metadata':>9} {'bytes':>12}  where")
+    for row in rows:
+        if row["entries"] is None:
+            print(f"{row['tier']:<8} {'-':>8} {'-':>9} {'-':>12}  {row['where']} (pass --remote to list it)")
+        else:
+            print(f"{row['tier']:<8} {row['kernels']:>8} {row['metadata']:>9} {format_size(row['bytes']):>12}  {row['where']}")
+
+
+def _write_prometheus(args: argparse.Namespace, text: str) -> None:
+    """Prometheus text on stdout (``--prometheus``) or into ``--prometheus-file`` whole (stage, rename), mode 0644."""
+    if not args.prometheus_file:
+        sys.stdout.write(text)
+        return
+    from . import fsutil
+
+    target = os.path.abspath(args.prometheus_file)
+    try:
+        fsutil.write_atomic(target, text.encode(), staging_dir=os.path.dirname(target), mode=0o644)
+    except OSError as exc:
+        raise NoSuchEntry(f"could not write {args.prometheus_file}: {exc}") from None
+
+
 def _held(tier: str, store: EntryStore) -> dict[str, Any]:
+    from .kinds import classify, count_kinds
+
     entries = list(store.iter_entries())
-    return {"tier": tier, "where": store.location, "entries": len(entries), "bytes": sum(e.size for e in entries)}
+    kernels, metadata = count_kinds(classify(store, entries).values())
+    return {"tier": tier, "where": store.location, "entries": len(entries), "kernels": kernels, "metadata": metadata,
+            "bytes": sum(e.size for e in entries)}  # fmt: skip
 
 
 def _stats_of_run(args: argparse.Namespace) -> int:
-    from . import supervise
+    from . import runstats, supervise
     from .stats import COUNTER_FIELDS
 
     if not args.child_argv:
@@ -392,24 +588,26 @@ def _stats_of_run(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     totals = run.totals
-    if args.prometheus:
+    compiled = runstats.compile_totals(run.reports)
+    if args.prometheus or args.prometheus_file:
         from .metrics import exposition
 
-        sys.stdout.write(exposition(totals))
+        _write_prometheus(args, exposition(totals))
     elif args.json:
         tiers = {name: {k: v for k, v in s.as_dict().items() if k in COUNTER_FIELDS} for name, s in totals.tiers}
         _print_json({"command": list(run.argv), "exit_code": run.returncode, "seconds": round(run.seconds, 3),
                      "processes": run.processes, "caches": len(run.reports), "hits": totals.hits,
-                     "misses": totals.misses, "tiers": tiers})  # fmt: skip
+                     "misses": totals.misses, "compiles": compiled.compiles,
+                     "compile_seconds": round(compiled.compile_seconds, 6), "tiers": tiers})  # fmt: skip
     else:
-        _print_run_table(run)
+        _print_run_table(run, compiled)
     return run.exit_code
 
 
 _RUN_COLUMNS = ("hits", "misses", "writes", "promotions", "errors", "timeouts", "rejected", "bytes_read", "bytes_written")
 
 
-def _print_run_table(run: RunReport) -> None:
+def _print_run_table(run: RunReport, compiled: Any) -> None:
     totals, caches = run.totals, len(run.reports)
     print(f"command      {' '.join(run.argv)}")
     killed = f" (killed by {run.killed_by})" if run.killed_by else ""
@@ -423,6 +621,8 @@ def _print_run_table(run: RunReport) -> None:
     rate = f" ({100 * totals.hits / lookups:.1f}% of {lookups} lookups)" if lookups else ""
     print(f"hits         {totals.hits}{rate}")
     print(f"misses       {totals.misses} (missed by every tier)")
+    print(f"NVRTC runs   {compiled.compiles} ({compiled.compile_seconds:.2f} s compiling; "
+          f"{compiled.saved_seconds:.2f} s saved by hits)")  # fmt: skip
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]
     rows = [[name] + [format_size(v) if c.startswith("bytes") else str(v) for c, v in ((c, s.as_dict()[c]) for c in _RUN_COLUMNS)]
             for name, s in totals.tiers]  # fmt: skip
@@ -433,10 +633,13 @@ def _print_run_table(run: RunReport) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from .kinds import classify, count_kinds
+
     now = time.time()
     with _store(args) as store:
         entries = sorted(store.iter_entries(), key=lambda e: e.name)
         where = store.location
+        kinds = classify(store, entries, names=True)
         if args.long:
             from .manifest import manifest_columns
 
@@ -445,26 +648,30 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.long:
         host_width = max([len("HOST")] + [len(c[0]) for c in columns.values()])
         print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}  "
-              f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  KIND")  # fmt: skip
+              f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  {'CODE':<12}  {'KIND':<8}  KERNELS")  # fmt: skip
     for e in entries:
         age = format_age(None if e.last_used is None else now - e.last_used)
+        kind = kinds[e.name]
         if args.long:
-            host, written, seconds, kind = columns[e.name]
+            host, written, seconds, code = columns[e.name]
             print(f"{e.name}  {e.size:>10}  {_iso(e.mtime):<20}  {_iso(e.atime):<20}  {age:>5}  "
-                  f"{host:<{host_width}}  {written:<20}  {seconds:>9}  {kind}")  # fmt: skip
+                  f"{host:<{host_width}}  {written:<20}  {seconds:>9}  {code:<12}  {kind.kind:<8}  {kind.shown_names()}")  # fmt: skip
         else:
-            print(f"{e.name}  {format_size(e.size):>10}  {age:>5}")
+            print(f"{e.name}  {format_size(e.size):>10}  {age:>5}  {kind.kind:<8}  {kind.shown_names()}")
     if args.long:
-        print(f"total {len(entries)} entries, {format_size(sum(e.size for e in entries))} in {where}")
+        kernels, metadata = count_kinds(kinds.values())
+        print(f"total {kernels} kernels (+{metadata} metadata), {format_size(sum(e.size for e in entries))} in {where}")
     return EXIT_OK
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import stored_manifest
 
+    _check_names([args.name])
     with _store(args) as store, _shared_for_manifests(args) as shared:
-        found = stored_manifest(store, args.name, shared=shared)
         where = store.location
+        (name,) = _resolve_names([args.name], _store_names(store), where)
+        found = stored_manifest(store, name, shared=shared)
     if found.manifest is None:
         if found.problem == "no entry":
             message = f"no entry {found.name} in {where}"
@@ -488,18 +695,21 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     """``warm`` (remote -> local) or ``push`` (local -> remote)."""
     from . import transfer
 
-    names = _entry_names(args.names)
+    given = list(args.names)
     max_bytes = None
     if direction == "warm":
         if args.names_from is not None:
-            names = (names or []) + _names_from(args.names_from)
+            given += _names_from(args.names_from)
         max_bytes = args.max_bytes
-        if max_bytes is not None and names is not None:
+        if max_bytes is not None and given:
             raise UsageError("--max-bytes picks from the remote's listing: give it or entry names, not both")
+    _check_names(given)
     local = _local(args)
-    with _remote(args) as remote:
+    with _remote(args, writing=direction == "push") as remote:
         if direction == "push":
             _refuse_read_only(remote, "push")
+        source_store = remote if direction == "warm" else local
+        names = _resolve_names(given, _store_names(source_store), source_store.location) or None
         with _progress_bar(args, direction) as progress:
             if direction == "warm":
                 report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
@@ -509,16 +719,18 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     verb = "warmed" if direction == "warm" else "pushed"
     rate = f", {format_size(int(report.bytes / report.seconds))}/s" if report.seconds > 0 and report.bytes else ""
     print(
-        f"{verb} {report.entries} entries ({format_size(report.bytes)}) from {source} to {target} "
-        f"in {report.seconds:.2f} s{rate}; {report.skipped} already there, {report.failures} failed"
+        f"{verb} {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+        f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} already there, "
+        f"{report.failures} failed"
     )
     return EXIT_PROBLEMS if report.failures else EXIT_OK
 
 
 def _names_from(path: str) -> list[str]:
-    """Entry names from a file (or ``-``: stdin), the first field of each line, as ``ls`` prints them.
+    """Entry names (or prefixes) from a file (or ``-``: stdin), the first field of each line, as ``ls`` prints them.
 
-    Blank lines and ``#`` comments are skipped; anything else that is not an entry name is a usage error.
+    Blank lines, ``#`` comments, and the header and total lines of ``ls -l`` are skipped;
+    anything else that is not an entry name or prefix is a usage error.
     """
     try:
         if path == "-":
@@ -528,18 +740,16 @@ def _names_from(path: str) -> list[str]:
                 lines = fh.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--names-from {path}: {exc}") from None
-    fields = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    for field in fields:
-        if not is_entry_name(field):
-            raise UsageError(f"--names-from {path}: {field!r} is not an entry name (64 lowercase hex digits)")
+    fields = []
+    for line in lines:
+        words = line.split()
+        if not words or words[0].startswith("#") or words[0] == "NAME" or (words[0] == "total" and len(words) > 1):
+            continue
+        if not _is_name_or_prefix(words[0]):
+            raise UsageError(f"--names-from {path}: {words[0]!r} is not an entry name (64 hex digits as ls prints "
+                             f"them, or a unique prefix of at least {MIN_PREFIX_DIGITS})")  # fmt: skip
+        fields.append(words[0])
     return fields
-
-
-def _entry_names(names: Sequence[str]) -> list[str] | None:
-    try:
-        return [check_entry_name(n) for n in names] or None
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -585,7 +795,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     if args.older_than is None and args.max_bytes is None:
         raise UsageError("say what to prune: --older-than AGE and/or --max-bytes SIZE")
-    with _store(args) as store:
+    with _store(args, writing=args.yes) as store:
         if args.yes:
             _refuse_read_only(store, "prune it")
         report = prune(store, older_than=args.older_than, max_bytes=args.max_bytes, dry_run=not args.yes)
@@ -612,7 +822,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad: list[tuple[str, str]] = []
     unsigned: list[tuple[str, str]] = []  # failed the signature check: never deleted here
     deleted = 0
-    with _store(args) as store:
+    with _store(args, writing=args.delete_bad) as store:
         if args.delete_bad:
             _refuse_read_only(store, "delete from it")
         entries = list(store.iter_entries())
@@ -661,7 +871,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         raise UsageError("say which tier to clear: --local, or --remote [URL] --yes")
     if wants_remote and not args.yes:
         raise UsageError("clearing a remote deletes it for every node that shares it: add --yes")
-    with _store(args) as store:
+    with _store(args, writing=True) as store:
         _refuse_read_only(store, "clear it")
         removed = store.delete_entries(list(store.iter_entries()))
         store.sweep_staged()  # and what writers that died over an hour ago staged
@@ -674,7 +884,7 @@ def _bundle_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
                 "Write the entries of the local directory (or, with --remote, of the remote) into one file, "
                 "each in its verifiable envelope (signed with the configured signing key, if any).")  # fmt: skip
     p.add_argument("out", metavar="OUT", help="the bundle file to write (replaced whole)")
-    p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (64-hex names from ls)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these entries (names from ls, or unique prefixes of 8+ hex digits)")
     p.add_argument("--arch", metavar="SM", help="only cubins and PTX for this SM, e.g. sm_90")
     p.add_argument("--max-age", type=_typed(parse_duration), metavar="AGE", help="only entries used within AGE, e.g. 30d")
     p.add_argument("--format", dest="bundle_format", choices=("auto", "zstd", "tar"), default="auto",
@@ -691,15 +901,17 @@ def _bundle_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from .bundle import export_bundle
 
-    names = _entry_names(args.names)
     compression = None if args.bundle_format == "tar" else args.bundle_format
+    _check_names(args.names)
     key = load_config(args).read_signing_key()
     with _store(args) as store:
+        names = _resolve_names(args.names, _store_names(store), store.location) or None
         report = export_bundle(store, args.out, names=names, max_age=args.max_age, arch=args.arch,
                                signing_key=key, compression=compression)  # fmt: skip
         where = store.location
     kind = "zstd" if report.compressed else "tar"
-    print(f"exported {report.entries} entries ({format_size(report.bytes)}) from {where} to {report.path} ({kind}); "
+    print(f"exported {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+          f"from {where} to {report.path} ({kind}); "
           f"{report.skipped} filtered out, {report.failures} unreadable")  # fmt: skip
     return EXIT_PROBLEMS if report.failures else EXIT_OK
 
@@ -708,7 +920,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from .bundle import BundleRefused, import_bundle
 
     key = load_config(args).read_signing_key()
-    with _store(args) as store:
+    with _store(args, writing=True) as store:
         _refuse_read_only(store, "import into it")
         try:
             report = import_bundle(args.bundle, store, signing_key=key)
@@ -716,7 +928,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"{PROG} import: refused {args.bundle}: {exc}; nothing landed", file=sys.stderr)
             return EXIT_PROBLEMS
         where = store.location
-    print(f"imported {report.entries} entries ({format_size(report.bytes)}) from {report.path} to {where}; "
+    print(f"imported {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+          f"from {report.path} to {where}; "
           f"{report.skipped} already there, {report.failures} failed")  # fmt: skip
     return EXIT_PROBLEMS if report.failures else EXIT_OK
 
@@ -738,6 +951,21 @@ def _configure_logging(verbosity: int) -> None:
     root.setLevel(level)
 
 
+def _bare_remote_last(argv: list[str]) -> list[str]:
+    """``--remote NAME`` (an entry name or prefix, which no URL is) means a bare ``--remote`` and NAME.
+
+    argparse would take NAME as the URL (``--remote`` takes an optional value), so each
+    such ``--remote`` moves to the end, where nothing follows it.
+    """
+    out, bare = [], 0
+    for i, token in enumerate(argv):
+        if token == "--remote" and i + 1 < len(argv) and _is_name_or_prefix(argv[i + 1]):
+            bare += 1
+            continue
+        out.append(token)
+    return out + ["--remote"] * min(bare, 1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (the console script passes it to ``sys.exit``)."""
     parser = build_parser()
@@ -747,7 +975,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, child_argv = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv, namespace=_Args())
+    args = parser.parse_args(_bare_remote_last(argv), namespace=_Args())
     args.child_argv = child_argv
     if child_argv and not vars(args).get("run", False):
         parser.error(f"arguments after -- are only for stats --run: {' '.join(child_argv)}")
@@ -758,6 +986,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except NoSuchEntry as exc:
+        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    except RemoteURLError as exc:  # a remote that names nothing usable: a configuration problem, like a missing bucket
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
     except (ValueError, TypeError) as exc:  # bad configuration values, from the settings table or a tier
         if verbosity >= 2:
             raise

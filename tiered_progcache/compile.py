@@ -154,23 +154,38 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
 
 
 def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
+    """The hit's saved compile seconds to the hooks and to the chain's tally (``stats``).
+
+    For the tally alone, the manifest is looked for only in the tiers on this node (memory,
+    local): a hit never costs a request to a shared tier it would not have made. With an
+    ``on_hit`` hook subscribed, every tier is asked, as that hook documents.
+    """
     with _counter_lock:
         hooks = list(_hit_hooks)
-    if not hooks:
+    tally = cache.compile_tally if isinstance(cache, TieredProgramCache) else None
+    if not hooks and tally is None:
         return
     memo = (id(cache), key)
     if memo in _saved:
         seconds = _saved[memo]
     else:
-        seconds = _manifest_seconds(cache, key)
-        _remember_seconds(memo, seconds)
-    event = HitEvent(key, seconds)
-    call_each(hooks, event, logger, "on_hit")
+        seconds = _manifest_seconds(cache, key, shared=bool(hooks))
+        _remember_seconds(memo, seconds)  # once per key and process: later hits are a dict lookup
+    if tally is not None:
+        tally.count_saved(seconds)
+    if hooks:
+        call_each(hooks, HitEvent(key, seconds), logger, "on_hit")
 
 
-def _manifest_seconds(cache: ProgramCacheResource, key: bytes) -> float | None:
-    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None."""
-    resources = [t.resource for t in cache.tiers] if isinstance(cache, TieredProgramCache) else [cache]
+def _manifest_seconds(cache: ProgramCacheResource, key: bytes, *, shared: bool = True) -> float | None:
+    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None.
+
+    ``shared=False``: only the tiers that are not shared (no request leaves the node).
+    """
+    if isinstance(cache, TieredProgramCache):
+        resources = [t.resource for t in cache.tiers if shared or not t.policy.shared]
+    else:
+        resources = [cache]
     for resource in resources:
         try:
             data = resource.get(manifest_key(key))
@@ -314,7 +329,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     found = _find(cache, key, target, options, names)
     if found is not None:
-        if _hit_hooks:
+        if _hit_hooks or isinstance(cache, TieredProgramCache):
             _record_hit(cache, key)
         return found[0]
     if isinstance(cache, TieredProgramCache) and cache.explain_misses:
@@ -443,7 +458,7 @@ def _find_after_waiting(
 ) -> tuple[ObjectCode, _Outcome] | None:
     """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
     found = _find(cache, key, target, options, names)
-    if found is not None and _hit_hooks:
+    if found is not None and (_hit_hooks or isinstance(cache, TieredProgramCache)):
         _record_hit(cache, key)
     return found
 
@@ -474,7 +489,10 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
     try:
         obj = program.compile(target, name_expressions=names, logs=job.logs)
     except BaseException:
-        _record_compile(CompileEvent(key, code_type, target, time.perf_counter() - started, ok=False))
+        failed_after = time.perf_counter() - started
+        if isinstance(cache, TieredProgramCache):
+            cache.compile_tally.count_compile(failed_after)
+        _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
         raise
     finally:
         program.close()
@@ -483,8 +501,10 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
         del program
     seconds = time.perf_counter() - started
     compile_times.record(code_type, target, seconds)  # what single-flight plans the next compile with
+    if isinstance(cache, TieredProgramCache):
+        cache.compile_tally.count_compile(seconds)
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
-    if _hit_hooks:
+    if _hit_hooks or isinstance(cache, TieredProgramCache):
         _remember_seconds((id(cache), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ["DeleteFailed", "EntryRejected", "TierUnavailable", "one_line"]
+__all__ = ["DeleteFailed", "EntryRejected", "RemoteURLError", "TierUnavailable", "one_line"]
 
 
 class EntryRejected(KeyError):
     """The stored entry failed its integrity or signature check and was not returned.
 
     A ``KeyError`` so that ``get()`` on any tier treats it as a miss.
+    """
+
+
+class RemoteURLError(ValueError):
+    """A remote URL that cannot name a shared store: no scheme (``notaurl``, ``s3:/bucket``), an unknown one.
+
+    A ``ValueError`` (a bad setting); the command reports it as a configuration problem
+    (exit 1, like a missing bucket), since a typo here would otherwise run a fleet uncached.
     """
 
 

@@ -192,7 +192,7 @@ class Explanation:
 
     def one_line(self) -> str:
         """The explanation in one log line (what ``compile()`` logs per miss with ``explain_misses``)."""
-        head = f"{'hit' if self.hit else 'miss'} {self.entry[:12]}"
+        head = f"{'hit' if self.hit else 'miss'} {self.entry}"
         if self.hit:
             return f"{head}: held by tier {self.tier}"
         if not self.candidates:
@@ -202,7 +202,7 @@ class Explanation:
         shown = [d.line for d in best.differences[:_MAX_ONE_LINE]]
         more = len(best.differences) - len(shown)
         diffs = "; ".join(shown) + (f"; and {more} more" if more > 0 else "") if shown else "no recorded component differs"
-        return f"{head}: nearest entry {best.entry[:12]} (tier {best.tier}, {best.similarity}): {diffs}"
+        return f"{head}: nearest entry {best.entry} (tier {best.tier}, {best.similarity}): {diffs}"
 
 
 def _provenance(m: Manifest) -> str:

@@ -59,10 +59,12 @@ def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE, *, below: str 
             raise PermissionError(f"refusing to write through the symbolic link {component}")
 
 
-def _stage(directory: str | os.PathLike[str], data: bytes, *, fsync: bool) -> str:
+def _stage(directory: str | os.PathLike[str], data: bytes, *, fsync: bool, mode: int | None = None) -> str:
     make_dirs(directory, STAGING_DIR_MODE)
     fd, staged = tempfile.mkstemp(prefix="stage-", dir=directory)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             if fsync:
@@ -76,14 +78,20 @@ def _stage(directory: str | os.PathLike[str], data: bytes, *, fsync: bool) -> st
 
 
 def write_atomic(
-    target: str | os.PathLike[str], data: bytes, *, staging_dir: str | os.PathLike[str], fsync: bool = True
+    target: str | os.PathLike[str],
+    data: bytes,
+    *,
+    staging_dir: str | os.PathLike[str],
+    fsync: bool = True,
+    mode: int | None = None,
 ) -> None:
     """Make ``target`` hold ``data``: readers see the old file or the whole new one, never part.
 
     ``staging_dir`` must be on the same filesystem as ``target`` (a rename cannot cross one).
+    ``mode``: the file's permission bits (default ``0o600``, ``mkstemp``'s).
     """
     make_dirs(os.path.dirname(os.fspath(target)))
-    staged = _stage(staging_dir, data, fsync=fsync)
+    staged = _stage(staging_dir, data, fsync=fsync, mode=mode)
     try:
         os.replace(staged, target)
     except BaseException:

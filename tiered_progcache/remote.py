@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from . import fsutil
 from .breaker import CircuitBreaker
+from .errors import RemoteURLError
 from .envelope import (
     HEADER_SIZE,
     MAX_ENTRY_BYTES,
@@ -111,6 +112,7 @@ class RemoteProgramCache(SharedEntryStore):
         compression: str | None = None,
         timeout: float | None = None,
         strict: bool = False,
+        create_root: bool = True,
         breaker: CircuitBreaker | None = None,
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
@@ -141,6 +143,7 @@ class RemoteProgramCache(SharedEntryStore):
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
+        self._create_root = bool(create_root)
         self._check_reachable(strict)
 
     @classmethod
@@ -154,6 +157,7 @@ class RemoteProgramCache(SharedEntryStore):
         compression: str | None = None,
         timeout: float | None = None,
         strict: bool = False,
+        create_root: bool = True,
         **options: Any,
     ) -> RemoteProgramCache:
         """Build the tier from a URL and fsspec ``storage_options``.
@@ -165,7 +169,12 @@ class RemoteProgramCache(SharedEntryStore):
         gcsfs) raises ``ImportError``. An unreachable remote, a missing bucket or bad
         credentials raise only with ``strict=True``; otherwise the tier logs a warning
         and starts with its breaker open (the chain works local-only until a probe
-        succeeds). ``options`` go to :class:`RemoteProgramCache` (``breaker``,
+        succeeds). A root that does not exist is created (``create_root``; never on a
+        read-only tier), as code that builds a tier names its directory on purpose. With
+        ``create_root=False`` a missing ``file://`` root counts as missing, like a bucket:
+        what the ``create_remote_root`` setting (default off) passes, so a mistyped
+        flag or an NFS mount that is not there never fills the local disk. A write never
+        recreates a ``file://`` root that went away. ``options`` go to :class:`RemoteProgramCache` (``breaker``,
         ``transfer_concurrency``, ``max_entry_bytes``).
 
         The filesystem is built through the tier's request runner, under ``timeout``:
@@ -190,6 +199,7 @@ class RemoteProgramCache(SharedEntryStore):
             compression=compression,
             timeout=timeout,
             strict=strict,
+            create_root=create_root,
             **options,
         )
 
@@ -381,6 +391,11 @@ class RemoteProgramCache(SharedEntryStore):
                 if not self._runner.call("probe", self.fs.isdir, None, self.root):
                     if self._read_only:
                         raise FileNotFoundError(f"{self.root} does not exist")
+                    if self._objects.local and not self._create_root:
+                        raise FileNotFoundError(
+                            f"{self.root} does not exist (create it, or ask for it: --create-remote-root, "
+                            "TIERED_PROGCACHE_CREATE_REMOTE_ROOT=1, create_remote_root=True)"
+                        )
                     self._runner.call("probe", self._objects.make_root, None, self.root)
         except TypeError as exc:
             # The filesystem rejected an argument (a misspelt storage option such as
@@ -472,9 +487,17 @@ class _Objects:
         else:
             self._fs.makedirs(root, exist_ok=True)
 
+    @property
+    def local(self) -> bool:
+        """True on a local or NFS path (``file://``), where a missing root is never created by a write."""
+        return self._local
+
     def _make_dirs(self, path: str, mode: int = fsutil.DIR_MODE) -> None:
         if self._local:  # explicit modes; no symbolic link under the root written through
-            fsutil.make_dirs(os.path.normpath(path), mode, below=os.path.dirname(os.path.normpath(self._staging_dir)))
+            base = os.path.dirname(os.path.normpath(self._staging_dir))
+            if not os.path.isdir(base):  # an unmounted NFS share: never recreated on the local disk
+                raise FileNotFoundError(f"the remote root {base} does not exist")
+            fsutil.make_dirs(os.path.normpath(path), mode, below=base)
         else:
             self._fs.makedirs(path, exist_ok=True)
 
@@ -775,16 +798,33 @@ def _unreachable_message(location: str, exc: BaseException, timeout: float) -> s
 
 
 def check_url(url: str) -> None:
-    """``ValueError`` unless ``url`` is non-empty and each scheme in it is one fsspec knows."""
+    """``RemoteURLError`` unless ``url`` is non-empty, has a scheme (``s3://``, ``file://``), and fsspec knows each one.
+
+    A chained URL (``simplecache::s3://bucket``) names bare protocols before its last
+    part, which must have ``://``. A path without a scheme is refused rather than read
+    as a local path: ``notaurl`` or ``s3:/bucket`` is a typo, and taking it for a
+    directory would put the "shared" cache in the working directory.
+    """
     import fsspec
 
     if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"remote URL must be a non-empty str, got {url!r}")
+        raise RemoteURLError(f"remote URL must be a non-empty str, got {url!r}")
+    shown = without_password(url)
+    *outer, last = url.split("::")
+    if "://" not in last:
+        hint = ""
+        scheme, sep, rest = last.partition(":")
+        if sep and scheme.isalnum():
+            hint = f"; did you mean {scheme}://{rest.lstrip('/')}?"
+        elif last.startswith("/"):
+            hint = f"; for a local or NFS directory write file://{last}"
+        raise RemoteURLError(
+            f"remote URL {shown!r} has no scheme (give s3://bucket/prefix, gs://..., file:///abs/path, memory://...){hint}"
+        )
     known = set(fsspec.available_protocols())
-    for part in url.split("::"):
-        scheme = part.split("://", 1)[0] if "://" in part else "file"
+    for scheme in [*outer, last.split("://", 1)[0]]:
         if scheme not in known:
-            raise ValueError(f"unknown URL scheme {scheme!r} in {url!r} (fsspec knows e.g. s3, gs, file, memory)")
+            raise RemoteURLError(f"unknown URL scheme {scheme!r} in {shown!r} (fsspec knows e.g. s3, gs, file, memory)")
 
 
 def _check_timeout(timeout: float | None) -> float:

@@ -20,21 +20,21 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .stats import COUNTER_FIELDS, CacheStats, TierCounters, TierStats
+from .stats import COUNTER_FIELDS, CacheStats, CompileTally, CompileTotals, TierCounters, TierStats
 
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
 
-__all__ = ["STATS_FILE_ENV", "pids", "read_reports", "register", "sum_reports"]
+__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "sum_reports"]
 
 logger = logging.getLogger(__name__)
 
 #: Path of the file that caches append their exit report to; unset means "do not report".
 STATS_FILE_ENV = "TIERED_PROGCACHE_STATS_FILE"
 
-# One record per registered cache: (pid at registration, [(tier name, counters)]).
+# One record per registered cache: (pid at registration, [(tier name, counters)], its compile tally).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.
-_Record = tuple[int, list[tuple[str, TierCounters]]]
+_Record = tuple[int, list[tuple[str, TierCounters]], CompileTally]
 _records: list[_Record] = []
 _lock = threading.Lock()
 _hooked = False
@@ -45,7 +45,7 @@ def register(cache: TieredProgramCache) -> None:
     global _hooked
     if not os.environ.get(STATS_FILE_ENV):
         return
-    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers])
+    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
     with _lock:
         _records.append(record)
         if not _hooked:
@@ -60,14 +60,17 @@ def _report_at_exit() -> None:
     path = os.environ.get(STATS_FILE_ENV)
     with _lock:
         # A forked child inherits the parent's records; only the registering process reports them.
-        records = [tiers for pid, tiers in _records if pid == os.getpid()]
+        records = [(tiers, tally) for pid, tiers, tally in _records if pid == os.getpid()]
         _records.clear()
     if not path or not records:
         return
     lines = []
-    for tiers in records:
+    for tiers, tally in records:
         snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters in tiers))
-        lines.append(json.dumps({"pid": os.getpid(), "tiers": snapshot.as_dict()}, separators=(",", ":")) + "\n")
+        done = tally.snapshot()
+        report = {"pid": os.getpid(), "tiers": snapshot.as_dict(), "compiles": done.compiles,
+                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6)}  # fmt: skip
+        lines.append(json.dumps(report, separators=(",", ":")) + "\n")
     _append(path, "".join(lines).encode())
 
 
@@ -115,6 +118,17 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
                 if isinstance(value, int):
                     tier[field] += value
     return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()))
+
+
+def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
+    """The compiler runs and seconds of every report (reports from before these fields count 0)."""
+
+    def summed(field: str, kinds: tuple[type, ...]) -> Any:
+        return sum(r[field] for r in reports if isinstance(r.get(field), kinds) and not isinstance(r.get(field), bool))
+
+    reports = list(reports)
+    return CompileTotals(summed("compiles", (int,)), float(summed("compile_seconds", (int, float))),
+                         float(summed("saved_seconds", (int, float))))  # fmt: skip
 
 
 def pids(reports: Iterable[Mapping[str, Any]]) -> Iterator[int]:

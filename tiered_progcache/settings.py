@@ -406,6 +406,12 @@ SETTINGS: tuple[Setting, ...] = (
         env="REMOTE_TIMEOUT", flag="--remote-timeout", builds_tiers=True,
     ),
     Setting(
+        "create_remote_root", SWITCH, False,
+        "create a file:// remote's directory if it does not exist (default: a missing one is an error, "
+        "so an unmounted NFS share never fills the local disk)",
+        env="CREATE_REMOTE_ROOT", flag="--create-remote-root", builds_tiers=True,
+    ),
+    Setting(
         "strict", SWITCH, False, "fail at once if the remote is unreachable (default: warn, run local-only)",
         env="STRICT", flag="--strict", builds_tiers=True,
     ),
@@ -482,18 +488,21 @@ def check(values: Mapping[str, Any]) -> dict[str, Any]:
 # -- the command's options ------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, exclude: Collection[str] = ()) -> None:
+def add_arguments(parser: Any, *, exclude: Collection[str] = (), hidden: bool = False) -> None:
     """Add an option for every setting with a flag (to a parser or an argument group).
 
     Options default to "not given" (``SUPPRESS``), so an unset flag leaves the setting
     to its variable. Values are checked as the command line is parsed: a bad one is an
     argparse usage error naming the flag. ``exclude`` names settings whose flag the
     caller adds itself (the command's ``--remote`` also picks the tier it acts on).
+    ``hidden``: accepted but left out of ``--help`` (the command lists them once).
     """
     for setting in SETTINGS:
         if setting.flag is None or setting.name in exclude:
             continue
         help_text = setting.help if setting.variable is None else f"{setting.help} [{setting.variable}]"
+        if hidden:
+            help_text = argparse.SUPPRESS
         if setting.kind.switch:
             parser.add_argument(
                 setting.flag, dest=setting.name, action="store_true", default=argparse.SUPPRESS, help=help_text

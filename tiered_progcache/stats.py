@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
-__all__ = ["GIL_DISABLED", "CacheStats", "TierCounters", "TierStats"]
+__all__ = ["GIL_DISABLED", "CacheStats", "CompileTally", "CompileTotals", "TierCounters", "TierStats"]
 
 #: True on a free-threaded build running without the GIL: plain ``+=`` on a shared int loses counts there.
 GIL_DISABLED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
@@ -209,3 +209,49 @@ def _percentiles(samples: collections.deque[float]) -> tuple[float | None, float
         return None, None
     last = len(ordered) - 1
     return ordered[round(0.50 * last)], ordered[round(0.99 * last)]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileTotals:
+    """What :func:`tiered_progcache.compile` did through one cache: compiler runs and seconds. Immutable."""
+
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    saved_seconds: float = 0.0
+
+    def __sub__(self, other: CompileTotals) -> CompileTotals:
+        return CompileTotals(
+            self.compiles - other.compiles,
+            self.compile_seconds - other.compile_seconds,
+            self.saved_seconds - other.saved_seconds,
+        )
+
+
+class CompileTally:
+    """The compiler runs and seconds ``compile()`` spent and saved through one cache (behind ``stats --run``,
+    the directory's cumulative ``stats``). Counted once per compile or hit, never per lookup; thread-safe.
+
+    ``saved_seconds`` sums the compile time each hit's manifest records (0 for an entry without one).
+    """
+
+    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_lock")
+
+    def __init__(self) -> None:
+        self._compiles = 0
+        self._compile_seconds = 0.0
+        self._saved_seconds = 0.0
+        self._lock = threading.Lock()
+
+    def count_compile(self, seconds: float) -> None:
+        with self._lock:
+            self._compiles += 1
+            self._compile_seconds += seconds
+
+    def count_saved(self, seconds: float | None) -> None:
+        if seconds:
+            with self._lock:
+                self._saved_seconds += seconds
+
+    def snapshot(self) -> CompileTotals:
+        with self._lock:
+            return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds)

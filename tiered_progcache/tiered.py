@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 from cuda.core import ObjectCode
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
 
+from . import ledger
 from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
 from .errors import DeleteFailed, one_line
@@ -20,14 +21,14 @@ from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from .redis_store import RedisProgramCache, is_redis_url
 from .settings import by_name, remote_urls
-from .stats import GIL_DISABLED, CacheStats
+from .stats import GIL_DISABLED, CacheStats, CompileTally
 from .store import EntryStore
 from .tier import Tier
 
 if TYPE_CHECKING:
     from .transfer import TransferReport
 
-__all__ = ["CacheStores", "TieredProgramCache", "default_chain", "stores_of"]
+__all__ = ["CacheStores", "TieredProgramCache", "default_chain", "shared_tier", "stores_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ class TieredProgramCache(ProgramCacheResource):
             compile_time_prior_s=config.compile_time_prior_s,
             min_upload_compile_s=config.min_upload_compile_s,
         )
+        self._compile_tally = CompileTally()
+        if self._local_store is not None:  # `tiered-progcache stats`: the directory's counters, reported at exit
+            ledger.register(self, self._local_store.root)
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
@@ -154,6 +158,11 @@ class TieredProgramCache(ProgramCacheResource):
     def flight_policy(self) -> FlightPolicy:
         """When ``compile()`` takes a cluster lease and how long it waits for another node's (the settings)."""
         return self._flight_policy
+
+    @property
+    def compile_tally(self) -> CompileTally:
+        """The compiler runs and seconds :func:`tiered_progcache.compile` spent and saved through this cache."""
+        return self._compile_tally
 
     def stats(self) -> CacheStats:
         """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
@@ -340,6 +349,7 @@ class TieredProgramCache(ProgramCacheResource):
         if self._closed:
             return
         self._closed = True
+        ledger.report(self)
         deadline = None if timeout is None else time.monotonic() + timeout
         for tier in self._tiers:
             if tier.writeback is not None:
@@ -438,21 +448,7 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
         specs.append((local, TierPolicy("local")))
     names: set[str] = set()
     for url in remote_urls(config.remote):
-        common = dict(
-            read_only=config.remote_read_only,
-            signing_key=signing_key,
-            compression=config.compression,
-            timeout=config.remote_timeout,
-            strict=config.strict,
-            transfer_concurrency=config.transfer_concurrency,
-        )
-        shared: ProgramCacheResource
-        if is_redis_url(url):
-            shared, kind = RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common), "redis"
-        else:
-            from .remote import RemoteProgramCache
-
-            shared, kind = RemoteProgramCache.from_url(url, storage_options=config.remote_options, **common), "remote"
+        shared, kind = shared_tier(config, url, signing_key=signing_key)
         name, n = kind, 2
         while name in names:
             name, n = f"{kind}{n}", n + 1
@@ -460,6 +456,31 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
         policy = TierPolicy(name, read_only=config.remote_read_only, write="background", shared=True)
         specs.append((shared, policy))
     return specs
+
+
+def shared_tier(
+    config: CacheConfig, url: str, *, signing_key: bytes | str | None = None, create_root: bool | None = None
+) -> tuple[ProgramCacheResource, str]:
+    """The shared tier ``url`` names, built as ``config`` says, and its kind (``"redis"`` or ``"remote"``).
+
+    ``create_root`` overrides the ``create_remote_root`` setting (the command's reading
+    commands pass False: they never create anything).
+    """
+    common = dict(
+        read_only=config.remote_read_only,
+        signing_key=signing_key,
+        compression=config.compression,
+        timeout=config.remote_timeout,
+        strict=config.strict,
+        transfer_concurrency=config.transfer_concurrency,
+    )
+    if is_redis_url(url):
+        return RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common), "redis"
+    from .remote import RemoteProgramCache
+
+    create = config.create_remote_root if create_root is None else create_root
+    remote = RemoteProgramCache.from_url(url, storage_options=config.remote_options, create_root=create, **common)
+    return remote, "remote"
 
 
 def _default_policy(resource: ProgramCacheResource, index: int) -> TierPolicy:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Callable
 
 from .codeobject import check_code_object
+from .kinds import KERNEL, kind_of
 from .envelope import InvalidEnvelope
 from .errors import EntryRejected, one_line
 from .localdir import LocalDir
@@ -44,6 +45,8 @@ class TransferReport:
     seconds: float
     failures: int
     skipped: int
+    #: How many of ``entries`` are manifests or symbol maps, not kernels (:mod:`~tiered_progcache.kinds`).
+    metadata: int = 0
 
 
 def warm(
@@ -79,7 +82,7 @@ def warm(
     wanted = _unique_names(names) if names is not None else _newest_first(_without_manifests(remote), max_bytes)
     have = {entry.name for entry in local.iter_entries()}
     todo = [name for name in wanted if name not in have]
-    done = moved = nbytes = failures = 0
+    done = moved = nbytes = failures = metadata = 0
     first_problem = ""
     _tell(progress, 0, len(todo))
     # Writes (fsync releases the GIL) run on threads, one batch behind the fetches, so the
@@ -90,8 +93,10 @@ def warm(
             fetched = remote.read_many(batch) if batch else {}
             for name, future in landing:
                 try:
-                    nbytes += future.result()
+                    size, kind = future.result()
+                    nbytes += size
                     moved += 1
+                    metadata += kind != KERNEL
                 except Exception as exc:
                     failures += 1
                     first_problem = first_problem or f"{name[:12]}: {_describe(exc)}"
@@ -103,7 +108,7 @@ def warm(
         logger.warning(
             "warm from %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
         )
-    return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
+    return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo), metadata)
 
 
 def push(
@@ -127,7 +132,7 @@ def push(
     wanted = _unique_names(names) if names is not None else sorted(entry.name for entry in local.iter_entries())
     there = {entry.name for entry in remote.iter_entries()}
     todo = [name for name in wanted if name not in there]
-    done = moved = nbytes = failures = 0
+    done = moved = nbytes = failures = metadata = 0
     first_problem = ""
     _tell(progress, 0, len(todo))
     for batch in _chunks(todo, remote.transfer_batch):
@@ -155,6 +160,7 @@ def push(
             if error is None:
                 moved += 1
                 nbytes += sizes[name]
+                metadata += kind_of(payloads[name]) != KERNEL
             else:
                 failures += 1
                 first_problem = first_problem or f"{name[:12]}: {_describe(error)}"
@@ -164,7 +170,7 @@ def push(
         logger.warning(
             "push to %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
         )
-    return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo))
+    return TransferReport(moved, nbytes, time.perf_counter() - started, failures, len(wanted) - len(todo), metadata)
 
 
 def _without_manifests(remote: EntryStore) -> list[StoredEntry]:
@@ -188,12 +194,12 @@ def _newest_first(entries: Iterable[StoredEntry], max_bytes: int | None) -> list
     return picked
 
 
-def _land(local: LocalDir, name: str, fetched: bytes | BaseException) -> int:
-    """Write one fetched (already verified) payload into the local directory; its size."""
+def _land(local: LocalDir, name: str, fetched: bytes | BaseException) -> tuple[int, str]:
+    """Write one fetched (already verified) payload into the local directory; its size and kind."""
     if isinstance(fetched, BaseException):
         raise fetched
     local.write_entry(name, fetched)
-    return len(fetched)
+    return len(fetched), kind_of(fetched)
 
 
 def _unique_names(names: Iterable[str]) -> list[str]:

@@ -132,6 +132,7 @@ def tier_walk(
     Asserts that each load came from the tier it is named after and that the compiler ran once.
     """
     remote = f"file://{root / 'remote'}"
+    (root / "remote").mkdir(parents=True, exist_ok=True)  # a missing file:// root is an error, not created
     compiles = tpc.compile_count()
     loads: list[tuple[str, ObjectCode]] = []
 
