@@ -423,7 +423,6 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     A local directory that cannot be created or opened is left out with a warning.
     """
-    signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
     local_root = config.local_dir if config.local_dir is not None else default_local_dir()
     specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
     try:
@@ -436,6 +435,19 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
         )
     else:
         specs.append((local, TierPolicy("local")))
+    return specs + shared_chain(config)
+
+
+def shared_chain(config: CacheConfig) -> list[TierSpec]:
+    """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`).
+
+    ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
+    every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
+    Each is written in the background. :mod:`tiered_progcache.triton` builds its chain
+    from this alone: the same tiers, settings and envelope, and no local directory.
+    """
+    signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
+    specs: list[TierSpec] = []
     names: set[str] = set()
     for url in remote_urls(config.remote):
         common = dict(

@@ -1,0 +1,398 @@
+"""A Triton cache manager: Triton's own local directory, with the program cache's shared tiers behind it.
+
+Select it the way Triton selects any cache manager (``knobs.cache.manager_class``,
+Triton 3.4 and later; ``os.environ`` in 3.0 to 3.3)::
+
+    TRITON_CACHE_MANAGER=tiered_progcache.triton:TieredCacheManager
+
+The local directory is Triton's :class:`~triton.runtime.cache.FileCacheManager`
+layout under ``TRITON_CACHE_DIR`` (``<dir>/<key>/<file>``, ``__grp__<file>`` group
+indexes), unchanged: an existing cache keeps working and Triton's tools still read it.
+Behind it stand the shared tiers ``TIERED_PROGCACHE_*`` configure (Redis, S3, GCS,
+``file://``; :meth:`~tiered_progcache.config.CacheConfig.build_shared`), so the
+envelope, the request door, deadline and breaker, background upload, fail-open and
+stats are the program cache's own.
+
+Names. Triton file ``F`` of key ``K`` is the program-cache key ``triton/K/F``, stored
+under entry name ``sha256(b"triton/K/F")``: its own namespace (no cuda-core key starts
+with ``triton/``), in the same bucket. Its payload is framed (:func:`frame`) with the
+key and file it belongs to, so any entry says whether it is Triton's (:func:`describe`)
+and a renamed object is refused. A group is stored as its members plus one *group
+record* (``triton/K/__grp__F``): JSON listing each member file with the sha256 of its
+bytes (Triton's own group file holds absolute local paths, meaningless on another node).
+
+Reads. The local directory first: a hit there asks the network nothing. A local miss
+reads the group record (one request), then every member in one batched read
+(:meth:`~tiered_progcache.store.EntryStore.read_many`: one deadline, side by side).
+A group whose members are not all present, unframed as expected and matching the
+record's digests is a miss, never a partial load. A hit is written into the local
+directory (members first, the group file last) and served from there.
+
+Writes. ``put`` writes the local directory as Triton does and queues the file's upload;
+``put_group`` queues the group record after its members (one worker per tier, in
+order), so a reader elsewhere sees a group only once its members are up. A failed or
+dropped upload leaves a group another node reads as a miss, and compiles again.
+
+Threads: safe from many threads (Triton's local writes stage and rename; the chain is
+thread-safe). Processes: each builds its own chain on first use; nodes share only the
+remote, whose objects are whole and verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from triton.runtime.cache import FileCacheManager
+
+from .errors import EntryRejected
+from .stats import CacheStats, TierCounters
+
+__all__ = [
+    "GROUP_PREFIX",
+    "KEY_PREFIX",
+    "MAX_GROUP_MEMBERS",
+    "MAX_GROUP_RECORD_BYTES",
+    "TieredCacheManager",
+    "TritonFile",
+    "cache_key",
+    "describe",
+    "frame",
+    "shared_cache",
+    "stats",
+    "use_shared_cache",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Every Triton file's program-cache key starts with this: ``triton/<key>/<file>``.
+KEY_PREFIX = "triton/"
+#: Triton's name for a group index: ``__grp__<file>``.
+GROUP_PREFIX = "__grp__"
+#: The first bytes of every stored Triton payload (then one JSON line, then the file's bytes).
+FRAME_MAGIC = b"TPCTRITON1\n"
+#: A group record past this many bytes is refused unread (a real one is a few hundred).
+MAX_GROUP_RECORD_BYTES = 64 * 1024
+#: Members a group record may list (Triton writes about eight: IRs, PTX, cubin, metadata).
+MAX_GROUP_MEMBERS = 64
+_MAX_FRAME_LINE = 4096
+_GROUP_FORMAT = "tiered-progcache/triton-group"
+_GROUP_VERSION = 1
+
+
+class TritonFile:
+    """Which Triton file an entry holds: its Triton ``key`` and ``file`` name. Immutable."""
+
+    __slots__ = ("key", "file")
+
+    def __init__(self, key: str, file: str) -> None:
+        object.__setattr__(self, "key", _check_part("key", key))
+        object.__setattr__(self, "file", _check_part("file", file))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("TritonFile is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TritonFile) and (self.key, self.file) == (other.key, other.file)
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.file))
+
+    def __repr__(self) -> str:
+        return f"TritonFile({self.key!r}, {self.file!r})"
+
+    @property
+    def is_group(self) -> bool:
+        """True for a group record (``__grp__<file>``)."""
+        return self.file.startswith(GROUP_PREFIX)
+
+
+def _check_part(what: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"a Triton {what} must be a str, got {type(value).__name__}")
+    if not value or len(value) > 255 or "/" in value or "\0" in value or value in (".", ".."):
+        raise ValueError(f"not a Triton {what} (a non-empty file name without '/'): {value!r}")
+    return value
+
+
+def cache_key(key: str, file: str) -> bytes:
+    """The program-cache key of Triton file ``file`` of Triton key ``key``: ``b"triton/<key>/<file>"``.
+
+    >>> entry_name(cache_key("CNUVJ...", "add_kernel.cubin"))  # the object's name in a bucket
+    """
+    return f"{KEY_PREFIX}{_check_part('key', key)}/{_check_part('file', file)}".encode()
+
+
+def frame(key: str, file: str, data: bytes) -> bytes:
+    """The payload stored for ``data``: :data:`FRAME_MAGIC`, one JSON line naming key and file, the bytes."""
+    line = json.dumps({"file": _check_part("file", file), "key": _check_part("key", key)}, sort_keys=True)
+    return b"".join((FRAME_MAGIC, line.encode(), b"\n", data))
+
+
+def describe(payload: bytes) -> TritonFile | None:
+    """The Triton file a stored payload holds, or None if it is not a Triton entry (a cubin, a manifest).
+
+    What ``ls`` and the other operations ask to tell Triton's entries from the program cache's.
+    """
+    parsed = _unframe(payload)
+    return None if parsed is None else parsed[0]
+
+
+def _unframe(payload: bytes) -> tuple[TritonFile, bytes] | None:
+    if not payload.startswith(FRAME_MAGIC):
+        return None
+    end = payload.find(b"\n", len(FRAME_MAGIC), len(FRAME_MAGIC) + _MAX_FRAME_LINE)
+    if end < 0:
+        return None
+    try:
+        doc = json.loads(payload[len(FRAME_MAGIC) : end])
+        which = TritonFile(doc["key"], doc["file"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    return which, payload[end + 1 :]
+
+
+def _opened(payload: bytes, key: str, file: str) -> bytes:
+    """The file's bytes from a stored payload, checked to be ``key``/``file``; ``EntryRejected`` if not."""
+    parsed = _unframe(payload)
+    if parsed is None:
+        raise EntryRejected(f"not a Triton entry (no {FRAME_MAGIC[:-1].decode()} frame): triton/{key}/{file}")
+    which, data = parsed
+    if which != TritonFile(key, file):
+        raise EntryRejected(f"entry holds triton/{which.key}/{which.file}, not triton/{key}/{file}")
+    return data
+
+
+def _group_record(key: str, group_file: str, members: Mapping[str, bytes]) -> bytes:
+    doc = {
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(members.items())},
+        "format": _GROUP_FORMAT,
+        "group": group_file,
+        "key": key,
+        "version": _GROUP_VERSION,
+    }
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def _read_group_record(data: bytes, key: str, group_file: str) -> dict[str, str]:
+    """Member file -> sha256 hex, from a group record; ``EntryRejected`` for anything malformed or foreign."""
+    if len(data) > MAX_GROUP_RECORD_BYTES:
+        raise EntryRejected(f"group record of {len(data)} bytes, over the {MAX_GROUP_RECORD_BYTES}-byte bound")
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise EntryRejected(f"group record is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != _GROUP_FORMAT or doc.get("version") != _GROUP_VERSION:
+        raise EntryRejected("not a group record of this version")
+    if doc.get("key") != key or doc.get("group") != group_file:
+        raise EntryRejected("group record of another key or group")
+    files = doc.get("files")
+    if not isinstance(files, dict) or not files or len(files) > MAX_GROUP_MEMBERS:
+        raise EntryRejected(f"group record lists no members, or more than {MAX_GROUP_MEMBERS}")
+    for name, digest in files.items():
+        try:
+            _check_part("file", name)
+        except (TypeError, ValueError) as exc:
+            raise EntryRejected(f"group record lists a bad member: {exc}") from None
+        if name.startswith(GROUP_PREFIX) or not isinstance(digest, str) or len(digest) != 64:
+            raise EntryRejected(f"group record lists a bad member: {name!r}")
+    return files
+
+
+# -- the process's shared chain -------------------------------------------------------------
+
+_chain_lock = threading.Lock()
+_chain: Any = None  # TieredProgramCache | None once built
+_chain_built = False
+_local = TierCounters()
+
+
+def shared_cache() -> Any:
+    """The chain of shared tiers Triton's files go to (a ``TieredProgramCache``), or None if no remote is set.
+
+    Built once per process on first use from ``TIERED_PROGCACHE_*`` (a bad setting is
+    logged and the manager runs on the local directory alone: a cache never fails a compile).
+    """
+    global _chain, _chain_built
+    if _chain_built:
+        return _chain
+    with _chain_lock:
+        if not _chain_built:
+            from .config import CacheConfig
+
+            try:
+                _chain = CacheConfig.from_env().build_shared()
+            except Exception as exc:
+                logger.warning("Triton cache: shared tiers not built, running on the local directory alone: %s", exc)
+                _chain = None
+            _chain_built = True
+    return _chain
+
+
+def use_shared_cache(cache: Any) -> None:
+    """Make ``cache`` (a ``TieredProgramCache`` of shared tiers, or None) the one Triton's files go to.
+
+    >>> use_shared_cache(CacheConfig.from_env(remote="s3://kernels/triton").build_shared())
+
+    For applications that build their chain in code, and for tests; the previous one is not closed.
+    """
+    from .tiered import TieredProgramCache
+
+    global _chain, _chain_built
+    if cache is not None and not isinstance(cache, TieredProgramCache):
+        raise TypeError(f"cache must be a TieredProgramCache or None, got {type(cache).__name__}")
+    with _chain_lock:
+        _chain, _chain_built = cache, True
+
+
+def stats() -> CacheStats:
+    """Triton's counters: ``triton-local`` (group lookups the local directory answered) and each shared tier."""
+    chain = shared_cache()
+    tiers = (("triton-local", _local.snapshot()),)
+    return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
+
+
+# -- the cache manager ----------------------------------------------------------------------
+
+
+class TieredCacheManager(FileCacheManager):
+    """Triton's ``FileCacheManager`` with the shared tiers behind it (see the module docstring).
+
+    >>> os.environ["TRITON_CACHE_MANAGER"] = "tiered_progcache.triton:TieredCacheManager"
+
+    Triton builds one per compile (``get_cache_manager(hash)``); they share the process's
+    chain. Dump and override managers (``TRITON_KERNEL_DUMP``/``_OVERRIDE``) stay local.
+    """
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        super().__init__(key, override=override, dump=dump)
+        self._shared = None if (override or dump) else shared_cache()
+
+    # -- single files ---------------------------------------------------------------
+
+    def get_file(self, filename: str) -> str | None:
+        """The local path of ``filename``: the local directory's, else fetched from the shared tiers; None on a miss."""
+        path = super().get_file(filename)
+        if path is not None or self._shared is None:
+            return path
+        payload = self._shared.get(cache_key(self.key, filename))
+        if payload is None:
+            return None
+        try:
+            data = _opened(payload, self.key, filename)
+        except EntryRejected as exc:
+            logger.warning("Triton cache: refused %s of %s: %s", filename, self.key, exc)
+            return None
+        return super().put(data, filename, binary=True)
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        """Write ``data`` locally as Triton does, and queue its upload (a group index is uploaded by ``put_group``)."""
+        path = super().put(data, filename, binary=binary)
+        if self._shared is not None and not filename.startswith(GROUP_PREFIX):
+            raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+            self._upload(filename, raw)
+        return path
+
+    # -- groups ---------------------------------------------------------------------
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        """Member file -> local path: the local group if whole, else the shared tiers' (all members or a miss)."""
+        group = super().get_group(filename)
+        if group is not None:
+            _local.count_hit(0)
+            return group
+        _local.count_miss()
+        if self._shared is None:
+            return None
+        members = self._fetch_group(filename)
+        if members is None:
+            return None
+        paths = {name: super(TieredCacheManager, self).put(data, name, binary=True) for name, data in members.items()}
+        FileCacheManager.put_group(self, filename, paths)  # members first, the index last: readers see it whole
+        return paths
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        """Write Triton's group index locally, and queue the group record after its members' uploads."""
+        path = super().put_group(filename, group)
+        if self._shared is not None:
+            try:
+                members = {name: _read_local(p) for name, p in group.items()}
+            except OSError as exc:
+                logger.warning("Triton cache: group %s of %s not uploaded: %s", filename, self.key, exc)
+                return path
+            record_file = GROUP_PREFIX + filename
+            self._upload(record_file, _group_record(self.key, record_file, members))
+        return path
+
+    # -- internals ------------------------------------------------------------------
+
+    def _upload(self, filename: str, raw: bytes) -> None:
+        """Queue ``raw`` for every writable shared tier (background; a full queue drops it, counted)."""
+        self._shared[cache_key(self.key, filename)] = frame(self.key, filename, raw)
+
+    def _fetch_group(self, filename: str) -> dict[str, bytes] | None:
+        """The group's members from the first shared tier that has all of them verified, else None."""
+        record_file = GROUP_PREFIX + filename
+        record_key = cache_key(self.key, record_file)
+        for tier in self._shared.tiers:
+            payload = tier.lookup(record_key)
+            if payload is None:
+                continue
+            try:
+                digests = _read_group_record(_opened(payload, self.key, record_file), self.key, record_file)
+            except EntryRejected as exc:
+                tier.counters.add("rejected")
+                logger.warning("Triton cache: tier %s: group %s of %s refused: %s", tier.name, filename, self.key, exc)
+                continue
+            members = self._read_members(tier, digests)
+            if members is not None:
+                return members
+        return None
+
+    def _read_members(self, tier: Any, digests: Mapping[str, str]) -> dict[str, bytes] | None:
+        """Every member from ``tier`` in one batched read, verified against the record; None unless all are."""
+        from .store import entry_name
+
+        names = {entry_name(cache_key(self.key, f)): f for f in digests}
+        try:
+            results = tier.resource.read_many(list(names))
+        except Exception as exc:  # read_many answers per entry; anything else is the tier failing
+            tier.record_read_failure(exc)
+            return None
+        members: dict[str, bytes] = {}
+        for name, result in results.items():
+            file = names[name]
+            if isinstance(result, Exception):
+                tier.record_read_failure(result)
+                return None
+            try:
+                data = _opened(bytes(result), self.key, file)
+                if hashlib.sha256(data).hexdigest() != digests[file]:
+                    raise EntryRejected(f"member {file} does not match its group record (corrupt or replaced)")
+            except EntryRejected as exc:
+                tier.record_read_failure(exc)
+                return None
+            members[file] = data
+        if set(members) != set(digests):
+            return None
+        for data in members.values():
+            tier.counters.count_hit(len(data))
+        return members
+
+
+def _read_local(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _reset_for_tests() -> None:
+    """Forget the process's chain (it is not closed) and zero the local counters."""
+    global _chain, _chain_built, _local
+    with _chain_lock:
+        _chain, _chain_built = None, False
+        _local = TierCounters()
+
