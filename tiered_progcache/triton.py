@@ -250,7 +250,11 @@ def use_shared_cache(cache: Any) -> None:
 
 
 def stats() -> CacheStats:
-    """Triton's counters: ``triton-local`` (group lookups the local directory answered) and each shared tier."""
+    """Triton's counters: ``triton-local`` and each shared tier's (hits and misses count entries: a group is its members and its record).
+
+    ``triton-local``: ``hits``/``misses`` are group lookups the local directory answered
+    or not, ``writes``/``bytes_written`` the files Triton put (what its compiles made).
+    """
     chain = shared_cache()
     tiers = (("triton-local", _local.snapshot()),)
     return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
@@ -292,9 +296,11 @@ class TieredCacheManager(FileCacheManager):
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         """Write ``data`` locally as Triton does, and queue its upload (a group index is uploaded by ``put_group``)."""
         path = super().put(data, filename, binary=binary)
-        if self._shared is not None and not filename.startswith(GROUP_PREFIX):
+        if not filename.startswith(GROUP_PREFIX):
             raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
-            self._upload(filename, raw)
+            _local.count_write(len(raw))  # a file Triton made (a compile's output), not one fetched
+            if self._shared is not None:
+                self._upload(filename, raw)
         return path
 
     # -- groups ---------------------------------------------------------------------
