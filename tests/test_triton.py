@@ -102,7 +102,7 @@ def _use(chain: TieredProgramCache) -> TieredProgramCache:
 
 
 def _file_chain(url: str, **settings: Any) -> TieredProgramCache:
-    chain = CacheConfig(remote=url, strict=True, **settings).build_shared()
+    chain = CacheConfig(remote=url, strict=True, **settings).build_shared(namespace=tpt.NAMESPACE)
     assert chain is not None
     return chain
 
@@ -178,6 +178,25 @@ def test_node_b_in_another_process_runs_triton_compile_without_compiling(tmp_pat
     (key_dir,) = a["files"]
     members = {n: d for n, d in a["files"][key_dir].items() if not n.startswith("__grp__")}
     assert {n: d for n, d in b["files"][key_dir].items() if not n.startswith("__grp__")} == members
+
+
+def test_triton_files_and_program_cache_entries_share_a_bucket_apart(compiled, node, tmp_path):
+    kernel_hash, files = compiled
+    remote_dir = tmp_path / "remote"
+    remote_dir.mkdir()
+    chain = _use(_file_chain(f"file://{remote_dir}"))
+    node("a")
+    put_group(kernel_hash, files)
+    programs = RemoteProgramCache.from_url(f"file://{remote_dir}", strict=True)
+    programs[b"a cuda-core key"] = b"\x7fELF a cubin"
+    assert chain.flush(timeout=30)
+    assert [e.name for e in programs.iter_entries()] == [entry_name(b"a cuda-core key")]
+    triton_names = {e.name for e in _remote_of(chain).iter_entries()}
+    key = tpt_key(kernel_hash)
+    assert triton_names == {entry_name(tpt.cache_key(key, f)) for f in [*files, "__grp__" + META]}
+    assert {p.relative_to(remote_dir).parts[0] for p in remote_dir.rglob("*") if p.is_file()} == {"entries", "triton"}
+    with pytest.raises(ValueError, match="namespace must be one of entries, triton"):
+        RemoteProgramCache.from_url(f"file://{remote_dir}", namespace="kernels")
 
 
 def test_a_local_hit_asks_the_remote_nothing(compiled, node, tmp_path):
@@ -299,7 +318,8 @@ def test_signed_entries_from_another_key_are_refused(compiled, node, tmp_path):
 def _redis_chain(url: str, breaker: CircuitBreaker, timeout: float) -> TieredProgramCache:
     from tiered_progcache.redis_store import RedisProgramCache
 
-    return TieredProgramCache(tiers=[RedisProgramCache.from_url(url, timeout=timeout, strict=True, breaker=breaker)])
+    tier = RedisProgramCache.from_url(url, timeout=timeout, strict=True, breaker=breaker, namespace=tpt.NAMESPACE)
+    return TieredProgramCache(tiers=[tier])
 
 
 def test_a_killed_remote_fails_open_and_the_breaker_opens(compiled, node):
@@ -394,7 +414,8 @@ def s3_wire(s3_bucket, moto_server):  # noqa: F811
 
 def test_s3_a_group_hit_is_one_get_for_the_record_and_one_batch_of_member_gets(compiled, node, s3_wire):
     kernel_hash, files = compiled
-    chain = _use(CacheConfig(remote=s3_wire.url, remote_options=s3_wire.options, strict=True).build_shared())
+    config = CacheConfig(remote=s3_wire.url, remote_options=s3_wire.options, strict=True)
+    chain = _use(config.build_shared(namespace=tpt.NAMESPACE))
     node("a")
     put_group(kernel_hash, files)
     assert chain.flush(timeout=30)

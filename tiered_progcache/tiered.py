@@ -438,13 +438,14 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
     return specs + shared_chain(config)
 
 
-def shared_chain(config: CacheConfig) -> list[TierSpec]:
-    """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`).
+def shared_chain(config: CacheConfig, *, namespace: str = "entries") -> list[TierSpec]:
+    """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`), on entries of ``namespace``.
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     Each is written in the background. :mod:`tiered_progcache.triton` builds its chain
-    from this alone: the same tiers, settings and envelope, and no local directory.
+    from this alone (``namespace="triton"``): the same tiers, settings and envelope, and
+    no local directory.
     """
     signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
     specs: list[TierSpec] = []
@@ -457,6 +458,7 @@ def shared_chain(config: CacheConfig) -> list[TierSpec]:
             timeout=config.remote_timeout,
             strict=config.strict,
             transfer_concurrency=config.transfer_concurrency,
+            namespace=namespace,
         )
         shared: ProgramCacheResource
         if is_redis_url(url):

@@ -13,9 +13,10 @@ Behind it stand the shared tiers ``TIERED_PROGCACHE_*`` configure (Redis, S3, GC
 envelope, the request door, deadline and breaker, background upload, fail-open and
 stats are the program cache's own.
 
-Names. Triton file ``F`` of key ``K`` is the program-cache key ``triton/K/F``, stored
-under entry name ``sha256(b"triton/K/F")``: its own namespace (no cuda-core key starts
-with ``triton/``), in the same bucket. Its payload is framed (:func:`frame`) with the
+Names. Triton file ``F`` of key ``K`` is the key ``triton/K/F``, stored under entry
+name ``sha256(b"triton/K/F")`` in the shared stores' ``triton`` namespace
+(``<url>/triton/<2 hex>/<62 hex>``, Redis ``<prefix>:triton:<name>``): beside the
+program cache's ``entries/`` in the same bucket, never among them. Its payload is framed (:func:`frame`) with the
 key and file it belongs to, so any entry says whether it is Triton's (:func:`describe`)
 and a renamed object is refused. A group is stored as its members plus one *group
 record* (``triton/K/__grp__F``): JSON listing each member file with the sha256 of its
@@ -57,6 +58,7 @@ __all__ = [
     "KEY_PREFIX",
     "MAX_GROUP_MEMBERS",
     "MAX_GROUP_RECORD_BYTES",
+    "NAMESPACE",
     "TieredCacheManager",
     "TritonFile",
     "cache_key",
@@ -69,6 +71,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The shared stores' namespace for Triton's files: ``<url>/triton/``, ``<prefix>:triton:`` on Redis.
+NAMESPACE = "triton"
 #: Every Triton file's program-cache key starts with this: ``triton/<key>/<file>``.
 KEY_PREFIX = "triton/"
 #: Triton's name for a group index: ``__grp__<file>``.
@@ -225,7 +229,7 @@ def shared_cache() -> Any:
             from .config import CacheConfig
 
             try:
-                _chain = CacheConfig.from_env().build_shared()
+                _chain = CacheConfig.from_env().build_shared(namespace=NAMESPACE)
             except Exception as exc:
                 logger.warning("Triton cache: shared tiers not built, running on the local directory alone: %s", exc)
                 _chain = None
