@@ -272,7 +272,7 @@ def test_an_entry_framed_for_another_file_is_refused(compiled, node, tmp_path):
     remote[tpt.cache_key(key, "add_kernel.cubin")] = ptx  # a valid envelope, holding the PTX
     _miss_on_node_b(node, kernel_hash)
     with pytest.raises(EntryRejected, match="holds triton/.*add_kernel.ptx"):
-        tpt._opened(ptx, key, "add_kernel.cubin")
+        tpt.opened(ptx, key, "add_kernel.cubin")
 
 
 def test_a_missing_member_makes_the_group_a_miss_and_loads_nothing(compiled, node, tmp_path):
@@ -450,17 +450,17 @@ def test_triton_names_are_their_own_namespace_and_say_what_they_hold():
 
 def test_a_group_record_over_its_bounds_is_refused():
     key, group = "K" * 52, "__grp__k.json"
-    at_bound = tpt._group_record(key, group, {f"f{n}": b"" for n in range(tpt.MAX_GROUP_MEMBERS)})
-    assert len(tpt._read_group_record(at_bound, key, group)) == tpt.MAX_GROUP_MEMBERS
-    over = tpt._group_record(key, group, {f"f{n}": b"" for n in range(tpt.MAX_GROUP_MEMBERS + 1)})
+    at_bound = tpt.group_record(key, group, {f"f{n}": b"" for n in range(tpt.MAX_GROUP_MEMBERS)})
+    assert len(tpt.read_group_record(at_bound, key, group)) == tpt.MAX_GROUP_MEMBERS
+    over = tpt.group_record(key, group, {f"f{n}": b"" for n in range(tpt.MAX_GROUP_MEMBERS + 1)})
     with pytest.raises(EntryRejected, match="more than 64"):
-        tpt._read_group_record(over, key, group)
+        tpt.read_group_record(over, key, group)
     padded = at_bound[:-1] + b" " * (tpt.MAX_GROUP_RECORD_BYTES - len(at_bound)) + b"}"
-    assert len(padded) == tpt.MAX_GROUP_RECORD_BYTES and tpt._read_group_record(padded, key, group)
+    assert len(padded) == tpt.MAX_GROUP_RECORD_BYTES and tpt.read_group_record(padded, key, group)
     with pytest.raises(EntryRejected, match="over the 65536-byte bound"):
-        tpt._read_group_record(padded + b" ", key, group)
+        tpt.read_group_record(padded + b" ", key, group)
     with pytest.raises(EntryRejected, match="another key"):
-        tpt._read_group_record(at_bound, "L" * 52, group)
+        tpt.read_group_record(at_bound, "L" * 52, group)
 
 
 def test_without_a_remote_the_manager_is_triton_s_file_cache_manager(compiled, node):

@@ -42,7 +42,6 @@ remote, whose objects are whole and verified.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Mapping
@@ -52,8 +51,25 @@ from triton.runtime.cache import FileCacheManager
 
 from .errors import EntryRejected
 from .stats import CacheStats, TierCounters
+from .tritonnames import (
+    FRAME_MAGIC,
+    GROUP_PREFIX,
+    KEY_PREFIX,
+    MAX_GROUP_MEMBERS,
+    MAX_GROUP_RECORD_BYTES,
+    NAMESPACE,
+    TritonFile,
+    cache_key,
+    describe,
+    frame,
+    group_record,
+    name_of,
+    opened,
+    read_group_record,
+)
 
 __all__ = [
+    "FRAME_MAGIC",
     "GROUP_PREFIX",
     "KEY_PREFIX",
     "MAX_GROUP_MEMBERS",
@@ -64,148 +80,13 @@ __all__ = [
     "cache_key",
     "describe",
     "frame",
+    "name_of",
     "shared_cache",
     "stats",
     "use_shared_cache",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The shared stores' namespace for Triton's files: ``<url>/triton/``, ``<prefix>:triton:`` on Redis.
-NAMESPACE = "triton"
-#: Every Triton file's program-cache key starts with this: ``triton/<key>/<file>``.
-KEY_PREFIX = "triton/"
-#: Triton's name for a group index: ``__grp__<file>``.
-GROUP_PREFIX = "__grp__"
-#: The first bytes of every stored Triton payload (then one JSON line, then the file's bytes).
-FRAME_MAGIC = b"TPCTRITON1\n"
-#: A group record past this many bytes is refused unread (a real one is a few hundred).
-MAX_GROUP_RECORD_BYTES = 64 * 1024
-#: Members a group record may list (Triton writes about eight: IRs, PTX, cubin, metadata).
-MAX_GROUP_MEMBERS = 64
-_MAX_FRAME_LINE = 4096
-_GROUP_FORMAT = "tiered-progcache/triton-group"
-_GROUP_VERSION = 1
-
-
-class TritonFile:
-    """Which Triton file an entry holds: its Triton ``key`` and ``file`` name. Immutable."""
-
-    __slots__ = ("key", "file")
-
-    def __init__(self, key: str, file: str) -> None:
-        object.__setattr__(self, "key", _check_part("key", key))
-        object.__setattr__(self, "file", _check_part("file", file))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("TritonFile is immutable")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TritonFile) and (self.key, self.file) == (other.key, other.file)
-
-    def __hash__(self) -> int:
-        return hash((self.key, self.file))
-
-    def __repr__(self) -> str:
-        return f"TritonFile({self.key!r}, {self.file!r})"
-
-    @property
-    def is_group(self) -> bool:
-        """True for a group record (``__grp__<file>``)."""
-        return self.file.startswith(GROUP_PREFIX)
-
-
-def _check_part(what: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"a Triton {what} must be a str, got {type(value).__name__}")
-    if not value or len(value) > 255 or "/" in value or "\0" in value or value in (".", ".."):
-        raise ValueError(f"not a Triton {what} (a non-empty file name without '/'): {value!r}")
-    return value
-
-
-def cache_key(key: str, file: str) -> bytes:
-    """The program-cache key of Triton file ``file`` of Triton key ``key``: ``b"triton/<key>/<file>"``.
-
-    >>> entry_name(cache_key("CNUVJ...", "add_kernel.cubin"))  # the object's name in a bucket
-    """
-    return f"{KEY_PREFIX}{_check_part('key', key)}/{_check_part('file', file)}".encode()
-
-
-def frame(key: str, file: str, data: bytes) -> bytes:
-    """The payload stored for ``data``: :data:`FRAME_MAGIC`, one JSON line naming key and file, the bytes."""
-    line = json.dumps({"file": _check_part("file", file), "key": _check_part("key", key)}, sort_keys=True)
-    return b"".join((FRAME_MAGIC, line.encode(), b"\n", data))
-
-
-def describe(payload: bytes) -> TritonFile | None:
-    """The Triton file a stored payload holds, or None if it is not a Triton entry (a cubin, a manifest).
-
-    What ``ls`` and the other operations ask to tell Triton's entries from the program cache's.
-    """
-    parsed = _unframe(payload)
-    return None if parsed is None else parsed[0]
-
-
-def _unframe(payload: bytes) -> tuple[TritonFile, bytes] | None:
-    if not payload.startswith(FRAME_MAGIC):
-        return None
-    end = payload.find(b"\n", len(FRAME_MAGIC), len(FRAME_MAGIC) + _MAX_FRAME_LINE)
-    if end < 0:
-        return None
-    try:
-        doc = json.loads(payload[len(FRAME_MAGIC) : end])
-        which = TritonFile(doc["key"], doc["file"])
-    except (ValueError, TypeError, KeyError):
-        return None
-    return which, payload[end + 1 :]
-
-
-def _opened(payload: bytes, key: str, file: str) -> bytes:
-    """The file's bytes from a stored payload, checked to be ``key``/``file``; ``EntryRejected`` if not."""
-    parsed = _unframe(payload)
-    if parsed is None:
-        raise EntryRejected(f"not a Triton entry (no {FRAME_MAGIC[:-1].decode()} frame): triton/{key}/{file}")
-    which, data = parsed
-    if which != TritonFile(key, file):
-        raise EntryRejected(f"entry holds triton/{which.key}/{which.file}, not triton/{key}/{file}")
-    return data
-
-
-def _group_record(key: str, group_file: str, members: Mapping[str, bytes]) -> bytes:
-    doc = {
-        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(members.items())},
-        "format": _GROUP_FORMAT,
-        "group": group_file,
-        "key": key,
-        "version": _GROUP_VERSION,
-    }
-    return json.dumps(doc, sort_keys=True).encode()
-
-
-def _read_group_record(data: bytes, key: str, group_file: str) -> dict[str, str]:
-    """Member file -> sha256 hex, from a group record; ``EntryRejected`` for anything malformed or foreign."""
-    if len(data) > MAX_GROUP_RECORD_BYTES:
-        raise EntryRejected(f"group record of {len(data)} bytes, over the {MAX_GROUP_RECORD_BYTES}-byte bound")
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise EntryRejected(f"group record is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != _GROUP_FORMAT or doc.get("version") != _GROUP_VERSION:
-        raise EntryRejected("not a group record of this version")
-    if doc.get("key") != key or doc.get("group") != group_file:
-        raise EntryRejected("group record of another key or group")
-    files = doc.get("files")
-    if not isinstance(files, dict) or not files or len(files) > MAX_GROUP_MEMBERS:
-        raise EntryRejected(f"group record lists no members, or more than {MAX_GROUP_MEMBERS}")
-    for name, digest in files.items():
-        try:
-            _check_part("file", name)
-        except (TypeError, ValueError) as exc:
-            raise EntryRejected(f"group record lists a bad member: {exc}") from None
-        if name.startswith(GROUP_PREFIX) or not isinstance(digest, str) or len(digest) != 64:
-            raise EntryRejected(f"group record lists a bad member: {name!r}")
-    return files
-
 
 # -- the process's shared chain -------------------------------------------------------------
 
@@ -291,7 +172,7 @@ class TieredCacheManager(FileCacheManager):
         if payload is None:
             return None
         try:
-            data = _opened(payload, self.key, filename)
+            data = opened(payload, self.key, filename)
         except EntryRejected as exc:
             logger.warning("Triton cache: refused %s of %s: %s", filename, self.key, exc)
             return None
@@ -335,7 +216,7 @@ class TieredCacheManager(FileCacheManager):
                 logger.warning("Triton cache: group %s of %s not uploaded: %s", filename, self.key, exc)
                 return path
             record_file = GROUP_PREFIX + filename
-            self._upload(record_file, _group_record(self.key, record_file, members))
+            self._upload(record_file, group_record(self.key, record_file, members))
         return path
 
     # -- internals ------------------------------------------------------------------
@@ -353,7 +234,7 @@ class TieredCacheManager(FileCacheManager):
             if payload is None:
                 continue
             try:
-                digests = _read_group_record(_opened(payload, self.key, record_file), self.key, record_file)
+                digests = read_group_record(opened(payload, self.key, record_file), self.key, record_file)
             except EntryRejected as exc:
                 tier.counters.add("rejected")
                 logger.warning("Triton cache: tier %s: group %s of %s refused: %s", tier.name, filename, self.key, exc)
@@ -365,9 +246,7 @@ class TieredCacheManager(FileCacheManager):
 
     def _read_members(self, tier: Any, digests: Mapping[str, str]) -> dict[str, bytes] | None:
         """Every member from ``tier`` in one batched read, verified against the record; None unless all are."""
-        from .store import entry_name
-
-        names = {entry_name(cache_key(self.key, f)): f for f in digests}
+        names = {name_of(self.key, f): f for f in digests}
         try:
             results = tier.resource.read_many(list(names))
         except Exception as exc:  # read_many answers per entry; anything else is the tier failing
@@ -380,7 +259,7 @@ class TieredCacheManager(FileCacheManager):
                 tier.record_read_failure(result)
                 return None
             try:
-                data = _opened(bytes(result), self.key, file)
+                data = opened(bytes(result), self.key, file)
                 if hashlib.sha256(data).hexdigest() != digests[file]:
                     raise EntryRejected(f"member {file} does not match its group record (corrupt or replaced)")
             except EntryRejected as exc:
