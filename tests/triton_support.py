@@ -67,6 +67,8 @@ def files_of(directory: str) -> dict[str, str]:
     """File name -> sha256 of each file in one key directory."""
     out = {}
     for name in sorted(os.listdir(directory)):
+        if not os.path.isfile(os.path.join(directory, name)):
+            continue
         with open(os.path.join(directory, name), "rb") as fh:
             out[name] = hashlib.sha256(fh.read()).hexdigest()
     return out

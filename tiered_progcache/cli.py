@@ -226,10 +226,15 @@ def _wants_remote(args: argparse.Namespace) -> bool:
 
 
 def _local(args: argparse.Namespace) -> LocalDir:
-    """The configured local directory, without building the chain (no remote is contacted)."""
+    """The configured local directory, without building the chain (no remote is contacted); ``--triton``: Triton's."""
     from .localdir import LocalDir, default_local_dir
 
-    root = load_config(args).local_dir
+    config = load_config(args)
+    if config.triton:
+        from .tritondir import TritonDir, default_triton_dir
+
+        return TritonDir(config.local_dir or default_triton_dir())  # type: ignore[return-value]  # an EntryStore
+    root = config.local_dir
     return LocalDir(root if root is not None else default_local_dir())
 
 

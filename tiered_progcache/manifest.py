@@ -540,7 +540,10 @@ def manifest_columns(store: EntryStore, listed: Sequence[StoredEntry]) -> dict[s
 
     ``"-"`` where an entry has no manifest; a manifest itself shows kind ``manifest``;
     an unreadable one ``?`` and kind ``unreadable-manifest``. Reads as :func:`read_manifests`.
+    Every entry of a store of Triton's files (``namespace`` ``triton``) is kind ``triton``, unread.
     """
+    if store.namespace == "triton":
+        return {e.name: ("-", "-", "-", "triton") for e in listed}
     found = read_manifests(store, listed)
     names = {e.name for e in listed}
     manifests = {manifest_name(name) for name in found}

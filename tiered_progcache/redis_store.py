@@ -153,7 +153,7 @@ class RedisProgramCache(SharedEntryStore):
         namespace: str = "entries",
     ) -> None:
         self._redis = _redis()
-        self.namespace = check_namespace(namespace)
+        self._namespace = check_namespace(namespace)
         self.client = client
         self._location = without_password(url)
         self._prefix = prefix
@@ -230,12 +230,17 @@ class RedisProgramCache(SharedEntryStore):
         return self._prefix
 
     @property
+    def namespace(self) -> str:
+        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
+        return self._namespace
+
+    @property
     def atomic_create(self) -> bool:
         return True  # SET NX
 
     def key_for(self, name: str) -> str:
         """The Redis key of entry ``name`` (``ValueError`` unless an entry name)."""
-        return f"{self._prefix}:{self.namespace}:{check_entry_name(name)}"
+        return f"{self._prefix}:{self._namespace}:{check_entry_name(name)}"
 
     def close(self) -> None:
         """Close the idle pooled connections and the runner's idle threads; a later call reconnects.
@@ -310,8 +315,8 @@ class RedisProgramCache(SharedEntryStore):
         Redis keeps no modification time, so ``mtime`` is None (prune by age leaves
         Redis entries alone: give them an expiry, or a ``maxmemory-policy``).
         """
-        match = f"{_glob_escape(self._prefix)}:{self.namespace}:*"
-        skip = len(self._prefix) + len(f":{self.namespace}:")
+        match = f"{_glob_escape(self._prefix)}:{self._namespace}:*"
+        skip = len(self._prefix) + len(f":{self._namespace}:")
         cursor = 0
         while True:
             cursor, keys, sizes = self._call("list", self._scan_step, cursor, match, timeout=self._list_timeout)

@@ -139,8 +139,8 @@ class RemoteProgramCache(SharedEntryStore):
         # Object stores (root_marker "") put whole objects atomically and have buckets.
         self._bucket_store = not fs_class.root_marker
         base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
-        self.namespace = check_namespace(namespace)
-        self._entries = f"{base}/{self.namespace}"
+        self._namespace = check_namespace(namespace)
+        self._entries = f"{base}/{self._namespace}"
         self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
@@ -209,6 +209,11 @@ class RemoteProgramCache(SharedEntryStore):
     def fs(self) -> Any:
         """The fsspec filesystem (built on first use, and again in a forked child; see :mod:`.runner`)."""
         return self._runner.fs
+
+    @property
+    def namespace(self) -> str:
+        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
+        return self._namespace
 
     @property
     def atomic_create(self) -> bool:

@@ -125,6 +125,11 @@ class EntryStore(abc.ABC):
         return False
 
     @property
+    def namespace(self) -> str:
+        """What the entries here are: ``"entries"`` (the program cache's) or ``"triton"`` (Triton's files)."""
+        return "entries"
+
+    @property
     def available(self) -> bool:
         """False while the store is known to be down (its circuit breaker is open)."""
         return True
