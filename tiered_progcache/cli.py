@@ -105,6 +105,8 @@ def _common_options() -> argparse.ArgumentParser:
     group.add_argument("--remote", dest="remote", nargs="?", const=True, metavar="URL",  # also selects the tier
                        help="act on the remote tier; with URL, use that remote (s3://bucket/prefix, gs://..., "
                        "file:///...) [TIERED_PROGCACHE_REMOTE]")  # fmt: skip
+    group.add_argument("--triton", action="store_true",
+                       help="act on Triton's cache: TRITON_CACHE_DIR (or --dir) and the remote's triton/ namespace")
     out = common.add_argument_group("output")
     out.add_argument("-v", "--verbose", action="count", help="log more (-v: info, -vv: every lookup)")
     return common
@@ -230,7 +232,7 @@ def _local(args: argparse.Namespace) -> LocalDir:
     from .localdir import LocalDir, default_local_dir
 
     config = load_config(args)
-    if config.triton:
+    if vars(args).get("triton"):
         from .tritondir import TritonDir, default_triton_dir
 
         return TritonDir(config.local_dir or default_triton_dir())  # type: ignore[return-value]  # an EntryStore
@@ -251,7 +253,7 @@ def _remote(args: argparse.Namespace) -> Iterator[EntryStore]:
     if len(urls) > 1:
         shown = ", ".join(masked(url) for url in urls)
         raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
-    with config.build() as cache:
+    with (config.build_shared(namespace="triton") if vars(args).get("triton") else config.build()) as cache:
         remote = cache.shared_store
         if remote is None:  # pragma: no cover - build() always adds the configured remote
             raise UsageError("the configured chain has no remote tier")

@@ -414,11 +414,6 @@ SETTINGS: tuple[Setting, ...] = (
         env="REDIS_EXPIRE_S", builds_tiers=True,
     ),
     Setting(
-        "triton", SWITCH, False,
-        "act on Triton's cache: TRITON_CACHE_DIR (or --dir) as the local directory, the remote's triton/ namespace",
-        flag="--triton", builds_tiers=True,
-    ),
-    Setting(
         "transfer_concurrency", COUNT, 64, "remote requests in flight at once during warm and push",
         env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
     ),

@@ -422,11 +422,9 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
     ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     A local directory that cannot be created or opened is left out with a warning.
-    With ``triton``, memory and the shared tiers' ``triton`` namespace alone.
     """
+    shared = shared_chain(config)  # first: a bad signing key file is raised before any directory is made
     specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
-    if config.triton:  # Triton's files: its own directory is the local one (tiered_progcache.triton)
-        return specs + shared_chain(config, namespace="triton")
     local_root = config.local_dir if config.local_dir is not None else default_local_dir()
     try:
         local = FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes)
@@ -438,7 +436,7 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
         )
     else:
         specs.append((local, TierPolicy("local")))
-    return specs + shared_chain(config)
+    return specs + shared
 
 
 def shared_chain(config: CacheConfig, *, namespace: str = "entries") -> list[TierSpec]:
