@@ -224,6 +224,29 @@ def test_a_local_hit_asks_the_remote_nothing(compiled, node, tmp_path):
     assert tpt.stats()["triton-local"].hits == 3
 
 
+def test_a_group_hit_in_a_slower_tier_is_promoted_into_the_faster_one(compiled, node, tmp_path):
+    kernel_hash, files = compiled
+    near_dir, far_dir = tmp_path / "near", tmp_path / "far"
+    near_dir.mkdir()
+    far_dir.mkdir()
+    far = RemoteProgramCache.from_url(f"file://{far_dir}", strict=True, namespace=tpt.NAMESPACE)
+    writer = _use(TieredProgramCache(tiers=[far]))
+    node("a")
+    put_group(kernel_hash, files)
+    assert writer.flush(timeout=30)
+    near = RemoteProgramCache.from_url(f"file://{near_dir}", strict=True, namespace=tpt.NAMESPACE)
+    chain = _use(TieredProgramCache(tiers=[near, far]))
+    node("b")
+    assert get_cache_manager(kernel_hash).get_group(META) is not None
+    assert chain.flush(timeout=30)
+    assert {e.name for e in near.iter_entries()} == {e.name for e in far.iter_entries()}
+    stats = chain.stats()
+    assert (stats["remote"].misses, stats["remote"].promotions, stats["remote2"].hits) == (1, len(files) + 1, len(files) + 1)
+    node("c")  # the near tier alone serves it now
+    assert get_cache_manager(kernel_hash).get_group(META) is not None
+    assert chain.stats()["remote"].hits == len(files) + 1 and chain.stats()["remote2"].hits == len(files) + 1
+
+
 # -- what a group read refuses --------------------------------------------------------------------
 
 

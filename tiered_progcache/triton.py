@@ -51,6 +51,7 @@ from triton.runtime.cache import FileCacheManager
 
 from .errors import EntryRejected
 from .stats import CacheStats, TierCounters
+from .store import EntryStore
 from .tritonnames import (
     FRAME_MAGIC,
     GROUP_PREFIX,
@@ -226,10 +227,14 @@ class TieredCacheManager(FileCacheManager):
         self._shared[cache_key(self.key, filename)] = frame(self.key, filename, raw)
 
     def _fetch_group(self, filename: str) -> dict[str, bytes] | None:
-        """The group's members from the first shared tier that has all of them verified, else None."""
+        """The group's members from the first shared tier that has all of them verified, else None.
+
+        A hit in a slower tier is promoted into the faster ones (Redis in front of S3), as the chain does.
+        """
         record_file = GROUP_PREFIX + filename
         record_key = cache_key(self.key, record_file)
-        for tier in self._shared.tiers:
+        tiers = self._shared.tiers
+        for depth, tier in enumerate(tiers):
             payload = tier.lookup(record_key)
             if payload is None:
                 continue
@@ -239,38 +244,63 @@ class TieredCacheManager(FileCacheManager):
                 tier.counters.add("rejected")
                 logger.warning("Triton cache: tier %s: group %s of %s refused: %s", tier.name, filename, self.key, exc)
                 continue
-            members = self._read_members(tier, digests)
-            if members is not None:
-                return members
+            fetched = self._read_members(tier, digests)
+            if fetched is None:
+                continue
+            members, payloads = fetched
+            for faster in tiers[:depth]:
+                if faster.policy.promote:
+                    for file, stored in payloads.items():  # members first, the record last
+                        faster.store(cache_key(self.key, file), stored, promotion=True)
+                    faster.store(record_key, payload, promotion=True)
+            return members
         return None
 
-    def _read_members(self, tier: Any, digests: Mapping[str, str]) -> dict[str, bytes] | None:
-        """Every member from ``tier`` in one batched read, verified against the record; None unless all are."""
+    def _read_members(self, tier: Any, digests: Mapping[str, str]) -> tuple[dict[str, bytes], dict[str, bytes]] | None:
+        """Every member from ``tier`` in one batched read, verified against the record: (file -> bytes,
+        file -> stored payload); None unless all are."""
         names = {name_of(self.key, f): f for f in digests}
-        try:
-            results = tier.resource.read_many(list(names))
-        except Exception as exc:  # read_many answers per entry; anything else is the tier failing
-            tier.record_read_failure(exc)
-            return None
+        results = _read_many(tier, {name: cache_key(self.key, f) for name, f in names.items()})
         members: dict[str, bytes] = {}
+        payloads: dict[str, bytes] = {}
         for name, result in results.items():
             file = names[name]
             if isinstance(result, Exception):
                 tier.record_read_failure(result)
                 return None
             try:
-                data = opened(bytes(result), self.key, file)
+                stored = bytes(result)
+                data = opened(stored, self.key, file)
                 if hashlib.sha256(data).hexdigest() != digests[file]:
                     raise EntryRejected(f"member {file} does not match its group record (corrupt or replaced)")
             except EntryRejected as exc:
                 tier.record_read_failure(exc)
                 return None
-            members[file] = data
+            members[file], payloads[file] = data, stored
         if set(members) != set(digests):
             return None
         for data in members.values():
             tier.counters.count_hit(len(data))
-        return members
+        return members, payloads
+
+
+def _read_many(tier: Any, keys: Mapping[str, bytes]) -> dict[str, bytes | Exception]:
+    """Entry name -> payload (or the exception its read raised) for ``keys`` (name -> key): one batch where
+    the tier is an entry store (every shared tier is); else one by one (a tier given in code, such as memory,
+    where a read costs no round trip)."""
+    resource = tier.resource
+    if isinstance(resource, EntryStore):
+        try:
+            return resource.read_many(list(keys))
+        except Exception as exc:  # read_many answers per entry; anything else is the tier failing
+            return dict.fromkeys(keys, exc)
+    results: dict[str, bytes | Exception] = {}
+    for name, key in keys.items():
+        try:
+            results[name] = resource[key]
+        except Exception as exc:
+            results[name] = exc
+    return results
 
 
 def _read_local(path: str) -> bytes:
