@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-triton = pytest.importorskip("triton")
+triton = pytest.importorskip("triton", exc_type=ImportError)  # absent, or present and broken
 
 from triton.runtime.cache import FileCacheManager, get_cache_manager  # noqa: E402
 

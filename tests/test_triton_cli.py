@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+pytest.importorskip("triton", exc_type=ImportError)
 
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
