@@ -312,6 +312,14 @@ def test_a_missing_group_record_is_a_miss(compiled, node, tmp_path):
     _miss_on_node_b(node, kernel_hash)
 
 
+def test_a_fetched_group_that_cannot_be_written_locally_is_a_miss_not_a_failed_compile(compiled, node, tmp_path):
+    kernel_hash, files, chain = _seeded(compiled, node, tmp_path)
+    b = node("b")
+    (b / tpt_key(kernel_hash) / "add_kernel.ptx").mkdir(parents=True)  # the rename onto it fails (even as root)
+    assert get_cache_manager(kernel_hash).get_group(META) is None
+    assert not (b / tpt_key(kernel_hash) / ("__grp__" + META)).exists()
+
+
 def test_a_read_only_remote_is_read_and_never_written(compiled, node, tmp_path):
     kernel_hash, files, chain = _seeded(compiled, node, tmp_path)
     objects = sorted(p for p in (tmp_path / "remote").rglob("*") if p.is_file())

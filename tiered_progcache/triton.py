@@ -1,7 +1,7 @@
 """A Triton cache manager: Triton's own local directory, with the program cache's shared tiers behind it.
 
 Select it the way Triton selects any cache manager (``knobs.cache.manager_class``,
-Triton 3.4 and later; ``os.environ`` in 3.0 to 3.3)::
+Triton 3.4 and later; tested with 3.9.0 and 3.6.0)::
 
     TRITON_CACHE_MANAGER=tiered_progcache.triton:TieredCacheManager
 
@@ -16,9 +16,9 @@ stats are the program cache's own.
 Names. Triton file ``F`` of key ``K`` is the key ``triton/K/F``, stored under entry
 name ``sha256(b"triton/K/F")`` in the shared stores' ``triton`` namespace
 (``<url>/triton/<2 hex>/<62 hex>``, Redis ``<prefix>:triton:<name>``): beside the
-program cache's ``entries/`` in the same bucket, never among them. Its payload is framed (:func:`frame`) with the
-key and file it belongs to, so any entry says whether it is Triton's (:func:`describe`)
-and a renamed object is refused. A group is stored as its members plus one *group
+program cache's ``entries/`` in the same bucket, never among them. Its payload is
+framed (:func:`frame`) with the key and file it belongs to, so any entry says whether
+it is Triton's (:func:`describe`) and a renamed object is refused. A group is stored as its members plus one *group
 record* (``triton/K/__grp__F``): JSON listing each member file with the sha256 of its
 bytes (Triton's own group file holds absolute local paths, meaningless on another node).
 
@@ -33,6 +33,9 @@ Writes. ``put`` writes the local directory as Triton does and queues the file's 
 ``put_group`` queues the group record after its members (one worker per tier, in
 order), so a reader elsewhere sees a group only once its members are up. A failed or
 dropped upload leaves a group another node reads as a miss, and compiles again.
+
+Failures: whatever the shared tiers or the local write of a fetched group raise is a
+logged miss; the manager never fails a compile that Triton's own manager would not.
 
 Threads: safe from many threads (Triton's local writes stage and rename; the chain is
 thread-safe). Processes: each builds its own chain on first use; nodes share only the
@@ -136,7 +139,7 @@ def use_shared_cache(cache: Any) -> None:
 
 
 def stats() -> CacheStats:
-    """Triton's counters: ``triton-local`` and each shared tier's (hits and misses count entries: a group is its members and its record).
+    """Triton's counters: ``triton-local``, then each shared tier's (counting entries: a group is its members and its record).
 
     ``triton-local``: ``hits``/``misses`` are group lookups the local directory answered
     or not, ``writes``/``bytes_written`` the files Triton put (what its compiles made).
@@ -169,15 +172,14 @@ class TieredCacheManager(FileCacheManager):
         path = super().get_file(filename)
         if path is not None or self._shared is None:
             return path
-        payload = self._shared.get(cache_key(self.key, filename))
-        if payload is None:
-            return None
         try:
-            data = opened(payload, self.key, filename)
-        except EntryRejected as exc:
-            logger.warning("Triton cache: refused %s of %s: %s", filename, self.key, exc)
+            payload = self._shared.get(cache_key(self.key, filename))
+            if payload is None:
+                return None
+            return super().put(opened(payload, self.key, filename), filename, binary=True)
+        except Exception as exc:  # a refused entry, a full disk: a miss, never a failed compile
+            logger.warning("Triton cache: %s of %s not fetched (a miss): %s", filename, self.key, exc)
             return None
-        return super().put(data, filename, binary=True)
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         """Write ``data`` locally as Triton does, and queue its upload (a group index is uploaded by ``put_group``)."""
@@ -200,11 +202,16 @@ class TieredCacheManager(FileCacheManager):
         _local.count_miss()
         if self._shared is None:
             return None
-        members = self._fetch_group(filename)
-        if members is None:
+        try:
+            members = self._fetch_group(filename)
+            if members is None:
+                return None
+            local = super(TieredCacheManager, self)
+            paths = {name: local.put(data, name, binary=True) for name, data in members.items()}
+            FileCacheManager.put_group(self, filename, paths)  # members first, the index last: readers see it whole
+        except Exception as exc:  # a full disk, a bad name: a miss, never a failed compile
+            logger.warning("Triton cache: group %s of %s not fetched (a miss): %s", filename, self.key, exc)
             return None
-        paths = {name: super(TieredCacheManager, self).put(data, name, binary=True) for name, data in members.items()}
-        FileCacheManager.put_group(self, filename, paths)  # members first, the index last: readers see it whole
         return paths
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
@@ -223,8 +230,11 @@ class TieredCacheManager(FileCacheManager):
     # -- internals ------------------------------------------------------------------
 
     def _upload(self, filename: str, raw: bytes) -> None:
-        """Queue ``raw`` for every writable shared tier (background; a full queue drops it, counted)."""
-        self._shared[cache_key(self.key, filename)] = frame(self.key, filename, raw)
+        """Queue ``raw`` for every writable shared tier (background; a full queue drops it, counted). Never raises."""
+        try:
+            self._shared[cache_key(self.key, filename)] = frame(self.key, filename, raw)
+        except Exception as exc:  # a name no entry can have: the file stays local
+            logger.warning("Triton cache: %s of %s not uploaded: %s", filename, self.key, exc)
 
     def _fetch_group(self, filename: str) -> dict[str, bytes] | None:
         """The group's members from the first shared tier that has all of them verified, else None.
