@@ -112,6 +112,8 @@ def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None
     group.add_argument("--remote", dest="remote", nargs="?", const=True, metavar="URL", default=argparse.SUPPRESS,
                        help="act on the remote tier; with URL, use that remote (s3://bucket/prefix, gs://..., "
                        "file:///...) [TIERED_PROGCACHE_REMOTE]")  # fmt: skip
+    group.add_argument("--triton", action="store_true", default=argparse.SUPPRESS,
+                       help="act on Triton's cache: TRITON_CACHE_DIR (or --dir) and the remote's triton/ namespace")
     out = parser.add_argument_group("output")
     out.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v: info, -vv: every lookup)")
 
@@ -250,10 +252,15 @@ def _wants_remote(args: argparse.Namespace) -> bool:
 
 
 def _local(args: argparse.Namespace) -> LocalDir:
-    """The configured local directory, without building the chain (no remote is contacted)."""
+    """The configured local directory, without building the chain (no remote is contacted); ``--triton``: Triton's."""
     from .localdir import LocalDir, default_local_dir
 
-    root = load_config(args).local_dir
+    config = load_config(args)
+    if vars(args).get("triton"):
+        from .tritondir import TritonDir, default_triton_dir
+
+        return TritonDir(config.local_dir or default_triton_dir())  # type: ignore[return-value]  # an EntryStore
+    root = config.local_dir
     return LocalDir(root if root is not None else default_local_dir())
 
 
@@ -275,7 +282,8 @@ def _remote(args: argparse.Namespace, *, writing: bool = False) -> Iterator[Entr
     if len(urls) > 1:
         shown = ", ".join(masked(url) for url in urls)
         raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
-    remote, _ = shared_tier(config, urls[0], signing_key=config.read_signing_key(), create_root=None if writing else False)
+    remote, _ = shared_tier(config, urls[0], signing_key=config.read_signing_key(), create_root=None if writing else False,
+                            namespace="triton" if vars(args).get("triton") else "entries")
     if not isinstance(remote, EntryStore):  # pragma: no cover - every shared tier is an EntryStore
         raise UsageError(f"the remote {masked(urls[0])} is not an entry store")
     try:
@@ -309,6 +317,14 @@ def _shared_for_manifests(args: argparse.Namespace) -> Iterator[Callable[[], Ent
             return opened[0]
 
         yield shared
+
+
+def _counted(args: argparse.Namespace, entries: int, metadata: int, nbytes: int | None = None) -> str:
+    """How many entries a command moved or lists: kernels apart from metadata, or Triton's files as files."""
+    size = "" if nbytes is None else f", {format_size(nbytes)}"
+    if vars(args).get("triton"):
+        return f"{entries} Triton files ({format_size(nbytes or 0)})" if nbytes is not None else f"{entries} Triton files"
+    return f"{entries - metadata} kernels (+{metadata} metadata{size})"
 
 
 # -- entry names as the user gives them -----------------------------------------------------------
@@ -660,7 +676,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             print(f"{e.name}  {format_size(e.size):>10}  {age:>5}  {kind.kind:<8}  {kind.shown_names()}")
     if args.long:
         kernels, metadata = count_kinds(kinds.values())
-        print(f"total {kernels} kernels (+{metadata} metadata), {format_size(sum(e.size for e in entries))} in {where}")
+        print(f"total {_counted(args, kernels + metadata, metadata)}, {format_size(sum(e.size for e in entries))} in {where}")
     return EXIT_OK
 
 
@@ -719,7 +735,7 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     verb = "warmed" if direction == "warm" else "pushed"
     rate = f", {format_size(int(report.bytes / report.seconds))}/s" if report.seconds > 0 and report.bytes else ""
     print(
-        f"{verb} {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+        f"{verb} {_counted(args, report.entries, report.metadata, report.bytes)} "
         f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} already there, "
         f"{report.failures} failed"
     )
@@ -910,7 +926,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                signing_key=key, compression=compression)  # fmt: skip
         where = store.location
     kind = "zstd" if report.compressed else "tar"
-    print(f"exported {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+    print(f"exported {_counted(args, report.entries, report.metadata, report.bytes)} "
           f"from {where} to {report.path} ({kind}); "
           f"{report.skipped} filtered out, {report.failures} unreadable")  # fmt: skip
     return EXIT_PROBLEMS if report.failures else EXIT_OK
@@ -928,7 +944,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(f"{PROG} import: refused {args.bundle}: {exc}; nothing landed", file=sys.stderr)
             return EXIT_PROBLEMS
         where = store.location
-    print(f"imported {report.entries - report.metadata} kernels (+{report.metadata} metadata, {format_size(report.bytes)}) "
+    print(f"imported {_counted(args, report.entries, report.metadata, report.bytes)} "
           f"from {report.path} to {where}; "
           f"{report.skipped} already there, {report.failures} failed")  # fmt: skip
     return EXIT_PROBLEMS if report.failures else EXIT_OK

@@ -138,6 +138,21 @@ class CacheConfig:
         chain_settings = {name: value for name, value in self._values.items() if not table[name].builds_tiers}
         return TieredProgramCache(tiers=default_chain(self), **chain_settings)
 
+    def build_shared(self, *, namespace: str = "entries") -> TieredProgramCache | None:
+        """A chain of the shared tiers alone (no memory, no local directory) on ``namespace``, or None if no remote is set.
+
+        What :mod:`tiered_progcache.triton` stands behind Triton's own local directory
+        (``namespace="triton"``).
+        """
+        from .tiered import TieredProgramCache, shared_chain
+
+        specs = shared_chain(self, namespace=namespace)
+        if not specs:
+            return None
+        table = settings.by_name()
+        chain_settings = {name: value for name, value in self._values.items() if not table[name].builds_tiers}
+        return TieredProgramCache(tiers=specs, **chain_settings)
+
     def read_signing_key(self) -> bytes | str | None:
         """``signing_key``, or ``signing_key_file`` read by :func:`read_key_file`; None if neither.
 

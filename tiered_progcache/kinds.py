@@ -24,11 +24,13 @@ from .symbols import SYMBOLS_FORMAT
 if TYPE_CHECKING:
     from .store import EntryStore, StoredEntry
 
-__all__ = ["KERNEL", "MANIFEST", "METADATA_READ_BYTES", "SYMBOLS", "EntryKind", "classify", "count_kinds", "kind_of"]
+__all__ = ["KERNEL", "MANIFEST", "METADATA_READ_BYTES", "SYMBOLS", "TRITON", "EntryKind", "classify", "count_kinds", "kind_of"]
 
 KERNEL = "kernel"
 MANIFEST = "manifest"
 SYMBOLS = "symbols"
+#: Every entry of a store of Triton's files (namespace ``triton``): counted as files, never read to classify.
+TRITON = "triton"
 
 #: Entries stored in at most this many bytes are read to tell a symbol map from a small kernel.
 METADATA_READ_BYTES = 64 * 1024
@@ -86,6 +88,8 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
     kernel's manifest (from the listing, as ``ls --long`` does) for its kernel names.
     Entries that cannot be read count as kernels.
     """
+    if store.namespace == TRITON:
+        return {e.name: EntryKind(TRITON) for e in listed}
     by_name = {e.name: e for e in listed}
     manifests = {manifest_name(name): name for name in by_name}
     out: dict[str, EntryKind] = {}

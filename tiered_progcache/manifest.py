@@ -577,7 +577,10 @@ def manifest_columns(
     an unreadable one ``?`` and kind ``unreadable-manifest``. Reads as :func:`read_manifests`,
     then, where entries lack a manifest beside them and ``shared`` gives a shared store
     (called then only), reads theirs from it (:func:`read_shared_manifests`).
+    Every entry of a store of Triton's files (``namespace`` ``triton``) is kind ``triton``, unread.
     """
+    if store.namespace == "triton":
+        return {e.name: ("-", "-", "-", "triton") for e in listed}
     found = read_manifests(store, listed)
     names = {e.name for e in listed}
     if shared is not None:

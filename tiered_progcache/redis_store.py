@@ -16,7 +16,8 @@ same parts:
   ``ConnectionError``, ``TierUnavailable``) and the chain (:mod:`tiered_progcache.tier`)
   turns each into a counted miss or a dropped write.
 
-Keys are ``<prefix>:entries:<name>`` and ``<prefix>:leases:<name>``. URLs:
+Keys are ``<prefix>:entries:<name>`` and ``<prefix>:leases:<name>`` (Triton's files,
+``namespace="triton"``: ``<prefix>:triton:<name>``). URLs:
 ``redis://[:password@]host:port/<db>[/<prefix>]``, ``rediss://...`` (TLS) and
 ``unix:///path/to/redis.sock?db=0``; ``?prefix=NAME`` works on each (default
 ``tiered-progcache``). An optional per-entry expiry (``expire_s``, the
@@ -44,7 +45,7 @@ from .envelope import (
 )
 from .runner import RequestRunner
 from .sharedstore import SharedEntryStore, without_password
-from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
+from .store import LeaseStore, StoredEntry, check_entry_name, check_namespace, is_entry_name
 
 __all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
 
@@ -149,8 +150,10 @@ class RedisProgramCache(SharedEntryStore):
         breaker: CircuitBreaker | None = None,
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
+        namespace: str = "entries",
     ) -> None:
         self._redis = _redis()
+        self._namespace = check_namespace(namespace)
         self.client = client
         self._location = without_password(url)
         self._prefix = prefix
@@ -227,12 +230,17 @@ class RedisProgramCache(SharedEntryStore):
         return self._prefix
 
     @property
+    def namespace(self) -> str:
+        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
+        return self._namespace
+
+    @property
     def atomic_create(self) -> bool:
         return True  # SET NX
 
     def key_for(self, name: str) -> str:
         """The Redis key of entry ``name`` (``ValueError`` unless an entry name)."""
-        return f"{self._prefix}:entries:{check_entry_name(name)}"
+        return f"{self._prefix}:{self._namespace}:{check_entry_name(name)}"
 
     def close(self) -> None:
         """Close the idle pooled connections and the runner's idle threads; a later call reconnects.
@@ -307,8 +315,8 @@ class RedisProgramCache(SharedEntryStore):
         Redis keeps no modification time, so ``mtime`` is None (prune by age leaves
         Redis entries alone: give them an expiry, or a ``maxmemory-policy``).
         """
-        match = f"{_glob_escape(self._prefix)}:entries:*"
-        skip = len(self._prefix) + len(":entries:")
+        match = f"{_glob_escape(self._prefix)}:{self._namespace}:*"
+        skip = len(self._prefix) + len(f":{self._namespace}:")
         cursor = 0
         while True:
             cursor, keys, sizes = self._call("list", self._scan_step, cursor, match, timeout=self._list_timeout)

@@ -2,7 +2,8 @@
 
 Entries live at ``<url>/entries/<2 hex>/<62 hex>``, the hex being ``sha256(key)``: the
 naming of cuda-core's local file tier, so a bucket and a local cache directory list
-the same names. Each object is an envelope (:mod:`tiered_progcache.envelope`) that
+the same names. Triton's files (``namespace="triton"``) live beside them, at
+``<url>/triton/<2 hex>/<62 hex>``. Each object is an envelope (:mod:`tiered_progcache.envelope`) that
 carries the payload's digest and, with a signing key, an HMAC; every read is verified.
 Cluster leases live beside them, at ``<url>/leases/<name>`` (:class:`RemoteLeases`).
 
@@ -50,6 +51,7 @@ from .store import (
     LeaseStore,
     StoredEntry,
     check_entry_name,
+    check_namespace,
     is_entry_name,
 )
 
@@ -117,6 +119,7 @@ class RemoteProgramCache(SharedEntryStore):
         transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         factory: FilesystemFactory | None = None,
+        namespace: str = "entries",
     ) -> None:
         if fs is None and factory is None:
             raise TypeError("RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)")
@@ -138,7 +141,8 @@ class RemoteProgramCache(SharedEntryStore):
         # Object stores (root_marker "") put whole objects atomically and have buckets.
         self._bucket_store = not fs_class.root_marker
         base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
-        self._entries = f"{base}/entries"
+        self._namespace = check_namespace(namespace)
+        self._entries = f"{base}/{self._namespace}"
         self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
@@ -217,6 +221,11 @@ class RemoteProgramCache(SharedEntryStore):
         return self._runner.fs
 
     @property
+    def namespace(self) -> str:
+        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
+        return self._namespace
+
+    @property
     def atomic_create(self) -> bool:
         return self._objects.atomic_create
 
@@ -247,7 +256,7 @@ class RemoteProgramCache(SharedEntryStore):
     # -- by entry name (what listings, transfers and the CLI see) -----------------------
 
     def iter_entries(self) -> Iterator[StoredEntry]:
-        """Every entry under ``entries/`` (one listing of the prefix; not kept in a cache)."""
+        """Every entry under ``entries/`` (or ``triton/``: one listing of the prefix; not kept in a cache)."""
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(self._entries)
         find = functools.partial(self.fs.find, detail=True)

@@ -20,17 +20,22 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
+    "ENTRY_NAMESPACES",
     "ENTRY_NAME_LENGTH",
     "STALE_STAGED_AGE_S",
     "EntryStore",
     "LeaseStore",
     "StoredEntry",
     "check_entry_name",
+    "check_namespace",
     "entry_name",
     "is_entry_name",
 ]
 
 ENTRY_NAME_LENGTH = 64
+#: Where a shared store keeps entries: ``entries`` (the program cache's) or ``triton``
+#: (Triton's files, :mod:`tiered_progcache.triton`), side by side in one bucket or Redis.
+ENTRY_NAMESPACES = ("entries", "triton")
 #: Age after which a file staged for an upload is debris of a writer that died (cuda-core's own threshold).
 STALE_STAGED_AGE_S = 3600.0
 _HEX = frozenset("0123456789abcdef")
@@ -54,6 +59,13 @@ def check_entry_name(name: object) -> str:
         raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
     assert isinstance(name, str)
     return name
+
+
+def check_namespace(namespace: object) -> str:
+    """``namespace`` if it is one of :data:`ENTRY_NAMESPACES`, else ``ValueError`` naming them."""
+    if not isinstance(namespace, str) or namespace not in ENTRY_NAMESPACES:
+        raise ValueError(f"namespace must be one of {', '.join(ENTRY_NAMESPACES)}, got {namespace!r}")
+    return namespace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +123,11 @@ class EntryStore(abc.ABC):
     def atomic_create(self) -> bool:
         """True if :meth:`create_entry` is one atomic create-if-absent (a real lock primitive)."""
         return False
+
+    @property
+    def namespace(self) -> str:
+        """What the entries here are: ``"entries"`` (the program cache's) or ``"triton"`` (Triton's files)."""
+        return "entries"
 
     @property
     def available(self) -> bool:

@@ -433,9 +433,9 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     A local directory that cannot be created or opened is left out with a warning.
     """
-    signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
-    local_root = config.local_dir if config.local_dir is not None else default_local_dir()
+    shared = shared_chain(config)  # first: a bad signing key file is raised before any directory is made
     specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
+    local_root = config.local_dir if config.local_dir is not None else default_local_dir()
     try:
         local = FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes)
     except OSError as exc:
@@ -446,9 +446,23 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
         )
     else:
         specs.append((local, TierPolicy("local")))
+    return specs + shared
+
+
+def shared_chain(config: CacheConfig, *, namespace: str = "entries") -> list[TierSpec]:
+    """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`), on entries of ``namespace``.
+
+    ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
+    every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
+    Each is written in the background. :mod:`tiered_progcache.triton` builds its chain
+    from this alone (``namespace="triton"``): the same tiers, settings and envelope, and
+    no local directory.
+    """
+    signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
+    specs: list[TierSpec] = []
     names: set[str] = set()
     for url in remote_urls(config.remote):
-        shared, kind = shared_tier(config, url, signing_key=signing_key)
+        shared, kind = shared_tier(config, url, signing_key=signing_key, namespace=namespace)
         name, n = kind, 2
         while name in names:
             name, n = f"{kind}{n}", n + 1
@@ -459,12 +473,18 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
 
 
 def shared_tier(
-    config: CacheConfig, url: str, *, signing_key: bytes | str | None = None, create_root: bool | None = None
+    config: CacheConfig,
+    url: str,
+    *,
+    signing_key: bytes | str | None = None,
+    create_root: bool | None = None,
+    namespace: str = "entries",
 ) -> tuple[ProgramCacheResource, str]:
     """The shared tier ``url`` names, built as ``config`` says, and its kind (``"redis"`` or ``"remote"``).
 
     ``create_root`` overrides the ``create_remote_root`` setting (the command's reading
-    commands pass False: they never create anything).
+    commands pass False: they never create anything); ``namespace`` picks the entries it
+    holds (``"triton"`` for Triton's files).
     """
     common = dict(
         read_only=config.remote_read_only,
@@ -473,6 +493,7 @@ def shared_tier(
         timeout=config.remote_timeout,
         strict=config.strict,
         transfer_concurrency=config.transfer_concurrency,
+        namespace=namespace,
     )
     if is_redis_url(url):
         return RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common), "redis"
