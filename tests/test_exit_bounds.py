@@ -3,9 +3,13 @@
 The remote is a real moto S3 server in its own process, stopped with SIGSTOP after the
 compile took its lease: connections still open (the kernel accepts them) and nothing
 ever answers, as with a hung server. The compiling process exits right after the
-compile and prints, on its own monotonic clock, the moment its main code ended
-(``CLOCK_MONOTONIC`` is one clock for every process of the host); the test takes the
-moment the process (or the ``stats --run`` command around it) has exited.
+compile and prints, on its own monotonic clock, the moment its main code ended and the
+moment our exit work was over (its own ``atexit`` hook, which runs after threading's
+exit hooks: the flush, and the join of the lease release); ``CLOCK_MONOTONIC`` is one
+clock for every process of the host. The test takes the moment the process (or the
+``stats --run`` command around it) has exited. The exit work is held to the budget
+closely; the whole exit, which adds the interpreter's teardown (and the command's
+report) on a loaded machine, more loosely.
 
 The scenario is the one that cost 15.2 s on a51b919 with the defaults: the two uploads
 (the cubin and its manifest, one after the other on the one write-back worker) each
@@ -38,8 +42,10 @@ s3fs = pytest.importorskip("s3fs")
 REMOTE_TIMEOUT_S = 3.0
 #: The exit budget under test (three deadlines, 9 s, is what separate budgets cost).
 EXIT_TIMEOUT_S = 7.0
-#: What process teardown and the parent's wake-up may add past the budget on a loaded 2-core machine.
-MARGIN_S = 1.5
+#: What a thread's wake-up may add past the budget to the exit work on a loaded 2-core machine.
+WORK_MARGIN_S = 0.75
+#: What the interpreter's teardown, the command's report and the parent's wake-up may add on top.
+EXIT_MARGIN_S = 5.0
 
 _MOTO = textwrap.dedent("""
     import sys
@@ -52,7 +58,7 @@ _MOTO = textwrap.dedent("""
 
 # argv: [url, options JSON, local dir] for a cache from arguments, nothing for one from the environment.
 _NODE = textwrap.dedent("""
-    import json, sys, time
+    import atexit, json, sys, time
     import tiered_progcache as tpc
     from cuda.core import ProgramOptions
 
@@ -66,6 +72,7 @@ _NODE = textwrap.dedent("""
                                        remote_timeout=float(sys.argv[4]), exit_timeout=float(sys.argv[5]))
     else:
         cache = tpc.TieredProgramCache.from_env()
+    atexit.register(lambda: print("done", time.monotonic(), flush=True))  # after threading's exit hooks
     tpc.compile('extern "C" __global__ void k(int* o) { *o = 7; }', "c++", ProgramOptions(arch="sm_90"),
                 cache=cache, lease_ttl=600)
     print("returned", time.monotonic(), flush=True)
@@ -85,8 +92,11 @@ def stoppable_moto():
         server.wait()
 
 
-def _exit_after_a_compile_against_a_hung_remote(tmp_path, stoppable_moto, under_stats_run: bool) -> tuple[float, str]:
-    """(seconds from the end of the node's main code to the exit of what the test started, its stderr)."""
+def _exit_after_a_compile_against_a_hung_remote(
+    tmp_path, stoppable_moto, under_stats_run: bool
+) -> tuple[float, float, str]:
+    """Seconds from the end of the node's main code to the end of its exit work and to the exit of what
+    the test started, and its stderr."""
     server, endpoint = stoppable_moto
     options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
                "client_kwargs": {"region_name": "us-east-1"}}
@@ -109,6 +119,8 @@ def _exit_after_a_compile_against_a_hung_remote(tmp_path, stoppable_moto, under_
             node.stdin.flush()
             word, returned = node.stdout.readline().split()
             assert word == "returned"
+            word, done = node.stdout.readline().split()
+            assert word == "done"
             node.stdout.read()  # to its end: the command's report, under stats --run
             node.wait(timeout=120)
             exited = time.monotonic()
@@ -116,7 +128,7 @@ def _exit_after_a_compile_against_a_hung_remote(tmp_path, stoppable_moto, under_
             node.kill()
             node.wait()
     assert node.returncode == 0, stderr.read_text()
-    return exited - float(returned), stderr.read_text()
+    return float(done) - float(returned), exited - float(returned), stderr.read_text()
 
 
 @pytest.mark.timeout(180)
@@ -124,10 +136,12 @@ def _exit_after_a_compile_against_a_hung_remote(tmp_path, stoppable_moto, under_
 def test_exit_after_a_compile_against_a_hung_remote_takes_at_most_the_one_exit_budget(
     tmp_path, stoppable_moto, under_stats_run
 ):
-    exit_s, stderr = _exit_after_a_compile_against_a_hung_remote(tmp_path, stoppable_moto, under_stats_run)
-    print(f"exit took {exit_s:.2f} s after main returned (exit budget {EXIT_TIMEOUT_S:g} s)")
+    work_s, exit_s, stderr = _exit_after_a_compile_against_a_hung_remote(tmp_path, stoppable_moto, under_stats_run)
+    print(f"exit work took {work_s:.2f} s and exit {exit_s:.2f} s after main returned (budget {EXIT_TIMEOUT_S:g} s)")
     assert "timed out on a write" in stderr  # the uploads failed inside the budget: the release is what hung
-    assert EXIT_TIMEOUT_S - TEARDOWN_RESERVE_S - 1.0 <= exit_s <= EXIT_TIMEOUT_S + MARGIN_S, exit_s
+    # The release hung into the budget and was let go at its end (separate budgets: about 9 s here).
+    assert EXIT_TIMEOUT_S - TEARDOWN_RESERVE_S - 1.0 <= work_s <= EXIT_TIMEOUT_S - TEARDOWN_RESERVE_S + WORK_MARGIN_S
+    assert exit_s <= EXIT_TIMEOUT_S + EXIT_MARGIN_S
 
 
 def test_the_default_exit_budget_is_the_documented_10_s():

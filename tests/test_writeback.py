@@ -393,3 +393,18 @@ def test_the_exit_flush_is_registered_on_threadings_early_exit_hook_else_on_atex
     monkeypatch.delattr(threading, "_register_atexit")
     writeback._register_exit_flush()
     assert (early, late) == ([writeback._flush_at_exit], [writeback._flush_at_exit])
+
+
+def test_wait_for_with_less_than_a_second_left_still_waits_for_the_write():
+    """A short timeout is waited out, not taken as spent: the write ends while wait_for waits."""
+    store = GatedStore()
+    queue = WriteBackQueue(store, name="test")
+    queue.submit(b"k0", b"v")
+    assert store.began(b"k0").wait(JOIN_S)
+    store.gate(b"k0").set()  # the worker finishes as soon as this thread waits (it only needs the GIL)
+    assert queue.wait_for(b"k0", timeout=0.9) is True
+    queue.submit(b"k1", b"v")
+    assert store.began(b"k1").wait(JOIN_S)
+    store.gate(b"k1").set()
+    assert queue.flush(timeout=0.9) is True
+    queue.close()
