@@ -258,7 +258,7 @@ def test_close_drops_what_is_left_when_its_time_runs_out_and_refuses_later_write
     queue.submit(b"k2", b"queued22")
     with caplog.at_level(logging.WARNING, logger="tiered_progcache.writeback"):
         assert queue.close(timeout=0) is False
-    assert "write-back slowtier closed with 2 writes not done" in caplog.text
+    assert [r.getMessage() for r in caplog.records] == ["write-back slowtier closed with 2 writes not done"]
     assert queue.pending == 1 and queue.pending_bytes == 4  # the held one is still under way; the queued are gone
     assert queue.submit(b"k3", b"v") is Refused.CLOSED
     store.gate(b"k0").set()
@@ -297,7 +297,7 @@ def test_wait_for_and_flush_without_a_timeout_wait_until_done():
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     done = []
-    waiter = threading.Thread(target=lambda: done.append((queue.wait_for(b"k0"), queue.flush())), daemon=True)
+    waiter = threading.Thread(target=lambda: done.append((queue.flush(), queue.wait_for(b"k0"))), daemon=True)
     waiter.start()
     store.gate(b"k0").set()
     waiter.join(JOIN_S)
@@ -408,3 +408,42 @@ def test_wait_for_with_less_than_a_second_left_still_waits_for_the_write():
     store.gate(b"k1").set()
     assert queue.flush(timeout=0.9) is True
     queue.close()
+
+
+def test_a_flush_with_time_left_waits_at_most_that_long_for_a_stuck_write():
+    store = GatedStore()
+    queue = WriteBackQueue(store, name="test")
+    queue.submit(b"k0", b"v")
+    assert store.began(b"k0").wait(JOIN_S)
+    assert queue.flush(timeout=0.05) is False  # it waits, then gives up: never until the write ends
+    assert queue.wait_for(b"k0", timeout=0.05) is False
+    store.gate(b"k0").set()
+    assert queue.flush(JOIN_S)
+    queue.close()
+
+
+def test_the_smallest_bounds_are_one_write_and_one_byte():
+    store = GatedStore()
+    queue = WriteBackQueue(store, max_pending=1, max_pending_bytes=1)
+    assert queue.submit(b"k0", b"1") is None
+    assert store.began(b"k0").wait(JOIN_S)
+    assert queue.submit(b"k1", b"") is None  # one queued: the length bound; 1 byte: the byte bound
+    assert queue.submit(b"k2", b"") is Refused.FULL
+    store.gate(b"k0").set()
+    store.gate(b"k1").set()
+    assert queue.flush(JOIN_S)
+    (worker,) = [t for t in threading.enumerate() if t.name == "tiered-progcache-writeback-"]  # no name given
+    queue.close(JOIN_S)
+    worker.join(JOIN_S)
+
+
+def test_by_default_1024_writes_queue_behind_the_one_under_way():
+    store = GatedStore()
+    queue = WriteBackQueue(store, name="test")
+    queue.submit(b"first", b"v")
+    assert store.began(b"first").wait(JOIN_S)
+    assert all(queue.submit(b"k%d" % n, b"") is None for n in range(1024))
+    assert queue.submit(b"one too many", b"") is Refused.FULL
+    assert queue.pending == 1025
+    queue.close(timeout=0)
+    store.gate(b"first").set()
