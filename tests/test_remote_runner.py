@@ -385,3 +385,80 @@ def test_a_factory_rebuilds_from_storage_options_and_fresh_skips_fsspecs_cache()
     assert FilesystemFactory(MemoryFileSystem, {}).build() is MemoryFileSystem()  # fsspec's cached instance
     assert FilesystemFactory(MemoryFileSystem, {}).build(fresh=True) is not MemoryFileSystem()
     assert not FilesystemFactory(MemoryFileSystem, {}).is_async
+
+
+# -- stop flags, deadlines of a batch, the names in timeouts, fork ---------------------------------
+
+
+def test_a_stoppable_call_gets_a_stop_flag_first_and_it_is_set_when_its_caller_stops_waiting():
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="remote S")
+    flags: list[threading.Event] = []
+
+    def read(stop: threading.Event, path: str) -> str:
+        flags.append(stop)
+        return path
+
+    assert runner.call("read", read, None, "a", stoppable=True) == "a"
+    assert isinstance(flags[0], threading.Event) and not flags[0].is_set()
+    ended = threading.Event()
+
+    def long_read(stop: threading.Event) -> None:
+        flags.append(stop)
+        stop.wait(60)  # a chunked read checks its flag between chunks; this one waits on it
+        ended.set()
+
+    with pytest.raises(TimeoutError, match=r"^read on remote S took longer than 0.1 s$"):
+        runner.call("read", long_read, None, stoppable=True, timeout=0.1)
+    assert ended.wait(30) and flags[1].is_set()  # told to stop, it stopped
+    assert runner.call_many("batch", read, None, [("x",), ("y",)], stoppable=True) == ["x", "y"]
+    assert flags[2] is flags[3]  # one flag for the batch
+    runner.close()
+
+
+def test_a_batch_waits_up_to_its_deadline_for_requests_still_running():
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="remote B")
+    gate = threading.Event()
+    threading.Timer(0.05, gate.set).start()  # the requests end while the batch waits
+    assert runner.call_many("batch", lambda n: gate.wait(30) and n, None, [(1,), (2,)], timeout=30) == [1, 2]
+    runner.close()
+
+
+def test_an_async_request_past_its_deadline_is_a_timeout_error_naming_it():
+    fs = SlowFileSystem(delay_s=3600)
+    fs.mkdir("bucket")
+    runner = RequestRunner(fs, timeout=0.1, breaker=CircuitBreaker(failure_threshold=10), name="slow X")
+    with pytest.raises(TimeoutError, match=r"^read on slow X took longer than 0.1 s$"):
+        runner.call("read", fs.cat_file, fs._cat_file, "bucket/a")
+    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",)], timeout=0.1)
+    assert [str(r) for r in results] == ["batch on slow X took longer than 0.1 s"]
+    fs.delay_s = 0
+
+
+def test_after_a_fork_the_child_has_fresh_threads_and_rebuilds_a_filesystem_it_built(monkeypatch):
+    """What the child of a fork runs (forks themselves: test_remote_fork.py); called here directly."""
+    import weakref
+
+    from tiered_progcache import runner as runner_module
+    from tiered_progcache.runner import FilesystemFactory
+
+    name = f"fork-{uuid.uuid4().hex[:8]}"
+    built = RequestRunner(None, timeout=5, breaker=CircuitBreaker(), name=name, max_threads=1,
+                          factory=FilesystemFactory(MemoryFileSystem, {}))  # fmt: skip
+    handed = RequestRunner(SlowFileSystem(), timeout=5, breaker=CircuitBreaker(), name="handed async")
+    blocking = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="handed blocking")
+    parents = (built.fs, handed.fs, blocking.fs)
+    gate = threading.Event()
+    try:
+        with pytest.raises(TimeoutError):  # the parent's one pool thread is stuck in a call
+            built.call("op", gate.wait, None, timeout=0.05)
+        monkeypatch.setattr(runner_module, "_RUNNERS", weakref.WeakSet([built, handed, blocking]))
+        runner_module._after_fork_in_child()
+        assert handed.fs is not parents[1] and isinstance(handed.fs, SlowFileSystem)  # async: rebuilt
+        assert blocking.fs is parents[2]  # a blocking filesystem handed in holds no threads: kept
+        names = []
+        assert built.call("op", lambda: names.append(threading.current_thread().name) or 2, None) == 2
+        assert names == [f"tiered-progcache-remote {name}-1"]  # a fresh pool: the stuck thread is the parent's
+        assert isinstance(built.fs, MemoryFileSystem) and built.fs is not parents[0]  # built again in the child
+        assert blocking.call("op", lambda: 3, None) == 3
+    finally:
+        gate.set()
