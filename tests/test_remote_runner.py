@@ -411,7 +411,7 @@ def test_a_stoppable_call_gets_a_stop_flag_first_and_it_is_set_when_its_caller_s
         runner.call("read", long_read, None, stoppable=True, timeout=0.1)
     assert ended.wait(30) and flags[1].is_set()  # told to stop, it stopped
     assert runner.call_many("batch", read, None, [("x",), ("y",)], stoppable=True) == ["x", "y"]
-    assert flags[2] is flags[3]  # one flag for the batch
+    assert flags[2] is flags[3] and not flags[2].is_set()  # one flag for the batch, not set when all answered
     runner.close()
 
 
@@ -462,3 +462,15 @@ def test_after_a_fork_the_child_has_fresh_threads_and_rebuilds_a_filesystem_it_b
         assert blocking.call("op", lambda: 3, None) == 3
     finally:
         gate.set()
+
+
+def test_pool_threads_are_daemons_and_an_idle_one_takes_one_request_only():
+    """Two requests that must run at once (a barrier of two) after one thread went idle: a second thread starts."""
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(MemoryFileSystem(), timeout=30, breaker=CircuitBreaker(), name=name, max_threads=3)
+    assert runner.call("op", lambda: 1, None) == 1  # one thread, idle now
+    together = threading.Barrier(2, timeout=10)
+    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(1,), (2,)]) == [1, 2]
+    threads = _pool_threads(name)
+    assert len(threads) == 2 and all(t.daemon for t in threads)
+    runner.close()
