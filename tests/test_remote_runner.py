@@ -134,7 +134,7 @@ def test_bulk_on_an_async_filesystem_is_cancelled_at_its_deadline_and_records_th
     breaker = _half_open(clock)
     fs = SlowFileSystem(delay_s=3600)
     fs.mkdir("bucket")
-    runner = RequestRunner(fs, timeout=0.2, breaker=breaker, name="slow")
+    runner = RequestRunner(fs, timeout=5, breaker=breaker, name="slow")  # the batch below gives its own 0.2 s
     assert runner.is_async
     started = time.monotonic()
     results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",), ("bucket/b",)], timeout=0.2)
@@ -468,7 +468,11 @@ def test_pool_threads_are_daemons_and_an_idle_one_takes_one_request_only():
     """Two requests that must run at once (a barrier of two) after one thread went idle: a second thread starts."""
     name = f"pool-{uuid.uuid4().hex[:8]}"
     runner = RequestRunner(MemoryFileSystem(), timeout=30, breaker=CircuitBreaker(), name=name, max_threads=3)
-    assert runner.call("op", lambda: 1, None) == 1  # one thread, idle now
+    assert runner.call("op", lambda: 1, None) == 1  # one thread
+    deadline = time.monotonic() + 30
+    while runner._threads._idle != 1:  # it counts itself idle just after handing back its result
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     together = threading.Barrier(2, timeout=10)
     assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(1,), (2,)]) == [1, 2]
     threads = _pool_threads(name)
