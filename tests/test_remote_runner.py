@@ -477,4 +477,70 @@ def test_pool_threads_are_daemons_and_an_idle_one_takes_one_request_only():
     assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(1,), (2,)]) == [1, 2]
     threads = _pool_threads(name)
     assert len(threads) == 2 and all(t.daemon for t in threads)
+    while runner._threads._idle != 2:  # both count themselves idle again
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    together = threading.Barrier(2, timeout=10)
+    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(3,), (4,)]) == [3, 4]
+    assert set(_pool_threads(name)) == set(threads)  # the two idle threads served it: none started
     runner.close()
+
+
+def _last_error(runner: RequestRunner) -> str:
+    """What the open breaker says it last saw (its refusal names it)."""
+    with pytest.raises(TierUnavailable) as refused:
+        runner.call("op", lambda: None, None)
+    return str(refused.value)
+
+
+def test_an_open_breaker_names_the_last_failure_of_a_batch_whole_failed_interrupted_or_unbuilt():
+    from tiered_progcache.runner import FilesystemFactory
+
+    runner = _blocking_runner(CircuitBreaker(failure_threshold=4, cooldown_s=30))
+    runner.call_many("batch", _fail, None, [(n,) for n in range(4)])
+    assert "last: ConnectionError: request 3 failed" in _last_error(runner)
+
+    def interrupted(n: int) -> None:
+        raise KeyboardInterrupt("stop now")
+
+    runner = _blocking_runner(CircuitBreaker(failure_threshold=1, cooldown_s=30))
+    with pytest.raises(KeyboardInterrupt):
+        runner.call_many("batch", interrupted, None, [(0,)])
+    assert "last: KeyboardInterrupt: stop now" in _last_error(runner)
+
+    runner = RequestRunner(None, timeout=5, breaker=CircuitBreaker(failure_threshold=1), name="remote W",
+                           factory=FilesystemFactory(_Unbuildable, {}))  # fmt: skip
+    assert [str(r) for r in runner.call_many("batch", lambda n: n, None, [(1,)])] == ["cannot connect"]
+    assert "last: ConnectionError: cannot connect" in _last_error(runner)
+
+
+def test_a_batch_runs_the_async_function_on_an_async_filesystem_and_the_blocking_one_otherwise():
+    async def on_loop(n: int) -> str:
+        return f"async {n}"
+
+    fs = SlowFileSystem()
+    async_runner = RequestRunner(fs, timeout=5, breaker=CircuitBreaker(), name="slow")
+    assert async_runner.call_many("batch", lambda n: f"sync {n}", on_loop, [(1,)]) == ["async 1"]
+    assert async_runner.call_many("batch", lambda n: f"sync {n}", None, [(2,)]) == ["sync 2"]  # none given
+    blocking = _blocking_runner(CircuitBreaker())
+    assert blocking.call_many("batch", lambda n: f"sync {n}", on_loop, [(3,)]) == ["sync 3"]
+    blocking.close()
+
+
+def test_the_first_request_of_a_runner_that_builds_its_filesystem_is_timed_from_after_the_build():
+    from tiered_progcache.runner import FilesystemFactory
+
+    runner = RequestRunner(None, timeout=5, breaker=CircuitBreaker(), name="remote L",
+                           factory=FilesystemFactory(MemoryFileSystem, {}))  # fmt: skip
+    assert runner.call("op", lambda: 7, None) == 7
+    assert runner.latency.recorded == 1
+
+
+def test_a_factory_like_an_object_without_storage_options_has_none():
+    from tiered_progcache.runner import FilesystemFactory
+
+    class Bare:
+        pass
+
+    factory = FilesystemFactory.like(Bare())
+    assert factory.cls is Bare and dict(factory.kwargs) == {}
