@@ -544,3 +544,28 @@ def test_a_factory_like_an_object_without_storage_options_has_none():
 
     factory = FilesystemFactory.like(Bare())
     assert factory.cls is Bare and dict(factory.kwargs) == {}
+
+
+def test_only_single_requests_under_the_runners_own_deadline_are_timed_answers_included():
+    runner = _blocking_runner(CircuitBreaker())
+
+    def missing() -> None:
+        raise FileNotFoundError("no such entry")
+
+    assert runner.call("op", lambda: 1, None) == 1
+    with pytest.raises(FileNotFoundError):
+        runner.call("op", missing, None)  # an answer: one round trip too
+    assert runner.latency.recorded == 2
+    assert runner.call("list", lambda: 2, None, timeout=60) == 2  # a listing's own deadline: not one round trip
+    with pytest.raises(FileNotFoundError):
+        runner.call("list", missing, None, timeout=60)
+    assert runner.latency.recorded == 2
+    assert 0 <= runner.latency.median() < 60  # a duration, not a point in time
+    runner.close()
+
+
+def test_an_open_breaker_names_the_last_failure_of_a_single_request():
+    runner = _blocking_runner(CircuitBreaker(failure_threshold=1, cooldown_s=30))
+    with pytest.raises(ConnectionError):
+        runner.call("op", _fail, None, 9)
+    assert "last: ConnectionError: request 9 failed" in _last_error(runner)
