@@ -137,6 +137,7 @@ def test_the_chain_expedites_the_uploads_submitted_after_a_mark():
 # -- the queue's bounds, refusals and accounting, exactly --------------------------------------------
 
 import logging  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -314,38 +315,44 @@ def test_submission_marks_increase_across_queues():
     queue.close(JOIN_S)
 
 
-def test_a_queue_after_fork_starts_empty_with_no_worker_and_writes_its_own():
+def test_a_queue_after_fork_starts_empty_with_no_worker_and_writes_its_own(monkeypatch):
     """What the child of a fork sees (the fork itself runs in test_chain_faults): called here directly."""
-    store = GatedStore()
+    _private_registry(monkeypatch)
+    hold, started = threading.Event(), threading.Event()
+    written = []
+
+    def store(key: bytes, data: bytes) -> None:
+        if key.startswith(b"parent"):
+            started.set()
+            hold.wait()  # the parent's worker, which a real child would not have
+        written.append(key)
+
     queue = WriteBackQueue(store, name="test")
     queue.submit(b"parent0", b"v")
-    assert store.began(b"parent0").wait(JOIN_S)
-    queue.submit(b"parent1", b"v")
-    queue._forget_after_fork()
+    assert started.wait(JOIN_S)
+    queue.submit(b"parent1", b"v")  # queued behind parent0, which is under way
+    writeback._after_fork_in_child()
     assert queue.pending == 0 and queue.pending_bytes == 0
     assert queue.wait_for(b"parent0", 0) and queue.wait_for(b"parent1", 0) and queue.flush(0)
     assert queue.submit(b"child", b"v") is None  # a fresh worker for the child's own write
-    store.gate(b"child").set()
-    assert queue.flush(JOIN_S)
-    store.gate(b"parent0").set()
-    store.gate(b"parent1").set()
-    assert b"child" in store.order
-    queue.close(JOIN_S)
+    assert queue.flush(JOIN_S) and written == [b"child"]
+    hold.set()
 
 
-def test_a_closed_queue_stays_closed_after_fork():
+def test_a_closed_queue_stays_closed_after_fork(monkeypatch):
+    _private_registry(monkeypatch)
     queue = WriteBackQueue(GatedStore(), name="test")
     queue.close()
     queue._forget_after_fork()
     assert queue.submit(b"k", b"v") is Refused.CLOSED
 
 
-def _only_these_queues(monkeypatch, *queues: WriteBackQueue) -> None:
-    """The exit flush sees these queues alone (not those other tests left alive)."""
+def _private_registry(monkeypatch) -> None:
+    """Queues built after this register in a set of the test's own, so the exit and fork hooks see only them
+    (and the real exit flush never sees a queue a test left in a made-up state)."""
     import weakref
 
-    live = weakref.WeakSet(queues)
-    monkeypatch.setattr(writeback, "_live_queues", live)
+    monkeypatch.setattr(writeback, "_live_queues", weakref.WeakSet())
 
 
 def test_the_exit_flush_starts_the_exit_budget_and_warns_of_what_it_could_not_flush(monkeypatch, caplog):
@@ -353,13 +360,13 @@ def test_the_exit_flush_starts_the_exit_budget_and_warns_of_what_it_could_not_fl
     budget = exitbudget.ExitBudget(lambda: next(times))
     budget.allow(2.0)
     monkeypatch.setattr(exitbudget, "PROCESS", budget)
+    _private_registry(monkeypatch)
     store = GatedStore()
     stuck = WriteBackQueue(store, name="stuck")
     stuck.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     stuck.submit(b"k1", b"v")
     idle = WriteBackQueue(GatedStore(), name="idle")
-    _only_these_queues(monkeypatch, idle, stuck)
     with caplog.at_level(logging.WARNING, logger="tiered_progcache.writeback"):
         writeback._flush_at_exit()
     assert budget.began and budget.begin() == 2.0 - exitbudget.TEARDOWN_RESERVE_S
@@ -374,9 +381,9 @@ def test_the_exit_flush_starts_the_exit_budget_and_warns_of_what_it_could_not_fl
 def test_the_exit_flush_flushes_what_it_can_within_the_budget(monkeypatch, caplog):
     budget = exitbudget.ExitBudget()
     monkeypatch.setattr(exitbudget, "PROCESS", budget)
+    _private_registry(monkeypatch)
     written = []
     queue = WriteBackQueue(lambda key, data: written.append(key), name="fast")
-    _only_these_queues(monkeypatch, queue)
     queue.submit(b"k", b"v")
     with caplog.at_level(logging.WARNING, logger="tiered_progcache.writeback"):
         writeback._flush_at_exit()
@@ -447,3 +454,17 @@ def test_by_default_1024_writes_queue_behind_the_one_under_way():
     assert queue.pending == 1025
     queue.close(timeout=0)
     store.gate(b"first").set()
+
+
+def test_the_fork_hook_empties_every_live_queue(monkeypatch):
+    _private_registry(monkeypatch)
+    stores = (GatedStore(), GatedStore())
+    first, second = WriteBackQueue(stores[0], name="a"), WriteBackQueue(stores[1], name="b")
+    for queue, store in zip((first, second), stores):
+        queue.submit(b"under way", b"v")
+        assert store.began(b"under way").wait(JOIN_S)  # its worker is in the store, not in the queue's lock
+        queue.submit(b"queued", b"vv")
+    writeback._after_fork_in_child()
+    assert (first.pending, second.pending, first.pending_bytes, second.pending_bytes) == (0, 0, 0, 0)
+    for store in stores:
+        store.gate(b"under way").set()  # the parent's workers (absent in a real child) may finish now
