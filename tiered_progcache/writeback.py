@@ -28,10 +28,14 @@ import weakref
 from typing import Callable
 
 from . import exitbudget
+from .settings import DEFAULT_EXIT_TIMEOUT_S
 
 __all__ = ["Refused", "WriteBackQueue", "submission_mark"]
 
 logger = logging.getLogger(__name__)
+
+#: The default exit budget, under its old name; the process's own is ``exitbudget.PROCESS.budget_s``.
+EXIT_FLUSH_TIMEOUT_S = DEFAULT_EXIT_TIMEOUT_S
 
 _live_queues: weakref.WeakSet[WriteBackQueue] = weakref.WeakSet()
 
