@@ -192,7 +192,7 @@ def test_a_request_that_outlives_its_deadline_is_a_timeout_error_naming_it():
         gate.set()
     with pytest.raises(ValueError, match="max_threads"):
         RequestRunner(MemoryFileSystem(), timeout=1, breaker=CircuitBreaker(), name="x", max_threads=0)
-    with pytest.raises(ValueError, match="filesystem or a factory"):
+    with pytest.raises(ValueError, match="^RequestRunner needs a filesystem or a factory to build one$"):
         RequestRunner(None, timeout=1, breaker=CircuitBreaker(), name="x")
     runner.close()
 
@@ -384,6 +384,9 @@ def test_a_factory_rebuilds_from_storage_options_and_fresh_skips_fsspecs_cache()
     assert factory.build().delay_s == 0.5
     assert FilesystemFactory(MemoryFileSystem, {}).build() is MemoryFileSystem()  # fsspec's cached instance
     assert FilesystemFactory(MemoryFileSystem, {}).build(fresh=True) is not MemoryFileSystem()
+    fresh = FilesystemFactory(MemoryFileSystem, {})
+    assert fresh.build(fresh=True) is not fresh.build(fresh=True)  # neither taken from, nor put in, the cache
+    assert fresh.build(fresh=True).storage_options == {}  # the cache switch is fsspec's, not a storage option
     assert not FilesystemFactory(MemoryFileSystem, {}).is_async
 
 
@@ -569,3 +572,43 @@ def test_an_open_breaker_names_the_last_failure_of_a_single_request():
     with pytest.raises(ConnectionError):
         runner.call("op", _fail, None, 9)
     assert "last: ConnectionError: request 9 failed" in _last_error(runner)
+
+
+class _SlowToBuild(MemoryFileSystem):
+    """A filesystem whose constructor waits (ftp/sftp connect there); remembers the thread that built it."""
+
+    cachable = False
+    go = threading.Event()
+    builders: list[threading.Thread] = []
+
+    def __init__(self, *args, **kwargs):
+        type(self).builders.append(threading.current_thread())
+        assert type(self).go.wait(60)
+        super().__init__(*args, **kwargs)
+
+
+def test_a_filesystem_is_built_on_a_named_daemon_thread_under_the_deadline():
+    from tiered_progcache.runner import FilesystemFactory
+
+    runner = RequestRunner(None, timeout=0.1, breaker=CircuitBreaker(), name="remote C",
+                           factory=FilesystemFactory(_SlowToBuild, {}))  # fmt: skip
+    try:
+        with pytest.raises(TimeoutError, match="^connecting to remote C took longer than 0.1 s$"):
+            runner.fs
+        (builder,) = _SlowToBuild.builders
+        assert builder.name == "tiered-progcache-connect" and builder.daemon  # never holds up exit
+    finally:
+        _SlowToBuild.go.set()
+
+
+def test_a_runner_has_eight_pool_threads_by_default():
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(failure_threshold=100), name=name)
+    gate = threading.Event()
+    try:
+        results = runner.call_many("batch", lambda n: gate.wait(), None, [(n,) for n in range(10)], timeout=0.2)
+        assert all(isinstance(r, TimeoutError) for r in results)
+        assert len(_pool_threads(name)) == 8
+    finally:
+        gate.set()
+    runner.close()
