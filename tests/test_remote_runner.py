@@ -574,31 +574,31 @@ def test_an_open_breaker_names_the_last_failure_of_a_single_request():
     assert "last: ConnectionError: request 9 failed" in _last_error(runner)
 
 
-class _SlowToBuild(MemoryFileSystem):
-    """A filesystem whose constructor waits (ftp/sftp connect there); remembers the thread that built it."""
-
-    cachable = False
-    go = threading.Event()
-    builders: list[threading.Thread] = []
-
-    def __init__(self, *args, **kwargs):
-        type(self).builders.append(threading.current_thread())
-        assert type(self).go.wait(60)
-        super().__init__(*args, **kwargs)
-
-
 def test_a_filesystem_is_built_on_a_named_daemon_thread_under_the_deadline():
     from tiered_progcache.runner import FilesystemFactory
 
+    go = threading.Event()
+    builders: list[threading.Thread] = []
+
+    class SlowToBuild(MemoryFileSystem):
+        """A filesystem whose constructor waits (ftp/sftp connect there); remembers the thread that built it."""
+
+        cachable = False
+
+        def __init__(self, *args, **kwargs):
+            builders.append(threading.current_thread())
+            assert go.wait(60)
+            super().__init__(*args, **kwargs)
+
     runner = RequestRunner(None, timeout=0.1, breaker=CircuitBreaker(), name="remote C",
-                           factory=FilesystemFactory(_SlowToBuild, {}))  # fmt: skip
+                           factory=FilesystemFactory(SlowToBuild, {}))  # fmt: skip
     try:
         with pytest.raises(TimeoutError, match="^connecting to remote C took longer than 0.1 s$"):
             runner.fs
-        (builder,) = _SlowToBuild.builders
+        (builder,) = builders
         assert builder.name == "tiered-progcache-connect" and builder.daemon  # never holds up exit
     finally:
-        _SlowToBuild.go.set()
+        go.set()
 
 
 def test_a_runner_has_eight_pool_threads_by_default():
