@@ -468,3 +468,17 @@ def test_the_fork_hook_empties_every_live_queue(monkeypatch):
     assert (first.pending, second.pending, first.pending_bytes, second.pending_bytes) == (0, 0, 0, 0)
     for store in stores:
         store.gate(b"under way").set()  # the parent's workers (absent in a real child) may finish now
+
+
+def test_no_bookkeeping_is_left_for_writes_done_or_cancelled():
+    """A long-lived process writes millions of keys: nothing may stay behind per key."""
+    store = GatedStore()
+    queue = WriteBackQueue(store, name="test")
+    queue.submit(b"k0", b"v")
+    assert store.began(b"k0").wait(JOIN_S)
+    queue.submit(b"k1", b"v")
+    assert queue.cancel(b"k1")
+    store.gate(b"k0").set()
+    assert queue.flush(JOIN_S)
+    assert (queue._submitted_at, queue._in_flight_keys, dict(queue._pending)) == ({}, set(), {})
+    queue.close()
