@@ -53,6 +53,7 @@ def test_every_variable_is_read(tmp_path):
         ENV + "LEASE_MIN_COMPILE_RTTS": "6",
         ENV + "WAIT_PATIENCE": "none",
         ENV + "COMPILE_TIME_PRIOR_S": "0.3",
+        ENV + "EXIT_TIMEOUT": "4.5",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -65,6 +66,7 @@ def test_every_variable_is_read(tmp_path):
     assert config.transfer_concurrency == 16 and config.min_upload_compile_s == 0.5
     assert config.explain_misses is True and config.create_remote_root is True
     assert (config.lease_min_compile_rtts, config.wait_patience, config.compile_time_prior_s) == (6.0, None, 0.3)
+    assert config.exit_timeout == 4.5
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
@@ -264,6 +266,7 @@ OLD_FLAGS = {
     "--compression", "--remote-timeout", "--strict", "--max-local-bytes", "--transfer-concurrency",
     "--min-upload-compile-s", "--lease-min-compile-rtts", "--wait-patience", "--compile-time-prior-s",
     "--create-remote-root",
+    "--exit-timeout",
 }  # fmt: skip
 
 
@@ -345,6 +348,7 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "redis_expire_s": 3600.0,
         "transfer_concurrency": 16, "min_upload_compile_s": 0.25, "explain_misses": True,
         "lease_min_compile_rtts": 2.5, "wait_patience": None, "compile_time_prior_s": 0.75,
+        "exit_timeout": 4.5,
     }  # fmt: skip
     value = samples[setting.name]
     text = setting.text(value)

@@ -159,8 +159,11 @@ class GatedFS(MemoryFileSystem):
 
 def test_a_read_past_its_deadline_stops_between_chunks(tmp_path):
     fs = GatedFS()
+    # Written through a remote with time to spare (16 MiB on a loaded machine), read through one with 0.2 s.
+    RemoteProgramCache(fs, "/gated", timeout=60, max_entry_bytes=64 * MiB).write_entry(
+        NAME, os.urandom(FIRST_READ_BYTES + 8 * READ_CHUNK_BYTES)
+    )
     remote = RemoteProgramCache(fs, "/gated", timeout=0.2, max_entry_bytes=64 * MiB)
-    remote.write_entry(NAME, os.urandom(FIRST_READ_BYTES + 8 * READ_CHUNK_BYTES))
     with pytest.raises(TimeoutError):
         remote.read_entry(NAME)  # the first range comes, the next chunk waits past the deadline
     remote.close()  # the runner's threads exit once their current call returns

@@ -37,7 +37,7 @@ def _only_entry(bucket) -> tuple[str, str]:
 def test_server_dies_mid_run_compiles_still_finish_in_bounded_time(private_moto_server, tmp_path):
     bucket = private_moto_server.new_bucket()
     chain = TieredProgramCache(
-        tmp_path / "node", remote=bucket.url, remote_options=bucket.storage_options, remote_timeout=0.5, strict=True
+        tmp_path / "node", remote=bucket.url, remote_options=bucket.storage_options, remote_timeout=2, strict=True
     )
     _compile(chain, 16)
     assert chain.flush(timeout=30) and chain.stats()["remote"].writes == 1
@@ -55,7 +55,7 @@ def test_server_dies_mid_run_compiles_still_finish_in_bounded_time(private_moto_
     assert remote.errors + remote.timeouts >= 3, remote
     assert remote.skipped >= 1, remote
     assert remote.hits == 0 and remote.writes == 1
-    assert elapsed < 3 * 0.5 + 10, elapsed  # three deadlines, then no more waiting on the remote
+    assert elapsed < 3 * 2 + 10, elapsed  # at most three deadlines (a stopped server refuses), then no more waiting
     assert chain.get(_key_of(chain, 32)) == cubin  # served locally all along
     chain.close()
 

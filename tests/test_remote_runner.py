@@ -134,7 +134,7 @@ def test_bulk_on_an_async_filesystem_is_cancelled_at_its_deadline_and_records_th
     breaker = _half_open(clock)
     fs = SlowFileSystem(delay_s=3600)
     fs.mkdir("bucket")
-    runner = RequestRunner(fs, timeout=0.2, breaker=breaker, name="slow")
+    runner = RequestRunner(fs, timeout=5, breaker=breaker, name="slow")  # the batch below gives its own 0.2 s
     assert runner.is_async
     started = time.monotonic()
     results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",), ("bucket/b",)], timeout=0.2)
@@ -192,7 +192,7 @@ def test_a_request_that_outlives_its_deadline_is_a_timeout_error_naming_it():
         gate.set()
     with pytest.raises(ValueError, match="max_threads"):
         RequestRunner(MemoryFileSystem(), timeout=1, breaker=CircuitBreaker(), name="x", max_threads=0)
-    with pytest.raises(ValueError, match="filesystem or a factory"):
+    with pytest.raises(ValueError, match="^RequestRunner needs a filesystem or a factory to build one$"):
         RequestRunner(None, timeout=1, breaker=CircuitBreaker(), name="x")
     runner.close()
 
@@ -384,4 +384,231 @@ def test_a_factory_rebuilds_from_storage_options_and_fresh_skips_fsspecs_cache()
     assert factory.build().delay_s == 0.5
     assert FilesystemFactory(MemoryFileSystem, {}).build() is MemoryFileSystem()  # fsspec's cached instance
     assert FilesystemFactory(MemoryFileSystem, {}).build(fresh=True) is not MemoryFileSystem()
+    fresh = FilesystemFactory(MemoryFileSystem, {})
+    assert fresh.build(fresh=True) is not fresh.build(fresh=True)  # neither taken from, nor put in, the cache
+    assert fresh.build(fresh=True).storage_options == {}  # the cache switch is fsspec's, not a storage option
     assert not FilesystemFactory(MemoryFileSystem, {}).is_async
+
+
+# -- stop flags, deadlines of a batch, the names in timeouts, fork ---------------------------------
+
+
+def test_a_stoppable_call_gets_a_stop_flag_first_and_it_is_set_when_its_caller_stops_waiting():
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="remote S")
+    flags: list[threading.Event] = []
+
+    def read(stop: threading.Event, path: str) -> str:
+        flags.append(stop)
+        return path
+
+    assert runner.call("read", read, None, "a", stoppable=True) == "a"
+    assert isinstance(flags[0], threading.Event) and not flags[0].is_set()
+    ended = threading.Event()
+
+    def long_read(stop: threading.Event) -> None:
+        flags.append(stop)
+        stop.wait(60)  # a chunked read checks its flag between chunks; this one waits on it
+        ended.set()
+
+    with pytest.raises(TimeoutError, match=r"^read on remote S took longer than 0.1 s$"):
+        runner.call("read", long_read, None, stoppable=True, timeout=0.1)
+    assert ended.wait(30) and flags[1].is_set()  # told to stop, it stopped
+    assert runner.call_many("batch", read, None, [("x",), ("y",)], stoppable=True) == ["x", "y"]
+    assert flags[2] is flags[3] and not flags[2].is_set()  # one flag for the batch, not set when all answered
+    runner.close()
+
+
+def test_a_batch_waits_up_to_its_deadline_for_requests_still_running():
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="remote B")
+    gate = threading.Event()
+    threading.Timer(0.05, gate.set).start()  # the requests end while the batch waits
+    assert runner.call_many("batch", lambda n: gate.wait(30) and n, None, [(1,), (2,)], timeout=30) == [1, 2]
+    runner.close()
+
+
+def test_an_async_request_past_its_deadline_is_a_timeout_error_naming_it():
+    fs = SlowFileSystem(delay_s=3600)
+    fs.mkdir("bucket")
+    runner = RequestRunner(fs, timeout=0.1, breaker=CircuitBreaker(failure_threshold=10), name="slow X")
+    with pytest.raises(TimeoutError, match=r"^read on slow X took longer than 0.1 s$"):
+        runner.call("read", fs.cat_file, fs._cat_file, "bucket/a")
+    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",)], timeout=0.1)
+    assert [str(r) for r in results] == ["batch on slow X took longer than 0.1 s"]
+    fs.delay_s = 0
+
+
+def test_after_a_fork_the_child_has_fresh_threads_and_rebuilds_a_filesystem_it_built(monkeypatch):
+    """What the child of a fork runs (forks themselves: test_remote_fork.py); called here directly."""
+    import weakref
+
+    from tiered_progcache import runner as runner_module
+    from tiered_progcache.runner import FilesystemFactory
+
+    name = f"fork-{uuid.uuid4().hex[:8]}"
+    built = RequestRunner(None, timeout=5, breaker=CircuitBreaker(), name=name, max_threads=1,
+                          factory=FilesystemFactory(MemoryFileSystem, {}))  # fmt: skip
+    handed = RequestRunner(SlowFileSystem(), timeout=5, breaker=CircuitBreaker(), name="handed async")
+    blocking = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="handed blocking")
+    parents = (built.fs, handed.fs, blocking.fs)
+    gate = threading.Event()
+    try:
+        with pytest.raises(TimeoutError):  # the parent's one pool thread is stuck in a call
+            built.call("op", gate.wait, None, timeout=0.05)
+        monkeypatch.setattr(runner_module, "_RUNNERS", weakref.WeakSet([built, handed, blocking]))
+        runner_module._after_fork_in_child()
+        assert handed.fs is not parents[1] and isinstance(handed.fs, SlowFileSystem)  # async: rebuilt
+        assert blocking.fs is parents[2]  # a blocking filesystem handed in holds no threads: kept
+        names = []
+        assert built.call("op", lambda: names.append(threading.current_thread().name) or 2, None) == 2
+        assert names == [f"tiered-progcache-remote {name}-1"]  # a fresh pool: the stuck thread is the parent's
+        assert isinstance(built.fs, MemoryFileSystem) and built.fs is not parents[0]  # built again in the child
+        assert blocking.call("op", lambda: 3, None) == 3
+    finally:
+        gate.set()
+
+
+def test_pool_threads_are_daemons_and_an_idle_one_takes_one_request_only():
+    """Two requests that must run at once (a barrier of two) after one thread went idle: a second thread starts."""
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(MemoryFileSystem(), timeout=30, breaker=CircuitBreaker(), name=name, max_threads=3)
+    assert runner.call("op", lambda: 1, None) == 1  # one thread
+    deadline = time.monotonic() + 30
+    while runner._threads._idle != 1:  # it counts itself idle just after handing back its result
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    together = threading.Barrier(2, timeout=10)
+    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(1,), (2,)]) == [1, 2]
+    threads = _pool_threads(name)
+    assert len(threads) == 2 and all(t.daemon for t in threads)
+    while runner._threads._idle != 2:  # both count themselves idle again
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    together = threading.Barrier(2, timeout=10)
+    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(3,), (4,)]) == [3, 4]
+    assert set(_pool_threads(name)) == set(threads)  # the two idle threads served it: none started
+    runner.close()
+
+
+def _last_error(runner: RequestRunner) -> str:
+    """What the open breaker says it last saw (its refusal names it)."""
+    with pytest.raises(TierUnavailable) as refused:
+        runner.call("op", lambda: None, None)
+    return str(refused.value)
+
+
+def test_an_open_breaker_names_the_last_failure_of_a_batch_whole_failed_interrupted_or_unbuilt():
+    from tiered_progcache.runner import FilesystemFactory
+
+    runner = _blocking_runner(CircuitBreaker(failure_threshold=4, cooldown_s=30))
+    runner.call_many("batch", _fail, None, [(n,) for n in range(4)])
+    assert "last: ConnectionError: request 3 failed" in _last_error(runner)
+
+    def interrupted(n: int) -> None:
+        raise KeyboardInterrupt("stop now")
+
+    runner = _blocking_runner(CircuitBreaker(failure_threshold=1, cooldown_s=30))
+    with pytest.raises(KeyboardInterrupt):
+        runner.call_many("batch", interrupted, None, [(0,)])
+    assert "last: KeyboardInterrupt: stop now" in _last_error(runner)
+
+    runner = RequestRunner(None, timeout=5, breaker=CircuitBreaker(failure_threshold=1), name="remote W",
+                           factory=FilesystemFactory(_Unbuildable, {}))  # fmt: skip
+    assert [str(r) for r in runner.call_many("batch", lambda n: n, None, [(1,)])] == ["cannot connect"]
+    assert "last: ConnectionError: cannot connect" in _last_error(runner)
+
+
+def test_a_batch_runs_the_async_function_on_an_async_filesystem_and_the_blocking_one_otherwise():
+    async def on_loop(n: int) -> str:
+        return f"async {n}"
+
+    fs = SlowFileSystem()
+    async_runner = RequestRunner(fs, timeout=5, breaker=CircuitBreaker(), name="slow")
+    assert async_runner.call_many("batch", lambda n: f"sync {n}", on_loop, [(1,)]) == ["async 1"]
+    assert async_runner.call_many("batch", lambda n: f"sync {n}", None, [(2,)]) == ["sync 2"]  # none given
+    blocking = _blocking_runner(CircuitBreaker())
+    assert blocking.call_many("batch", lambda n: f"sync {n}", on_loop, [(3,)]) == ["sync 3"]
+    blocking.close()
+
+
+def test_the_first_request_of_a_runner_that_builds_its_filesystem_is_timed_from_after_the_build():
+    from tiered_progcache.runner import FilesystemFactory
+
+    runner = RequestRunner(None, timeout=5, breaker=CircuitBreaker(), name="remote L",
+                           factory=FilesystemFactory(MemoryFileSystem, {}))  # fmt: skip
+    assert runner.call("op", lambda: 7, None) == 7
+    assert runner.latency.recorded == 1
+
+
+def test_a_factory_like_an_object_without_storage_options_has_none():
+    from tiered_progcache.runner import FilesystemFactory
+
+    class Bare:
+        pass
+
+    factory = FilesystemFactory.like(Bare())
+    assert factory.cls is Bare and dict(factory.kwargs) == {}
+
+
+def test_only_single_requests_under_the_runners_own_deadline_are_timed_answers_included():
+    runner = _blocking_runner(CircuitBreaker())
+
+    def missing() -> None:
+        raise FileNotFoundError("no such entry")
+
+    assert runner.call("op", lambda: 1, None) == 1
+    with pytest.raises(FileNotFoundError):
+        runner.call("op", missing, None)  # an answer: one round trip too
+    assert runner.latency.recorded == 2
+    assert runner.call("list", lambda: 2, None, timeout=60) == 2  # a listing's own deadline: not one round trip
+    with pytest.raises(FileNotFoundError):
+        runner.call("list", missing, None, timeout=60)
+    assert runner.latency.recorded == 2
+    assert 0 <= runner.latency.median() < 60  # a duration, not a point in time
+    runner.close()
+
+
+def test_an_open_breaker_names_the_last_failure_of_a_single_request():
+    runner = _blocking_runner(CircuitBreaker(failure_threshold=1, cooldown_s=30))
+    with pytest.raises(ConnectionError):
+        runner.call("op", _fail, None, 9)
+    assert "last: ConnectionError: request 9 failed" in _last_error(runner)
+
+
+def test_a_filesystem_is_built_on_a_named_daemon_thread_under_the_deadline():
+    from tiered_progcache.runner import FilesystemFactory
+
+    go = threading.Event()
+    builders: list[threading.Thread] = []
+
+    class SlowToBuild(MemoryFileSystem):
+        """A filesystem whose constructor waits (ftp/sftp connect there); remembers the thread that built it."""
+
+        cachable = False
+
+        def __init__(self, *args, **kwargs):
+            builders.append(threading.current_thread())
+            assert go.wait(60)
+            super().__init__(*args, **kwargs)
+
+    runner = RequestRunner(None, timeout=0.1, breaker=CircuitBreaker(), name="remote C",
+                           factory=FilesystemFactory(SlowToBuild, {}))  # fmt: skip
+    try:
+        with pytest.raises(TimeoutError, match="^connecting to remote C took longer than 0.1 s$"):
+            runner.fs
+        (builder,) = builders
+        assert builder.name == "tiered-progcache-connect" and builder.daemon  # never holds up exit
+    finally:
+        go.set()
+
+
+def test_a_runner_has_eight_pool_threads_by_default():
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(failure_threshold=100), name=name)
+    gate = threading.Event()
+    try:
+        results = runner.call_many("batch", lambda n: gate.wait(), None, [(n,) for n in range(10)], timeout=0.2)
+        assert all(isinstance(r, TimeoutError) for r in results)
+        assert len(_pool_threads(name)) == 8
+    finally:
+        gate.set()
+    runner.close()

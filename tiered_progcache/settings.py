@@ -26,6 +26,7 @@ from .units import parse_size
 
 __all__ = [
     "DEFAULT_COMPILE_TIME_PRIOR_S",
+    "DEFAULT_EXIT_TIMEOUT_S",
     "DEFAULT_LEASE_MIN_COMPILE_RTTS",
     "DEFAULT_MAX_MEMORY_BYTES",
     "DEFAULT_MAX_PENDING_UPLOAD_BYTES",
@@ -53,6 +54,9 @@ DEFAULT_LEASE_MIN_COMPILE_RTTS = 1.0
 DEFAULT_WAIT_PATIENCE = 1.0
 #: The compile time assumed before a process has timed one: long enough that the first compiles take leases.
 DEFAULT_COMPILE_TIME_PRIOR_S = 1.0
+
+#: Seconds everything a process does at interpreter exit may take in all (README: "exit flushes within 10 s").
+DEFAULT_EXIT_TIMEOUT_S = 10.0
 
 #: The byte cap on a tier's background write queue: as much as the memory tier holds.
 DEFAULT_MAX_PENDING_UPLOAD_BYTES = 256 << 20
@@ -458,6 +462,12 @@ SETTINGS: tuple[Setting, ...] = (
         "max_pending_upload_bytes", SIZE, DEFAULT_MAX_PENDING_UPLOAD_BYTES,
         "bytes of background writes queued or under way per tier before new ones are dropped, e.g. 1G",
         env="MAX_PENDING_UPLOAD_BYTES",
+    ),
+    Setting(
+        "exit_timeout", SECONDS, DEFAULT_EXIT_TIMEOUT_S,
+        "seconds interpreter exit may spend in all on background uploads and lease releases (process-wide: "
+        "the smallest of its caches')",
+        env="EXIT_TIMEOUT", flag="--exit-timeout",
     ),
 )  # fmt: skip
 

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Generic, TypeVar
 
 from cuda.core.utils import ProgramCacheResource
 
+from . import exitbudget
 from .flightpolicy import FlightDecision, FlightPolicy, report
 from .lease import RemoteLease, WaitOutcome, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from .ratelimit import log_once
 from .store import EntryStore, LeaseStore, entry_name
 from .tiered import TieredProgramCache, stores_of
-from .writeback import EXIT_FLUSH_TIMEOUT_S, submission_mark
+from .writeback import submission_mark
 
 if TYPE_CHECKING:
     from .localdir import LocalDir
@@ -221,9 +222,10 @@ def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, key: by
     The thread is not a daemon, so a process that exits right after compiling still
     releases its lease (``multiprocessing`` children run no atexit handlers, but do join
     such threads). Once interpreter exit has begun it gives up rather than wait: a release
-    whose upload is not in is dropped (the lease expires by itself, and the write-back's
-    exit flush still gets its own budget for the upload), and a release whose upload is in
-    gets at most ``EXIT_FLUSH_TIMEOUT_S``. So a hung remote costs exit that budget, once.
+    whose upload is not in is dropped (the lease expires by itself), and the release
+    itself runs on a daemon thread that exit waits for only within what is left of the
+    process's one exit budget (:mod:`.exitbudget`), shared with the write-back's flush.
+    So a hung remote costs exit that budget, once.
     """
 
     def upload_then_release() -> None:
@@ -236,12 +238,9 @@ def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, key: by
                 logger.warning("upload of %s did not land within %.0f s of the compile", name[:16],
                                UPLOAD_FLUSH_TIMEOUT_S)
                 break
-        if threading.main_thread().is_alive():
-            lease.release()
-            return
-        # Exiting: the release's requests may hang on a dead remote; bound them by the exit budget.
+        # The release's requests may hang on a dead remote: exit waits for them only within its budget.
         releaser = threading.Thread(target=lease.release, name=f"tiered-progcache-release-{name[:8]}", daemon=True)
         releaser.start()
-        releaser.join(EXIT_FLUSH_TIMEOUT_S)
+        exitbudget.PROCESS.join(releaser)
 
     threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False).start()

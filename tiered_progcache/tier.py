@@ -22,9 +22,12 @@ from .ratelimit import RateLimitedLogger
 from .stats import TierCounters, TierStats
 from .writeback import WriteBackQueue
 
-__all__ = ["Tier"]
+__all__ = ["DELETE_UPLOAD_WAIT_S", "Tier"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a delete waits for an upload of the same entry that is already under way (then deletes and raises).
+DELETE_UPLOAD_WAIT_S = 30.0
 
 
 class Tier:
@@ -143,12 +146,32 @@ class Tier:
     def delete(self, key: bytes) -> bool:
         """Remove ``key`` (and cancel its queued upload); True if this tier held it.
 
-        A failure is counted and raised: the caller must not believe an entry gone
-        that this tier may still serve.
+        An upload of ``key`` already under way is waited for (at most
+        :data:`DELETE_UPLOAD_WAIT_S`) and deleted after it lands: deleting first would let
+        it land after the delete, and other nodes would be served the entry. A failure
+        is counted and raised, an upload still under way after the wait too (as a
+        ``TimeoutError``): the caller must not believe an entry gone that this tier may
+        still serve.
         """
         if self.policy.read_only:
             return False
-        cancelled = self.writeback.cancel(key) if self.writeback is not None else False
+        cancelled = False
+        upload_landed = True
+        if self.writeback is not None:
+            cancelled = self.writeback.cancel(key)
+            if not self.writeback.wait_for(key, 0):
+                logger.info("tier %s: a delete waits for the upload of the same entry under way", self.name)
+                upload_landed = self.writeback.wait_for(key, DELETE_UPLOAD_WAIT_S)
+        held = self._delete_now(key, cancelled)
+        if not upload_landed:
+            self.counters.add("timeouts")
+            raise TimeoutError(
+                f"tier {self.name}: an upload of the entry was still under way {DELETE_UPLOAD_WAIT_S:g} s "
+                "after the delete began; it may land after the delete"
+            )
+        return held
+
+    def _delete_now(self, key: bytes, cancelled: bool) -> bool:
         try:
             del self.resource[key]
         except KeyError:

@@ -13,6 +13,7 @@ from cuda.core import ObjectCode
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
 
 from . import ledger
+from . import exitbudget
 from ._cudacore import as_key_bytes, extract_bytes
 from .config import CacheConfig
 from .errors import DeleteFailed, one_line
@@ -49,7 +50,7 @@ class TieredProgramCache(ProgramCacheResource):
     a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
     chain from the given resources instead; settings that shape the default chain are
     then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``,
-    ``min_upload_compile_s``, ``explain_misses``) still apply.
+    ``min_upload_compile_s``, ``explain_misses``, ``exit_timeout``) still apply.
 
     Reads try each tier in order; the first hit is returned and copied into every
     faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
@@ -115,6 +116,8 @@ class TieredProgramCache(ProgramCacheResource):
         self._compile_tally = CompileTally()
         if self._local_store is not None:  # `tiered-progcache stats`: the directory's counters, reported at exit
             ledger.register(self, self._local_store.root)
+        if config.exit_timeout is not None:
+            exitbudget.PROCESS.allow(config.exit_timeout)  # one deadline for the process's exit work
         if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 

@@ -4,7 +4,8 @@ A compile must never wait on the network, so ``submit`` only ever appends to a
 dict and returns. The queue is bounded by count and by bytes (queued and under way
 together), so a slow remote cannot grow the process without limit. When it is full
 the write is dropped (and counted by the caller): losing a remote copy costs one compile elsewhere, blocking costs every
-compile here. Pending writes are flushed at interpreter exit within a bounded time.
+compile here. Pending writes are flushed at interpreter exit within what is left of the
+process's one exit budget (:mod:`.exitbudget`, the ``exit_timeout`` setting).
 
 Fork: a child process inherits the queue's state but not its worker thread. After a
 ``fork()`` every live queue starts empty in the child with no worker (one starts at the
@@ -26,12 +27,15 @@ import time
 import weakref
 from typing import Callable
 
+from . import exitbudget
+from .settings import DEFAULT_EXIT_TIMEOUT_S
+
 __all__ = ["Refused", "WriteBackQueue", "submission_mark"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds that all queues together may spend draining at interpreter exit.
-EXIT_FLUSH_TIMEOUT_S = 10.0
+#: The default exit budget, under its old name; the process's own is ``exitbudget.PROCESS.budget_s``.
+EXIT_FLUSH_TIMEOUT_S = DEFAULT_EXIT_TIMEOUT_S
 
 _live_queues: weakref.WeakSet[WriteBackQueue] = weakref.WeakSet()
 
@@ -235,10 +239,10 @@ class WriteBackQueue:
 
 
 def _flush_at_exit() -> None:
-    """Give pending writes EXIT_FLUSH_TIMEOUT_S in all; what is left is dropped with a warning."""
-    deadline = time.monotonic() + EXIT_FLUSH_TIMEOUT_S
+    """Start the exit budget and give pending writes what is left of it; what is not done is dropped with a warning."""
+    exitbudget.PROCESS.begin()
     for queue in list(_live_queues):
-        if not queue.flush(max(0.0, deadline - time.monotonic())):
+        if not queue.flush(exitbudget.PROCESS.remaining()):
             logger.warning("interpreter exit: %d background writes not flushed in time", queue.pending)
 
 
