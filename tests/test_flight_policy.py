@@ -21,6 +21,7 @@ from tiered_progcache.flightpolicy import (
     POLL_FLOOR_S,
     CompileTimes,
     FlightPolicy,
+    compile_size,
     compile_times,
     on_flight,
 )
@@ -144,16 +145,19 @@ def test_the_lease_is_taken_exactly_from_k_round_trips():
     assert policy.takes_lease(0.2, 0.05)  # 0.2 s = 4 x 50 ms
     assert not policy.takes_lease(0.1999, 0.05)
     assert policy.takes_lease(0.0001, None)  # no request timed yet: free
+    assert policy.takes_lease(None, 10.0) and not policy.races(None, 10.0)  # unknown compile: protect it
+    assert policy.races(0.1999, 0.05) and not policy.races(0.2, 0.05)
     assert FlightPolicy(lease_min_compile_rtts=0.0).takes_lease(0.0, 10.0)  # 0: always
     admitting = FlightPolicy(lease_min_compile_rtts=0.0, min_upload_compile_s=0.5)
     assert not admitting.takes_lease(0.49, 0.0)  # would not be uploaded: nobody could wait for it
     assert admitting.takes_lease(0.5, 0.0)
 
 
-def test_the_estimate_is_the_measurement_else_the_prior():
-    policy = FlightPolicy()
-    assert policy.estimate(None) == DEFAULT_COMPILE_TIME_PRIOR_S and policy.estimate(0.07) == 0.07
-    assert FlightPolicy(compile_time_prior_s=3.0).estimate(None) == 3.0
+def test_no_prior_decides_an_unknown_compile_takes_the_lease_whatever_the_prior_says():
+    for prior in (DEFAULT_COMPILE_TIME_PRIOR_S, 0.0001, 3.0):
+        policy = FlightPolicy(compile_time_prior_s=prior)
+        assert policy.takes_lease(None, 0.05) and not policy.races(None, 0.05)
+    assert not FlightPolicy(min_upload_compile_s=0.5).takes_lease(None, 0.05)  # would not be uploaded
 
 
 def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
@@ -167,16 +171,19 @@ def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
 
 def test_a_waiters_plan_polls_every_round_trip_and_waits_the_holders_compile_plus_the_landing(tmp_path):
     store = _store_at(tmp_path, 0.03, 0.05, 0.04)
-    plan = FlightPolicy(wait_patience=1.0).wait_plan(0.9, store)
+    plan = FlightPolicy(wait_patience=1.0).wait_plan(store)
     assert plan.poll_period() == pytest.approx(0.04)
-    assert plan.patience(None) == pytest.approx(0.9 + LANDING_RTTS * 0.04 + 0.04)  # its own estimate
+    assert plan.patience(None) is None  # no evidence about this kernel: wait while the holder lives
     assert plan.patience(0.3) == pytest.approx(0.3 + LANDING_RTTS * 0.04 + 0.04)  # the holder's
-    assert FlightPolicy(wait_patience=2.0).wait_plan(0.9, store).patience(0.3) == pytest.approx(0.6 + 0.2)
-    assert FlightPolicy(wait_patience=None).wait_plan(0.9, store).patience(0.3) is None
+    assert FlightPolicy(wait_patience=2.0).wait_plan(store).patience(0.3) == pytest.approx(0.6 + 0.2)
+    assert FlightPolicy(wait_patience=None).wait_plan(store).patience(0.3) is None
+    assert FlightPolicy().wait_plan(store).patience(0.3) is None  # the default: patience is opt-in
+    clamped = FlightPolicy(wait_patience=1.0).wait_plan(store, lease_ttl_s=60.0)
+    assert clamped.patience(1e6) == pytest.approx(60.0 + LANDING_RTTS * 0.04 + 0.04)  # a lease's claim, clamped
 
 
 def test_the_poll_period_has_a_floor(tmp_path):
-    plan = FlightPolicy().wait_plan(1.0, _store_at(tmp_path, 0.0002))
+    plan = FlightPolicy().wait_plan(_store_at(tmp_path, 0.0002))
     assert plan.poll_period() == POLL_FLOOR_S
 
 
@@ -217,15 +224,23 @@ def slow_s3(s3_bucket):
         yield proxy, {**s3_bucket.storage_options, "endpoint_url": proxy.endpoint_url}, s3_bucket.url
 
 
-@pytest.mark.parametrize("prior, choice, requests", [(0.01, "short", 4), (10.0, "held", 7)])
-def test_a_short_compile_takes_no_lease_and_a_long_one_does(
-    tmp_path, slow_s3, decisions, fresh_compile_times, prior, choice, requests
+def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
+    """Make ``times`` predict ``seconds`` for a header-less c++ -> cubin compile of ``source``."""
+    times.record("c++", "cubin", seconds, compile_size(len(source), 0))
+
+
+@pytest.mark.parametrize("predicted, choice, requests", [(0.01, "raced", 3), (10.0, "held", 7), (None, "held", 7)])
+def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
+    tmp_path, slow_s3, decisions, fresh_compile_times, predicted, choice, requests
 ):
-    """At a 50 ms round trip, 0.01 s is under the default one round trip and 10 s over. Requests on the wire:
-    short: look, look under the node lock, upload of the manifest and of the cubin (4); held: look,
-    lease create, look under the lease, the two uploads, lease read and delete by the release (7)."""
+    """At a 50 ms round trip, 0.01 s is under the default one round trip, 10 s over, and a never-timed
+    compile is unknown. Requests on the wire: raced: the look (beside the compile), the uploads of the
+    manifest and the cubin (3); held: look, lease create, look under the lease, the two uploads, lease
+    read and delete by the release (7)."""
     proxy, storage_options, url = slow_s3
-    with TieredProgramCache(tmp_path, remote=url, remote_options=storage_options, compile_time_prior_s=prior) as cache:
+    if predicted is not None:
+        _predicting(fresh_compile_times, kernel(310), predicted)
+    with TieredProgramCache(tmp_path, remote=url, remote_options=storage_options) as cache:
         cache.get(b"a first request, so the round trip is known")
         before = proxy.requests
         obj = tpc.compile(kernel(310), "c++", options(), cache=cache)
@@ -235,7 +250,7 @@ def test_a_short_compile_takes_no_lease_and_a_long_one_does(
         seen = proxy.requests - before
         assert cache.shared_store.leases().read(decision.name) is None
     assert bytes(obj.code)[:4] == b"\x7fELF"
-    assert (decision.choice, decision.estimate_s) == (choice, prior)
+    assert (decision.choice, decision.estimate_s) == (choice, pytest.approx(predicted) if predicted else None)
     assert decision.round_trip_s >= 0.05
     assert seen == requests
 
@@ -243,11 +258,13 @@ def test_a_short_compile_takes_no_lease_and_a_long_one_does(
 def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_itself(
     tmp_path, decisions, fresh_compile_times
 ):
-    """Node A holds the lease and its compile is held until node B is done. B plans with a 0.2 s
-    compile: it waits about that long, compiles itself, and reports it; A's lease stays A's."""
+    """Opt-in patience: node A holds the lease and its compile is held until node B is done. A's lease
+    says 0.2 s for this kernel: B (wait_patience=1) waits about that long, compiles itself, and reports
+    it; A's lease stays A's."""
     url = f"file://{tmp_path / 'remote'}"
-    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
-    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
+    _predicting(fresh_compile_times, kernel(320), 0.2)
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, lease_min_compile_rtts=0.0, wait_patience=1.0)
     a_compiling, b_done = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -278,16 +295,19 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_its
     by_choice = {d.choice: d for d in decisions}
     assert set(by_choice) == {"held", "gave up"}
     gave_up = by_choice["gave up"]
-    assert gave_up.holder_estimate_s == 0.2  # A's lease said so
+    assert gave_up.holder_estimate_s == pytest.approx(0.2)  # A's lease said so
     assert 0.2 <= gave_up.waited_s < took  # at least the holder's estimate; then it compiled
 
 
 def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, fresh_compile_times):
-    """The control: wait_patience=None, the same stuck holder let go after B has waited 1 s: one compile."""
+    """The default (no patience), the same stuck holder let go once B is seen waiting: one compile.
+
+    Deterministic under any load: B starts only once A holds the lease and is compiling, A is let go
+    only once B is inside its wait (its lease read), and A releases only once its entry is up, so B,
+    seeing the release, finds the entry behind it ("waited"), never a lease of its own ("found")."""
     url = f"file://{tmp_path / 'remote'}"
-    node_a = TieredProgramCache(tmp_path / "a", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0)
-    node_b = TieredProgramCache(tmp_path / "b", remote=url, compile_time_prior_s=0.2, lease_min_compile_rtts=0.0,
-                                wait_patience=None)
+    node_a = TieredProgramCache(tmp_path / "a", remote=url)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url)
     a_compiling, let_go = threading.Event(), threading.Event()
     runs: list[str] = []
 
@@ -309,7 +329,8 @@ def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, f
         node_a_thread.start()
         assert a_compiling.wait(JOIN_S)
         node_b_thread.start()
-        node_b_thread.join(1.0)  # B is still waiting after five times its patience would have been
+        (held,) = decisions  # A's, reported before it compiled
+        assert _waiting(node_b, held.name)
         assert node_b_thread.is_alive()
         let_go.set()
         node_b_thread.join(JOIN_S)
@@ -321,6 +342,25 @@ def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, f
         node_b.close()
     assert sorted(d.choice for d in decisions) == ["held", "waited"], decisions
     assert runs == ["node-a"] and len(out) == 1
+
+
+def _waiting(cache: TieredProgramCache, name: str) -> bool:
+    """Block until some thread has read lease ``name`` through ``cache``'s lease store at least twice."""
+    leases = cache.shared_store.leases()
+    reads = threading.Semaphore(0)
+    original = leases.read
+
+    def counting_read(lease_name: str):
+        data = original(lease_name)
+        if lease_name == name:
+            reads.release()
+        return data
+
+    leases.read = counting_read  # type: ignore[method-assign]
+    try:
+        return reads.acquire(timeout=JOIN_S) and reads.acquire(timeout=JOIN_S)
+    finally:
+        leases.read = original  # type: ignore[method-assign]
 
 
 # -- the small parts, each pinned ------------------------------------------------------------------
@@ -341,9 +381,9 @@ def test_a_weight_of_one_keeps_the_newest_compile_only():
 
 def test_with_no_round_trip_timed_the_plan_adds_no_network_time(tmp_path):
     """A store that has timed nothing (round_trip_s None): poll at the floor, patience = C + the floor."""
-    plan = FlightPolicy(wait_patience=1.0).wait_plan(0.9, _store_at(tmp_path))
+    plan = FlightPolicy(wait_patience=1.0).wait_plan(_store_at(tmp_path))
     assert plan.poll_period() == POLL_FLOOR_S
-    assert plan.patience(None) == pytest.approx(0.9 + POLL_FLOOR_S)
+    assert plan.patience(0.9) == pytest.approx(0.9 + POLL_FLOOR_S)
 
 
 def test_a_decision_is_logged_at_info_when_a_waiter_gave_up_and_debug_otherwise(caplog):
@@ -352,9 +392,11 @@ def test_a_decision_is_logged_at_info_when_a_waiter_gave_up_and_debug_otherwise(
     caplog.set_level(logging.DEBUG, logger="tiered_progcache.flightpolicy")
     report(FlightDecision("ab" * 32, "gave up", 0.25, 0.0305, waited_s=0.5))
     report(FlightDecision("cd" * 32, "held", 1.5, None))
+    report(FlightDecision("cd" * 32, "held", None, None))
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.INFO, "entry abababababababab: gave up (estimate 0.250 s, round trip 30.5 ms, waited 0.500 s)"),
         (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate 1.500 s, round trip unknown, waited 0.000 s)"),
+        (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate unknown, round trip unknown, waited 0.000 s)"),
     ]
 
 
