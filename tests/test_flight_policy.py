@@ -17,6 +17,8 @@ from cuda.core import ProgramOptions
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.flightpolicy import (
+    COMPILE_TIMES_FILE,
+    HEADER_BYTES,
     LANDING_RTTS,
     POLL_FLOOR_S,
     CompileTimes,
@@ -439,3 +441,180 @@ def test_a_zero_duration_counts_and_an_infinite_one_does_not():
     for bad in (float("inf"), float("nan"), -0.5):
         times.record("c++", "cubin", bad)
     assert times.estimate("c++", "cubin") == 0.0
+
+
+# -- issue 17: races, persisted compile times, failures once per cluster, clamped leases ----------
+
+
+def _race_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-race-")]
+
+
+def test_a_short_compile_races_and_the_lookup_that_answers_first_wins_and_the_compile_is_dropped(
+    tmp_path, slow_s3, decisions, events
+):
+    """Node W fills the remote; node Y predicts the kernel short (0.01 s against 50 ms): its compile runs
+    beside the lookup, held (its hook) until the lookup has answered. Y returns W's entry, and its own
+    compile, once let go, stores nothing: one request on the wire, the look."""
+    proxy, storage_options, url = slow_s3
+    with TieredProgramCache(tmp_path / "w", remote=url, remote_options=storage_options) as node_w:
+        tpc.compile(kernel(330), "c++", options(), cache=node_w)
+        assert node_w.flush(JOIN_S)
+        _released(decisions[0].name)  # W's lease read and delete are off the wire before Y starts
+    compile_times.clear()
+    _predicting(compile_times, kernel(330), 0.01)
+    del decisions[:]
+    lookup_won = threading.Event()
+    stop_flight = on_flight(lambda d: lookup_won.set() if d.choice == "raced, found" else None)
+    stop_hook = tpc.on_compile(lambda e: lookup_won.wait(JOIN_S))
+    try:
+        with TieredProgramCache(tmp_path / "y", remote=url, remote_options=storage_options) as node_y:
+            node_y.get(b"a first request, so the round trip is known")
+            before, compiled_before = proxy.requests, len(events)
+            obj = tpc.compile(kernel(330), "c++", options(), cache=node_y)
+            for thread in _race_threads():
+                thread.join(JOIN_S)
+            assert node_y.flush(JOIN_S)
+            seen = proxy.requests - before
+    finally:
+        stop_flight()
+        stop_hook()
+    assert bytes(obj.code)[:4] == b"\x7fELF"
+    assert [d.choice for d in decisions] == ["raced, found"]
+    assert len(events) - compiled_before == 1  # the race did run the compiler
+    assert seen == 1  # the look; the dropped compile uploaded nothing
+
+
+def test_a_raced_compile_that_answers_first_is_stored_and_uploaded_and_takes_no_lease(tmp_path, decisions, events):
+    """Every compile predicted short (k = 1e9 round trips): a miss on the remote, the compile's result
+    is the answer, stored locally and uploaded as usual, and no lease object is ever written."""
+    url = f"file://{tmp_path / 'remote'}"
+    _predicting(compile_times, kernel(331), 0.05)
+    with TieredProgramCache(tmp_path / "a", remote=url, lease_min_compile_rtts=1e9) as node_a:
+        node_a.get(b"a first request, so the round trip is known")
+        obj = tpc.compile(kernel(331), "c++", options(), cache=node_a)
+        assert node_a.flush(JOIN_S)
+    with TieredProgramCache(tmp_path / "b", remote=url) as node_b:  # a node that never compiles it
+        again = tpc.compile(kernel(331), "c++", options(), cache=node_b)
+    assert [d.choice for d in decisions] == ["raced"] and len(events) == 1
+    assert bytes(again.code) == bytes(obj.code)  # node B got node A's upload
+    leases_dir = tmp_path / "remote" / "leases"
+    assert not leases_dir.exists() or not any(leases_dir.iterdir())
+
+
+def test_the_prediction_scales_with_the_source_and_the_headers_it_reads():
+    times = CompileTimes()
+    assert times.predict("c++", "cubin", 1000) is None  # nothing timed: unknown, so the lease protects it
+    times.record("c++", "cubin", 0.02, compile_size(2000, 0))
+    assert times.predict("C++", "CUBIN", compile_size(2000, 0)) == pytest.approx(0.02)
+    assert times.predict("c++", "cubin", compile_size(4000, 0)) == pytest.approx(0.04)
+    heavy = compile_size(500, 1000)  # a CUB kernel: a short source reading a thousand headers
+    assert heavy == 500 + 1000 * HEADER_BYTES and times.predict("c++", "cubin", heavy) > 1.0
+    assert times.predict("ptx", "cubin", 1000) is None
+    assert compile_size(0, -3) == 1  # never zero, never negative
+
+
+def test_a_fresh_process_on_a_node_that_compiled_before_predicts_from_its_local_directory(tmp_path):
+    """The node's compile times persist in its local directory: a new process (a real one) predicts
+    the same; a corrupt or absurd file predicts nothing."""
+    import json as _json
+    import subprocess
+    import sys
+
+    with TieredProgramCache(tmp_path / "node") as cache:
+        tpc.compile(kernel(332), "c++", options(), cache=cache)
+    size = compile_size(len(kernel(333)), 0)
+    here = compile_times.predict("c++", "cubin", size)
+    assert here is not None
+    script = ("import sys; from tiered_progcache import TieredProgramCache; import importlib; "
+              "c = importlib.import_module('tiered_progcache.compile'); "
+              "print(repr(c._predict(TieredProgramCache(sys.argv[1]), 'c++', 'cubin', int(sys.argv[2]))))")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "node"), str(size)], capture_output=True,
+                         text=True, timeout=JOIN_S, check=True)
+    assert float(run.stdout.strip()) == pytest.approx(here)
+    times_file = tmp_path / "node" / COMPILE_TIMES_FILE
+    for bad in ("{", _json.dumps({"format": "tiered-progcache/compile-times", "version": 1,
+                                   "kinds": {"c++/cubin": {"mean_s": 1e9, "s_per_byte": -1.0}}}),
+                _json.dumps({"format": "other", "kinds": {}})):
+        times_file.write_text(bad)
+        fresh = CompileTimes()
+        fresh.load(tmp_path / "node")
+        assert fresh.predict("c++", "cubin", size) is None and fresh.estimate("c++", "cubin") is None
+
+
+def _hold_until_waiting(waiter: TieredProgramCache):
+    """An on_compile hook that holds the compiling thread until ``waiter`` is inside its wait for the lease."""
+
+    def hook(event: tpc.CompileEvent) -> None:
+        if threading.current_thread().name == "node-a":
+            assert _waiting(waiter, entry_name(event.key))
+
+    return hook
+
+
+@pytest.mark.parametrize("same_key", [True, False])
+def test_a_failed_holder_publishes_its_error_and_its_waiter_raises_the_same_error(
+    tmp_path, decisions, events, same_key
+):
+    """Node A's compile of a broken kernel fails while node B waits for A's lease. Signed with one key,
+    B raises the same exception type and message (the compiler log) without compiling: one run. With
+    another key B cannot verify A's record, so it does not trust it: it compiles itself once the record's
+    short life (here the 1 s lease TTL) is over, and gets its own error."""
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    from test_single_flight import BROKEN
+
+    url = f"file://{tmp_path / 'remote'}"
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, signing_key=b"k" * 32)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, signing_key=b"k" * 32 if same_key else b"j" * 32)
+    stop = tpc.on_compile(_hold_until_waiting(node_b))
+    errors: dict[str, BaseException] = {}
+
+    def node(name: str, cache: TieredProgramCache) -> None:
+        try:
+            tpc.compile(BROKEN, "c++", options(), cache=cache, lease_ttl=1.0)
+        except Exception as exc:
+            errors[name] = exc
+
+    a = threading.Thread(target=node, args=("a", node_a), name="node-a")
+    try:
+        a.start()
+        while not decisions:  # A reports "held" before it compiles; B starts once A holds the lease
+            assert a.is_alive() or decisions
+            threading.Event().wait(0.005)
+        node("b", node_b)
+        a.join(JOIN_S)
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert type(errors["a"]) is NVRTCError and type(errors["b"]) is NVRTCError
+    assert "undeclared_symbol" in str(errors["b"])
+    if same_key:
+        assert str(errors["b"]) == str(errors["a"])
+        assert [e.ok for e in events] == [False]  # the cluster ran the compiler once
+        assert sorted(d.choice for d in decisions) == ["failed", "held"]
+    else:
+        assert [e.ok for e in events] == [False, False]
+        assert sorted(d.choice for d in decisions) == ["held", "held"]
+
+
+def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease_ttl(tmp_path, decisions, events):
+    """A lease nobody renews claiming a 1e6 s compile and an expiry in 33658 AD: a waiter (even one that
+    opted into patience, which the estimate would stretch) breaks it one lease TTL (here 1 s) after it saw
+    it, and compiles once; its wait_timeout (300 s) is not spent."""
+    import json as _json
+    import socket
+
+    from tiered_progcache.keys import compile_key
+
+    url = f"file://{tmp_path / 'remote'}"
+    key = compile_key(kernel(334), "c++", options(), "cubin", (), None).key
+    planted = {"format": "tiered-progcache/lease", "version": 1, "holder": "another-node:1", "token": "planted",
+               "acquired_at": time.time(), "expires_at": 1e12, "compile_estimate_s": 1e6}
+    with TieredProgramCache(tmp_path / "node", remote=url, wait_patience=1.0) as cache:
+        assert cache.shared_store.leases().create(entry_name(key), _json.dumps(planted).encode(), 60)
+        obj = tpc.compile(kernel(334), "c++", options(), cache=cache, lease_ttl=1.0)
+    assert bytes(obj.code)[:4] == b"ELF" and len(events) == 1
+    (decision,) = decisions
+    assert decision.choice == "held" and 1.0 <= decision.waited_s < 300

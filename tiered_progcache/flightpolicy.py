@@ -28,6 +28,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from typing import Any, Callable
 
 from .hooks import call_each, subscribe
@@ -40,6 +41,7 @@ __all__ = [
     "HEADER_BYTES",
     "LANDING_RTTS",
     "POLL_FLOOR_S",
+    "POLL_GROWTH",
     "CompileTimes",
     "FlightDecision",
     "FlightPolicy",
@@ -57,6 +59,9 @@ POLL_FLOOR_S = 0.01
 #: Round trips between a waiter's first try and it holding the entry, besides the compile and
 #: one poll period: the holder's create and look under the lease, its upload, the look that finds it.
 LANDING_RTTS = 4
+#: A waiter's poll period grows with its wait, to this fraction of the time waited so far: a long
+#: compile is learned of at most 2% late, and seven waiters polling do not slow its holder down.
+POLL_GROWTH = 0.02
 #: Weight of the newest compile time in the running estimate (an exponentially weighted mean).
 COMPILE_TIME_WEIGHT = 0.3
 #: What one header a compile reads weighs in its size, in bytes of source: a header costs the
@@ -211,16 +216,17 @@ class FlightPolicy:
         """True if the compile should start beside the remote lookup (no lease): the estimate is known and short."""
         return estimate_s is not None and not self.takes_lease(estimate_s, round_trip_s)
 
-    def wait_plan(self, store: EntryStore, lease_ttl_s: float = math.inf) -> FlightWait:
-        """How to wait for another node's compile; the holder's estimate is clamped to ``lease_ttl_s``."""
-        return FlightWait(self, store, lease_ttl_s)
+    def wait_plan(self, store: EntryStore, lease_ttl_s: float = math.inf,
+                  clock: Callable[[], float] = time.monotonic) -> FlightWait:
+        """How to wait, from now on ``clock``, for another node's compile; its estimate is clamped to ``lease_ttl_s``."""
+        return FlightWait(self, store, lease_ttl_s, clock, clock())
 
 
 @dataclasses.dataclass(frozen=True)
 class FlightWait:
     """A waiter's plan (:class:`~tiered_progcache.lease.WaitPlan`), read live from the store's latency. Immutable.
 
-    Poll period: ``max(floor, R)``. Patience: None (wait while the holder's lease is renewed)
+    Poll period: ``max(floor, R, POLL_GROWTH x the time waited so far)``. Patience: None (wait while the holder's lease is renewed)
     unless ``wait_patience`` is set and the holder's lease carries its estimate for this
     kernel, then ``wait_patience x C + LANDING_RTTS x R + P`` with ``C`` that estimate,
     clamped to the lease TTL.
@@ -229,16 +235,21 @@ class FlightWait:
     policy: FlightPolicy
     store: EntryStore
     lease_ttl_s: float = math.inf
+    clock: Callable[[], float] = time.monotonic
+    started: float = 0.0
+
+    def _network_period(self) -> float:
+        return max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
 
     def poll_period(self) -> float:
-        return max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
+        return max(self._network_period(), POLL_GROWTH * (self.clock() - self.started))
 
     def patience(self, holder_estimate_s: float | None) -> float | None:
         factor = self.policy.wait_patience
         if factor is None or holder_estimate_s is None:
             return None  # no evidence about this kernel: the holder's liveness decides
         compile_s = min(holder_estimate_s, self.lease_ttl_s)
-        return factor * compile_s + LANDING_RTTS * (self.store.round_trip_s or 0.0) + self.poll_period()
+        return factor * compile_s + LANDING_RTTS * (self.store.round_trip_s or 0.0) + self._network_period()
 
 
 @dataclasses.dataclass(frozen=True)
