@@ -333,6 +333,7 @@ def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, f
         node_b_thread.start()
         (held,) = decisions  # A's, reported before it compiled
         assert _waiting(node_b, held.name)
+        node_b_thread.join(2.0)  # longer than any patience a prior gave (1 s + 4R + P): B still waits
         assert node_b_thread.is_alive()
         let_go.set()
         node_b_thread.join(JOIN_S)
