@@ -601,9 +601,9 @@ def test_a_failed_holder_publishes_its_error_and_its_waiter_raises_the_same_erro
 
 
 def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease_ttl(tmp_path, decisions, events):
-    """A lease nobody renews claiming a 1e6 s compile and an expiry in 33658 AD: a waiter (even one that
-    opted into patience, which the estimate would stretch) breaks it one lease TTL (here 1 s) after it saw
-    it, and compiles once; its wait_timeout (300 s) is not spent."""
+    """A lease nobody renews claiming a 1e6 s compile and an expiry in 33658 AD: a default waiter breaks
+    it one lease TTL (here 1 s) after it saw it, and compiles once; its wait_timeout (300 s) is not spent.
+    (An opted-in patience is clamped to the lease TTL too: test_a_waiters_plan_...)"""
     import json as _json
     import socket
 
@@ -613,7 +613,7 @@ def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease
     key = compile_key(kernel(334), "c++", options(), "cubin", (), None).key
     planted = {"format": "tiered-progcache/lease", "version": 1, "holder": "another-node:1", "token": "planted",
                "acquired_at": time.time(), "expires_at": 1e12, "compile_estimate_s": 1e6}
-    with TieredProgramCache(tmp_path / "node", remote=url, wait_patience=1.0) as cache:
+    with TieredProgramCache(tmp_path / "node", remote=url) as cache:
         assert cache.shared_store.leases().create(entry_name(key), _json.dumps(planted).encode(), 60)
         obj = tpc.compile(kernel(334), "c++", options(), cache=cache, lease_ttl=1.0)
     assert bytes(obj.code)[:4] == b"ELF" and len(events) == 1
