@@ -619,3 +619,65 @@ def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease
     assert bytes(obj.code)[:4] == b"ELF" and len(events) == 1
     (decision,) = decisions
     assert decision.choice == "held" and 1.0 <= decision.waited_s < 300
+
+
+def test_compile_times_saved_are_loaded_back_exactly_and_never_over_what_this_process_timed(tmp_path):
+    import json as _json
+
+    times = CompileTimes()
+    times.record("c++", "cubin", 0.5, 1000)
+    times.record("ptx", "cubin", 0.2)  # no size: a mean and no rate
+    times.save(tmp_path)
+    doc = _json.loads((tmp_path / COMPILE_TIMES_FILE).read_text())
+    assert doc == {"format": "tiered-progcache/compile-times", "version": 1,
+                   "kinds": {"c++/cubin": {"mean_s": 0.5, "s_per_byte": 0.0005},
+                             "ptx/cubin": {"mean_s": 0.2, "s_per_byte": None}}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [COMPILE_TIMES_FILE]  # nothing staged left behind
+    fresh = CompileTimes()
+    fresh.record("ptx", "cubin", 0.9)
+    fresh.load(tmp_path)
+    assert fresh.estimate("c++", "cubin") == 0.5 and fresh.predict("c++", "cubin", 2000) == pytest.approx(1.0)
+    assert fresh.estimate("ptx", "cubin") == 0.9 and fresh.predict("ptx", "cubin", 10) is None  # its own wins
+    with pytest.raises(OSError):
+        times.save(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("entry, mean, rate", [
+    ({"mean_s": 0.0, "s_per_byte": 0.0}, 0.0, 0.0),
+    ({"mean_s": 3600.0, "s_per_byte": 3600}, 3600.0, 3600.0),
+    ({"mean_s": 3600.5, "s_per_byte": 1.0}, None, None),
+    ({"mean_s": 1.0, "s_per_byte": True}, 1.0, None),
+    ({"mean_s": True, "s_per_byte": 1.0}, None, None),
+    ({"mean_s": float("nan"), "s_per_byte": 1.0}, None, None),
+    ({"mean_s": "1", "s_per_byte": 1.0}, None, None),
+    ({"mean_s": 1.0, "s_per_byte": -0.001}, 1.0, None),
+])
+def test_a_persisted_value_loads_only_if_it_is_a_plausible_number(tmp_path, entry, mean, rate):
+    import json as _json
+
+    doc = {"format": "tiered-progcache/compile-times", "version": 1,
+           "kinds": {"c++/cubin": entry, "noslash": {"mean_s": 1.0}, "ptx/cubin": "not a dict"}}
+    (tmp_path / COMPILE_TIMES_FILE).write_text(_json.dumps(doc))
+    times = CompileTimes()
+    times.load(tmp_path)
+    assert times.estimate("c++", "cubin") == mean
+    assert times.predict("c++", "cubin", 1) == rate
+    assert times.estimate("ptx", "cubin") is None and times.estimate("noslash", "") is None
+    (tmp_path / COMPILE_TIMES_FILE).write_text(_json.dumps({**doc, "kinds": ["c++/cubin"]}))
+    other = CompileTimes()
+    other.load(tmp_path)
+    assert other.estimate("c++", "cubin") is None
+
+
+def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
+    times = CompileTimes(weight=0.5)
+    times.record("C++", "CUBIN", 1.0, 100)
+    times.record("c++", "cubin", 3.0, 100)
+    assert times.estimate("c++", "cubin") == pytest.approx(2.0)
+    assert times.predict("c++", "cubin", 100) == pytest.approx(2.0)
+    times.record("c++", "cubin", 5.0)  # no size: the mean moves, the rate does not
+    times.record("c++", "cubin", 5.0, 0)
+    assert times.estimate("c++", "cubin") == pytest.approx(4.25)
+    assert times.predict("c++", "cubin", 100) == pytest.approx(2.0)
+    times.clear()
+    assert times.predict("c++", "cubin", 100) is None and times.estimate("c++", "cubin") is None
