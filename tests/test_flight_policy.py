@@ -396,10 +396,12 @@ def test_a_decision_is_logged_at_info_when_a_waiter_gave_up_and_debug_otherwise(
     report(FlightDecision("ab" * 32, "gave up", 0.25, 0.0305, waited_s=0.5))
     report(FlightDecision("cd" * 32, "held", 1.5, None))
     report(FlightDecision("cd" * 32, "held", None, None))
+    report(FlightDecision("cd" * 32, "held", None, 0.0999))
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.INFO, "entry abababababababab: gave up (estimate 0.250 s, round trip 30.5 ms, waited 0.500 s)"),
         (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate 1.500 s, round trip unknown, waited 0.000 s)"),
         (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate unknown, round trip unknown, waited 0.000 s)"),
+        (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate unknown, round trip 99.9 ms, waited 0.000 s)"),
     ]
 
 
@@ -655,18 +657,29 @@ def test_compile_times_saved_are_loaded_back_exactly_and_never_over_what_this_pr
 def test_a_persisted_value_loads_only_if_it_is_a_plausible_number(tmp_path, entry, mean, rate):
     import json as _json
 
-    doc = {"format": "tiered-progcache/compile-times", "version": 1,
-           "kinds": {"c++/cubin": entry, "noslash": {"mean_s": 1.0}, "ptx/cubin": "not a dict"}}
+    doc = {"format": "tiered-progcache/compile-times", "version": 1,  # the bad kinds first: each is skipped
+           "kinds": {"noslash": {"mean_s": 1.0}, "ptx/cubin": "not a dict", "c++/cubin": entry}}
     (tmp_path / COMPILE_TIMES_FILE).write_text(_json.dumps(doc))
     times = CompileTimes()
     times.load(tmp_path)
     assert times.estimate("c++", "cubin") == mean
     assert times.predict("c++", "cubin", 1) == rate
     assert times.estimate("ptx", "cubin") is None and times.estimate("noslash", "") is None
-    (tmp_path / COMPILE_TIMES_FILE).write_text(_json.dumps({**doc, "kinds": ["c++/cubin"]}))
-    other = CompileTimes()
-    other.load(tmp_path)
-    assert other.estimate("c++", "cubin") is None
+    for unread in (_json.dumps({**doc, "kinds": ["c++/cubin"]}), _json.dumps({**doc, "format": "other"}),
+                   " " * 65536 + _json.dumps(doc)):  # a list, another format, over the 64 KiB read
+        (tmp_path / COMPILE_TIMES_FILE).write_text(unread)
+        other = CompileTimes()
+        other.load(tmp_path)
+        assert other.estimate("c++", "cubin") is None
+
+
+def test_a_save_that_cannot_rename_raises_oserror_and_leaves_nothing_staged(tmp_path):
+    (tmp_path / COMPILE_TIMES_FILE).mkdir()  # the rename onto a directory fails
+    times = CompileTimes()
+    times.record("c++", "cubin", 0.1, 10)
+    with pytest.raises(OSError):
+        times.save(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [COMPILE_TIMES_FILE]
 
 
 def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
@@ -677,7 +690,10 @@ def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
     assert times.predict("c++", "cubin", 100) == pytest.approx(2.0)
     times.record("c++", "cubin", 5.0)  # no size: the mean moves, the rate does not
     times.record("c++", "cubin", 5.0, 0)
-    assert times.estimate("c++", "cubin") == pytest.approx(4.25)
     assert times.predict("c++", "cubin", 100) == pytest.approx(2.0)
+    times.record("c++", "cubin", 0.0, 1)  # the smallest size there is does count
+    times.record("c++", "cubin", 5.0, 0)
+    assert times.estimate("c++", "cubin") == pytest.approx(3.5625)
+    assert times.predict("c++", "cubin", 100) == pytest.approx(1.0)
     times.clear()
     assert times.predict("c++", "cubin", 100) is None and times.estimate("c++", "cubin") is None

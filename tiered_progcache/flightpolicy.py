@@ -149,7 +149,10 @@ class CompileTimes:
             raise
 
     def load(self, directory: str | os.PathLike[str]) -> None:
-        """Take the estimates ``save`` left in ``directory`` for kinds this process has not timed; bad files are ignored."""
+        """Take the estimates ``save`` left in ``directory`` for kinds this process has not timed.
+
+        Files that are not whole, plausible documents of under 64 KiB are ignored.
+        """
         try:
             with open(os.path.join(directory, COMPILE_TIMES_FILE), encoding="utf-8") as fh:
                 doc = json.loads(fh.read(65536))
