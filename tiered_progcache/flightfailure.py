@@ -20,6 +20,7 @@ import importlib
 import json
 import logging
 
+from ._cudacore import ERROR_MODULE
 from .store import EntryStore, entry_name
 
 __all__ = ["MAX_MESSAGE_BYTES", "CompileFailedElsewhere", "FailureRecord", "failure_record_name"]
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024
 _FORMAT = "tiered-progcache/compile-failure"
 #: Modules whose exception classes a waiter rebuilds (what ``Program.compile`` raises from).
-_REBUILT_MODULES = ("builtins", "cuda.core._utils.cuda_utils", "cuda.core")
+_REBUILT_MODULES = ("builtins", ERROR_MODULE, "cuda.core")
 
 
 class CompileFailedElsewhere(RuntimeError):
