@@ -909,3 +909,44 @@ def test_a_failure_is_published_for_no_longer_than_the_lease_ttl_and_only_by_its
     assert not other.publish_failure(b"y")
     info = other.read()
     assert isinstance(info, LeaseInfo) and info.failure is None and info.token == thief.token
+
+
+def test_a_failure_that_cannot_be_published_releases_the_lease_and_says_why(caplog):
+    """The store refuses the replace: the holder deletes its lease instead (its waiters retry and compile),
+    returns False and logs where and why. Published, the record's TTL reaches the store too."""
+
+    class RefusingLeases(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.replaced_ttls: list[float] = []
+            self.refuse = True
+
+        def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+            self.replaced_ttls.append(ttl_s)
+            if self.refuse:
+                raise OSError("bucket says no")
+            super().replace(name, document, ttl_s)
+
+    leases, clock = RefusingLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=30, clock=clock.time)
+    assert holder.try_acquire()
+    caplog.set_level("WARNING", logger="tiered_progcache.lease")
+    assert holder.publish_failure(b"record", ttl_s=4) is False
+    assert leases.read(NAME) is None and not holder.held  # released, not left to expire
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not publish the failure on lease dict://leases/{NAME}: OSError('bucket says no')"]
+    leases.refuse = False
+    again = RemoteLease(leases, NAME, ttl_s=30, clock=clock.time)
+    assert again.try_acquire() and again.publish_failure(b"record", ttl_s=4)
+    assert leases.replaced_ttls == [4, 4]
+
+
+def test_a_store_that_fails_the_first_create_ends_the_wait_at_once_as_store_failed(caplog):
+    class FailingLeases(DictLeases):
+        def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+            raise OSError("down")
+
+    clock = SteppedClock()
+    waited = clock.wait_for(RemoteLease(FailingLeases(), NAME, ttl_s=30, clock=clock.time), 300)
+    assert (waited.outcome, waited.held, waited.found, waited.waited_s) == (WaitOutcome.STORE_FAILED, False, None, 0)
+    assert clock.sleeps == []
