@@ -1,7 +1,12 @@
 """A fleet of nodes on one shared remote: compiles, wall time and requests, at several round-trip times.
 
     python benchmarks/bench_fleet.py [--nodes 8] [--kernels 12] [--rtt-ms 0,10,30,50] [--remote s3|file]
-                                     [--repeat 1] [--decisions FILE]
+                                     [--repeat 1] [--decisions FILE] [--workload matmul|cccl|failing]
+
+``--workload cccl``: the kernels are ``benchmarks/cccl_kernels.py``'s ``cub::BlockReduce`` kernel
+(variants), heavy (seconds, thousands of headers), each node's first compile in a fresh process:
+rows ``alone`` and ``cold`` only. ``--workload failing``: a kernel with a syntax error; rows
+``alone`` and ``cold``; the ``errors`` column is when the first and the last node had the error.
 
 Each node is a real process (spawn) with its own local directory; all nodes start together
 (a barrier) and each compiles the same K distinct kernels (the sample matmul, variants) through
@@ -58,19 +63,42 @@ ARCH = "sm_90"
 ALWAYS_WAIT = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
 
 
-def kernel_sources(k: int, salt: str) -> list[str]:
-    """K distinct kernels: the sample matmul's four specialisations, each made distinct by a comment."""
+BROKEN_KERNEL = 'extern "C" __global__ void fleet_broken(float* x) { x[0] = undeclared_symbol; }\n'
+
+
+def kernel_sources(k: int, salt: str, workload: str = "matmul") -> list[str]:
+    """K distinct kernels: the sample matmul's four specialisations (or the CUB kernel, or a broken one),
+    each made distinct by a comment."""
+    if workload == "cccl":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from cccl_kernels import CUB_KERNEL
+
+        return [CUB_KERNEL + f"\n// fleet kernel {i} {salt}\n" for i in range(k)]
+    if workload == "failing":
+        return [BROKEN_KERNEL + f"// fleet kernel {i} {salt}\n" for i in range(k)]
     from tiered_progcache.samples import matmul_source
 
     variants = [(t, e) for t in (16, 32) for e in ("identity", "relu")]
     return [matmul_source(*variants[i % 4]) + f"\n// fleet kernel {i} {salt}\n" for i in range(k)]
 
 
+def _include_path(workload: str) -> list[str] | None:
+    if workload != "cccl":
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cccl_kernels import cccl_dir
+
+    found = cccl_dir()
+    if found is None:
+        raise SystemExit("--workload cccl: CCCL's headers are not installed (cuda.pathfinder finds none)")
+    return [found]
+
+
 # -- one node ----------------------------------------------------------------------------------------
 
 
 def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], seed: int, prefetch: bool,
-          barrier, results) -> None:
+          barrier, results, include_path: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.ERROR)
     from cuda.core import Program, ProgramOptions
 
@@ -78,7 +106,7 @@ def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], see
     from tiered_progcache import TieredProgramCache
     from tiered_progcache.flightpolicy import on_flight
 
-    options = ProgramOptions(arch=ARCH, std="c++17")
+    options = ProgramOptions(arch=ARCH, std="c++17", include_path=include_path)
     warmup = Program('extern "C" __global__ void fleet_warmup() {}', "c++", options)
     warmup.compile("cubin")  # load NVRTC before the clock starts, outside the cache
     warmup.close()
@@ -94,17 +122,21 @@ def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], see
     started = time.time()
     prefetched = cache.warm().entries if prefetch else 0
     warmed = time.time()
+    errors: list[float] = []
     for src in order:
-        tpc.compile(src, "c++", options, cache=cache)
+        try:
+            tpc.compile(src, "c++", options, cache=cache)
+        except Exception:  # the failing workload: when this node had the error
+            errors.append(time.time())
     done = time.time()
     results.put({"compiles": tpc.compile_count(), "started": started, "done": done, "decisions": decisions,
-                 "prefetched": prefetched, "prefetch_s": warmed - started})
+                 "prefetched": prefetched, "prefetch_s": warmed - started, "errors": errors})
     cache.close()  # uploads drain here, after the clock
 
 
 def run_fleet(
     n: int, sources: list[str], remote: dict[str, Any] | None, prefetch: bool = False,
-    requests: Callable[[], int | None] = lambda: None,
+    requests: Callable[[], int | None] = lambda: None, include_path: list[str] | None = None,
 ) -> dict[str, Any]:
     """Start n nodes together; what they did, the fleet's wall time from the barrier, and the
     remote requests from the barrier until every node has exited (its uploads and releases included)."""
@@ -113,7 +145,8 @@ def run_fleet(
         barrier = ctx.Barrier(n + 1)
         results = ctx.Queue()
         procs = [
-            ctx.Process(target=_node, args=(os.path.join(tmp, f"node{i}"), remote, sources, i, prefetch, barrier, results))
+            ctx.Process(target=_node, args=(os.path.join(tmp, f"node{i}"), remote, sources, i, prefetch, barrier, results,
+                                            include_path))
             for i in range(n)
         ]
         for p in procs:
@@ -126,7 +159,9 @@ def run_fleet(
             p.join(60)
         after = requests()
     per_node = [d["done"] - d["started"] for d in done]
+    errors = [t - started for d in done for t in d["errors"]]
     return {
+        "errors": (min(errors), max(errors), len(errors)) if errors else None,
         "compiles": sum(d["compiles"] for d in done),
         "wall": max(d["done"] for d in done) - started,
         "p50": statistics.median(per_node),
@@ -215,9 +250,14 @@ class FileRemote:
 def _choices(decisions: list[dict[str, Any]]) -> str:
     counts = collections.Counter(d["choice"] for d in decisions)
     text = " ".join(f"{choice} {n}" for choice, n in sorted(counts.items())) or "-"
-    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions if d["choice"] == "short" and d["round_trip_s"]]
+    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions
+              if d["choice"] == "short" and d["round_trip_s"] and d["estimate_s"] is not None]
     if ratios:  # where the policy compiled instead of taking a lease: the estimate in round trips
         text += f" (short at C/R {min(ratios):.1f}-{max(ratios):.1f})"
+    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions
+              if d["choice"].startswith("raced") and d["round_trip_s"] and d["estimate_s"] is not None]
+    if ratios:
+        text += f" (raced at C/R {min(ratios):.1f}-{max(ratios):.1f})"
     waits = [d["waited_s"] for d in decisions if d["choice"] == "gave up"]
     if waits:
         text += f" (gave up after {min(waits):.2f}-{max(waits):.2f} s)"
@@ -239,16 +279,21 @@ def main() -> None:
     p.add_argument("--decisions", metavar="FILE", help="write every flight decision as a JSON line here")
     p.add_argument("--compare-k", default="", metavar="LIST",
                    help="extra cold rows with lease_min_compile_rtts set to each of these (e.g. 1,2,8)")
+    p.add_argument("--workload", choices=("matmul", "cccl", "failing"), default="matmul",
+                   help="the kernels: sample matmuls (default), the heavy CUB kernel, or one with a syntax error")
     args = p.parse_args()
     rtt_ms = args.rtt_ms if args.rtt_ms is not None else ("0,10,30,50" if args.remote == "s3" else "0")
     rtts = [float(x) / 1e3 for x in rtt_ms.split(",")]
     cold_rows: list[tuple[str, dict[str, Any]]] = [("cold", {}), ("cold, always wait", ALWAYS_WAIT)]
     cold_rows += [(f"cold, k={k}", {"lease_min_compile_rtts": float(k)}) for k in args.compare_k.split(",") if k]
     n, k = args.nodes, args.kernels
+    include_path = _include_path(args.workload)
+    if args.workload != "matmul":
+        cold_rows = [("cold", {})]
     remote = S3Remote() if args.remote == "s3" else FileRemote()
     log = open(args.decisions, "w") if args.decisions else None
     started = time.perf_counter()
-    print(f"fleet: {n} nodes x {k} kernels (sample matmul variants), remote {args.remote}, "
+    print(f"fleet: {n} nodes x {k} kernels ({args.workload}), remote {args.remote}, "
           f"{os.cpu_count()} CPUs, median of {args.repeat} run(s) per row")
     print(f"{'RTT':>5}  {'row':<24} {'compiles':>8} {'wall s':>7} {'vs alone':>8} {'node p50':>8} {'max':>6} "
           f"{'req/lookup':>10} {'R ms':>5}  choices")
@@ -259,21 +304,26 @@ def main() -> None:
             warm_prefix: dict[str, Any] | None = None
             for _ in range(args.repeat):
                 salt = uuid.uuid4().hex[:8]
-                sources = kernel_sources(k, salt)
-                runs["alone"].append(run_fleet(n, sources, None))
+                sources = kernel_sources(k, salt, args.workload)
+                runs["alone"].append(run_fleet(n, sources, None, include_path=include_path))
+                if args.workload == "cccl":  # one node alone, in the same run: the heavy rows' yardstick
+                    runs["alone, 1 node"].append(run_fleet(1, sources, None, include_path=include_path))
                 for name, extra in cold_rows:
                     prefix = {**remote.new_prefix(), **extra}
-                    runs[name].append(run_fleet(n, sources, prefix, requests=remote.count))
+                    runs[name].append(run_fleet(n, sources, prefix, requests=remote.count, include_path=include_path))
                     if name == "cold":
                         warm_prefix = {key: prefix[key] for key in ("remote", "remote_options") if key in prefix}
                         warm_sources = sources
                 assert warm_prefix is not None
+                if args.workload != "matmul":
+                    continue
                 for name, nodes, prefetch in (("warm", n, False), ("warm + prefetch", n, True),
                                               ("warm, 1 node", 1, False), ("warm + prefetch, 1 node", 1, True)):
                     runs[name].append(run_fleet(nodes, warm_sources, warm_prefix, prefetch, remote.count))
             alone_wall = _median_run(runs["alone"])["wall"]
-            for name in ("alone", *(row for row, _ in cold_rows), "warm", "warm + prefetch", "warm, 1 node",
-                         "warm + prefetch, 1 node"):
+            shown = [name for name in ("alone", "alone, 1 node", *(row for row, _ in cold_rows), "warm",
+                                       "warm + prefetch", "warm, 1 node", "warm + prefetch, 1 node") if runs[name]]
+            for name in shown:
                 run = _median_run(runs[name])
                 requests, lookups = run["requests"], (1 if name.endswith("1 node") else n) * k
                 per_lookup = "" if requests is None else f"{requests / lookups:.2f}"
@@ -282,7 +332,12 @@ def main() -> None:
                 print(f"{rtt * 1e3:>3.0f}ms  {name:<24} {run['compiles']:>8} {run['wall']:>7.2f} "
                       f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10} "
                       f"{observed:>5}  {_choices(run['decisions'])}"
-                      + (f" (the prefetch: p50 {run['prefetch_p50']:.3f} s)" if run["prefetched"] else ""))
+                      + (f" (the prefetch: p50 {run['prefetch_p50']:.3f} s)" if run["prefetched"] else "")
+                      + (" (errors: {} at {:.2f}-{:.2f} s, spread {:.2f} s)".format(
+                          run["errors"][2], run["errors"][0], run["errors"][1], run["errors"][1] - run["errors"][0])
+                         if run["errors"] else "")
+                      + (f" (vs 1 node alone: {run['wall'] / _median_run(runs['alone, 1 node'])['wall']:.2f}x)"
+                         if runs["alone, 1 node"] and name != "alone, 1 node" else ""))
                 if log is not None:
                     for d in run["decisions"]:
                         log.write(json.dumps({"rtt_ms": rtt * 1e3, "row": name, **d}) + "\n")
@@ -290,7 +345,8 @@ def main() -> None:
         remote.close()
         if log is not None:
             log.close()
-    print("choices: held = took the lease and compiled; waited = got another node's entry; found = it was there "
+    print("choices: raced = compiled beside the lookup, no lease (raced, found: the lookup won); failed = raised "
+          "the holder's published failure; held = took the lease and compiled; waited = got another node's entry; found = it was there "
           "once the lease was ours; short = under the lease threshold, compiled without one; gave up = waited "
           "the patience, then compiled")
     print(f"({sys.platform}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "

@@ -15,6 +15,19 @@ def _isolated_user_cache(tmp_path_factory, monkeypatch):
             monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_node_compile_times():
+    """Every test starts as a fresh node: no compile timed (the flight policy predicts nothing)."""
+    compile_module = __import__("importlib").import_module("tiered_progcache.compile")
+    from tiered_progcache.flightpolicy import compile_times
+
+    compile_times.clear()
+    compile_module._times_loaded.clear()
+    yield
+    compile_times.clear()
+    compile_module._times_loaded.clear()
+
+
 @pytest.fixture
 def events():
     """Every compiler run of ``tiered_progcache.compile()`` in this process while the test runs."""

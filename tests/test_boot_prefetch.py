@@ -14,6 +14,7 @@ import pytest
 
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache, transfer
+from tiered_progcache.flightpolicy import compile_times
 from tiered_progcache.localdir import LocalDir
 from tiered_progcache.manifest import manifest_name
 from tiered_progcache.remote import RemoteProgramCache
@@ -46,6 +47,9 @@ def warm_s3(s3_bucket, tmp_path):
             assert ci.flush(60)
         for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-lease-")]:
             releaser.join(60)  # CI's lease releases are done: their requests are not the node's
+        # The node is a fresh process: it has timed none of CI's compiles (this process's times are
+        # CI's), so it looks before compiling; a node predicting them short would race the lookup.
+        compile_times.clear()
         yield proxy, settings
 
 

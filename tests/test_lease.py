@@ -795,3 +795,158 @@ def test_a_break_marker_left_by_a_waiter_that_died_mid_break_goes_after_one_ttl(
     assert waiter.break_if_unchanged(stale) is False  # its time is up: removed, nothing broken yet
     assert marker not in store.objects and store.read(NAME) == stale
     assert waiter.break_if_unchanged(stale) is True and store.objects == {}
+
+
+# -- liveness from renewals, clamps, and a holder's published failure (issue 17) -------------------
+
+
+def _planted(leases: LeaseStore, clock: SteppedClock, **fields: object) -> bytes:
+    """A lease document nobody renews, as anyone who can write the bucket could plant one."""
+    doc = {"format": LEASE_FORMAT, "version": 1, "holder": "elsewhere:1", "token": "planted",
+           "acquired_at": clock.time(), "expires_at": clock.time() + 60, **fields}
+    raw = json.dumps(doc).encode()
+    assert leases.create(NAME, raw, 60)
+    return raw
+
+
+@pytest.mark.parametrize("claims", [{"expires_at": 1e12}, {"expires_at": 1e12, "compile_estimate_s": 1e6},
+                                    {"expires_at": float("inf")}])
+def test_a_lease_nobody_renews_is_broken_one_ttl_after_it_was_first_seen_whatever_it_claims(claims):
+    """A hostile or corrupt lease (an expiry in 33658 AD, a 1e6 s estimate) costs a waiter one TTL, not its timeout."""
+    leases, clock = DictLeases(), SteppedClock()
+    _planted(leases, clock, **claims)
+    waiter = RemoteLease(leases, NAME, ttl_s=5, clock=clock.time)
+    waited = clock.wait_for(waiter, 300, plan=FixedWait(poll_s=0.05))
+    waiter.release()
+    assert (waited.held, waited.outcome) == (True, WaitOutcome.HELD)
+    assert 5.0 <= waited.waited_s <= 5.0 + EXPIRY_SLACK_S
+
+
+def test_a_holder_that_keeps_renewing_is_waited_for_past_its_ttl_and_past_its_estimate():
+    """Liveness is the renewals: a holder whose lease says 0.01 s but renews every second is waited for 20 s."""
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time, compile_estimate_s=0.01)
+    assert holder.try_acquire()
+    renewed = [0.0]
+
+    def renew() -> None:
+        if clock.mono - renewed[0] >= 1.0:
+            renewed[0] = clock.mono
+            assert holder.renew()
+
+    clock.on_sleep.append(renew)
+    waiter = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time)
+    try:
+        waited = clock.wait_for(waiter, 300, lambda: "entry" if clock.mono >= 20 else None, FixedWait(poll_s=0.05))
+    finally:
+        holder.release()
+    assert (waited.found, waited.outcome) == ("entry", WaitOutcome.FOUND)
+    assert 20 <= waited.waited_s < 20.05 + 1e-9
+
+
+def test_a_published_failure_reaches_the_waiter_within_one_poll_and_stands_only_its_ttl():
+    """The holder fails at 0.5 s: the waiter (lease read beside every look) has it by 0.55 s. A second
+    caller after the record's TTL takes the lease: a retry after a fix compiles."""
+    leases, clock = CountingLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    clock.on_sleep.append(lambda: holder.publish_failure(b"sealed record", ttl_s=4) if clock.mono >= 0.5 else None)
+    opened: list[bytes] = []
+
+    def open_failure(sealed: bytes) -> str | None:
+        opened.append(sealed)
+        return "the holder's error" if sealed == b"sealed record" else None
+
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    waited = wait_for_lease(waiter, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
+                            sleep=clock.sleep, open_failure=open_failure)
+    assert (waited.outcome, waited.failure, waited.held) == (WaitOutcome.FAILED, "the holder's error", False)
+    assert 0.5 <= waited.waited_s <= 0.55 + 1e-9 and opened == [b"sealed record"]
+    assert not holder.held
+    clock.on_sleep.clear()
+    later = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    retry = wait_for_lease(later, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
+                           sleep=clock.sleep, open_failure=open_failure)
+    later.release()
+    assert retry.outcome is WaitOutcome.FAILED  # within its 4 s, a new caller raises it too
+    clock.sleep(4.0)
+    again = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    after = wait_for_lease(again, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
+                           sleep=clock.sleep, open_failure=open_failure)
+    again.release()
+    assert after.outcome is WaitOutcome.HELD  # expired: the next caller compiles
+
+
+def test_a_failure_record_that_does_not_open_is_not_trusted_and_costs_at_most_its_ttl():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    assert holder.try_acquire()
+    assert holder.publish_failure(b"forged", ttl_s=2)
+    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    waited = wait_for_lease(waiter, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
+                            sleep=clock.sleep, open_failure=lambda sealed: None)
+    waiter.release()
+    assert (waited.outcome, waited.failure) == (WaitOutcome.HELD, None)
+    assert 2.0 <= waited.waited_s <= 2.0 + EXPIRY_SLACK_S
+
+
+def test_a_failure_is_published_for_no_longer_than_the_lease_ttl_and_only_by_its_holder():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time)
+    assert not holder.publish_failure(b"x")  # not held: nothing published
+    assert leases.read(NAME) is None
+    assert holder.try_acquire()
+    assert holder.publish_failure(b"x", ttl_s=10)
+    info = holder.read()
+    assert isinstance(info, LeaseInfo) and info.failure == b"x"
+    assert info.expires_at == pytest.approx(clock.time() + 3)  # min(the record's 10 s, the lease's 3 s)
+    thief = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time)
+    leases.replace(NAME, thief._document(), 3)  # taken over meanwhile: the old holder publishes nothing
+    other = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time)
+    leases.delete(NAME)
+    assert other.try_acquire()
+    leases.replace(NAME, thief._document(), 3)
+    assert not other.publish_failure(b"y")
+    info = other.read()
+    assert isinstance(info, LeaseInfo) and info.failure is None and info.token == thief.token
+
+
+def test_a_failure_that_cannot_be_published_releases_the_lease_and_says_why(caplog):
+    """The store refuses the replace: the holder deletes its lease instead (its waiters retry and compile),
+    returns False and logs where and why. Published, the record's TTL reaches the store too."""
+
+    class RefusingLeases(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.replaced_ttls: list[float] = []
+            self.refuse = True
+
+        def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+            self.replaced_ttls.append(ttl_s)
+            if self.refuse:
+                raise OSError("bucket says no")
+            super().replace(name, document, ttl_s)
+
+    leases, clock = RefusingLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=30, clock=clock.time)
+    assert holder.try_acquire()
+    caplog.set_level("WARNING", logger="tiered_progcache.lease")
+    assert holder.publish_failure(b"record", ttl_s=4) is False
+    assert leases.read(NAME) is None and not holder.held  # released, not left to expire
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not publish the failure on lease dict://leases/{NAME}: OSError('bucket says no')"]
+    leases.refuse = False
+    again = RemoteLease(leases, NAME, ttl_s=30, clock=clock.time)
+    assert again.try_acquire() and again.publish_failure(b"record", ttl_s=4)
+    assert leases.replaced_ttls == [4, 4]
+
+
+def test_a_store_that_fails_the_first_create_ends_the_wait_at_once_as_store_failed(caplog):
+    class FailingLeases(DictLeases):
+        def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+            raise OSError("down")
+
+    clock = SteppedClock()
+    waited = clock.wait_for(RemoteLease(FailingLeases(), NAME, ttl_s=30, clock=clock.time), 300)
+    assert (waited.outcome, waited.held, waited.found, waited.waited_s) == (WaitOutcome.STORE_FAILED, False, None, 0)
+    assert clock.sleeps == []

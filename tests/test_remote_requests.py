@@ -165,6 +165,11 @@ def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols
         tiered_progcache.compile(templated, "c++", options, cache=writer, name_expressions=["fill<float>"])
         assert writer.flush(60)
     compiled = len(events)
+    # A fresh node has timed no compile (the writer's times are this process's): it looks before compiling,
+    # where a node that predicts these kernels shorter than a round trip would race the lookup instead.
+    from tiered_progcache.flightpolicy import compile_times
+
+    compile_times.clear()
     with TieredProgramCache(tmp_path / "fresh", remote=s3_wire.url, remote_options=s3_wire.options,
                             strict=True) as fresh:
         s3_wire.watch(_remote_of(fresh))

@@ -16,6 +16,7 @@ from cuda.core.utils._program_cache._file_stream import _default_cache_dir, _sta
 from cuda.core.utils._program_cache._keys import _KEY_SCHEMA_VERSION
 
 __all__ = [
+    "ERROR_MODULE",
     "PRIVATE_SYMBOLS",
     "as_key_bytes",
     "default_cache_dir",
@@ -33,7 +34,12 @@ PRIVATE_SYMBOLS = (
     ("cuda.core.utils._program_cache._file_stream", "_default_cache_dir"),
     ("cuda.core.utils._program_cache._file_stream", "_stat_key"),
     ("cuda.core.utils._program_cache._keys", "_KEY_SCHEMA_VERSION"),
+    ("cuda.core._utils.cuda_utils", "NVRTCError"),
 )
+
+#: Where cuda-core's compile errors live (``NVRTCError`` and its kin): the failure records of
+#: :mod:`tiered_progcache.flightfailure` rebuild exception classes from this module only (and builtins).
+ERROR_MODULE = "cuda.core._utils.cuda_utils"
 
 #: Key normalisation exactly as cuda-core's tiers do it: ``str`` is UTF-8, ``bytes`` as is, else TypeError.
 as_key_bytes = _as_key_bytes

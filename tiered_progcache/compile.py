@@ -36,7 +36,7 @@ from typing import Any, Callable
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
-from .flightpolicy import compile_times
+from .flightpolicy import compile_size, compile_times
 from .hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from .manifest import ManifestError, build_manifest, compile_inputs, decode_manifest, encode_manifest, manifest_key
@@ -327,25 +327,60 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     target = target_type.lower()
     if compiled.declined is not None:
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
-    found = _find(cache, key, target, options, names)
+    size = compile_size(len(source), len(compiled.headers))
+    estimate = _predict(cache, code_type, target, size)
+    # A compile predicted short against the round trip races the shared lookup: look nearby first.
+    race = single_flight and _races(cache, estimate)
+    found = _find(cache, key, target, options, names, nearby_only=race)
     if found is not None:
         if _hit_hooks or isinstance(cache, TieredProgramCache):
             _record_hit(cache, key)
         return found[0]
     if isinstance(cache, TieredProgramCache) and cache.explain_misses:
         _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
-    job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs)
+    job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs, size)
     if not single_flight:
         return _compile_and_store(cache, job)[0]
 
-    find = functools.partial(_find_after_waiting, cache, key, target, options, names)
+    # Racing, the nearby tiers have missed already: the race's lookup is the shared tier's.
+    find = functools.partial(_find_after_waiting, cache, key, target, options, names, shared_only=race)
     produce = functools.partial(_compile_and_store, cache, job)
+
+    def produce_unless(dropped: threading.Event) -> tuple[ObjectCode, _Outcome]:
+        return _compile_and_store(cache, job, dropped)
 
     def adopt(outcome: _Outcome) -> ObjectCode:
         return _wrap(outcome.data, target, options, outcome.mapping)
 
-    return run_once(cache, key, Work(find, produce, adopt), wait_timeout=wait_timeout, lease_ttl=lease_ttl,
-                    compile_estimate_s=compile_times.estimate(code_type, target))
+    return run_once(cache, key, Work(find, produce, adopt, produce_unless), wait_timeout=wait_timeout,
+                    lease_ttl=lease_ttl, compile_estimate_s=estimate, race=race)
+
+
+#: Local directories whose persisted compile times this process has read (each once).
+_times_loaded: set[str] = set()
+
+
+def _times_dir(cache: ProgramCacheResource) -> str | None:
+    local = cache.local_store if isinstance(cache, TieredProgramCache) else stores_of(cache).local
+    return None if local is None else os.fspath(local.root)
+
+
+def _predict(cache: ProgramCacheResource, code_type: str, target: str, size: int) -> float | None:
+    """The compile time this node predicts for a compile of ``size``; None where it has timed none of the kind."""
+    directory = _times_dir(cache)
+    if directory is not None and directory not in _times_loaded:
+        with _counter_lock:
+            _times_loaded.add(directory)
+        compile_times.load(directory)
+    return compile_times.predict(code_type, target, size)
+
+
+def _races(cache: ProgramCacheResource, estimate: float | None) -> bool:
+    """True where the policy predicts the compile short against the shared store's round trip."""
+    if not isinstance(cache, TieredProgramCache) or estimate is None:
+        return False
+    shared = cache.shared_store
+    return shared is not None and cache.flight_policy.races(estimate, shared.round_trip_s)
 
 
 _CODE_TYPES = ("c++", "ptx", "nvvm")
@@ -435,14 +470,23 @@ def _find(
     target: str,
     options: ProgramOptions,
     names: tuple[str | bytes, ...],
+    nearby_only: bool = False,
+    shared_only: bool = False,
 ) -> tuple[ObjectCode, _Outcome] | None:
-    """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None."""
-    data = cache.get(key)
+    """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None.
+
+    ``nearby_only``: only the tiers in front of the shared one (the chain's ``get_nearby``);
+    ``shared_only``: only the others (``get_shared``).
+    """
+    get = cache.get
+    if isinstance(cache, TieredProgramCache):
+        get = cache.get_nearby if nearby_only else cache.get_shared if shared_only else cache.get
+    data = get(key)
     if data is None:
         return None
     mapping = None
     if names:
-        mapping = decode_symbols(cache.get(symbols_key(key)), names)
+        mapping = decode_symbols(get(symbols_key(key)), names)
         if mapping is None:
             logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
             return None
@@ -455,9 +499,10 @@ def _find_after_waiting(
     target: str,
     options: ProgramOptions,
     names: tuple[str | bytes, ...],
+    shared_only: bool = False,
 ) -> tuple[ObjectCode, _Outcome] | None:
     """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
-    found = _find(cache, key, target, options, names)
+    found = _find(cache, key, target, options, names, shared_only=shared_only)
     if found is not None and (_hit_hooks or isinstance(cache, TieredProgramCache)):
         _record_hit(cache, key)
     return found
@@ -480,9 +525,13 @@ class _Job:
     names: tuple[str | bytes, ...]
     extra_digest: bytes | None
     logs: Any
+    size: int
 
 
-def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCode, _Outcome]:
+def _compile_and_store(
+    cache: ProgramCacheResource, job: _Job, dropped: threading.Event | None = None
+) -> tuple[ObjectCode, _Outcome]:
+    """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
     key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
     started = time.perf_counter()
     program = Program(job.source, code_type, job.options)
@@ -500,7 +549,8 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
         del program
     seconds = time.perf_counter() - started
-    compile_times.record(code_type, target, seconds)  # what single-flight plans the next compile with
+    compile_times.record(code_type, target, seconds, job.size)  # what single-flight plans the next compile with
+    _save_times(cache)
     if isinstance(cache, TieredProgramCache):
         cache.compile_tally.count_compile(seconds)
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
@@ -508,6 +558,8 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
         _remember_seconds((id(cache), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
+    if dropped is not None and dropped.is_set():
+        return obj, _Outcome(data, mapping)  # the lookup won the race: the entry is stored already
     # The manifest before the binary (like the symbol map): whoever sees the binary finds
     # its manifest. A manifest that cannot be made or stored costs nothing but itself.
     try:
@@ -522,6 +574,17 @@ def _compile_and_store(cache: ProgramCacheResource, job: _Job) -> tuple[ObjectCo
     except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
     return obj, _Outcome(data, mapping)
+
+
+def _save_times(cache: ProgramCacheResource) -> None:
+    """Keep this node's compile times in its local directory for its next process; a failure costs only that."""
+    directory = _times_dir(cache)
+    if directory is None:
+        return
+    try:
+        compile_times.save(directory)
+    except OSError as exc:
+        logger.debug("could not save compile times in %s: %r", directory, exc)
 
 
 def _manifest_bytes(job: _Job, seconds: float) -> bytes:

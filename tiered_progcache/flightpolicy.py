@@ -1,31 +1,34 @@
-"""The single-flight policy across nodes: when a compile is worth a cluster lease, and how long others wait for it.
+"""The single-flight policy across nodes: when a compile races the lookup, when it takes a lease, how waiters wait.
 
 A cluster lease saves compiles, not time: a node that waits for another's entry pays
 round trips a node compiling alone does not. With ``R`` one round trip to the shared
-store (observed: :class:`~tiered_progcache.latency.LatencyTracker`), ``C`` the compile
-(estimated: :class:`CompileTimes`) and ``P`` the poll period (``max(floor, R)``), after
-the first miss that every path pays:
+store (observed: :class:`~tiered_progcache.latency.LatencyTracker`) and ``C`` the compile
+(predicted: :class:`CompileTimes`, from this node's own compiles and the size of what the
+compile reads):
 
-* alone: ``R + C`` (one more look, under the node lock);
-* the lease holder: ``2R + C`` (the create, one look under the lease); its upload and
-  release run in the background;
-* a waiter: the holder created its lease before the waiter tried, then looked, compiled
-  and uploaded; the waiter's next look starts within ``P``: at most ``C + 4R + P``.
+* ``C < lease_min_compile_rtts x R`` (short): the remote lookup and the compile start
+  together, no lease; whichever answers first wins. Never slower than compiling alone.
+* otherwise, or ``C`` unknown (nothing timed on this node yet): the lease, so the cluster
+  compiles once. A waiter waits while the holder's lease is renewed (liveness, not an
+  estimate) and compiles itself only once the holder is gone or failed; ``wait_patience``
+  (default None) opts into giving up after ``wait_patience x C + 4R + P``, with ``C`` the
+  estimate in the holder's lease (evidence about this kernel; never a prior).
 
-So the lease is taken only when ``C >= lease_min_compile_rtts x R``, and a waiter
-compiles itself once it has waited ``wait_patience x C + 4R + P``: what the holder needs
-at most. The full arithmetic and the defaults' figures are in docs/cluster.md ("When
-nodes wait").
-
-Every choice is reported to hooks (:func:`on_flight`) and logged at DEBUG (a waiter
-that gave up: INFO), so a run can show where the policy compiled instead of waiting.
+The full arithmetic is in docs/cluster.md ("When nodes wait"). Every choice is reported
+to hooks (:func:`on_flight`) and logged at DEBUG (a waiter that gave up: INFO).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
+import math
+import os
+import tempfile
 import threading
+import time
 from typing import Any, Callable
 
 from .hooks import call_each, subscribe
@@ -34,12 +37,16 @@ from .store import EntryStore
 
 __all__ = [
     "COMPILE_TIME_WEIGHT",
+    "COMPILE_TIMES_FILE",
+    "HEADER_BYTES",
     "LANDING_RTTS",
     "POLL_FLOOR_S",
+    "POLL_GROWTH",
     "CompileTimes",
     "FlightDecision",
     "FlightPolicy",
     "FlightWait",
+    "compile_size",
     "compile_times",
     "on_flight",
     "report",
@@ -52,19 +59,38 @@ POLL_FLOOR_S = 0.01
 #: Round trips between a waiter's first try and it holding the entry, besides the compile and
 #: one poll period: the holder's create and look under the lease, its upload, the look that finds it.
 LANDING_RTTS = 4
+#: A waiter's poll period grows with its wait, to this fraction of the time waited so far: a long
+#: compile is learned of at most 2% late, and seven waiters polling do not slow its holder down.
+POLL_GROWTH = 0.02
 #: Weight of the newest compile time in the running estimate (an exponentially weighted mean).
 COMPILE_TIME_WEIGHT = 0.3
+#: What one header a compile reads weighs in its size, in bytes of source: a header costs the
+#: compiler about as much as that much source (the size is what predicts a compile never timed).
+HEADER_BYTES = 8192
+#: The file in a local cache directory where a node keeps what its compiles took, for its next process.
+COMPILE_TIMES_FILE = "compile-times.json"
+_TIMES_FORMAT = "tiered-progcache/compile-times"
+#: The longest compile time or rate a persisted file may claim (anything above is ignored as corrupt).
+_MAX_PERSISTED_S = 3600.0
+
+
+def compile_size(source_bytes: int, header_count: int) -> int:
+    """A compile's size, in bytes of source: the source plus :data:`HEADER_BYTES` per header it reads."""
+    return max(1, source_bytes) + HEADER_BYTES * max(0, header_count)
 
 
 class CompileTimes:
-    """This process's running estimate of a compile's wall time, per (code type, target type).
+    """This node's running estimate of a compile's wall time, per (code type, target type).
 
-    >>> times = CompileTimes(); times.record("c++", "cubin", 0.4); times.estimate("c++", "cubin")
-    0.4
+    >>> times = CompileTimes(); times.record("c++", "cubin", 0.4, size=4000); times.predict("c++", "cubin", 8000)
+    0.8
 
-    An exponentially weighted mean (newest weight :data:`COMPILE_TIME_WEIGHT`), started at
-    the first sample. Wall time, so it includes the contention the process compiles
-    under, which is what compiling alone would cost now. Thread-safe.
+    Two exponentially weighted means (newest weight :data:`COMPILE_TIME_WEIGHT`), started at
+    the first sample: the seconds of a compile, and its seconds per byte of size
+    (:func:`compile_size`), which predicts a kernel never timed from what it reads. Wall
+    time, so it includes the contention the process compiles under. :meth:`save` and
+    :meth:`load` keep them in a local directory (:data:`COMPILE_TIMES_FILE`), so a fresh
+    process on a node that compiled before does not start from nothing. Thread-safe.
     """
 
     def __init__(self, weight: float = COMPILE_TIME_WEIGHT) -> None:
@@ -73,28 +99,89 @@ class CompileTimes:
         self._weight = weight
         self._lock = threading.Lock()
         self._means: dict[tuple[str, str], float] = {}
+        self._rates: dict[tuple[str, str], float] = {}
 
-    def record(self, code_type: str, target_type: str, seconds: float) -> None:
-        """Fold one compile's wall time in; negative or non-finite values are ignored."""
+    def _fold(self, table: dict[tuple[str, str], float], kind: tuple[str, str], value: float) -> None:
+        mean = table.get(kind)
+        table[kind] = value if mean is None else mean + self._weight * (value - mean)
+
+    def record(self, code_type: str, target_type: str, seconds: float, size: int | None = None) -> None:
+        """Fold one compile's wall time (and its size, if known) in; negative or non-finite values are ignored."""
         if not 0.0 <= seconds < float("inf"):
             return
         kind = (code_type.lower(), target_type.lower())
         with self._lock:
-            mean = self._means.get(kind)
-            self._means[kind] = seconds if mean is None else mean + self._weight * (seconds - mean)
+            self._fold(self._means, kind, seconds)
+            if size is not None and size > 0:
+                self._fold(self._rates, kind, seconds / size)
 
     def estimate(self, code_type: str, target_type: str) -> float | None:
-        """The estimate in seconds; None before the first compile of that kind in this process."""
+        """The mean in seconds; None before the first compile of that kind on this node."""
         with self._lock:
             return self._means.get((code_type.lower(), target_type.lower()))
+
+    def predict(self, code_type: str, target_type: str, size: int) -> float | None:
+        """Seconds a compile of ``size`` (:func:`compile_size`) should take; None when nothing of that kind was timed."""
+        with self._lock:
+            rate = self._rates.get((code_type.lower(), target_type.lower()))
+        return None if rate is None else rate * size
 
     def clear(self) -> None:
         """Forget every estimate (tests; a process whose workload changed completely)."""
         with self._lock:
             self._means.clear()
+            self._rates.clear()
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write the estimates to ``directory/compile-times.json`` (staged and renamed). Raises OSError."""
+        with self._lock:
+            kinds = {f"{c}/{t}": {"mean_s": self._means[(c, t)], "s_per_byte": self._rates.get((c, t))}
+                     for c, t in self._means}
+        doc = json.dumps({"format": _TIMES_FORMAT, "version": 1, "kinds": kinds}, sort_keys=True)
+        fd, staged = tempfile.mkstemp(dir=directory, prefix=".compile-times-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(doc)
+            os.replace(staged, os.path.join(directory, COMPILE_TIMES_FILE))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
+            raise
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Take the estimates ``save`` left in ``directory`` for kinds this process has not timed.
+
+        Files that are not whole, plausible documents of under 64 KiB are ignored.
+        """
+        try:
+            with open(os.path.join(directory, COMPILE_TIMES_FILE), encoding="utf-8") as fh:
+                doc = json.loads(fh.read(65536))
+            kinds = doc["kinds"] if isinstance(doc, dict) and doc.get("format") == _TIMES_FORMAT else {}
+            if not isinstance(kinds, dict):
+                return
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            return
+        with self._lock:
+            for name, entry in kinds.items():
+                code, sep, target = str(name).partition("/")
+                if not sep or not isinstance(entry, dict):
+                    continue
+                kind = (code, target)
+                mean, rate = _persisted(entry.get("mean_s")), _persisted(entry.get("s_per_byte"))
+                if mean is not None and kind not in self._means:
+                    self._means[kind] = mean
+                    if rate is not None:
+                        self._rates[kind] = rate
 
 
-#: The process's compile times: ``compile()`` records every successful compiler run here.
+def _persisted(value: object) -> float | None:
+    """A non-negative, finite, plausible number from a compile-times file; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value <= _MAX_PERSISTED_S and math.isfinite(value) else None
+
+
+#: The process's compile times: ``compile()`` records every successful compiler run here (and in the local directory).
 compile_times = CompileTimes()
 
 
@@ -104,6 +191,7 @@ class FlightPolicy:
 
     ``min_upload_compile_s`` is the chain's admission threshold: an entry that will not be
     uploaded is never worth a lease (nobody could get it from the holder).
+    ``compile_time_prior_s`` is kept for old configurations: no decision uses a prior any more.
     """
 
     lease_min_compile_rtts: float = DEFAULT_LEASE_MIN_COMPILE_RTTS
@@ -112,46 +200,59 @@ class FlightPolicy:
     min_upload_compile_s: float | None = None
     poll_floor_s: float = POLL_FLOOR_S
 
-    def estimate(self, measured_s: float | None) -> float:
-        """The compile time to plan with: the process's measurement, else the prior."""
-        return self.compile_time_prior_s if measured_s is None else measured_s
+    def takes_lease(self, estimate_s: float | None, round_trip_s: float | None) -> bool:
+        """True if a compile predicted at ``estimate_s`` (None: unknown) should take the cluster lease.
 
-    def takes_lease(self, estimate_s: float, round_trip_s: float | None) -> bool:
-        """True if a compile estimated at ``estimate_s`` is worth a cluster lease at this round trip.
-
-        An unknown round trip (no request timed yet) counts as free. An entry under the
-        upload threshold would not reach the others, so it takes none.
+        Unknown compiles and unknown round trips (no request timed yet) take it: compile-once
+        protection where nothing says the compile is short. An entry under the upload
+        threshold would not reach the others, so it takes none.
         """
+        if estimate_s is None:
+            return self.min_upload_compile_s is None
         if self.min_upload_compile_s is not None and estimate_s < self.min_upload_compile_s:
             return False
-        return estimate_s >= self.lease_min_compile_rtts * (round_trip_s or 0.0)
+        if round_trip_s is None:
+            return True
+        return estimate_s >= self.lease_min_compile_rtts * round_trip_s
 
-    def wait_plan(self, estimate_s: float, store: EntryStore) -> FlightWait:
-        """How to wait for another node's compile of a kernel this process estimates at ``estimate_s``."""
-        return FlightWait(self, estimate_s, store)
+    def races(self, estimate_s: float | None, round_trip_s: float | None) -> bool:
+        """True if the compile should start beside the remote lookup (no lease): the estimate is known and short."""
+        return estimate_s is not None and not self.takes_lease(estimate_s, round_trip_s)
+
+    def wait_plan(self, store: EntryStore, lease_ttl_s: float = math.inf,
+                  clock: Callable[[], float] = time.monotonic) -> FlightWait:
+        """How to wait, from now on ``clock``, for another node's compile; its estimate is clamped to ``lease_ttl_s``."""
+        return FlightWait(self, store, lease_ttl_s, clock, clock())
 
 
 @dataclasses.dataclass(frozen=True)
 class FlightWait:
     """A waiter's plan (:class:`~tiered_progcache.lease.WaitPlan`), read live from the store's latency. Immutable.
 
-    Poll period: ``max(floor, R)``. Patience: ``wait_patience x C + LANDING_RTTS x R + P``,
-    with ``C`` the holder's estimate where its lease carries one, else this process's.
+    Poll period: ``max(floor, R, POLL_GROWTH x the time waited so far)``. Patience: None (wait while the holder's lease is renewed)
+    unless ``wait_patience`` is set and the holder's lease carries its estimate for this
+    kernel, then ``wait_patience x C + LANDING_RTTS x R + P`` with ``C`` that estimate,
+    clamped to the lease TTL.
     """
 
     policy: FlightPolicy
-    own_estimate_s: float
     store: EntryStore
+    lease_ttl_s: float = math.inf
+    clock: Callable[[], float] = time.monotonic
+    started: float = 0.0
+
+    def _network_period(self) -> float:
+        return max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
 
     def poll_period(self) -> float:
-        return max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
+        return max(self._network_period(), POLL_GROWTH * (self.clock() - self.started))
 
     def patience(self, holder_estimate_s: float | None) -> float | None:
         factor = self.policy.wait_patience
-        if factor is None:
-            return None
-        compile_s = self.own_estimate_s if holder_estimate_s is None else holder_estimate_s
-        return factor * compile_s + LANDING_RTTS * (self.store.round_trip_s or 0.0) + self.poll_period()
+        if factor is None or holder_estimate_s is None:
+            return None  # no evidence about this kernel: the holder's liveness decides
+        compile_s = min(holder_estimate_s, self.lease_ttl_s)
+        return factor * compile_s + LANDING_RTTS * (self.store.round_trip_s or 0.0) + self._network_period()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,22 +261,26 @@ class FlightDecision:
 
     ``choice`` is one of:
 
-    * ``"short"``: estimated under the lease threshold, compiled without a lease;
+    * ``"raced"``: predicted short: compiled beside the remote lookup, no lease, and the compile answered first;
+    * ``"raced, found"``: the same, and the lookup found the entry first (the compile's result is dropped);
+    * ``"short"``: predicted short where nothing was left to race (the lookup already missed): compiled, no lease;
     * ``"held"``: took the lease and compiled (others may wait for it);
     * ``"found"``: the entry turned up right after the lease step (another node, or
       another process here, had just finished): no compile;
     * ``"waited"``: got another node's entry while waiting for its lease;
-    * ``"gave up"``: waited the patience and compiled itself;
+    * ``"failed"``: the holder's compile failed and it published the failure: raised it, no compile;
+    * ``"gave up"``: waited the patience (``wait_patience``, opt-in) and compiled itself;
     * ``"timeout"``: waited the caller's ``wait_timeout`` and compiled itself;
     * ``"no lease"``: the lease store failed, compiled without one.
 
-    ``waited_s`` is the time spent waiting on another node's lease (0 unless waited);
-    ``holder_estimate_s`` what that holder's lease said its compile would take.
+    ``estimate_s`` is the predicted compile (None: unknown); ``waited_s`` the time spent
+    waiting on another node's lease (0 unless waited); ``holder_estimate_s`` what that
+    holder's lease said its compile would take.
     """
 
     name: str
     choice: str
-    estimate_s: float
+    estimate_s: float | None
     round_trip_s: float | None
     waited_s: float = 0.0
     holder_estimate_s: float | None = None
@@ -203,8 +308,8 @@ def report(decision: FlightDecision) -> None:
     """Log ``decision`` and hand it to every hook."""
     level = logging.INFO if decision.choice == "gave up" else logging.DEBUG
     if logger.isEnabledFor(level):
-        logger.log(level, "entry %s: %s (estimate %.3f s, round trip %s, waited %.3f s)", decision.name[:16],
-                   decision.choice, decision.estimate_s,
+        logger.log(level, "entry %s: %s (estimate %s, round trip %s, waited %.3f s)", decision.name[:16],
+                   decision.choice, "unknown" if decision.estimate_s is None else f"{decision.estimate_s:.3f} s",
                    "unknown" if decision.round_trip_s is None else f"{decision.round_trip_s * 1e3:.1f} ms",
                    decision.waited_s)
     with _hooks_lock:

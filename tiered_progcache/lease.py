@@ -14,13 +14,15 @@ seconds of each other (NTP), or make the TTL comfortably larger than the skew.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import concurrent.futures
 import contextlib
 import dataclasses
 import enum
 import hashlib
-import math
 import json
+import math
 import logging
 import os
 import socket
@@ -34,6 +36,7 @@ from .store import LeaseStore
 
 __all__ = [
     "DEFAULT_POLL_S",
+    "FAILURE_TTL_S",
     "LEASE_FORMAT",
     "LEASE_RECHECK_S",
     "FixedWait",
@@ -59,6 +62,8 @@ LEASE_RECHECK_S = 1.0
 EXPIRY_MARGIN_S = 0.01
 #: Retries without a pause (the lease was just released or broken) before pausing anyway.
 QUICK_RETRIES = 3
+#: How long a failed holder's failure record stands in place of its lease (waiters raise it meanwhile).
+FAILURE_TTL_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +166,8 @@ class LeaseInfo:
 
     ``compile_estimate_s`` is how long the holder expected its compile to take when it took
     the lease (None in documents written before holders wrote it, or with a bad value).
+    ``failure`` is the sealed failure record of a holder whose work failed
+    (:meth:`RemoteLease.publish_failure`; None while it works), still to be opened and checked.
     """
 
     holder: str
@@ -170,6 +177,7 @@ class LeaseInfo:
     raw: bytes
     process: HolderProcess | None = None
     compile_estimate_s: float | None = None
+    failure: bytes | None = None
 
     def expired(self, now: float | None = None) -> bool:
         """True once ``now`` (seconds since the epoch; default: this host's clock) reaches the expiry."""
@@ -192,7 +200,17 @@ def _parse_lease(raw: bytes) -> LeaseInfo | None:
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return LeaseInfo(holder, token, acquired_at, expires_at, raw, HolderProcess.from_json(doc.get("process")),
-                     _seconds_or_none(doc.get("compile_estimate_s")))
+                     _seconds_or_none(doc.get("compile_estimate_s")), _failure_or_none(doc.get("failure")))
+
+
+def _failure_or_none(value: object) -> bytes | None:
+    """The sealed failure record a lease document carries (base64), or None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, binascii.Error):
+        return None
 
 
 def _seconds_or_none(value: object) -> float | None:
@@ -247,7 +265,7 @@ class RemoteLease:
         """Where the lease object lives, for messages."""
         return f"{self.leases.location.rstrip('/')}/{self.name}"
 
-    def _document(self) -> bytes:
+    def _document(self, ttl_s: float | None = None, failure: bytes | None = None) -> bytes:
         now = self.clock()
         doc: dict[str, object] = {
             "format": LEASE_FORMAT,
@@ -255,11 +273,13 @@ class RemoteLease:
             "holder": self.holder,
             "token": self.token,
             "acquired_at": now,
-            "expires_at": now + self.ttl_s,
+            "expires_at": now + (self.ttl_s if ttl_s is None else ttl_s),
             "process": self.process.as_json(),
         }
         if self.compile_estimate_s is not None:
             doc["compile_estimate_s"] = self.compile_estimate_s  # readers that predate it ignore it
+        if failure is not None:
+            doc["failure"] = base64.b64encode(failure).decode("ascii")
         return json.dumps(doc, sort_keys=True).encode()
 
     def read(self) -> LeaseInfo | None | bytes:
@@ -328,14 +348,39 @@ class RemoteLease:
             except Exception as exc:
                 logger.warning("could not renew lease %s: %r", self.location, exc)
 
-    def release(self) -> None:
-        """Stop renewing and delete the lease if it is still ours. Never raises."""
-        if not self.held:
-            return
+    def _stop_renewing(self) -> None:
         self.held = False
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=5)
+
+    def publish_failure(self, record: bytes, ttl_s: float = FAILURE_TTL_S) -> bool:
+        """Replace the held lease by ``record`` (sealed by the caller), for ``ttl_s``; stop holding it.
+
+        Waiters that read it within ``ttl_s`` (and within their own TTL of seeing it) get
+        the failure instead of compiling again; once it expires the next caller takes the
+        lease and tries again. False (and the lease released instead) if the lease is no
+        longer ours or the store failed. Never raises.
+        """
+        if not self.held:
+            return False
+        self._stop_renewing()
+        try:
+            info = self.read()
+            if isinstance(info, LeaseInfo) and info.token == self.token:
+                self.leases.replace(self.name, self._document(min(ttl_s, self.ttl_s), record), min(ttl_s, self.ttl_s))
+                return True
+        except Exception as exc:
+            logger.warning("could not publish the failure on lease %s: %r", self.location, exc)
+        self.held = True
+        self.release()
+        return False
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours. Never raises."""
+        if not self.held:
+            return
+        self._stop_renewing()
         try:
             info = self.read()
             if isinstance(info, LeaseInfo) and info.token == self.token:
@@ -376,6 +421,7 @@ class WaitOutcome(str, enum.Enum):
 
     HELD = "held"  # the caller holds the lease: do the work, then release it
     FOUND = "found"  # poll() returned the holder's result
+    FAILED = "failed"  # the holder published its failure: raise it (``LeaseWait.failure``)
     PATIENCE = "patience"  # waited the plan's patience: do the work without the lease
     TIMEOUT = "timeout"  # the caller's timeout ran out: do the work without the lease
     STORE_FAILED = "store failed"  # the lease store raised: do the work without the lease
@@ -383,10 +429,11 @@ class WaitOutcome(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class LeaseWait(Generic[T]):
-    """What :func:`wait_for_lease` found: the holder's result, the lease, or neither. Immutable.
+    """What :func:`wait_for_lease` found: the holder's result, the lease, its failure, or none of them. Immutable.
 
     ``waited_s`` is measured on the wait's clock; ``holder_estimate_s`` is what the last
-    holder seen wrote into its lease (None if none was seen or it wrote none).
+    holder seen wrote into its lease (None if none was seen or it wrote none);
+    ``failure`` what ``open_failure`` made of the holder's failure record (outcome FAILED only).
     """
 
     found: T | None
@@ -394,6 +441,7 @@ class LeaseWait(Generic[T]):
     outcome: WaitOutcome
     waited_s: float
     holder_estimate_s: float | None = None
+    failure: object | None = None
 
 
 def wait_for_lease(
@@ -404,6 +452,7 @@ def wait_for_lease(
     plan: WaitPlan | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
+    open_failure: Callable[[bytes], object | None] | None = None,
 ) -> LeaseWait[T]:
     """Take ``lease``, or wait for whoever holds it to produce the result.
 
@@ -411,33 +460,42 @@ def wait_for_lease(
     >>> waited.held, waited.found, waited.outcome
 
     ``held`` True: this caller now holds the lease (do the work, then ``lease.release()``).
-    ``found`` not None: ``poll()`` found the holder's result. Neither: the plan's patience
-    or the timeout ran out, or the store failed (do the work without a lease).
+    ``found`` not None: ``poll()`` found the holder's result. Outcome FAILED: the holder
+    published its failure and ``failure`` holds what ``open_failure`` made of it (raise it).
+    Otherwise the plan's patience or the timeout ran out, or the store failed (do the work
+    without a lease).
 
     A waiter looks for the result once right after finding the lease taken (reading the
     lease on a helper thread meanwhile: one round trip for both), then every
     ``plan.poll_period()`` seconds (start to start: one look in flight at a time), so it
-    learns the result landed within about one period and one request. The lease itself
-    only matters for a holder that crashed or failed, so it is re-read less often: every
-    ``LEASE_RECHECK_S`` and at its expiry. An expired lease (a crashed holder) is broken
-    and retaken, so a crash costs the others at most the lease TTL (nothing at all when
-    the holder ran on this host and its process is gone); a released one is retaken at
-    once; bytes that are not a lease (a partial write, garbage) are given one TTL, then
-    broken. The patience runs from the start of the wait for the first holder seen, and
-    starts again for a new holder (the old one failed or died).
+    learns the result landed within about one period and one request. Without
+    ``open_failure`` the lease is re-read only every ``LEASE_RECHECK_S`` and at its expiry
+    (it matters only for a holder that crashed or failed); with it, beside every look, so a
+    published failure is seen within one period too (two requests a period).
+
+    A holder is live while its lease is renewed: a lease whose bytes have not changed for
+    ``lease.ttl_s`` (this waiter's TTL, on ``clock``) counts as expired whatever it says,
+    as does one past its stated expiry or whose holder ran on this host and is gone. An
+    expired lease is broken and retaken, so a crash costs the others at most the TTL; a
+    released one is looked behind once (its holder releases once its result is up), then
+    retaken; bytes that are not a lease (a partial write, garbage) are given one TTL, then
+    broken. No value in a lease can make a wait longer than one TTL past the last renewal
+    seen, or longer than ``timeout``. The patience (None: wait while the holder lives) runs
+    from the start of the wait for the first holder seen, and starts again for a new one.
 
     ``timeout`` and the patience are measured on ``clock`` (monotonic) and the pauses
-    taken with ``sleep``; expiry is judged on the lease's own wall clock. Both are
-    injectable so tests can step time. Any number of threads, processes and hosts may wait
-    on one lease at once, each with its own :class:`RemoteLease`; ``poll`` is called from
-    the calling thread only.
+    taken with ``sleep``; the stated expiry is judged on the lease's own wall clock. Both
+    are injectable so tests can step time. Any number of threads, processes and hosts may
+    wait on one lease at once, each with its own :class:`RemoteLease`; ``poll`` is called
+    from the calling thread only.
     """
     plan = plan if plan is not None else FixedWait()
     started = clock()
     deadline = started + timeout
 
-    def ended(outcome: WaitOutcome, found: T | None = None, estimate: float | None = None) -> LeaseWait[T]:
-        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, estimate)
+    def ended(outcome: WaitOutcome, found: T | None = None, estimate: float | None = None,
+              failure: object | None = None) -> LeaseWait[T]:
+        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, estimate, failure)
 
     try:
         if lease.try_acquire():
@@ -447,7 +505,7 @@ def wait_for_lease(
         return ended(WaitOutcome.STORE_FAILED)
     # Taken. Look for the holder's result (it may have just published, and then there is no
     # point waiting) and read its lease side by side: one round trip for both.
-    first_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
+    pending_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
     found = poll()
     if found is not None:
         return ended(WaitOutcome.FOUND, found)
@@ -455,6 +513,8 @@ def wait_for_lease(
     patience_end = None if first_patience is None else started + first_patience
     holder_token: str | None = None
     holder_estimate: float | None = None
+    seen_raw: bytes | None = None  # the lease's bytes as last read, and when they last changed
+    seen_since = started
     unreadable_since: float | None = None
     quick_retries = 0  # retries without a pause (the lease was just released or broken); capped
     recheck_at = clock()
@@ -463,20 +523,36 @@ def wait_for_lease(
         now = clock()
         if now >= recheck_at:
             try:
-                info = lease.read() if first_read is None else first_read.result()  # bounded by the store
+                info = lease.read() if pending_read is None else pending_read.result()  # bounded by the store
             except Exception as exc:
                 _log_store_failure(exc)
                 return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
-            first_read = None
+            pending_read = None
             wall = lease.clock()
+            raw = info.raw if isinstance(info, LeaseInfo) else info
+            if raw != seen_raw:
+                seen_raw, seen_since = raw, now  # renewed, replaced, or new: the holder is alive
+            unrenewed_for = now - seen_since
             retake = False
             if info is None:
-                retake = True  # released: the holder is done or failed, take it
+                # Released: the holder is done (its result is up: look once more) or failed.
+                found = poll()
+                if found is not None:
+                    return ended(WaitOutcome.FOUND, found, holder_estimate)
+                retake = True
             elif isinstance(info, LeaseInfo):
                 unreadable_since = None
-                if info.expired(wall) or info.holder_gone():
-                    logger.info("lease %s held by %s %s; breaking it", lease.location, info.holder,
-                                "expired" if info.expired(wall) else "is gone (its process died on this host)")
+                stale = unrenewed_for >= lease.ttl_s + EXPIRY_MARGIN_S / 2  # an honest expiry comes first
+                live = not (info.expired(wall) or stale)
+                if live and info.failure is not None and open_failure is not None:
+                    failure = open_failure(info.failure)  # its holder is done (and may be gone): it failed
+                    if failure is not None:
+                        return ended(WaitOutcome.FAILED, estimate=info.compile_estimate_s, failure=failure)
+                if not live or info.holder_gone():
+                    reason = ("expired" if info.expired(wall) else
+                              f"not renewed for {unrenewed_for:.3g} s" if stale else
+                              "is gone (its process died on this host)")
+                    logger.info("lease %s held by %s %s; breaking it", lease.location, info.holder, reason)
                     with contextlib.suppress(Exception):
                         lease.break_if_unchanged(info.raw)
                     retake = True
@@ -487,7 +563,8 @@ def wait_for_lease(
                         holder_token, holder_estimate = info.token, info.compile_estimate_s
                         patience = plan.patience(holder_estimate)
                         patience_end = None if patience is None else since + patience
-                    recheck_at = now + min(LEASE_RECHECK_S, max(0.0, info.expires_at - wall) + EXPIRY_MARGIN_S)
+                    recheck_at = now + min(LEASE_RECHECK_S, max(0.0, info.expires_at - wall) + EXPIRY_MARGIN_S,
+                                           lease.ttl_s - unrenewed_for + EXPIRY_MARGIN_S)
             else:
                 # Not a lease document (a partial write, or garbage): give it one TTL.
                 if unreadable_since is None:
@@ -526,9 +603,13 @@ def wait_for_lease(
             continue
         if now >= next_poll:
             next_poll = now + plan.poll_period()
+            if open_failure is not None:
+                pending_read = _read_aside(lease)  # the lease beside the look: a failure is seen as soon
             found = poll()
             if found is not None:
                 return ended(WaitOutcome.FOUND, found, holder_estimate)
+            if pending_read is not None:
+                recheck_at = now
             continue
         wake = min(next_poll, recheck_at, deadline, patience_end if patience_end is not None else deadline)
         sleep(max(0.0, wake - now))

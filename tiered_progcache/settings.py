@@ -50,9 +50,10 @@ DEFAULT_MAX_MEMORY_BYTES = 256 << 20
 
 #: Leases only for compiles of at least this many round trips (docs/cluster.md, "When nodes wait").
 DEFAULT_LEASE_MIN_COMPILE_RTTS = 1.0
-#: A waiter compiles itself after this many estimated compile times (plus the landing's round trips).
-DEFAULT_WAIT_PATIENCE = 1.0
-#: The compile time assumed before a process has timed one: long enough that the first compiles take leases.
+#: None: a waiter waits while the holder's lease is renewed; a factor opts into giving up after that many
+#: of the holder's estimated compile times (plus the landing's round trips).
+DEFAULT_WAIT_PATIENCE: float | None = None
+#: Kept so old configurations parse: no flight decision uses a prior any more (unknown compiles take the lease).
 DEFAULT_COMPILE_TIME_PRIOR_S = 1.0
 
 #: Seconds everything a process does at interpreter exit may take in all (README: "exit flushes within 10 s").
@@ -445,13 +446,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "wait_patience", FACTOR_OR_NONE, DEFAULT_WAIT_PATIENCE,
-        "a node waiting for another node's compile compiles itself after this many estimated compile times "
-        "plus the upload's round trips (none: wait up to compile()'s wait_timeout)",
+        "opt-in: a node waiting for another node's compile compiles itself after this many of the holder's "
+        "estimated compile times plus the upload's round trips (none, the default: wait while the holder's "
+        "lease is renewed, up to compile()'s wait_timeout)",
         env="WAIT_PATIENCE", flag="--wait-patience",
     ),
     Setting(
         "compile_time_prior_s", SECONDS, DEFAULT_COMPILE_TIME_PRIOR_S,
-        "compile time assumed before this process has timed a compile of the same code type",
+        "unused (kept so old configurations parse): a compile never timed on this node takes the lease",
         env="COMPILE_TIME_PRIOR_S", flag="--compile-time-prior-s",
     ),
     Setting(

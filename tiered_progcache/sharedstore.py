@@ -13,7 +13,7 @@ from cuda.core.utils import ProgramCacheResource
 
 from . import _cudacore
 from .breaker import CircuitBreaker
-from .envelope import InvalidEnvelope
+from .envelope import EnvelopeCodec, InvalidEnvelope
 from .redact import mask_url
 from .runner import RequestRunner
 from .store import EntryStore, entry_name
@@ -39,6 +39,7 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
     _breaker: CircuitBreaker
     _runner: RequestRunner
     _max_entry_bytes: int
+    _codec: EnvelopeCodec
 
     # -- what the store is -----------------------------------------------------------
 
@@ -117,6 +118,14 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         except KeyError:
             return "missing"
         return None
+
+    def seal_record(self, name: str, payload: bytes) -> bytes:
+        """``payload`` in this store's envelope (its signing key and compression) for ``name``."""
+        return self._codec.seal(name, payload)
+
+    def open_record(self, name: str, blob: bytes) -> bytes:
+        """The payload of a record sealed for ``name``; :class:`InvalidEnvelope` if forged, altered or unsigned."""
+        return self._codec.open(name, blob)
 
     def _require_writable(self, what: str) -> None:
         if self._read_only:

@@ -7,9 +7,12 @@ Three scopes, each re-checking the cache once it gets its turn:
    (:func:`~.locks.node_lock`);
 3. nodes of a cluster take the key's lease in the shared store (:mod:`.lease`), only
    where that store is up, writable, and declares an atomic create for its leases, and
-   only where the compile is long enough for waiting to pay (:mod:`.flightpolicy`);
-   a waiter polls for the entry and compiles itself once it has waited about as long
-   as the compile would take.
+   only where the compile is not predicted short (:mod:`.flightpolicy`); a waiter polls
+   for the entry while the holder's lease is renewed, raises the holder's failure if it
+   publishes one (:mod:`.flightfailure`), and compiles itself once the holder is gone.
+
+A compile predicted short against the round trip takes none of this: it races the
+remote lookup (``race=True``), and whichever answers first is the result.
 
 The cache's stores come from :func:`~.tiered.stores_of`; a cache without a local
 directory or a usable shared store simply skips that scope. Every wait is bounded
@@ -19,6 +22,7 @@ or stuck holder costs time, never a hang, and a race costs a duplicate compile a
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Generic, TypeVar
 from cuda.core.utils import ProgramCacheResource
 
 from . import exitbudget
+from .flightfailure import FailureRecord
 from .flightpolicy import FlightDecision, FlightPolicy, report
 from .lease import RemoteLease, WaitOutcome, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
@@ -60,11 +65,14 @@ class Work(Generic[R, S]):
     ``find()`` looks in the cache: ``(result, shared)`` on a hit, else None.
     ``produce()`` does the work and stores it: ``(result, shared)``; its exceptions propagate.
     ``adopt(shared)`` turns what another thread produced into this thread's result.
+    ``produce_unless(dropped)`` (for a race; default: ``produce``) does the work on another
+    thread and stores it only if ``dropped`` is not set by then (the lookup won).
     """
 
     find: Callable[[], tuple[R, S] | None]
     produce: Callable[[], tuple[R, S]]
     adopt: Callable[[S], R]
+    produce_unless: Callable[[threading.Event], tuple[R, S]] | None = None
 
 
 _flights: ThreadSingleFlight[object] = ThreadSingleFlight()
@@ -86,6 +94,7 @@ def run_once(
     wait_timeout: float,
     lease_ttl: float,
     compile_estimate_s: float | None = None,
+    race: bool = False,
 ) -> R:
     """``work``'s result for ``key``, produced by at most one thread per process, process per node, node per cluster.
 
@@ -95,9 +104,12 @@ def run_once(
     ``lease_ttl`` bounds how long a crashed node holds the cluster up.
     ``compile_estimate_s`` is how long ``produce`` is expected to take (None: unknown);
     the cache's :class:`~.flightpolicy.FlightPolicy` decides from it whether the cluster
-    lease is worth taking and how long to wait for another node's. Exceptions of
-    ``produce`` reach the caller and the threads waiting on it; waiting processes and
-    nodes retry and get the error themselves. Safe from any number of threads.
+    lease is worth taking. ``race`` (the caller has looked only in the tiers in front of
+    the shared one, because the policy predicts the work short): run ``find`` and the work
+    side by side, no node lock or lease, and take whichever answers first. Exceptions of
+    ``produce`` reach the caller and the threads waiting on it; a lease holder publishes
+    its failure, so waiting nodes raise it too, and waiting processes of this node meet
+    it when they get their turn. Safe from any number of threads.
     """
     deadline = time.monotonic() + wait_timeout
     # Per cache: a thread compiling into another cache would not store into this one.
@@ -113,9 +125,43 @@ def run_once(
                     continue  # the leader was interrupted: take our own turn
                 return work.produce()[0]
             remaining = max(0.0, deadline - time.monotonic())
-            result, shared = _lead(cache, key, work, remaining, lease_ttl, compile_estimate_s)
+            if race:
+                result, shared = _race(cache, key, work, compile_estimate_s)
+            else:
+                result, shared = _lead(cache, key, work, remaining, lease_ttl, compile_estimate_s)
             seat.result = shared
             return result
+
+
+def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: float | None) -> tuple[R, S]:
+    """The remote lookup on this thread and the work on another, together; the first answer wins.
+
+    A compile that wins is stored and uploaded as usual; one that loses is dropped before
+    it stores. A failed compile loses to a hit. Never slower than the work alone.
+    """
+    name = entry_name(key)
+    shared = stores_of(cache).shared
+    round_trip = shared.round_trip_s if shared is not None else None
+    dropped = threading.Event()
+    produce_unless = work.produce_unless or (lambda _dropped: work.produce())
+    outcome: concurrent.futures.Future[tuple[R, S]] = concurrent.futures.Future()
+
+    def produce() -> None:
+        try:
+            outcome.set_result(produce_unless(dropped))
+        except BaseException as exc:  # handed to the caller
+            outcome.set_exception(exc)
+
+    # Not a daemon: a compile that wins must finish storing even if the caller exits.
+    threading.Thread(target=produce, name=f"tiered-progcache-race-{name[:8]}").start()
+    found = work.find()
+    if found is not None and not (outcome.done() and outcome.exception() is None):
+        dropped.set()
+        report(FlightDecision(name, "raced, found", estimate, round_trip))
+        return found
+    result = outcome.result()  # the compiler's exception, if any, propagates
+    report(FlightDecision(name, "raced", estimate, round_trip))
+    return result
 
 
 def _lead(
@@ -124,9 +170,9 @@ def _lead(
     work: Work[R, S],
     wait_s: float,
     lease_ttl: float,
-    measured_s: float | None,
+    estimate: float | None,
 ) -> tuple[R, S]:
-    """This process's one attempt at ``key``: node lock, then the cluster lease where the policy says it pays."""
+    """This process's one attempt at ``key``: node lock, then the cluster lease unless the policy predicts it short."""
     name = entry_name(key)
     deadline = time.monotonic() + wait_s
     stores = stores_of(cache)
@@ -135,8 +181,8 @@ def _lead(
         leases = _lease_store(stores.shared)
         if leases is None or stores.shared is None:
             return _find_or_produce(work)
-        estimate = policy.estimate(measured_s)
-        round_trip = stores.shared.round_trip_s
+        shared = stores.shared
+        round_trip = shared.round_trip_s
         if not policy.takes_lease(estimate, round_trip):
             found = work.find()  # another process of this node may have just finished it
             if found is not None:
@@ -146,12 +192,15 @@ def _lead(
         # The lease first, then the look: a holder pays one look, and a waiter's look right
         # after the taken lease also finds what another process of this node just stored.
         lease = RemoteLease(leases, name, lease_ttl, compile_estimate_s=estimate)
-        plan = policy.wait_plan(estimate, stores.shared)
-        waited = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()), plan=plan)
+        plan = policy.wait_plan(shared, lease_ttl)
+        waited = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()), plan=plan,
+                                open_failure=lambda sealed: FailureRecord.open(shared, name, sealed))
         if not waited.held:
             decision = FlightDecision(name, _CHOICES[waited.outcome], estimate, round_trip, waited.waited_s,
                                       waited.holder_estimate_s)
             report(decision)
+            if isinstance(waited.failure, FailureRecord):
+                raise waited.failure.exception()
             return waited.found if waited.found is not None else work.produce()
         try:
             found = work.find()
@@ -163,8 +212,11 @@ def _lead(
                     cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
             else:
                 report(FlightDecision(name, "found", estimate, round_trip, waited.waited_s))
+        except Exception as exc:
+            _publish_failure(lease, shared, name, exc)  # at once: the waiters raise it too
+            raise
         except BaseException:
-            lease.release()  # at once: the waiters retry and get the error themselves
+            lease.release()  # interrupted, not failed: the waiters retry
             raise
         if isinstance(cache, TieredProgramCache):
             _release_after_upload(lease, cache, key, name)
@@ -173,9 +225,21 @@ def _lead(
         return found
 
 
+def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception) -> None:
+    """Put the failure in place of the lease for its waiters; release it instead where that cannot be done."""
+    try:
+        sealed = FailureRecord.of(exc).seal(shared, name)
+    except Exception as seal_exc:  # a store without an envelope, or a bug: the waiters retry instead
+        logger.warning("could not seal the failure of %s: %r", name[:16], seal_exc)
+        lease.release()
+        return
+    lease.publish_failure(sealed)
+
+
 #: The decision each way of ending a wait without the lease is reported as.
 _CHOICES = {
     WaitOutcome.FOUND: "waited",
+    WaitOutcome.FAILED: "failed",
     WaitOutcome.PATIENCE: "gave up",
     WaitOutcome.TIMEOUT: "timeout",
     WaitOutcome.STORE_FAILED: "no lease",

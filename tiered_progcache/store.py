@@ -226,6 +226,18 @@ class EntryStore(abc.ABC):
                 results[name] = None
         return results
 
+    def seal_record(self, name: str, payload: bytes) -> bytes:
+        """``payload`` in this store's envelope for entry-like name ``name`` (signed when it has a key).
+
+        For small records kept beside entries, such as a failed compile's (:mod:`.flightfailure`).
+        The default (a store without an envelope, e.g. a local directory) refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no envelope")
+
+    def open_record(self, name: str, blob: bytes) -> bytes:
+        """The verified payload of a record :meth:`seal_record` made for ``name``; raises on a bad one."""
+        raise NotImplementedError(f"{type(self).__name__} has no envelope")
+
     def leases(self) -> LeaseStore | None:
         """The namespace for cluster leases on this store, or None if it cannot hold them."""
         return None

@@ -104,6 +104,8 @@ class TieredProgramCache(ProgramCacheResource):
         self._first_counters = self._first.counters
         self._untimed_mask = _untimed_mask()
         self._rest = self._tiers[1:]
+        #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
+        self._first_shared = next((i for i, t in enumerate(self._tiers) if t.policy.shared), len(self._tiers))
         self._closed = False
         self._min_upload_compile_s: float | None = config.min_upload_compile_s
         self._explain_misses: bool = config.explain_misses
@@ -201,8 +203,28 @@ class TieredProgramCache(ProgramCacheResource):
             return data
         return self._get_from_slower_tiers(k, default)
 
-    def _get_from_slower_tiers(self, k: bytes, default: bytes | None) -> bytes | None:
-        for depth, tier in enumerate(self._rest, start=1):
+    def get_nearby(self, key: bytes | str) -> bytes | None:
+        """The entry from the tiers in front of the first shared one (memory, local directory), or None.
+
+        With :meth:`get_shared` it is one :meth:`get` in two halves, counted and promoted the
+        same way: ``compile()`` looks nearby first, then races the shared lookup with a compile.
+        """
+        k = key if type(key) is bytes else as_key_bytes(key)
+        for depth, tier in enumerate(self._tiers[: self._first_shared]):
+            data = tier.lookup(k)
+            if data is not None:
+                self._promote(k, data, depth)
+                return data
+        return None
+
+    def get_shared(self, key: bytes | str) -> bytes | None:
+        """The entry from the first shared tier on (promoted into the faster tiers), or None."""
+        k = key if type(key) is bytes else as_key_bytes(key)
+        return self._get_from_slower_tiers(k, None, start=max(1, self._first_shared)) if self._first_shared else (
+            self.get(k))
+
+    def _get_from_slower_tiers(self, k: bytes, default: bytes | None, start: int = 1) -> bytes | None:
+        for depth, tier in enumerate(self._tiers[start:], start=start):
             data = tier.lookup(k)
             if data is not None:
                 self._promote(k, data, depth)
