@@ -508,6 +508,49 @@ def test_a_raced_compile_that_answers_first_is_stored_and_uploaded_and_takes_no_
     assert not leases_dir.exists() or not any(leases_dir.iterdir())
 
 
+class GatedReadRemote(RemoteProgramCache):
+    """A real file:// remote whose read of ``held`` waits for ``gate``: "the lookup is still under way" as a state."""
+
+    held: bytes
+    gate: threading.Event
+    reading: threading.Event
+
+    def __getitem__(self, key):
+        if bytes(key) == self.held:
+            self.reading.set()
+            assert self.gate.wait(JOIN_S)
+        return super().__getitem__(key)
+
+
+def test_a_raced_compile_that_answers_first_is_returned_while_the_lookup_is_still_under_way(tmp_path, decisions, events):
+    """The race's lookup is held mid-read; the compile (predicted short) answers, and compile() returns
+    then, not when the lookup comes back: a race costs the faster of the two, never the slower."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
+
+    (tmp_path / "remote").mkdir()
+    remote = GatedReadRemote.from_url(f"file://{tmp_path / 'remote'}")
+    source = kernel(332)
+    remote.held = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
+    remote.gate, remote.reading = threading.Event(), threading.Event()
+    _predicting(compile_times, source, 0.001)
+    node = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                              lease_min_compile_rtts=1e9)  # fmt: skip
+    node.get(b"a first request, so the round trip is known")
+    returned: list[object] = []
+    caller = threading.Thread(target=lambda: returned.append(tpc.compile(source, "c++", options(), cache=node)))
+    caller.start()
+    try:
+        caller.join(JOIN_S)
+        assert returned, "compile() waited for the lookup although its compile had answered"
+        assert remote.reading.is_set() and not remote.gate.is_set()  # the lookup was under way all along
+    finally:
+        remote.gate.set()
+        caller.join(JOIN_S)
+        node.close()
+    assert [d.choice for d in decisions] == ["raced"] and len(events) == 1
+    assert bytes(returned[0].code)[:4] == b"\x7fELF"
+
+
 def test_the_prediction_scales_with_the_source_and_the_headers_it_reads():
     times = CompileTimes()
     assert times.predict("c++", "cubin", 1000) is None  # nothing timed: unknown, so the lease protects it

@@ -342,8 +342,12 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if not single_flight:
         return _compile_and_store(cache, job)[0]
 
-    # Racing, the nearby tiers have missed already: the race's lookup is the shared tier's.
-    find = functools.partial(_find_after_waiting, cache, key, target, options, names, shared_only=race)
+    # Racing, the nearby tiers have missed already: the race's lookup is the shared tier's,
+    # and its hit is counted only if it is the answer (found).
+    if race:
+        find = functools.partial(_find, cache, key, target, options, names, shared_only=True)
+    else:
+        find = functools.partial(_find_after_waiting, cache, key, target, options, names)
     produce = functools.partial(_compile_and_store, cache, job)
 
     def produce_unless(dropped: threading.Event) -> tuple[ObjectCode, _Outcome]:
@@ -352,7 +356,11 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     def adopt(outcome: _Outcome) -> ObjectCode:
         return _wrap(outcome.data, target, options, outcome.mapping)
 
-    return run_once(cache, key, Work(find, produce, adopt, produce_unless), wait_timeout=wait_timeout,
+    def found() -> None:
+        if _hit_hooks or isinstance(cache, TieredProgramCache):
+            _record_hit(cache, key)
+
+    return run_once(cache, key, Work(find, produce, adopt, produce_unless, found), wait_timeout=wait_timeout,
                     lease_ttl=lease_ttl, compile_estimate_s=estimate, race=race)
 
 
@@ -499,10 +507,9 @@ def _find_after_waiting(
     target: str,
     options: ProgramOptions,
     names: tuple[str | bytes, ...],
-    shared_only: bool = False,
 ) -> tuple[ObjectCode, _Outcome] | None:
     """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
-    found = _find(cache, key, target, options, names, shared_only=shared_only)
+    found = _find(cache, key, target, options, names)
     if found is not None and (_hit_hooks or isinstance(cache, TieredProgramCache)):
         _record_hit(cache, key)
     return found

@@ -67,12 +67,16 @@ class Work(Generic[R, S]):
     ``adopt(shared)`` turns what another thread produced into this thread's result.
     ``produce_unless(dropped)`` (for a race; default: ``produce``) does the work on another
     thread and stores it only if ``dropped`` is not set by then (the lookup won).
+    In a race ``find`` runs on a thread of its own too, and ``found()`` (default: nothing)
+    is called on the calling thread when its hit is the answer: a lookup that answers after
+    the work won is dropped, and is no hit.
     """
 
     find: Callable[[], tuple[R, S] | None]
     produce: Callable[[], tuple[R, S]]
     adopt: Callable[[S], R]
     produce_unless: Callable[[threading.Event], tuple[R, S]] | None = None
+    found: Callable[[], None] | None = None
 
 
 _flights: ThreadSingleFlight[object] = ThreadSingleFlight()
@@ -134,10 +138,11 @@ def run_once(
 
 
 def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: float | None) -> tuple[R, S]:
-    """The remote lookup on this thread and the work on another, together; the first answer wins.
+    """The remote lookup and the work, each on a thread of its own; the first answer wins.
 
-    A compile that wins is stored and uploaded as usual; one that loses is dropped before
-    it stores. A failed compile loses to a hit. Never slower than the work alone.
+    A compile that wins is the answer at once (the lookup goes on and is dropped) and is
+    stored and uploaded as usual; one that loses is dropped before it stores. A failed
+    compile loses to a hit. Never slower than the faster of the two.
     """
     name = entry_name(key)
     shared = stores_of(cache).shared
@@ -145,6 +150,7 @@ def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: f
     dropped = threading.Event()
     produce_unless = work.produce_unless or (lambda _dropped: work.produce())
     outcome: concurrent.futures.Future[tuple[R, S]] = concurrent.futures.Future()
+    looked: concurrent.futures.Future[tuple[R, S] | None] = concurrent.futures.Future()
 
     def produce() -> None:
         try:
@@ -152,13 +158,25 @@ def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: f
         except BaseException as exc:  # handed to the caller
             outcome.set_exception(exc)
 
-    # Not a daemon: a compile that wins must finish storing even if the caller exits.
+    def look() -> None:
+        try:
+            looked.set_result(work.find())
+        except BaseException as exc:  # a lookup that fails is a miss, as a failing tier's read is
+            looked.set_exception(exc)
+
+    # Not a daemon: a compile that wins must finish storing even if the caller exits. The
+    # lookup is: once the compile has answered, nothing waits for it.
     threading.Thread(target=produce, name=f"tiered-progcache-race-{name[:8]}").start()
-    found = work.find()
-    if found is not None and not (outcome.done() and outcome.exception() is None):
-        dropped.set()
-        report(FlightDecision(name, "raced, found", estimate, round_trip))
-        return found
+    threading.Thread(target=look, name=f"tiered-progcache-look-{name[:8]}", daemon=True).start()
+    concurrent.futures.wait((outcome, looked), return_when=concurrent.futures.FIRST_COMPLETED)
+    if not (outcome.done() and outcome.exception() is None):  # the lookup answered first, or the compile failed
+        found = looked.result() if looked.exception() is None else None
+        if found is not None:
+            dropped.set()
+            if work.found is not None:
+                work.found()
+            report(FlightDecision(name, "raced, found", estimate, round_trip))
+            return found
     result = outcome.result()  # the compiler's exception, if any, propagates
     report(FlightDecision(name, "raced", estimate, round_trip))
     return result
