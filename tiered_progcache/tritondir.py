@@ -38,6 +38,8 @@ from .tritonnames import GROUP_PREFIX, TritonFile, frame, group_record, name_of,
 __all__ = ["TritonDir", "default_triton_dir"]
 
 _PENDING = ".tiered-progcache-pending"
+#: Tries to stage a file whose directory another writer may remove meanwhile (an emptied pending directory).
+_STAGE_ATTEMPTS = 3
 _STAGED_PREFIXES = ("tmp.pid_", "tmp.tpc_")
 
 
@@ -218,15 +220,29 @@ class TritonDir(EntryStore):
     # -- internals ----------------------------------------------------------------------
 
     def _stage(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.parent / f"tmp.tpc_{uuid.uuid4().hex}"
-        try:
-            staged.write_bytes(data)
-            os.replace(staged, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                staged.unlink()
-            raise
+        """Write ``path`` whole (staged beside it, renamed over it).
+
+        Another writer that completes a group removes the pending directory once it is empty,
+        possibly between our mkdir and our write (warm lands files from several threads, and
+        processes may share the directory): a directory gone under us is made again.
+        """
+        for attempt in range(_STAGE_ATTEMPTS):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged = path.parent / f"tmp.tpc_{uuid.uuid4().hex}"
+            try:
+                staged.write_bytes(data)
+                os.replace(staged, path)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):
+                    staged.unlink()
+                if attempt == _STAGE_ATTEMPTS - 1:
+                    raise
+                continue
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    staged.unlink()
+                raise
+            return
 
     def _complete_groups(self, key: str) -> None:
         """Write Triton's index for each pending group record of ``key`` whose members are all here and match."""
