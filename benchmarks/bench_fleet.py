@@ -235,7 +235,9 @@ class FileRemote:
             raise ValueError("a file:// remote has no round trip to inject; use --rtt-ms 0")
 
     def new_prefix(self) -> dict[str, Any]:
-        return {"remote": f"file://{Path(self._tmp.name) / uuid.uuid4().hex[:8]}"}
+        root = Path(self._tmp.name) / uuid.uuid4().hex[:8]
+        root.mkdir()  # a missing file:// root is an error, never created by the cache
+        return {"remote": f"file://{root}"}
 
     def count(self) -> int | None:
         return None
