@@ -211,6 +211,13 @@ def _mutated(change) -> bytes:
         (_mutated(lambda d: d.update(compile_seconds=-1)), "compile_seconds must be a non-negative number"),
         (_mutated(lambda d: d.update(source_sha256="g" * 64)), "source_sha256 must be 64 lowercase hex"),
         (_mutated(lambda d: d.update(headers=[["I0", "x.h"]])), r"a header must be \[root, path, digest\]"),
+        # the header list is checked by columns first: each of these must still be refused, by name
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 64], ["I0", "b.h", "A" * 64]])), "header digest must be"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 32], ["I0", "b.h", "a" * 96]])), "header digest must be"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 63 + "\u00e9"]])), "header digest must be"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 64], [0, "b.h", "a" * 64]])), "header root must be a string"),
+        (_mutated(lambda d: d.update(headers=[["I0", "x" * 5000, "a" * 64]])), "header path is over 4096"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 64], ("I0", "b.h")])), r"a header must be \[root"),
         (_mutated(lambda d: d.update(options=["x" * 5000])), "options item is over 4096 characters"),
         (_mutated(lambda d: d.update(portable="yes")), "portable must be true or false"),
         (_mutated(lambda d: d.update(entry="ABC")), "entry is not an entry name"),
