@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -1147,7 +1148,7 @@ def header_scan(
     hit = _header_scans.get(id(result))
     if hit is not None and hit[0] is result:
         return hit[1]
-    files = tuple(HeaderFile(root, path, digest) for root, path, digest in result.headers)
+    files = tuple(itertools.starmap(HeaderFile, result.headers))
     found = HeaderScan(result.digest, files, result.missing, result.path_free and portable, result.declined)
     with _memo_lock:
         if len(_header_scans) >= MAX_MEMO_SCANS:
