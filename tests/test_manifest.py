@@ -26,6 +26,7 @@ from tiered_progcache.manifest import (
     Manifest,
     ManifestError,
     build_manifest,
+    compile_seconds_of,
     decode_manifest,
     encode_manifest,
     manifest_key,
@@ -232,6 +233,8 @@ def _mutated(change) -> bytes:
 def test_the_decoder_refuses_anything_malformed(data, reason):
     with pytest.raises(ManifestError, match=reason):
         decode_manifest(data)
+    with pytest.raises(ManifestError, match=reason):  # what a hit reads for the tally: the same checks
+        compile_seconds_of(data)
 
 
 def test_a_manifest_is_bound_to_its_entry_and_round_trips():
