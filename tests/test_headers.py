@@ -485,3 +485,35 @@ def test_property_nvrtc_agrees_that_each_generated_spelling_includes_the_header(
         _write(valdir / "val.h", f"#define VAL {val}\n")
         out.append(bytes(Program(src, "c++", _opts(valdir)).compile("cubin").code))
     assert out[0] != out[1]
+
+
+def test_the_realpath_check_answers_exactly_as_realpath(tmp_path):
+    """A directory recorded as its own real path is checked by one lstat per shared component: the answer
+    must be ``os.path.realpath(d) == real`` for every shape of path (links on the way, a link loop, a
+    link to ``.``, a missing component, ``..``, ``//``), alone and many at once."""
+    real = tmp_path / "real"
+    (real / "a" / "b").mkdir(parents=True)
+    (tmp_path / "via").symlink_to(real)
+    (real / "a" / "here").symlink_to(".")
+    (real / "a" / "loop").symlink_to("loop")
+    (real / "a" / "up").symlink_to("..")
+    base = str(real)
+    dirs = [base, f"{base}/a", f"{base}/a/b", f"{tmp_path}/via/a/b", f"{base}/a/here", f"{base}/a/here/b",
+            f"{base}/a/loop", f"{base}/a/loop/x", f"{base}/a/up/a", f"{base}/missing/x", f"{base}/a/../a/b",
+            f"{base}/a/./b", "/" + f"{base}/a", f"{base}/a/b/"]
+    pairs = []
+    for d in dirs:
+        for recorded in {d, os.path.realpath(d), f"{base}/a/b"}:
+            assert headers._same_realpaths(((d, recorded),)) == (os.path.realpath(d) == recorded), (d, recorded)
+            pairs.append((d, recorded))
+    good = tuple((d, r) for d, r in pairs if os.path.realpath(d) == r)
+    assert headers._same_realpaths(good)
+    for bad in [(d, r) for d, r in pairs if os.path.realpath(d) != r]:
+        assert not headers._same_realpaths((*good, bad))  # a shared component seen earlier never hides it
+    # the common case turned bad: an ancestor swapped for a symlink to an identical copy
+    (tmp_path / "copy" / "a" / "b").mkdir(parents=True)
+    recorded = ((f"{base}/a/b", f"{base}/a/b"), (f"{base}/a", f"{base}/a"))
+    assert headers._same_realpaths(recorded)
+    os.rename(real / "a", tmp_path / "old-a")
+    (real / "a").symlink_to(tmp_path / "copy" / "a")
+    assert not headers._same_realpaths(recorded)

@@ -26,6 +26,7 @@ from tiered_progcache.manifest import (
     Manifest,
     ManifestError,
     build_manifest,
+    compile_seconds_of,
     decode_manifest,
     encode_manifest,
     manifest_key,
@@ -211,6 +212,13 @@ def _mutated(change) -> bytes:
         (_mutated(lambda d: d.update(compile_seconds=-1)), "compile_seconds must be a non-negative number"),
         (_mutated(lambda d: d.update(source_sha256="g" * 64)), "source_sha256 must be 64 lowercase hex"),
         (_mutated(lambda d: d.update(headers=[["I0", "x.h"]])), r"a header must be \[root, path, digest\]"),
+        # the header list is checked by columns first: each of these must still be refused, by name
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 64], ["I0", "b.h", "A" * 64]])), "header digest must be"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 32], ["I0", "b.h", "a" * 96]])), "header digest must be"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 63 + "\u00e9"]])), "header digest must be"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 64], [0, "b.h", "a" * 64]])), "header root must be a string"),
+        (_mutated(lambda d: d.update(headers=[["I0", "x" * 5000, "a" * 64]])), "header path is over 4096"),
+        (_mutated(lambda d: d.update(headers=[["I0", "a.h", "a" * 64], ("I0", "b.h")])), r"a header must be \[root"),
         (_mutated(lambda d: d.update(options=["x" * 5000])), "options item is over 4096 characters"),
         (_mutated(lambda d: d.update(portable="yes")), "portable must be true or false"),
         (_mutated(lambda d: d.update(entry="ABC")), "entry is not an entry name"),
@@ -225,6 +233,8 @@ def _mutated(change) -> bytes:
 def test_the_decoder_refuses_anything_malformed(data, reason):
     with pytest.raises(ManifestError, match=reason):
         decode_manifest(data)
+    with pytest.raises(ManifestError, match=reason):  # what a hit reads for the tally: the same checks
+        compile_seconds_of(data)
 
 
 def test_a_manifest_is_bound_to_its_entry_and_round_trips():

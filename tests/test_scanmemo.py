@@ -246,6 +246,61 @@ def test_the_codec_carries_every_field_by_its_type_and_leaves_per_process_ones_o
     assert b"mine" not in body and b"99" not in body
 
 
+@dataclasses.dataclass
+class _Rows:
+    checks: tuple[tuple[str, Optional[tuple[Any, ...]]], ...]  # as a scan's (path, signature) rows
+    files: tuple[tuple[str, str], ...]
+
+
+_ROWS = _Rows((("/i/a.h", ("f", 1, 2, 3, 4)), ("/i/b.h", None), ("/i/c", ("error", "PermissionError"))),
+              (("I0", "a.h"), ("I0", "c.h")))
+
+
+def _planted(store: ScanMemoStore, name: str, change) -> None:
+    """Rewrite a saved memo's body with ``change`` applied, its digest made to match (a forged, well-formed file)."""
+    import hashlib
+
+    path = Path(store.path_for(name))
+    head, body = path.read_bytes().split(b"\n", 1)
+    obj = json.loads(body)
+    change(obj)
+    body = json.dumps(obj).encode()
+    doc = json.loads(head)
+    doc.update(sha256=hashlib.sha256(body).hexdigest(), bytes=len(body))
+    path.write_bytes(json.dumps(doc).encode() + b"\n" + body)
+
+
+def test_rows_are_written_by_columns_and_read_back_exactly(tmp_path):
+    store = ScanMemoStore(tmp_path / "m")
+    assert store.save("ab" * 32, _ROWS)
+    body = json.loads(Path(store.path_for("ab" * 32)).read_bytes().split(b"\n", 1)[1])
+    assert body["checks"] == [3, ["/i/a.h", "/i/b.h", "/i/c"], [[5, -1, 2], ["f", 1, 2, 3, 4, "error", "PermissionError"]]]
+    assert body["files"] == [2, ["I0", "I0"], ["a.h", "c.h"]]
+    assert store.load("ab" * 32, _Rows) == _ROWS
+    assert store.save("cd" * 32, _Rows((), ())) and store.load("cd" * 32, _Rows) == _Rows((), ())
+
+
+@pytest.mark.parametrize("change", [
+    lambda o: o["checks"].__setitem__(0, 4),  # a count the columns do not have
+    lambda o: o["checks"].__setitem__(0, -1),
+    lambda o: o["checks"].__setitem__(0, True),
+    lambda o: o["checks"].pop(),  # a column missing
+    lambda o: o["checks"][2][0].__setitem__(0, 6),  # lengths that do not add up to the items
+    lambda o: o["checks"][2][0].__setitem__(1, -2),
+    lambda o: o["checks"][2][0].__setitem__(1, False),
+    lambda o: o["checks"][2][1].__setitem__(1, [1]),  # a nested value in a signature
+    lambda o: o["checks"][1].__setitem__(1, 7),  # a path that is not a string
+    lambda o: o["files"][2].__setitem__(0, None),
+    lambda o: o.__setitem__("files", [[2], ["I0", "I0"], ["a.h", "c.h"]]),
+], ids=["count", "negative-count", "bool-count", "column-missing", "lengths", "length-below-minus-one",
+        "bool-length", "nested-item", "path-type", "file-type", "count-not-int"])
+def test_forged_rows_are_never_loaded(tmp_path, change):
+    store = ScanMemoStore(tmp_path / "m")
+    assert store.save("ab" * 32, _ROWS)
+    _planted(store, "ab" * 32, change)
+    assert store.load("ab" * 32, _Rows) is None
+
+
 def test_a_field_with_no_json_form_is_not_persisted(tmp_path, caplog):
     @dataclasses.dataclass
     class _Odd:

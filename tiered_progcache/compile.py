@@ -39,7 +39,14 @@ from cuda.core.utils import ProgramCacheResource
 from .flightpolicy import compile_size, compile_times
 from .hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
-from .manifest import ManifestError, build_manifest, compile_inputs, decode_manifest, encode_manifest, manifest_key
+from .manifest import (
+    ManifestError,
+    build_manifest,
+    compile_inputs,
+    compile_seconds_of,
+    encode_manifest,
+    manifest_key,
+)
 from .singleflight import Work, run_once
 from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -193,7 +200,7 @@ def _manifest_seconds(cache: ProgramCacheResource, key: bytes, *, shared: bool =
             continue
         if data is not None:
             try:
-                return decode_manifest(data, entry=entry_name(key)).compile_seconds
+                return compile_seconds_of(data, entry=entry_name(key))
             except ManifestError:
                 return None
     return None

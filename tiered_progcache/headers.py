@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -481,9 +482,40 @@ def _scan_directives(text: bytes) -> list[tuple[int, str]]:
 
 
 def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
-    """True if every directory still resolves where it did (no symlink on the way was retargeted)."""
+    """True if every directory still resolves where it did (no symlink on the way was retargeted).
+
+    Exactly ``os.path.realpath(directory) == real`` for each, but a directory recorded as its own
+    real path (the common case) is checked by an ``lstat`` of each of its components, each
+    component shared by several directories looked at once: ``realpath`` of a normalized absolute
+    path with no symbolic link on the way is that path. Where a link is found, ``realpath`` decides.
+    """
     realpath = os.path.realpath
-    return all(realpath(directory) == real for directory, real in real_checks)
+    no_link: dict[str, bool] = {"/": True}  # directory -> no component of it is a symbolic link
+    for directory, real in real_checks:
+        if directory != real or not _is_plain_absolute(directory) or not _no_link_on_the_way(directory, no_link):
+            if realpath(directory) != real:
+                return False
+    return True
+
+
+def _is_plain_absolute(path: str) -> bool:
+    """Absolute, normalized, and not ``//``-rooted: what ``realpath`` returns unchanged when nothing is a link."""
+    return path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path
+
+
+def _no_link_on_the_way(path: str, no_link: dict[str, bool]) -> bool:
+    """No component of ``path`` (absolute, normalized) is a symbolic link: one ``lstat`` per new component."""
+    found = no_link.get(path)
+    if found is None:
+        parent = path.rpartition("/")[0] or "/"
+        found = _no_link_on_the_way(parent, no_link)
+        if found:
+            try:
+                found = not stat.S_ISLNK(os.lstat(path).st_mode)
+            except OSError:
+                found = True  # as realpath: a component it cannot lstat is taken as it is
+        no_link[path] = found
+    return found
 
 
 def _parse_includes(data: bytes) -> tuple[tuple[int, str], ...]:
@@ -1116,7 +1148,7 @@ def header_scan(
     hit = _header_scans.get(id(result))
     if hit is not None and hit[0] is result:
         return hit[1]
-    files = tuple(HeaderFile(root, path, digest) for root, path, digest in result.headers)
+    files = tuple(itertools.starmap(HeaderFile, result.headers))
     found = HeaderScan(result.digest, files, result.missing, result.path_free and portable, result.declined)
     with _memo_lock:
         if len(_header_scans) >= MAX_MEMO_SCANS:
