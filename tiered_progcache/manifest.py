@@ -591,10 +591,24 @@ def read_manifests(store: EntryStore, listed: Iterable[StoredEntry]) -> dict[str
             out[name] = f"unreadable manifest: {by_name[m].size} bytes, over the {MAX_MANIFEST_BYTES}-byte bound"
         else:
             to_read.append(m)
+    out.update(_read_batches(store, to_read, wanted, absent_ok=False))
+    return out
+
+
+def _read_batches(
+    store: EntryStore, to_read: list[str], wanted: Mapping[str, str], *, absent_ok: bool
+) -> dict[str, Manifest | str]:
+    """Manifests ``to_read``, in the store's batches: entry name (``wanted[m]``) -> manifest, or why it is unreadable.
+
+    ``absent_ok``: a manifest the store does not have is left out (else it is reported).
+    """
+    out: dict[str, Manifest | str] = {}
     batch = max(1, store.transfer_batch)
     for start in range(0, len(to_read), batch):
         for m, result in store.read_many(to_read[start : start + batch]).items():
             name = wanted[m]
+            if absent_ok and type(result) is KeyError:
+                continue  # no manifest there either (stored by Program.compile(cache=...))
             if isinstance(result, Exception):
                 out[name] = f"unreadable manifest: {_reason(result)}"
                 continue
@@ -660,20 +674,7 @@ def read_shared_manifests(
         store = shared()
         if store is None:
             return out
-        to_read = list(wanted)
-        batch = max(1, store.transfer_batch)
-        for start in range(0, len(to_read), batch):
-            for m, result in store.read_many(to_read[start : start + batch]).items():
-                name = wanted[m]
-                if type(result) is KeyError:
-                    continue  # no manifest there either (stored by Program.compile(cache=...))
-                if isinstance(result, Exception):
-                    out[name] = f"unreadable manifest: {_reason(result)}"
-                    continue
-                try:
-                    out[name] = decode_manifest(result, entry=name)
-                except ManifestError as exc:
-                    out[name] = f"unreadable manifest: {exc}"
+        out.update(_read_batches(store, list(wanted), wanted, absent_ok=True))
     except Exception as exc:
         from .errors import one_line
 
