@@ -243,6 +243,9 @@ def test_no_redis_password_of_any_form_in_repr_location_config_stats_or_the_down
     ("rediss://:a@b@c@cache:6380/0/prefix", "rediss://:***@cache:6380/0/prefix"),
     ("redis://cache/0?pass=PW&token=PW&api_key=PW&prefix=kernels", "redis://cache/0?pass=***&token=***&api_key=***&prefix=kernels"),
     ("redis://user@cache/0", "redis://user@cache/0"),  # a user name alone is not secret
+    ("redis://user@cache:6379/0", "redis://user@cache:6379/0"),  # the port's colon is no password's
+    ("redis://:PW@", "redis://:***@"),  # cut short after the userinfo: still masked
+    ("redis://:PW@cache failed; mail ops@example", "redis://:***@cache failed; mail ops@example"),  # text after a URL
     ("simplecache::sftp://alice:PW@host/k", "simplecache::sftp://alice:***@host/k"),
     ("abfs://container@account.dfs.core.windows.net/k", "abfs://container@account.dfs.core.windows.net/k"),
     ("https://acct.blob.core.windows.net/c?sv=2024&sig=PW", "https://acct.blob.core.windows.net/c?sv=2024&sig=***"),
