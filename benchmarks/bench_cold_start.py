@@ -122,7 +122,7 @@ def _project_headers(root: Path, count: int) -> Path:
 
 def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
     """(case, us per warm hit, us per baseline hit in the same rounds, how it was validated)."""
-    from tiered_progcache import headers
+    from tiered_progcache import headermemo
 
     rows = []
     cache = InMemoryProgramCache(max_size_bytes=None)
@@ -139,16 +139,16 @@ def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
         for watched in (True, False):
             previous = None if watched else headerwatch.replace_watcher(None)
             try:
-                headers.clear_memo()
+                headermemo.clear_memo()
                 call()  # compiles (or hits), scans
                 started = time.perf_counter()
                 call()  # validates the scan by stat once (and watches it, where a watcher is)
                 setup_ms = (time.perf_counter() - started) * 1e3
-                hashed = headers.files_hashed()
-                counts = headers.validation_counts()
+                hashed = headermemo.files_hashed()
+                counts = headermemo.validation_counts()
                 us, base_us = interleaved(call, baseline, calls if watched else max(1, calls // 20))
-                after = headers.validation_counts()
-                assert headers.files_hashed() == hashed, "a warm hit rehashed headers"
+                after = headermemo.validation_counts()
+                assert headermemo.files_hashed() == hashed, "a warm hit rehashed headers"
             finally:
                 if not watched:
                     headerwatch.replace_watcher(previous)
@@ -157,7 +157,7 @@ def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
             how = (f"inotify, {per_call:.0f} paths stat'ed per call; second use (stat once + watch) {setup_ms:.1f} ms"
                    if watched else f"stat path, {per_call:.0f} paths stat'ed per call")
             rows.append((name if watched else "  same, without inotify", us, base_us, how))
-        headers.clear_memo()
+        headermemo.clear_memo()
 
     baseline()
     with tempfile.TemporaryDirectory(prefix="bench-inc-") as tmp:
@@ -176,17 +176,17 @@ _FRESH_CHILD = r"""
 import json, sys, time
 from cuda.core import ProgramOptions
 import tiered_progcache as tpc
-from tiered_progcache import headers
+from tiered_progcache import headermemo, headerscan
 cache_dir, cccl, source, what = sys.argv[1:5]
 options = ProgramOptions(arch="sm_90", std="c++17", include_path=[cccl])
 cache = tpc.TieredProgramCache(cache_dir)
 started = time.perf_counter()
 if what == "digest":
-    headers.header_scan(source, options, memo_dir=cache.local_store.header_scans_dir)  # the scan compile() makes
+    headerscan.header_scan(source, options, memo_dir=cache.local_store.header_scans_dir)  # the scan compile() makes
 else:
     tpc.compile(source, "c++", options, cache=cache)
 ms = (time.perf_counter() - started) * 1e3
-print(json.dumps([ms, tpc.compile_count(), headers.files_hashed()]))
+print(json.dumps([ms, tpc.compile_count(), headermemo.files_hashed()]))
 """
 
 
@@ -228,7 +228,7 @@ def scan_anatomy() -> list[str]:
     """Lines describing a cold scan of each CCCL kernel: files, paths, hash vs parse time."""
     import hashlib
 
-    from tiered_progcache import headers
+    from tiered_progcache import headerlex, headermemo, headerscan
 
     cccl = cccl_dir()
     if cccl is None:
@@ -237,17 +237,17 @@ def scan_anatomy() -> list[str]:
     lines = []
 
     def cold_scan(source: str) -> tuple[int, int, float]:
-        headers.clear_memo()
-        hashed = headers.files_hashed()
+        headermemo.clear_memo()
+        hashed = headermemo.files_hashed()
         started = time.perf_counter()
-        headers.header_digest(source, options)
+        headerscan.header_digest(source, options)
         ms = (time.perf_counter() - started) * 1e3
-        (result,) = headers._scan_memo.values()
-        return headers.files_hashed() - hashed, len(result.checks), ms
+        (result,) = headermemo._scan_memo.values()
+        return headermemo.files_hashed() - hashed, len(result.checks), ms
 
     for label, source in (("<cuda/std/...>", CUDA_STD_KERNEL), ("cub::BlockReduce", CUB_KERNEL)):
         read, probed, ms = cold_scan(source)
-        (result,) = headers._scan_memo.values()
+        (result,) = headermemo._scan_memo.values()
         files = [path for path, sig in result.checks if sig is not None and sig[0] == "f"]
         started = time.perf_counter()
         contents = []
@@ -258,11 +258,11 @@ def scan_anatomy() -> list[str]:
         hash_ms = (time.perf_counter() - started) * 1e3
         started = time.perf_counter()
         for data in contents:
-            headers._parse_includes(data)
+            headerlex.parse_includes(data)
         parse_ms = (time.perf_counter() - started) * 1e3
         lines.append(f"  {label:<18} cold scan {ms:7.1f} ms: {read} files read, {probed} paths probed; "
                      f"over those files read+sha256 {hash_ms:.1f} ms, parse {parse_ms:.1f} ms")
-    headers.clear_memo()
+    headermemo.clear_memo()
     return lines
 
 

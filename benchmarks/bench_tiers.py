@@ -24,7 +24,7 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
-from tiered_progcache import TieredProgramCache, headers, headerwatch
+from tiered_progcache import TieredProgramCache, headermemo, headerwatch
 from tiered_progcache.codeobject import check_code_object
 from tiered_progcache.samples import matmul_source
 
@@ -85,18 +85,18 @@ def include_path_hits(cache, plain_options, plain_source, n: int, rounds: int) -
         plain()
         hit()  # compiles; scans the headers
         hit()  # validates the scan once by stat, then watches it
-        hashed = headers.files_hashed()
+        hashed = headermemo.files_hashed()
         ours, base = side_by_side(lambda: per_call_us(hit, n), lambda: per_call_us(plain, n), rounds)
-        assert headers.files_hashed() == hashed, "a warm hit read headers"
+        assert headermemo.files_hashed() == hashed, "a warm hit read headers"
         rows.append((f"compile() hit, include_path, {label} vs no include path", ours, base, ours / base, "<= 1.5x"))
         previous = headerwatch.replace_watcher(None)  # the stat path, for context: every probed path re-statted
         try:
-            headers.clear_memo()  # scans made under the watcher keep their watch: start over without one
+            headermemo.clear_memo()  # scans made under the watcher keep their watch: start over without one
             hit()
             ours, base = side_by_side(lambda: per_call_us(hit, max(1, n // 10)), lambda: per_call_us(plain, n), rounds)
         finally:
             headerwatch.replace_watcher(previous)
-        probed = max(len(s.checks) for s in headers._scan_memo.values())
+        probed = max(len(s.checks) for s in headermemo._scan_memo.values())
         rows.append((f"  same, without inotify ({probed} paths stat'ed per hit)", ours, base, ours / base, "(context)"))
     return rows
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tiered_progcache import headers
+from tiered_progcache import headermemo
 
-#: mtimes an hour back: old enough for a stat to vouch for a file (headers.RACY_NS)
+#: mtimes an hour back: old enough for a stat to vouch for a file (headermemo.RACY_NS)
 OLD = time.time() - 3600
 SRC = '#include <a.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
 
@@ -25,6 +25,6 @@ def write_header(path: Path, text: str, *, mtime: float = OLD) -> Path:
 @pytest.fixture(autouse=True)
 def fresh_header_memo():
     """Every test starts and ends with no memoized scan (autouse where imported)."""
-    headers.clear_memo()
+    headermemo.clear_memo()
     yield
-    headers.clear_memo()
+    headermemo.clear_memo()

@@ -19,7 +19,7 @@ from cuda.core import ProgramOptions
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tiered_progcache import headers
+from tiered_progcache import headermemo, headerscan
 from tiered_progcache.keys import compile_key
 
 from header_support import fresh_header_memo  # noqa: F401  (autouse)
@@ -111,7 +111,7 @@ def _covered(source: str, opts: ProgramOptions) -> tuple[set[str], str | None]:
     name = opts.name
     roots["source"] = os.path.dirname(name) if name and "/" in name else os.getcwd()
     roots["cwd"] = os.getcwd()
-    scan = headers.header_scan(source, opts)
+    scan = headerscan.header_scan(source, opts)
     return ({os.path.realpath(h.path if h.root == "abs" else os.path.join(roots[h.root], h.path))
              for h in scan.headers}, scan.declined)
 
@@ -158,7 +158,7 @@ def test_every_file_nvrtc_opens_is_digested_and_an_edit_to_it_changes_the_key(ex
         os.chdir(os.path.join(root, "wd"))
         source = source.replace("@ROOT@", root) + 'extern "C" __global__ void k(int* out) { *out = 1; }\n'
         opts = _opts(kw, root)
-        headers.clear_memo()
+        headermemo.clear_memo()
         covered, declined = _covered(source, opts)
         opened, _ = opened_by_nvrtc(source, opts, [root])
         event(f"files opened: {min(len(opened), 3)}{'+' if len(opened) >= 3 else ''}")

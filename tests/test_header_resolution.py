@@ -17,7 +17,7 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
-from tiered_progcache import headers, headerwatch
+from tiered_progcache import headermemo, headerscan, headerwatch
 from tiered_progcache.explain import explain
 from tiered_progcache.keys import compile_key
 from tiered_progcache.manifest import build_manifest, compile_inputs, encode_manifest
@@ -40,7 +40,7 @@ def _covered_paths(src: str, opts: ProgramOptions) -> set[str]:
     name = opts.name
     roots["source"] = os.path.dirname(name) if name and "/" in name else os.getcwd()
     roots["cwd"] = os.getcwd()
-    scan = headers.header_scan(src, opts)
+    scan = headerscan.header_scan(src, opts)
     return {os.path.realpath(h.path if h.root == "abs" else os.path.join(roots[h.root], h.path)) for h in scan.headers}
 
 
@@ -136,12 +136,12 @@ def test_a_shadowing_header_added_with_the_directory_mtime_restored_is_seen(tmp_
     write_header(i0 / "v.h", "#define V 0\n")
     os.utime(i0, (OLD, OLD))  # as cp -p, rsync -t and tar x do
     assert opened_by_nvrtc(src, opts, [str(tmp_path)])[0] >= {str((i0 / "v.h").resolve())}
-    by_stat = headers.validation_counts().by_stat
+    by_stat = headermemo.validation_counts().by_stat
     in_process = _key(src, opts, memo_dir=memo_dir)
     assert in_process != before
     if watched and headerwatch.watcher() is not None:  # the event on I0 forced a rescan, not a stat re-check
-        assert headers.validation_counts().by_stat == by_stat
-    headers.clear_memo()  # the next process: only the persisted scan is left
+        assert headermemo.validation_counts().by_stat == by_stat
+    headermemo.clear_memo()  # the next process: only the persisted scan is left
     assert _key(src, opts, memo_dir=memo_dir) == in_process
 
 
@@ -157,7 +157,7 @@ def test_a_persisted_scan_is_not_reused_when_a_walked_directory_changed_under_a_
     src = "#include <top.h>" + KERNEL
     memo_dir = tmp_path / "header-scans"
     before = _key(src, opts, memo_dir=memo_dir)
-    headers.clear_memo()  # a new process ...
+    headermemo.clear_memo()  # a new process ...
     write_header(i0 / "v.h", "#define V 0\n")
     os.utime(i0, (OLD, OLD))
     assert _key(src, opts, memo_dir=memo_dir) != before  # ... does not trust the persisted scan
@@ -175,9 +175,9 @@ def test_a_computed_include_in_the_main_source_declines_instead_of_reading_the_w
     monkeypatch.chdir(work)
     src = "#define STR(x) #x\n#include STR(v.h)" + KERNEL
     opts = ProgramOptions(arch=ARCH)
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     ck = compile_key(src, "c++", opts, "cubin")
-    assert headers.files_hashed() == hashed  # not one file of the working directory was read
+    assert headermemo.files_hashed() == hashed  # not one file of the working directory was read
     assert ck.declined is not None and "working directory" in ck.declined
     cache = tpc.TieredProgramCache(tmp_path / "cache")
     start, declined = tpc.compile_count(), compile_module.declined_count()
@@ -192,36 +192,36 @@ def test_a_working_directory_of_root_is_never_walked(tmp_path, monkeypatch):
     write_header(tmp_path / "top.h", "#define ANGLE(x) <x>\n#include ANGLE(v.h)\n")
     (tmp_path / "work").mkdir()
     monkeypatch.chdir("/")
-    hashed = headers.files_hashed()
-    in_source = headers.header_scan("#define STR(x) #x\n#include STR(v.h)" + KERNEL, ProgramOptions(arch=ARCH))
-    assert in_source.declined is not None and headers.files_hashed() == hashed
+    hashed = headermemo.files_hashed()
+    in_source = headerscan.header_scan("#define STR(x) #x\n#include STR(v.h)" + KERNEL, ProgramOptions(arch=ARCH))
+    assert in_source.declined is not None and headermemo.files_hashed() == hashed
     # an include directory above the working directory: never walked whole either
     monkeypatch.chdir(tmp_path / "work")
-    scan = headers.header_scan("#include <top.h>" + KERNEL, ProgramOptions(arch=ARCH, include_path=[str(tmp_path)]))
+    scan = headerscan.header_scan("#include <top.h>" + KERNEL, ProgramOptions(arch=ARCH, include_path=[str(tmp_path)]))
     assert scan.declined is not None and "working directory" in scan.declined
-    assert headers.files_hashed() == hashed + 1  # top.h alone
+    assert headermemo.files_hashed() == hashed + 1  # top.h alone
 
 
 def test_a_header_over_the_size_bound_declines_without_being_read(tmp_path, monkeypatch):
     inc = tmp_path / "inc"
     inc.mkdir()
     with open(inc / "huge.h", "wb") as fh:
-        fh.truncate(headers.MAX_HEADER_BYTES + 1)
+        fh.truncate(headerscan.MAX_HEADER_BYTES + 1)
     monkeypatch.chdir(tmp_path)
-    hashed = headers.files_hashed()
-    scan = headers.header_scan("#include <huge.h>" + KERNEL, ProgramOptions(arch=ARCH, include_path=[str(inc)]))
-    assert scan.declined is not None and str(headers.MAX_HEADER_BYTES) in scan.declined
-    assert headers.files_hashed() == hashed
+    hashed = headermemo.files_hashed()
+    scan = headerscan.header_scan("#include <huge.h>" + KERNEL, ProgramOptions(arch=ARCH, include_path=[str(inc)]))
+    assert scan.declined is not None and str(headerscan.MAX_HEADER_BYTES) in scan.declined
+    assert headermemo.files_hashed() == hashed
 
 
 def test_a_header_at_the_size_bound_is_hashed_by_streaming(tmp_path, monkeypatch):
     inc = tmp_path / "inc"
     inc.mkdir()
-    monkeypatch.setattr(headers, "MAX_HEADER_BYTES", 3 << 20)
+    monkeypatch.setattr(headerscan, "MAX_HEADER_BYTES", 3 << 20)
     (inc / "big.h").write_bytes(b"// " + b"x" * ((3 << 20) - 4) + b"\n")
     monkeypatch.chdir(tmp_path)
     opts = ProgramOptions(arch=ARCH, include_path=[str(inc)])
-    scan = headers.header_scan("#include <big.h>" + KERNEL, opts)
+    scan = headerscan.header_scan("#include <big.h>" + KERNEL, opts)
     assert scan.declined is None and [h.path for h in scan.headers] == ["big.h"]
 
 
@@ -232,11 +232,11 @@ def test_a_directory_walk_past_its_file_bound_declines(tmp_path, monkeypatch):
         write_header(inc / f"h{i}.h", "\n")
     monkeypatch.chdir(tmp_path)
     opts = ProgramOptions(arch=ARCH, include_path=[str(inc)])
-    monkeypatch.setattr(headers, "MAX_WALK_FILES", 6)  # top.h and five more: within the bound
-    assert headers.header_scan("#include <top.h>" + KERNEL, opts).declined is None
-    headers.clear_memo()
-    monkeypatch.setattr(headers, "MAX_WALK_FILES", 5)
-    assert "5 files" in headers.header_scan("#include <top.h>" + KERNEL, opts).declined
+    monkeypatch.setattr(headerscan, "MAX_WALK_FILES", 6)  # top.h and five more: within the bound
+    assert headerscan.header_scan("#include <top.h>" + KERNEL, opts).declined is None
+    headermemo.clear_memo()
+    monkeypatch.setattr(headerscan, "MAX_WALK_FILES", 5)
+    assert "5 files" in headerscan.header_scan("#include <top.h>" + KERNEL, opts).declined
 
 
 # -- finding 5: manifests of path-keyed compiles ---------------------------------------------------
@@ -281,7 +281,7 @@ def test_cccl_kernels_digest_what_they_can_include_and_every_file_nvrtc_opens(tm
     monkeypatch.chdir(tmp_path)
     opts = ProgramOptions(arch=ARCH, include_path=[cccl], std="c++17")
     src = f"#include <{include}>" + KERNEL.replace("V", "1")
-    scan = headers.header_scan(src, opts)
+    scan = headerscan.header_scan(src, opts)
     assert scan.declined is None and len(scan.headers) < bound  # a51b919: all 1,691 files of the tree
     opened, ok = opened_by_nvrtc(src, opts, [cccl])
     assert ok and opened and opened <= _covered_paths(src, opts)

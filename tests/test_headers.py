@@ -14,8 +14,8 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
-from tiered_progcache import headers
-from tiered_progcache.headers import HeaderFile, header_digest, header_scan, needs_header_digest
+from tiered_progcache import headermemo
+from tiered_progcache.headerscan import HeaderFile, header_digest, header_scan, needs_header_digest
 
 from header_support import fresh_header_memo  # noqa: F401  (autouse)
 
@@ -72,21 +72,21 @@ def test_editing_an_unreachable_file_keeps_the_digest(tree):
 
 def test_touching_without_change_keeps_the_digest_and_rehashes_only_that_file(tree):
     before = header_digest(SRC, _opts(tree))
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     os.utime(tree / "sub" / "b.h", (OLD + 60, OLD + 60))
     assert header_digest(SRC, _opts(tree)) == before
-    assert headers.files_hashed() - hashed == 1
+    assert headermemo.files_hashed() - hashed == 1
 
 
 def test_a_warm_memo_hashes_nothing(tree):
     header_digest(SRC, _opts(tree))
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     for _ in range(50):
         header_digest(SRC, _opts(tree))
-    assert headers.files_hashed() == hashed
-    headers.clear_memo()
+    assert headermemo.files_hashed() == hashed
+    headermemo.clear_memo()
     header_digest(SRC, _opts(tree))
-    assert headers.files_hashed() - hashed == 3  # a.h, b.h, c.h: the reachable ones only
+    assert headermemo.files_hashed() - hashed == 3  # a.h, b.h, c.h: the reachable ones only
 
 
 def test_a_freshly_written_header_is_rehashed_until_it_settles(tree):
@@ -94,14 +94,14 @@ def test_a_freshly_written_header_is_rehashed_until_it_settles(tree):
     stat cannot vouch for a header modified in the last RACY_NS: it is read every time."""
     _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 5\n", settled=False)
     first = header_digest(SRC, _opts(tree))
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     assert header_digest(SRC, _opts(tree)) == first
-    assert headers.files_hashed() - hashed == 1  # c.h, read again; a.h and b.h trusted
+    assert headermemo.files_hashed() - hashed == 1  # c.h, read again; a.h and b.h trusted
     os.utime(tree / "sub" / "c.h", (OLD, OLD))  # settled now
     header_digest(SRC, _opts(tree))
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     header_digest(SRC, _opts(tree))
-    assert headers.files_hashed() == hashed
+    assert headermemo.files_hashed() == hashed
 
 
 def test_a_header_appearing_earlier_on_the_path_changes_the_digest(tree, tmp_path):
@@ -206,9 +206,9 @@ def test_the_scan_records_each_file_read_by_root_and_relative_path(tree):
 
 def test_a_warm_scan_returns_the_files_without_reading_any(tree):
     first = header_scan(SRC, _opts(tree))
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     again = header_scan(SRC, _opts(tree))
-    assert headers.files_hashed() == hashed
+    assert headermemo.files_hashed() == hashed
     assert again.headers is first.headers  # the memoized tuple, not a rebuilt one
 
 
@@ -504,16 +504,16 @@ def test_the_realpath_check_answers_exactly_as_realpath(tmp_path):
     pairs = []
     for d in dirs:
         for recorded in {d, os.path.realpath(d), f"{base}/a/b"}:
-            assert headers._same_realpaths(((d, recorded),)) == (os.path.realpath(d) == recorded), (d, recorded)
+            assert headermemo._same_realpaths(((d, recorded),)) == (os.path.realpath(d) == recorded), (d, recorded)
             pairs.append((d, recorded))
     good = tuple((d, r) for d, r in pairs if os.path.realpath(d) == r)
-    assert headers._same_realpaths(good)
+    assert headermemo._same_realpaths(good)
     for bad in [(d, r) for d, r in pairs if os.path.realpath(d) != r]:
-        assert not headers._same_realpaths((*good, bad))  # a shared component seen earlier never hides it
+        assert not headermemo._same_realpaths((*good, bad))  # a shared component seen earlier never hides it
     # the common case turned bad: an ancestor swapped for a symlink to an identical copy
     (tmp_path / "copy" / "a" / "b").mkdir(parents=True)
     recorded = ((f"{base}/a/b", f"{base}/a/b"), (f"{base}/a", f"{base}/a"))
-    assert headers._same_realpaths(recorded)
+    assert headermemo._same_realpaths(recorded)
     os.rename(real / "a", tmp_path / "old-a")
     (real / "a").symlink_to(tmp_path / "copy" / "a")
-    assert not headers._same_realpaths(recorded)
+    assert not headermemo._same_realpaths(recorded)

@@ -1,7 +1,7 @@
 """Header watches: inotify tells a warm header_digest() call that nothing changed, and every change is seen.
 
 Each edit below must give a new digest on the very next call, with the call before it
-answered on inotify's word (no stat). Counts come from ``headers.validation_counts()``
+answered on inotify's word (no stat). Counts come from ``headermemo.validation_counts()``
 and the watcher's own ``counts()``; no test waits on time.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from cuda.core import ProgramOptions
 
-from tiered_progcache import headers, headerwatch
-from tiered_progcache.headers import header_digest
+from tiered_progcache import headermemo, headerwatch
+from tiered_progcache.headerscan import header_digest
 from tiered_progcache.headerwatch import HeaderWatcher, replace_watcher
 
 from header_support import OLD, SRC, fresh_header_memo  # noqa: F401  (autouse)
@@ -75,9 +75,9 @@ def _watched(src: str, opts: ProgramOptions) -> bytes:
     """Scan, validate once by stat (which sets up the watch), then show a call answered by the watch alone."""
     digest = header_digest(src, opts)
     assert header_digest(src, opts) == digest
-    before = headers.validation_counts()
+    before = headermemo.validation_counts()
     assert header_digest(src, opts) == digest
-    after = headers.validation_counts()
+    after = headermemo.validation_counts()
     assert (after.by_watch - before.by_watch, after.by_stat - before.by_stat,
             after.paths_statted - before.paths_statted) == (1, 0, 0)
     return digest
@@ -85,13 +85,13 @@ def _watched(src: str, opts: ProgramOptions) -> bytes:
 
 def _next_call(src: str, opts: ProgramOptions) -> tuple[bytes, int]:
     """The digest of the next call, and how many calls inotify answered for it (0: it looked again)."""
-    before = headers.validation_counts().by_watch
+    before = headermemo.validation_counts().by_watch
     digest = header_digest(src, opts)
-    return digest, headers.validation_counts().by_watch - before
+    return digest, headermemo.validation_counts().by_watch - before
 
 
-def _memo() -> headers._ScanResult:
-    (result,) = headers._scan_memo.values()
+def _memo() -> headermemo.ScanResult:
+    (result,) = headermemo._scan_memo.values()
     return result
 
 
@@ -199,19 +199,19 @@ def test_a_change_to_an_unrelated_name_keeps_the_watch(tree, watching):
     before = _watched(SRC, _opts(tree))
     _write(tree / "unrelated.h", "#define NOT_USED 2\n")
     _write(tree / "brand_new.h", "#define NEW 1\n")
-    counts = headers.validation_counts()
+    counts = headermemo.validation_counts()
     assert header_digest(SRC, _opts(tree)) == before
-    after = headers.validation_counts()
+    after = headermemo.validation_counts()
     assert (after.by_watch - counts.by_watch, after.by_stat - counts.by_stat) == (1, 0)
     assert watching.counts().invalidations == 0
 
 
 def test_a_touch_without_change_is_looked_at_once_then_watched_again(tree, watching):
     before = _watched(SRC, _opts(tree))
-    hashed = headers.files_hashed()
+    hashed = headermemo.files_hashed()
     os.utime(tree / "sub" / "b.h", (OLD + 60, OLD + 60))
     assert _next_call(SRC, _opts(tree)) == (before, 0)
-    assert headers.files_hashed() - hashed == 1  # b.h read again, found the same
+    assert headermemo.files_hashed() - hashed == 1  # b.h read again, found the same
     _watched(SRC, _opts(tree))
 
 
@@ -265,19 +265,19 @@ def test_a_queue_overflow_falls_back_to_stat_and_misses_no_edit(tree, watching):
         os.utime(flood[0])
         os.utime(flood[1])
     _edit_in_place(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 1\n")
-    stats_before = headers.validation_counts().by_stat
+    stats_before = headermemo.validation_counts().by_stat
     digest, by_watch = _next_call(SRC, _opts(tree))
     assert digest != before and by_watch == 0
     assert watching.counts().overflows == 1
-    assert headers.validation_counts().by_stat - stats_before == 1
+    assert headermemo.validation_counts().by_stat - stats_before == 1
 
 
 def test_the_overflow_handler_invalidates_every_subscription(tree, watching):
     before = _watched(SRC, _opts(tree))
     watching.handle_overflow()
-    stats_before = headers.validation_counts().by_stat
+    stats_before = headermemo.validation_counts().by_stat
     assert _next_call(SRC, _opts(tree)) == (before, 0)
-    assert headers.validation_counts().by_stat - stats_before == 1
+    assert headermemo.validation_counts().by_stat - stats_before == 1
 
 
 def test_headers_on_an_untrusted_filesystem_are_re_statted_on_every_call(tree, tmp_path):
@@ -294,9 +294,9 @@ def test_headers_on_an_untrusted_filesystem_are_re_statted_on_every_call(tree, t
         sub = _memo().watch
         on_nfs = sorted(p for p, _ in _memo().checks if p.startswith(str(tree / "sub") + os.sep))
         assert sorted(p for p, _ in sub.stat_checks) == on_nfs and on_nfs
-        before = headers.validation_counts()
+        before = headermemo.validation_counts()
         assert header_digest(SRC, _opts(tree)) == digest
-        after = headers.validation_counts()
+        after = headermemo.validation_counts()
         assert (after.by_watch - before.by_watch, after.paths_statted - before.paths_statted) == (1, len(on_nfs))
         _edit_in_place(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 2\n")  # no event is watched there
         assert header_digest(SRC, _opts(tree)) != digest
@@ -315,9 +315,9 @@ def test_a_spent_watch_budget_re_stats_what_it_could_not_watch(tree):
         assert counts.watches == 3 and counts.refused > 0
         result = _memo()
         assert result.watch is not None and len(result.watch.stat_checks) == len(result.checks)
-        before = headers.validation_counts()
+        before = headermemo.validation_counts()
         assert header_digest(SRC, _opts(tree)) == digest
-        assert headers.validation_counts().paths_statted - before.paths_statted == len(result.checks)
+        assert headermemo.validation_counts().paths_statted - before.paths_statted == len(result.checks)
         _edit_in_place(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 4\n")
         assert header_digest(SRC, _opts(tree)) != digest
     finally:
@@ -329,10 +329,10 @@ def test_without_a_watcher_every_call_is_a_stat_validation(tree):
     previous = replace_watcher(None)
     try:
         digest = header_digest(SRC, _opts(tree))
-        before = headers.validation_counts()
+        before = headermemo.validation_counts()
         for _ in range(3):
             assert header_digest(SRC, _opts(tree)) == digest
-        after = headers.validation_counts()
+        after = headermemo.validation_counts()
         assert (after.by_stat - before.by_stat, after.by_watch - before.by_watch) == (3, 0)
         _edit_in_place(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 5\n")
         assert header_digest(SRC, _opts(tree)) != digest
@@ -347,11 +347,11 @@ def test_without_inotify_simple_digests_work_by_stat(tree):
         import sys
         sys.modules["inotify_simple"] = None  # import fails as if not installed
         from cuda.core import ProgramOptions
-        from tiered_progcache import headers, headerwatch
+        from tiered_progcache import headermemo, headerscan, headerwatch
         opts = ProgramOptions(arch="sm_90", include_path=[sys.argv[1]])
         src = '#include <a.h>\\n'
-        digests = {headers.header_digest(src, opts) for _ in range(3)}
-        counts = headers.validation_counts()
+        digests = {headerscan.header_digest(src, opts) for _ in range(3)}
+        counts = headermemo.validation_counts()
         print(headerwatch.watcher() is None, len(digests), counts.by_stat, counts.by_watch)
         """
     )
@@ -369,12 +369,12 @@ def test_a_forked_child_never_reads_the_parents_events(tree, watching):
     if pid == 0:  # the child
         try:
             os.close(read_end)
-            counts = headers.validation_counts()
+            counts = headermemo.validation_counts()
             _edit_in_place(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 6\n")
             digest = header_digest(SRC, _opts(tree))
             again = header_digest(SRC, _opts(tree))
             third = header_digest(SRC, _opts(tree))
-            after = headers.validation_counts()
+            after = headermemo.validation_counts()
             os.write(write_end, json.dumps([digest.hex(), again == digest == third, after.by_stat - counts.by_stat,
                                             after.by_watch - counts.by_watch]).encode())
         finally:
@@ -411,8 +411,8 @@ def test_mmap_writes_raise_no_event_until_the_mapping_closes_the_documented_limi
     mtime/ctime at the write fault, so a stat would see it); IN_CLOSE_WRITE comes when the last reference
     to the file opened for writing, here the mapping, goes."""
     path = _write(tmp_path / "mapped.h", "#define M 1\n")
-    sub = watching.subscribe([(str(path), headers._signature(str(path)))], [],
-                             signature=headers._signature, signature_of_stat=headers._signature_of_stat)
+    sub = watching.subscribe([(str(path), headermemo.signature(str(path)))], [],
+                             signature=headermemo.signature, signature_of_stat=headermemo.signature_of_stat)
     assert sub.valid
     st = os.stat(path)
     fd = os.open(path, os.O_RDWR)
@@ -459,10 +459,10 @@ def test_the_default_budget_is_the_documented_8192_watches(tmp_path):
     for i in range(8200):
         path = many / f"h{i}.h"
         path.write_bytes(b"")
-        checks.append((str(path), headers._signature(str(path))))
+        checks.append((str(path), headermemo.signature(str(path))))
     watcher = HeaderWatcher()
     try:
-        sub = watcher.subscribe(checks, [], signature=headers._signature, signature_of_stat=headers._signature_of_stat)
+        sub = watcher.subscribe(checks, [], signature=headermemo.signature, signature_of_stat=headermemo.signature_of_stat)
         assert sub.valid and watcher.counts().watches == 8192
         assert 0 < len(sub.stat_checks) < len(checks)  # the rest re-statted by the caller
     finally:

@@ -22,8 +22,8 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
-from tiered_progcache import headers
-from tiered_progcache.headers import header_digest, header_scan
+from tiered_progcache import headermemo
+from tiered_progcache.headerscan import header_digest, header_scan
 from tiered_progcache.keys import CompileKey, HeaderFile, compile_key
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
@@ -50,9 +50,9 @@ SRC = '#include <mylib/core.h>\n#include "ext.h"\nextern "C" __global__ void k(i
 
 @pytest.fixture(autouse=True)
 def _fresh_memo():
-    headers.clear_memo()
+    headermemo.clear_memo()
     yield
-    headers.clear_memo()
+    headermemo.clear_memo()
 
 
 def _write(path: Path, text: str, *, settled: bool = True) -> Path:

@@ -1,6 +1,6 @@
 """Header scans persisted in the local cache directory: a new process validates one instead of scanning.
 
-Real processes (subprocess) play the new process; ``headers.files_hashed()`` in it says
+Real processes (subprocess) play the new process; ``headermemo.files_hashed()`` in it says
 whether it read headers. A bad memo file is planted on disk, never simulated.
 """
 
@@ -22,8 +22,8 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
-from tiered_progcache import headers, scanmemo
-from tiered_progcache.headers import header_digest
+from tiered_progcache import headermemo, scanmemo
+from tiered_progcache.headerscan import header_digest
 from tiered_progcache.scanmemo import ScanMemoStore
 
 from header_support import SRC, fresh_header_memo  # noqa: F401  (autouse)
@@ -53,10 +53,10 @@ _CHILD = textwrap.dedent(
     """
     import json, sys
     from cuda.core import ProgramOptions
-    from tiered_progcache import headers
+    from tiered_progcache import headermemo, headerscan
     inc, memo_dir, src = sys.argv[1], sys.argv[2], sys.argv[3]
-    digest = headers.header_digest(src, ProgramOptions(arch="sm_90", include_path=[inc]), memo_dir=memo_dir)
-    print(json.dumps([digest.hex(), headers.files_hashed(), headers.validation_counts().by_stat]))
+    digest = headerscan.header_digest(src, ProgramOptions(arch="sm_90", include_path=[inc]), memo_dir=memo_dir)
+    print(json.dumps([digest.hex(), headermemo.files_hashed(), headermemo.validation_counts().by_stat]))
     """
 )
 
@@ -106,10 +106,10 @@ def test_compile_persists_scans_in_the_local_directory_and_a_new_process_compile
         import json, sys
         from cuda.core import ProgramOptions
         import tiered_progcache as tpc
-        from tiered_progcache import headers
+        from tiered_progcache import headermemo
         with tpc.TieredProgramCache(sys.argv[2]) as cache:
             tpc.compile(sys.argv[3], "c++", ProgramOptions(arch="sm_90", include_path=[sys.argv[1]]), cache=cache)
-        print(json.dumps([tpc.compile_count(), headers.files_hashed()]))
+        print(json.dumps([tpc.compile_count(), headermemo.files_hashed()]))
         """
     )
     out = subprocess.run([sys.executable, "-c", child, str(tree), str(cache_dir), SRC], check=True,
@@ -180,14 +180,14 @@ def test_a_bad_memo_file_is_ignored_rescanned_and_replaced(tree, tmp_path, damag
     digest = header_digest(SRC, _opts(tree), memo_dir=memo_dir)
     (path,) = _memo_files(memo_dir)
     damage(path)
-    headers.clear_memo()  # as in a new process
-    hashed = headers.files_hashed()
+    headermemo.clear_memo()  # as in a new process
+    hashed = headermemo.files_hashed()
     assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) == digest
-    assert headers.files_hashed() - hashed == 3
-    headers.clear_memo()
-    hashed = headers.files_hashed()
+    assert headermemo.files_hashed() - hashed == 3
+    headermemo.clear_memo()
+    hashed = headermemo.files_hashed()
     assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) == digest
-    assert headers.files_hashed() == hashed  # the rescan wrote a good one in its place
+    assert headermemo.files_hashed() == hashed  # the rescan wrote a good one in its place
     assert not path.is_symlink()
 
 
@@ -197,10 +197,10 @@ def test_a_forged_digest_over_a_fresh_header_is_never_returned(tree, tmp_path):
     header_digest(SRC, _opts(tree), memo_dir=memo_dir)
     (path,) = _memo_files(memo_dir)
     fresh = _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 3\n", mtime=time.time())
-    forged = headers._ScanResult(b"\xff" * 32, True, ((str(fresh), headers._signature(str(fresh))),), (), 0.0,
-                                 (), (), True, None)
+    forged = headermemo.ScanResult(b"\xff" * 32, True, ((str(fresh), headermemo.signature(str(fresh))),), (), 0.0,
+                                   (), (), True, None)
     assert ScanMemoStore(memo_dir).save(path.stem, forged)
-    headers.clear_memo()
+    headermemo.clear_memo()
     assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) != b"\xff" * 32
 
 

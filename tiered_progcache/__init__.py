@@ -7,7 +7,7 @@ from __future__ import annotations
 from .compile import CompileEvent, compile, compile_count, on_compile
 from .errors import DeleteFailed, EntryRejected, TierUnavailable
 from .explain import Explanation, explain
-from .headers import header_digest
+from .headerscan import header_digest
 from .localdir import LocalDir
 from .policy import TierPolicy
 from .settings import DEFAULT_MAX_MEMORY_BYTES

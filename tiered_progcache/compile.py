@@ -6,7 +6,7 @@ What ``Program.compile(cache=...)`` does, plus three things it cannot:
   directory) and per cluster (a lease in the shared remote), re-checking the tiers
   after each lock, so N ranks and M nodes starting together compile each kernel once;
 * compiles with ``include_path`` / ``pre_include`` / NVVM ``use_libdevice`` are
-  cached, keyed by the content of the headers they can read (:mod:`.headers`), by
+  cached, keyed by the content of the headers they can read (:mod:`.headerscan`), by
   role rather than location, so hosts with the same headers elsewhere share entries
   (:mod:`.keys`);
 * compiles with ``name_expressions`` are cached: the symbol mapping is stored

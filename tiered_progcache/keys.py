@@ -19,7 +19,7 @@ path is replaced by its role:
   puts that directory under the user's cache directory; NVRTC installs its own headers
   there, which follow the NVRTC version, which is keyed);
 
-and the ``extra_digest`` is the portable header digest (:func:`.headers.header_scan`):
+and the ``extra_digest`` is the portable header digest (:func:`.headerscan.header_scan`):
 each header reachable through those roots by its role, its path relative to the root and
 its content. Same headers under another root: same key; one byte changed in a reachable
 header: another key.
@@ -59,7 +59,7 @@ from typing import Any
 from cuda.core import ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
-from .headers import HeaderFile, header_scan, path_roles, role_relative, role_token
+from .headerscan import HeaderFile, header_scan, path_roles, role_relative, role_token
 
 __all__ = ["CompileKey", "HeaderFile", "carries_debug_info", "compile_key"]
 
@@ -263,7 +263,7 @@ def compile_key(
 
     ``portable`` (default): keyed by role and content, not location (module docstring);
     False: the location-bound key, exactly ``make_program_cache_key(options=options,
-    extra_digest=...)`` over :func:`.headers.header_digest`. ``extra_digest`` is mixed
+    extra_digest=...)`` over :func:`.headerscan.header_digest`. ``extra_digest`` is mixed
     with the header digest (only when the compile reads a file, so a plain compile keys
     as ``Program.compile(cache=...)`` does). ``recheck_s`` and ``memo_dir`` (where header
     scans persist for the next process) as for ``header_digest``.

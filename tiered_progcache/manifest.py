@@ -37,7 +37,7 @@ from typing import Any
 
 from ._cudacore import key_schema_version
 from .envelope import max_stored_bytes
-from .headers import path_roles, role_relative
+from .headerscan import path_roles, role_relative
 from .keys import CompileKey, HeaderFile
 from .store import EntryStore, StoredEntry, entry_name, is_entry_name
 

@@ -4,7 +4,7 @@ The first ``compile()`` hit of a ``cub::BlockReduce`` kernel in a fresh process 
 scan 1,691 CCCL headers (the whole tree: a computed ``#include`` in Thrust forces the
 directory fallback) before it could even form the key. The scan's result (digest, every
 path probed with its stat signature, the directories' realpaths, and whatever else
-``headers._ScanResult`` holds) is written here after a scan; a later process loads it
+``headermemo.ScanResult`` holds) is written here after a scan; a later process loads it
 and validates it by stat exactly as the in-process memo is validated (watched first
 where inotify is trusted; a header modified within ``RACY_NS`` is not trusted) before
 using it. An edit between processes is therefore seen like an edit within one.
@@ -98,7 +98,7 @@ class ScanMemoStore:
     """One directory of persisted scans (``<local dir>/header-scans``).
 
     >>> store = ScanMemoStore("/var/cache/kernels/header-scans")
-    >>> store.save(name, result); store.load(name, _ScanResult, checked_at=time.monotonic())
+    >>> store.save(name, result); store.load(name, ScanResult, checked_at=time.monotonic())
 
     ``max_files`` / ``max_bytes`` bound the directory, ``max_file_bytes`` one memo.
     Never raises on I/O: a failed save is logged once and skipped, a failed load is a miss.
