@@ -7,19 +7,55 @@ import time
 from pathlib import Path
 
 import pytest
+from cuda.core import ProgramOptions
 
 from tiered_progcache import headermemo
 
 #: mtimes an hour back: old enough for a stat to vouch for a file (headermemo.RACY_NS)
 OLD = time.time() - 3600
 SRC = '#include <a.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
+#: A kernel reading VAL, for a source made of include directives (``valdir``'s val.h defines it).
+KERNEL = '\nextern "C" __global__ void k(int* out) { *out = VAL; }\n'
 
 
-def write_header(path: Path, text: str, *, mtime: float = OLD) -> Path:
+def write_header(path: Path, text: str, *, mtime: float | None = OLD) -> Path:
+    """Write ``path``; ``mtime`` None leaves it just written (too fresh for a stat to vouch for it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    os.utime(path, (mtime, mtime))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
     return path
+
+
+def include_opts(inc: Path, **kw) -> ProgramOptions:
+    """Options for sm_90 with ``inc`` as the one include directory."""
+    return ProgramOptions(arch="sm_90", include_path=[str(inc)], **kw)
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """inc/ with a reachable chain (a.h -> sub/b.h -> c.h by quoted-relative include) and bystanders."""
+    inc = tmp_path / "inc"
+    write_header(inc / "a.h", '#pragma once\n#include "sub/b.h"\n#define A_VAL (B_VAL + 1)\n')
+    write_header(inc / "sub" / "b.h", '#pragma once\n#include "c.h"\n#define B_VAL (C_VAL * 2)\n')
+    write_header(inc / "sub" / "c.h", "#pragma once\n#define C_VAL 3\n")
+    write_header(inc / "unrelated.h", "#define NOT_USED 1\n")
+    write_header(inc / "sub" / "also_unrelated.h", "#define ALSO_NOT_USED 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # the source's own directory is the working directory
+    return inc
+
+
+@pytest.fixture
+def valdir(tmp_path, monkeypatch):
+    """inc/val.h defining VAL, the working directory elsewhere (work/)."""
+    inc = tmp_path / "inc"
+    write_header(inc / "val.h", "#define VAL 1\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return inc
 
 
 @pytest.fixture(autouse=True)
