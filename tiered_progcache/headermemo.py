@@ -26,6 +26,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar, Union
 
 from . import headerwatch, scanmemo
@@ -265,14 +266,15 @@ _view_memos: list[ViewMemo[Any]] = []
 
 
 def memoized(
-    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None, scanner_id: bytes | None
+    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None,
+    scanner_id: Callable[[], bytes | None],
 ) -> ScanResult | None:
     """The scan memoized for ``memo_key`` if it still stands, else None (scan again).
 
     In this process: on inotify's word (plus a stat of what no watch covers), within
     ``recheck_s`` of its last validation, or after validating it again. Else, from
-    ``memo_dir``: a scan an earlier process persisted under ``scanner_id`` (the scanner's
-    code; None: nothing persisted), validated by stat before use.
+    ``memo_dir``: a scan an earlier process persisted under ``scanner_id()`` (the scanner's
+    code, asked only then; None: nothing is persisted), validated by stat before use.
     """
     global _by_watch
     cached = _scan_memo.get(memo_key)
@@ -299,7 +301,7 @@ def memoized(
 
 def memoize(
     memo_key: tuple[Any, ...], result: ScanResult | None, memo_dir: str | os.PathLike[str] | None,
-    scanner_id: bytes | None,
+    scanner_id: Callable[[], bytes | None],
 ) -> None:
     """Remember a fresh scan here and in ``memo_dir``; None (a racy scan) forgets ``memo_key`` instead."""
     if result is None:
@@ -313,16 +315,19 @@ def memoize(
 
 
 def _persisted(
-    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None, scanner_id: bytes | None
+    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None, scanner_id: Callable[[], bytes | None]
 ) -> tuple[scanmemo.ScanMemoStore, str] | None:
     """The store and file name ``memo_key`` persists under, or None (no ``memo_dir``, or no scanner id)."""
-    if memo_dir is None or scanner_id is None:
+    if memo_dir is None:
+        return None
+    code_id = scanner_id()
+    if code_id is None:
         return None
     key = os.fspath(memo_dir)
     store = _memo_stores.get(key)
     if store is None:
         store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
-    return store, scanmemo.memo_name(memo_key, scanner_id)
+    return store, scanmemo.memo_name(memo_key, code_id)
 
 
 def _unwatched_unchanged(watch: Subscription) -> bool:

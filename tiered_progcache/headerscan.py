@@ -709,8 +709,7 @@ def _scan(
         os.getcwd(),
         portable,
     )
-    scanner_id = _scanner_id() if memo_dir is not None else None
-    cached = memoized(memo_key, recheck_s, memo_dir, scanner_id)
+    cached = memoized(memo_key, recheck_s, memo_dir, _scanner_id)
     if cached is not None:
         return cached
 
@@ -745,7 +744,7 @@ def _scan(
         files, missing, scan.path_free, scan.declined,
     )
 
-    memoize(memo_key, None if scan.racy else result, memo_dir, scanner_id)
+    memoize(memo_key, None if scan.racy else result, memo_dir, _scanner_id)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
