@@ -15,7 +15,6 @@ fit in 1.1x of cuda-core's own read if the read itself is cheaper).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -38,7 +37,6 @@ _ENTRIES = "entries"
 _TMP = "tmp"
 _LOCKS = "locks"
 _HEADER_SCANS = "header-scans"
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 #: Whether :meth:`LocalDir.read_key` can mark an entry used through its descriptor
 #: (``utime`` on a file descriptor: Linux, macOS). Elsewhere the chain reads through cuda-core.
@@ -151,19 +149,10 @@ class LocalDir(EntryStore):
             except FileNotFoundError:
                 raise KeyError(name) from None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            fd, _ = fsutil.open_regular(path, self._max_entry_bytes)
         except FileNotFoundError:
             raise KeyError(name) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise EntryRejected("a symbolic link, not an entry (not followed)") from None
-            raise
         with open(fd, "rb") as fh:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise EntryRejected("not a regular file")
-            if st.st_size > self._max_entry_bytes:
-                raise EntryRejected(f"{st.st_size} bytes, over the {self._max_entry_bytes}-byte entry limit")
             data = fh.read(self._max_entry_bytes + 1)  # a file growing since the fstat stops at the cap
         if len(data) > self._max_entry_bytes:
             raise EntryRejected(f"over the {self._max_entry_bytes}-byte entry limit")
@@ -186,20 +175,11 @@ class LocalDir(EntryStore):
         digest = hashlib.sha256(key, usedforsecurity=False).hexdigest()
         path = self._entries_prefix + digest[:2] + os.sep + digest[2:]
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd, st = fsutil.open_regular(path, self._max_entry_bytes)
         except (FileNotFoundError, NotADirectoryError):
             raise KeyError(key) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise EntryRejected("a symbolic link, not an entry (not followed)") from None
-            raise
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise EntryRejected("not a regular file")
             size = st.st_size
-            if size > self._max_entry_bytes:
-                raise EntryRejected(f"{size} bytes, over the {self._max_entry_bytes}-byte entry limit")
             data = os.read(fd, size + 1)
             if len(data) != size:  # a short read (signal, odd filesystem) or a file growing since the fstat
                 data = _read_rest(fd, data, self._max_entry_bytes)

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import functools
 import logging
 import math
 import os
 import posixpath
-import stat
 import threading
 import time
 import uuid
@@ -600,7 +598,7 @@ class _Objects:
         a local path for a symbolic link or anything but a regular file, unread.
         """
         if self._local:
-            fd = _open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes))
+            fd, _ = fsutil.open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes), refuse=InvalidEnvelope)
             with open(fd, "rb", buffering=0) as fh:
                 return _read_capped(fh.read, stop, self._max_entry_bytes)
         fs = self._fs
@@ -695,32 +693,6 @@ class _Objects:
             return False
         self._fs.rm_file(path)
         return True
-
-
-def _open_regular(path: str, max_bytes: int) -> int:
-    """A read-only descriptor of ``path`` if it is a regular file of at most ``max_bytes``; else ``InvalidEnvelope``.
-
-    The last component is not followed (``O_NOFOLLOW``): a planted link to ``/dev/zero``
-    or a file outside the tree is refused, as is a FIFO or device (opened non-blocking,
-    so a FIFO cannot hang the open).
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InvalidEnvelope("a symbolic link, not an entry (not followed)") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidEnvelope("not a regular file")
-        if st.st_size > max_bytes:
-            raise InvalidEnvelope(f"object is {st.st_size} bytes, over the {max_bytes}-byte cap of an envelope")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _read_capped(read: Callable[[int], bytes], stop: threading.Event, max_entry_bytes: int) -> memoryview:
