@@ -25,7 +25,7 @@ def test_a_file_one_byte_over_the_cap_is_refused_and_its_descriptor_closed(tmp_p
     path = tmp_path / "f"
     path.write_bytes(b"12345")
     before = len(os.listdir("/proc/self/fd"))
-    with pytest.raises(EntryRejected, match="^5 bytes, over the 4-byte limit$"):
+    with pytest.raises(EntryRejected, match="5 bytes, over the 4-byte limit"):
         fsutil.open_regular(path, 4)
     assert len(os.listdir("/proc/self/fd")) == before
 
@@ -38,7 +38,7 @@ def test_a_symbolic_link_is_not_followed(tmp_path):
 
 def test_a_fifo_is_refused_without_blocking_the_open(tmp_path):
     os.mkfifo(tmp_path / "fifo")  # no writer: a blocking open would wait forever
-    with pytest.raises(EntryRejected, match="^not a regular file$"):
+    with pytest.raises(EntryRejected, match="not a regular file"):
         fsutil.open_regular(tmp_path / "fifo")
 
 
