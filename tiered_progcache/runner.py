@@ -25,7 +25,7 @@ connect in their constructor, gcsfs looks for credentials), so a remote that can
 even be constructed costs one deadline, not 30 s.
 
 Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
-loop and sessions (s3fs is not fork-safe). ``os.register_at_fork`` marks every runner;
+loop and sessions (s3fs is not fork-safe). the fork registry (:mod:`.forks`) marks every runner;
 in the child its thread pool starts empty and its filesystem is rebuilt on first use,
 a new instance outside fsspec's instance cache (a blocking filesystem handed in by the
 caller is kept: it holds no threads).
@@ -38,7 +38,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
-import os
 import queue
 import threading
 import time
@@ -46,6 +45,7 @@ import weakref
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
+from . import forks
 from .breaker import CircuitBreaker
 from .errors import EntryRejected
 from .latency import LatencyTracker
@@ -369,8 +369,7 @@ def _after_fork_in_child() -> None:
         runner._after_fork_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(_after_fork_in_child)
 
 
 class _DaemonThreads:
