@@ -28,7 +28,7 @@ from . import _cudacore, fsutil
 from .codeobject import check_code_object
 from .envelope import MAX_ENTRY_BYTES
 from .errors import EntryRejected
-from .store import STALE_STAGED_AGE_S, EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .store import STALE_STAGED_AGE_S, NodeDirStore, StoredEntry, check_entry_name, entry_name, is_entry_name
 
 # ``entry_name`` is re-exported for modules not yet moved to ``store.entry_name``.
 __all__ = ["KEYED_READS", "LocalDir", "default_local_dir", "entry_name"]
@@ -72,7 +72,7 @@ def default_local_dir() -> Path:
     return _cudacore.default_cache_dir()
 
 
-class LocalDir(EntryStore):
+class LocalDir(NodeDirStore):
     """A cache directory seen by entry name. Safe across threads and processes like cuda-core's tier.
 
     >>> local = LocalDir.of(FileStreamProgramCache("/var/cache/kernels"))
@@ -84,43 +84,23 @@ class LocalDir(EntryStore):
     """
 
     def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        self.root = Path(root)
+        super().__init__(root, max_entry_bytes=max_entry_bytes)
         self._entries_prefix = os.path.join(os.fspath(root), _ENTRIES) + os.sep
         #: Where the node-level single-flight lock files live (``<root>/locks``).
         self.locks_dir = self.root / _LOCKS
         #: Where ``compile()`` persists header scans for the next process (see ``scanmemo``).
         self.header_scans_dir = os.path.join(os.fspath(root), _HEADER_SCANS)
-        self._max_entry_bytes = max_entry_bytes
 
     @classmethod
     def of(cls, cache: FileStreamProgramCache) -> LocalDir:
         """The directory a cuda-core ``FileStreamProgramCache`` was opened on."""
         return cls(_cudacore.file_cache_root(cache))
 
-    def __repr__(self) -> str:
-        return f"LocalDir({str(self.root)!r})"
-
     # -- what the store is ------------------------------------------------------------
-
-    @property
-    def location(self) -> str:
-        return str(self.root)
-
-    @property
-    def read_only(self) -> bool:
-        return False
-
-    @property
-    def shared(self) -> bool:
-        return False
 
     @property
     def atomic_create(self) -> bool:
         return True  # stage, then link(2): atomic on local disks and NFS
-
-    @property
-    def max_entry_bytes(self) -> int:
-        return self._max_entry_bytes
 
     def path_for(self, name: str) -> Path:
         """The file entry ``name`` lives in (``ValueError`` unless ``name`` is an entry name)."""
