@@ -19,7 +19,6 @@ import contextlib
 import datetime
 import functools
 import logging
-import math
 import os
 import posixpath
 import threading
@@ -29,12 +28,10 @@ from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 from . import fsutil
-from .breaker import CircuitBreaker
 from .errors import RemoteURLError
 from .envelope import (
     HEADER_SIZE,
     MAX_ENTRY_BYTES,
-    EnvelopeCodec,
     InvalidEnvelope,
     first_read_bytes,
     joined_envelope,
@@ -49,13 +46,10 @@ from .store import (
     LeaseStore,
     StoredEntry,
     check_entry_name,
-    check_namespace,
     is_entry_name,
 )
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "DEFAULT_TRANSFER_CONCURRENCY",
     "MAX_LEASE_BYTES",
     "READ_CHUNK_BYTES",
     "RemoteLeases",
@@ -65,12 +59,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Seconds one remote request may take before it counts as a failure.
-DEFAULT_TIMEOUT_S = 5.0
-#: A listing reads the whole prefix page by page, so it gets at least this long.
-MIN_LIST_TIMEOUT_S = 120.0
-#: Requests in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
-DEFAULT_TRANSFER_CONCURRENCY = 64
 #: Bytes a blocking read takes at a time past its first request (and on a local path): the
 #: step between deadline checks. A read holds at most the length the header states.
 READ_CHUNK_BYTES = 1 << 20
@@ -107,41 +95,23 @@ class RemoteProgramCache(SharedEntryStore):
         root: str,
         *,
         url: str | None = None,
-        read_only: bool = False,
-        signing_key: bytes | str | None = None,
-        compression: str | None = None,
-        timeout: float | None = None,
         strict: bool = False,
         create_root: bool = True,
-        breaker: CircuitBreaker | None = None,
-        transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
-        max_entry_bytes: int = MAX_ENTRY_BYTES,
         factory: FilesystemFactory | None = None,
-        namespace: str = "entries",
+        **shared: Any,
     ) -> None:
+        """``shared`` goes to :class:`~tiered_progcache.sharedstore.SharedEntryStore` (read-only, key, deadline, cap...)."""
         if fs is None and factory is None:
             raise TypeError("RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)")
         fs_class = type(fs) if fs is not None else factory.cls
         self.root = root.rstrip("/")
         self.url = url if url is not None else f"{_protocol(fs_class)}://{self.root}"
-        self._location = without_password(self.url)
-        self._read_only = bool(read_only)
-        self.timeout = _check_timeout(timeout)
-        if not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
-            raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
-        self.transfer_concurrency = transfer_concurrency
-        self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
-        self._max_entry_bytes = max_entry_bytes
-        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"remote cache {self._location}")
-        self._runner = RequestRunner(
-            fs, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
-        )
+        super().__init__(fs, url=self.url, factory=factory, **shared)
         # Object stores (root_marker "") put whole objects atomically and have buckets.
         self._bucket_store = not fs_class.root_marker
         base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
-        self._namespace = check_namespace(namespace)
         self._entries = f"{base}/{self._namespace}"
-        self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=max_entry_bytes)
+        self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=self._max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
@@ -154,12 +124,6 @@ class RemoteProgramCache(SharedEntryStore):
         url: str,
         *,
         storage_options: Mapping[str, Any] | None = None,
-        read_only: bool = False,
-        signing_key: bytes | str | None = None,
-        compression: str | None = None,
-        timeout: float | None = None,
-        strict: bool = False,
-        create_root: bool = True,
         **options: Any,
     ) -> RemoteProgramCache:
         """Build the tier from a URL and fsspec ``storage_options``.
@@ -176,8 +140,9 @@ class RemoteProgramCache(SharedEntryStore):
         ``create_root=False`` a missing ``file://`` root counts as missing, like a bucket:
         what the ``create_remote_root`` setting (default off) passes, so a mistyped
         flag or an NFS mount that is not there never fills the local disk. A write never
-        recreates a ``file://`` root that went away. ``options`` go to :class:`RemoteProgramCache` (``breaker``,
-        ``transfer_concurrency``, ``max_entry_bytes``).
+        recreates a ``file://`` root that went away. ``options`` go to :class:`RemoteProgramCache`
+        (``strict``, ``create_root``) and the shared store (``read_only``, ``signing_key``, ``compression``,
+        ``timeout``, ``breaker``, ``transfer_concurrency``, ``max_entry_bytes``, ``namespace``).
 
         The filesystem is built through the tier's request runner, under ``timeout``:
         one whose constructor connects (ftp://, sftp) or looks for credentials (gs://)
@@ -191,19 +156,7 @@ class RemoteProgramCache(SharedEntryStore):
             raise TypeError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
         check_url(url)
         fs, root, factory = _plan_filesystem(url, dict(storage_options))
-        return cls(
-            fs,
-            root,
-            factory=factory,
-            url=url.rstrip("/"),
-            read_only=read_only,
-            signing_key=signing_key,
-            compression=compression,
-            timeout=timeout,
-            strict=strict,
-            create_root=create_root,
-            **options,
-        )
+        return cls(fs, root, factory=factory, url=url.rstrip("/"), **options)
 
     def __repr__(self) -> str:
         return (
@@ -217,11 +170,6 @@ class RemoteProgramCache(SharedEntryStore):
     def fs(self) -> Any:
         """The fsspec filesystem (built on first use, and again in a forked child; see :mod:`.runner`)."""
         return self._runner.fs
-
-    @property
-    def namespace(self) -> str:
-        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
-        return self._namespace
 
     @property
     def atomic_create(self) -> bool:
@@ -272,10 +220,6 @@ class RemoteProgramCache(SharedEntryStore):
             if len(shard) != 2 or "/" in rest or not is_entry_name(name):
                 continue
             yield StoredEntry(name, int(info.get("size") or 0), _mtime_of(info), version=_version_of(info))
-
-    def read_entry(self, name: str) -> bytes:
-        """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
-        return self._codec.open(name, self._read_envelope(name))
 
     def write_entry(self, name: str, payload: bytes) -> None:
         """Seal ``payload`` and store it under ``name``, replacing whatever was there."""
@@ -348,25 +292,6 @@ class RemoteProgramCache(SharedEntryStore):
         results = self._runner.call_many("batched write", self._objects.put, self._objects.put_async_or_none, calls)
         return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
 
-    @property
-    def transfer_batch(self) -> int:
-        """Entries per bulk request batch: ``transfer_concurrency``."""
-        return self.transfer_concurrency
-
-    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
-        """Verified payloads of ``names``, fetched side by side under one deadline (``KeyError`` per absent one)."""
-        results: dict[str, bytes | Exception] = {}
-        for name, fetched in self.read_envelopes(list(names)).items():
-            try:
-                if isinstance(fetched, FileNotFoundError):
-                    raise KeyError(name)
-                if isinstance(fetched, BaseException):
-                    raise fetched
-                results[name] = self._codec.open(name, fetched)
-            except Exception as exc:
-                results[name] = exc
-        return results
-
     def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
         """Seal and store payloads side by side under one deadline: ``None`` per success, else the exception."""
         self._require_writable("write")
@@ -375,17 +300,16 @@ class RemoteProgramCache(SharedEntryStore):
 
     # -- internals ---------------------------------------------------------------------
 
-    @property
-    def _list_timeout(self) -> float:
-        return max(self.timeout, MIN_LIST_TIMEOUT_S)
-
-    def _read_envelope(self, name: str) -> bytes | memoryview:
+    def _fetch_envelope(self, name: str) -> bytes | memoryview | None:
         path = self.path_for(name)
         objects = self._objects
         try:
             return self._runner.call("read", objects.read_envelope, objects.read_envelope_async_or_none, path, stoppable=True)
         except FileNotFoundError:
-            raise KeyError(name) from None
+            return None
+
+    def _fetch_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
+        return self.read_envelopes(names)
 
     def _check_reachable(self, strict: bool) -> None:
         """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
@@ -806,16 +730,6 @@ def check_url(url: str) -> None:
     for scheme in [*outer, last.split("://", 1)[0]]:
         if scheme not in known:
             raise RemoteURLError(f"unknown URL scheme {scheme!r} in {shown!r} (fsspec knows e.g. s3, gs, file, memory)")
-
-
-def _check_timeout(timeout: float | None) -> float:
-    if timeout is None:
-        return DEFAULT_TIMEOUT_S
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
-    if not 0 < timeout < math.inf:
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:
