@@ -224,14 +224,8 @@ class LocalDir(NodeDirStore):
 
     def delete_listed(self, entry: StoredEntry) -> bool:
         """Unlink ``entry`` unless a writer replaced it since it was listed (cuda-core's stat guard)."""
-        path = self.path_for(entry.name)
-        try:
-            if _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != entry.version:
-                return False
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        return True
+        # A hand-made entry without a version is never deleted here: only what a listing saw.
+        return entry.version is not None and self._unlink_if_listed_as(self.path_for(entry.name), entry.version)
 
     def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
         """Remove files in ``tmp/`` that writers (ours or cuda-core's) staged over ``older_than`` seconds ago.

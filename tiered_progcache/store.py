@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import _cudacore
 from .envelope import MAX_ENTRY_BYTES
 
 __all__ = [
@@ -283,6 +284,18 @@ class NodeDirStore(EntryStore):
     @property
     def max_entry_bytes(self) -> int:
         return self._max_entry_bytes
+
+    @staticmethod
+    def _unlink_if_listed_as(path: str | os.PathLike[str], version: Any) -> bool:
+        """Unlink ``path`` unless a writer replaced it since it was listed with stat identity ``version``
+        (cuda-core's guard; None: unguarded). False if it was replaced or is gone."""
+        try:
+            if version is not None and _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != version:
+                return False
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
 
 
 class LeaseStore(abc.ABC):

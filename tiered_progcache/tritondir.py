@@ -178,14 +178,7 @@ class TritonDir(NodeDirStore):
             which = self._find(entry.name)
         except KeyError:
             return False
-        path = self.root / which.key / which.file
-        try:
-            if entry.version is not None and _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != entry.version:
-                return False
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        return True
+        return self._unlink_if_listed_as(self.root / which.key / which.file, entry.version)
 
     def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
         """Remove staging directories (Triton's ``tmp.pid_*``, ours) left over ``older_than`` seconds ago; the count."""
