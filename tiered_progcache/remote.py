@@ -10,7 +10,9 @@ Cluster leases live beside them, at ``<url>/leases/<name>`` (:class:`RemoteLease
 This tier *raises* on every kind of trouble (``KeyError`` on a miss, ``EntryRejected``
 for a bad entry, ``TimeoutError``, ``TierUnavailable`` while the breaker is open,
 ``OSError``); the chain (:mod:`tiered_progcache.tier`) turns each into a counted miss.
-Every request goes through the tier's one :class:`~tiered_progcache.runner.RequestRunner`.
+Every request goes through the tier's one :class:`~tiered_progcache.runner.RequestRunner`,
+and each is written once, as a coroutine (:class:`_Objects`), whether the filesystem is
+async (s3fs, gcsfs) or blocking (file://, memory://).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ connect in their constructor, gcsfs looks for credentials), so a remote that can
 even be constructed costs one deadline, not 30 s.
 
 Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
-loop and sessions (s3fs is not fork-safe). the fork registry (:mod:`.forks`) marks every runner;
+loop and sessions (s3fs is not fork-safe). The fork registry (:mod:`.forks`) marks every runner;
 in the child its thread pool starts empty and its filesystem is rebuilt on first use,
 a new instance outside fsspec's instance cache (a blocking filesystem handed in by the
 caller is kept: it holds no threads).
