@@ -52,3 +52,10 @@ def test_the_base_keeps_what_it_was_given():
     remote = _remote(read_only=False, transfer_concurrency=3, max_entry_bytes=1 << 20, namespace="triton")
     assert (remote.transfer_batch, remote.max_entry_bytes, remote.namespace, remote.read_only) == (3, 1 << 20, "triton", False)
     assert remote.breaker.name == f"remote cache {remote.location}"
+
+
+def test_the_default_transfer_batch_is_the_transfer_concurrency_rows_default(monkeypatch):
+    assert _remote().transfer_batch == settings.by_name()["transfer_concurrency"].default == 64
+    rows = [dataclasses.replace(row, default=9) if row.name == "transfer_concurrency" else row for row in settings.SETTINGS]
+    monkeypatch.setattr(settings, "SETTINGS", rows)
+    assert _remote().transfer_batch == 9

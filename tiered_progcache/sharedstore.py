@@ -24,10 +24,8 @@ from .redact import mask_url
 from .runner import FilesystemFactory, RequestRunner
 from .store import EntryStore, check_namespace, entry_name
 
-__all__ = ["DEFAULT_TRANSFER_CONCURRENCY", "MIN_LIST_TIMEOUT_S", "SharedEntryStore", "checked_seconds", "without_password"]
+__all__ = ["MIN_LIST_TIMEOUT_S", "SharedEntryStore", "checked_seconds", "without_password"]
 
-#: Requests (or entries per pipeline) in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
-DEFAULT_TRANSFER_CONCURRENCY = 64
 #: A listing reads the whole prefix (or keyspace) page by page, so it gets at least this long.
 MIN_LIST_TIMEOUT_S = 120.0
 
@@ -68,16 +66,20 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         compression: str | None = None,
         timeout: float | None = None,
         breaker: CircuitBreaker | None = None,
-        transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
+        transfer_concurrency: int | None = None,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         namespace: str = "entries",
         factory: FilesystemFactory | None = None,
     ) -> None:
         """``timeout``: seconds per request, None for the ``remote_timeout`` setting's default; listings get
-        at least ``MIN_LIST_TIMEOUT_S``. ``breaker``: shared with other stores, or one of its own."""
+        at least ``MIN_LIST_TIMEOUT_S``. ``transfer_concurrency``: requests (Redis: entries per pipeline) in
+        flight at once during a bulk transfer, None for the setting's default. ``breaker``: shared with
+        other stores, or one of its own."""
         self._location = without_password(url)
         self._read_only = bool(read_only)
         self.timeout: float = checked_seconds("remote_timeout", "timeout", timeout)  # type: ignore[assignment]
+        if transfer_concurrency is None:
+            transfer_concurrency = settings.by_name()["transfer_concurrency"].default
         if isinstance(transfer_concurrency, bool) or not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
             raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
         self.transfer_concurrency = transfer_concurrency
