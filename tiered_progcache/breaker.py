@@ -12,12 +12,12 @@ bookkeeping around it live in :mod:`tiered_progcache.runner`.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
 from typing import Callable
 
+from . import forks
 from .errors import TierUnavailable, one_line
 
 __all__ = [
@@ -139,5 +139,4 @@ def _after_fork_in_child() -> None:
         breaker._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(_after_fork_in_child)

@@ -470,9 +470,7 @@ def _describe(field: str, value: Any) -> str:
         if field == "remote":
             return "none (local only)"
         if field == "remote_timeout":
-            from .remote import DEFAULT_TIMEOUT_S
-
-            return f"{DEFAULT_TIMEOUT_S:g} s (the remote tier's default)"
+            return f"{settings.DEFAULT_REMOTE_TIMEOUT_S:g} s (the remote tier's default)"
         return "-"
     if field.endswith("_bytes") and isinstance(value, int):
         return f"{value} ({format_size(value)})"

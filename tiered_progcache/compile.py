@@ -36,6 +36,7 @@ from typing import Any, Callable
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
+from . import forks
 from .flightpolicy import compile_size, compile_times
 from .hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
@@ -250,8 +251,7 @@ def _forget_default_after_fork() -> None:
     _default = None  # the parent's write-back threads do not exist here
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_default_after_fork)
+forks.register(_forget_default_after_fork)
 
 
 # -- the helper ------------------------------------------------------------------------------------

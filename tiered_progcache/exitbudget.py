@@ -18,11 +18,11 @@ starts with no exit begun.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable
 
+from . import forks
 from .settings import DEFAULT_EXIT_TIMEOUT_S
 
 __all__ = ["POLL_S", "PROCESS", "TEARDOWN_RESERVE_S", "ExitBudget"]
@@ -105,4 +105,4 @@ class ExitBudget:
 #: The process's exit budget: the write-back's exit flush and the lease release share it.
 PROCESS = ExitBudget()
 
-os.register_at_fork(after_in_child=PROCESS._after_fork_in_child)
+forks.register(PROCESS._after_fork_in_child)

@@ -2,8 +2,9 @@
 
 One place for the primitives the package uses on POSIX paths: replace a file
 atomically (stage in a private directory on the same filesystem, then ``os.replace``),
-create a file only if absent (stage, then ``link(2)``, atomic on NFS too), and make
-directories with explicit modes that never follow a planted symbolic link.
+create a file only if absent (stage, then ``link(2)``, atomic on NFS too), make
+directories with explicit modes that never follow a planted symbolic link, and open a
+file for reading only if it is a regular file within a byte cap (:func:`open_regular`).
 
 Modes: staging directories are ``0o700`` (no one else can read or swap a file being
 written); every other directory is created ``0o775`` less the umask, so never
@@ -14,16 +15,59 @@ design) keeps group write under ``umask 002``. Existing directories are left as 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
+from typing import Callable
 
-__all__ = ["DIR_MODE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "write_atomic"]
+from .errors import EntryRejected
+
+__all__ = ["DIR_MODE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "open_regular", "write_atomic"]
 
 #: Mode of the directories we create (before the umask; never world-writable).
 DIR_MODE = 0o775
 #: Mode of staging directories (``tmp/``).
 STAGING_DIR_MODE = 0o700
+
+# Read-only, the last component never followed, non-blocking (a FIFO cannot hang the open;
+# no effect on a regular file's reads), closed across exec.
+_READ_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def open_regular(
+    path: str | os.PathLike[str],
+    max_bytes: int | None = None,
+    *,
+    refuse: Callable[[str], BaseException] = EntryRejected,
+) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat``, if it is a regular file of at most ``max_bytes``.
+
+    The one safe open of a file that something else may have planted: a symbolic link
+    (to ``/dev/zero``, or outside the tree) is not followed, a FIFO or device is refused
+    without blocking, and a file stated over ``max_bytes`` is refused unread. Each
+    refusal raises ``refuse(reason)`` (default :class:`~tiered_progcache.errors.EntryRejected`);
+    a missing file raises ``FileNotFoundError`` as ``os.open`` does. The caller closes the
+    descriptor; what it reads past the ``fstat`` is still its to bound (a file may grow).
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise refuse("a symbolic link, not an entry (not followed)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse("not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise refuse(f"{st.st_size} bytes, over the {max_bytes}-byte limit")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE, *, below: str | os.PathLike[str] | None = None) -> None:

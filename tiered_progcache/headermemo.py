@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, Union
 
-from . import headerwatch, scanmemo
+from . import forks, headerwatch, scanmemo
 from .headerwatch import Subscription
 
 __all__ = [
@@ -404,8 +404,7 @@ def _new_lock_after_fork() -> None:
     _memo_lock = threading.Lock()  # another thread may have held it at the fork
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
+forks.register(_new_lock_after_fork)
 
 
 def validation_counts() -> ValidationCounts:

@@ -45,7 +45,7 @@ Linux, ``inotify_init`` refused (``EMFILE``), the watch limit reached (``ENOSPC`
 what cannot be watched is re-statted on every call instead, and the reason is logged once.
 
 Fork: a child must not read the parent's inotify descriptor (it shares the queue, and
-would steal the parent's events). ``os.register_at_fork`` drops the watcher in the child;
+would steal the parent's events). A reset in :mod:`.forks` drops the watcher in the child;
 its subscriptions turn invalid, so the child's memo falls back to stat validation and is
 watched again by a watcher of its own.
 
@@ -78,6 +78,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from . import forks
 from .ratelimit import log_once
 
 try:
@@ -756,5 +757,4 @@ def _forget_after_fork() -> None:
         previous._abandon_after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+forks.register(_forget_after_fork)

@@ -15,7 +15,6 @@ fit in 1.1x of cuda-core's own read if the read itself is cheaper).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -29,7 +28,7 @@ from . import _cudacore, fsutil
 from .codeobject import check_code_object
 from .envelope import MAX_ENTRY_BYTES
 from .errors import EntryRejected
-from .store import STALE_STAGED_AGE_S, EntryStore, StoredEntry, check_entry_name, entry_name, is_entry_name
+from .store import STALE_STAGED_AGE_S, NodeDirStore, StoredEntry, check_entry_name, entry_name, is_entry_name
 
 # ``entry_name`` is re-exported for modules not yet moved to ``store.entry_name``.
 __all__ = ["KEYED_READS", "LocalDir", "default_local_dir", "entry_name"]
@@ -38,7 +37,6 @@ _ENTRIES = "entries"
 _TMP = "tmp"
 _LOCKS = "locks"
 _HEADER_SCANS = "header-scans"
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 #: Whether :meth:`LocalDir.read_key` can mark an entry used through its descriptor
 #: (``utime`` on a file descriptor: Linux, macOS). Elsewhere the chain reads through cuda-core.
@@ -74,7 +72,7 @@ def default_local_dir() -> Path:
     return _cudacore.default_cache_dir()
 
 
-class LocalDir(EntryStore):
+class LocalDir(NodeDirStore):
     """A cache directory seen by entry name. Safe across threads and processes like cuda-core's tier.
 
     >>> local = LocalDir.of(FileStreamProgramCache("/var/cache/kernels"))
@@ -86,43 +84,23 @@ class LocalDir(EntryStore):
     """
 
     def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        self.root = Path(root)
+        super().__init__(root, max_entry_bytes=max_entry_bytes)
         self._entries_prefix = os.path.join(os.fspath(root), _ENTRIES) + os.sep
         #: Where the node-level single-flight lock files live (``<root>/locks``).
         self.locks_dir = self.root / _LOCKS
         #: Where ``compile()`` persists header scans for the next process (see ``scanmemo``).
         self.header_scans_dir = os.path.join(os.fspath(root), _HEADER_SCANS)
-        self._max_entry_bytes = max_entry_bytes
 
     @classmethod
     def of(cls, cache: FileStreamProgramCache) -> LocalDir:
         """The directory a cuda-core ``FileStreamProgramCache`` was opened on."""
         return cls(_cudacore.file_cache_root(cache))
 
-    def __repr__(self) -> str:
-        return f"LocalDir({str(self.root)!r})"
-
     # -- what the store is ------------------------------------------------------------
-
-    @property
-    def location(self) -> str:
-        return str(self.root)
-
-    @property
-    def read_only(self) -> bool:
-        return False
-
-    @property
-    def shared(self) -> bool:
-        return False
 
     @property
     def atomic_create(self) -> bool:
         return True  # stage, then link(2): atomic on local disks and NFS
-
-    @property
-    def max_entry_bytes(self) -> int:
-        return self._max_entry_bytes
 
     def path_for(self, name: str) -> Path:
         """The file entry ``name`` lives in (``ValueError`` unless ``name`` is an entry name)."""
@@ -151,19 +129,10 @@ class LocalDir(EntryStore):
             except FileNotFoundError:
                 raise KeyError(name) from None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            fd, _ = fsutil.open_regular(path, self._max_entry_bytes)
         except FileNotFoundError:
             raise KeyError(name) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise EntryRejected("a symbolic link, not an entry (not followed)") from None
-            raise
         with open(fd, "rb") as fh:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise EntryRejected("not a regular file")
-            if st.st_size > self._max_entry_bytes:
-                raise EntryRejected(f"{st.st_size} bytes, over the {self._max_entry_bytes}-byte entry limit")
             data = fh.read(self._max_entry_bytes + 1)  # a file growing since the fstat stops at the cap
         if len(data) > self._max_entry_bytes:
             raise EntryRejected(f"over the {self._max_entry_bytes}-byte entry limit")
@@ -186,20 +155,11 @@ class LocalDir(EntryStore):
         digest = hashlib.sha256(key, usedforsecurity=False).hexdigest()
         path = self._entries_prefix + digest[:2] + os.sep + digest[2:]
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd, st = fsutil.open_regular(path, self._max_entry_bytes)
         except (FileNotFoundError, NotADirectoryError):
             raise KeyError(key) from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise EntryRejected("a symbolic link, not an entry (not followed)") from None
-            raise
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise EntryRejected("not a regular file")
             size = st.st_size
-            if size > self._max_entry_bytes:
-                raise EntryRejected(f"{size} bytes, over the {self._max_entry_bytes}-byte entry limit")
             data = os.read(fd, size + 1)
             if len(data) != size:  # a short read (signal, odd filesystem) or a file growing since the fstat
                 data = _read_rest(fd, data, self._max_entry_bytes)
@@ -264,14 +224,8 @@ class LocalDir(EntryStore):
 
     def delete_listed(self, entry: StoredEntry) -> bool:
         """Unlink ``entry`` unless a writer replaced it since it was listed (cuda-core's stat guard)."""
-        path = self.path_for(entry.name)
-        try:
-            if _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != entry.version:
-                return False
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        return True
+        # A hand-made entry without a version is never deleted here: only what a listing saw.
+        return entry.version is not None and self._unlink_if_listed_as(self.path_for(entry.name), entry.version)
 
     def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
         """Remove files in ``tmp/`` that writers (ours or cuda-core's) staged over ``older_than`` seconds ago.

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from . import forks
 from .fsutil import make_dirs
 from .ratelimit import log_once
 
@@ -135,8 +136,7 @@ def _forget_flights_after_fork() -> None:
         flights._forget_after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_flights_after_fork)
+forks.register(_forget_flights_after_fork)
 
 
 @dataclasses.dataclass
@@ -170,8 +170,7 @@ def _drop_lock_fds_after_fork() -> None:
     _held_fds.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_lock_fds_after_fork)
+forks.register(_drop_lock_fds_after_fork)
 
 
 @contextlib.contextmanager

@@ -33,19 +33,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from .breaker import CircuitBreaker
 from .envelope import (
     HEADER_SIZE,
-    MAX_ENTRY_BYTES,
-    EnvelopeCodec,
     InvalidEnvelope,
     first_read_bytes,
     joined_envelope,
     rest_to_read,
 )
-from .runner import RequestRunner
-from .sharedstore import SharedEntryStore, without_password
-from .store import LeaseStore, StoredEntry, check_entry_name, check_namespace, is_entry_name
+from .sharedstore import SharedEntryStore, checked_seconds, without_password
+from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
 
 __all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
 
@@ -57,14 +53,8 @@ T = TypeVar("T")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: Key prefix when the URL gives none.
 DEFAULT_PREFIX = "tiered-progcache"
-#: Seconds one request may take when no timeout is given (the fsspec remote's default too).
-DEFAULT_TIMEOUT_S = 5.0
-#: A listing (SCAN) walks the whole keyspace, so it gets at least this long.
-MIN_LIST_TIMEOUT_S = 120.0
 #: Keys per SCAN step, per STRLEN pipeline and per DEL.
 _BATCH = 1000
-#: Entries moved per request by warm/push (one pipeline each).
-DEFAULT_TRANSFER_CONCURRENCY = 64
 # A signed envelope carries an HMAC-SHA256 between header and body; the body is never
 # larger than the payload (zstd output is kept only when smaller).
 _MAC_SIZE = hashlib.sha256().digest_size
@@ -141,80 +131,44 @@ class RedisProgramCache(SharedEntryStore):
         *,
         url: str,
         prefix: str = DEFAULT_PREFIX,
-        read_only: bool = False,
-        signing_key: bytes | str | None = None,
-        compression: str | None = None,
-        timeout: float | None = None,
         strict: bool = False,
         expire_s: float | None = None,
-        breaker: CircuitBreaker | None = None,
-        transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
-        max_entry_bytes: int = MAX_ENTRY_BYTES,
-        namespace: str = "entries",
+        **shared: Any,
     ) -> None:
+        """See :meth:`from_url`; the shared store's options (``shared``) are :class:`~.sharedstore.SharedEntryStore`'s."""
         self._redis = _redis()
-        self._namespace = check_namespace(namespace)
         self.client = client
-        self._location = without_password(url)
         self._prefix = prefix
-        self._read_only = bool(read_only)
-        self.timeout = _check_seconds("timeout", timeout, DEFAULT_TIMEOUT_S)
-        self.expire_s = None if expire_s is None else _check_seconds("expire_s", expire_s, None)
+        self.expire_s = checked_seconds("redis_expire_s", "expire_s", expire_s)
         self._px = None if self.expire_s is None else max(1, math.ceil(self.expire_s * 1000))
-        if isinstance(transfer_concurrency, bool) or not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
-            raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
-        self.transfer_concurrency = transfer_concurrency
-        self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
-        self._max_entry_bytes = max_entry_bytes
+        super().__init__(client, url=url, **shared)
         # The largest value a reader pulls (a bigger one is refused, unread past it), and
         # how much a lookup's one GETRANGE asks for.
-        self._max_value_bytes = HEADER_SIZE + _MAC_SIZE + max_entry_bytes
-        self._first_read = first_read_bytes(max_entry_bytes)
-        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"redis cache {self._location}")
-        self._runner = RequestRunner(client, timeout=self.timeout, breaker=self._breaker, name=self._location)
+        self._max_value_bytes = HEADER_SIZE + _MAC_SIZE + self._max_entry_bytes
+        self._first_read = first_read_bytes(self._max_entry_bytes)
         self._leases = None if self._read_only else RedisLeases(self, f"{prefix}:leases:")
         self._check_reachable(strict)
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        read_only: bool = False,
-        signing_key: bytes | str | None = None,
-        compression: str | None = None,
-        timeout: float | None = None,
-        strict: bool = False,
-        expire_s: float | None = None,
-        **options: Any,
-    ) -> RedisProgramCache:
+    def from_url(cls, url: str, *, timeout: float | None = None, **options: Any) -> RedisProgramCache:
         """Build the tier from a ``redis://``, ``rediss://`` or ``unix://`` URL.
 
-        ``timeout`` (default 5 s) bounds every request, and is redis-py's socket and
-        connect timeout too. A bad URL, timeout or expiry raises ``ValueError``/``TypeError``
+        ``timeout`` (default: the ``remote_timeout`` setting's, 5 s) bounds every request, and
+        is redis-py's socket and connect timeout too. A bad URL, timeout or expiry raises ``ValueError``/``TypeError``
         at once; a missing redis-py raises ``ImportError`` naming the extra. An unreachable
         server raises only with ``strict=True``; otherwise a warning and an open breaker
         (the chain runs without this tier until a probe succeeds). ``options`` go to
-        :class:`RedisProgramCache` (``breaker``, ``transfer_concurrency``, ``max_entry_bytes``).
+        :class:`RedisProgramCache` (``prefix`` comes from the URL; ``strict``, ``expire_s``) and the shared store
+        (``read_only``, ``signing_key``, ``compression``, ``breaker``, ``transfer_concurrency``,
+        ``max_entry_bytes``, ``namespace``).
         """
         if not isinstance(url, str):
             raise TypeError(f"Redis URL must be a str, got {type(url).__name__}")
         client_url, prefix = _split_url(url)
         redis = _redis()
-        limit = _check_seconds("timeout", timeout, DEFAULT_TIMEOUT_S)
+        limit = checked_seconds("remote_timeout", "timeout", timeout)
         client = redis.Redis.from_url(client_url, socket_timeout=limit, socket_connect_timeout=limit)
-        return cls(
-            client,
-            url=url,
-            prefix=prefix,
-            read_only=read_only,
-            signing_key=signing_key,
-            compression=compression,
-            timeout=limit,
-            strict=strict,
-            expire_s=expire_s,
-            **options,
-        )
+        return cls(client, url=url, prefix=prefix, timeout=limit, **options)
 
     def __repr__(self) -> str:
         return (
@@ -228,11 +182,6 @@ class RedisProgramCache(SharedEntryStore):
     @property
     def prefix(self) -> str:
         return self._prefix
-
-    @property
-    def namespace(self) -> str:
-        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
-        return self._namespace
 
     @property
     def atomic_create(self) -> bool:
@@ -252,16 +201,6 @@ class RedisProgramCache(SharedEntryStore):
         self.client.connection_pool.disconnect(inuse_connections=False)
 
     # -- by entry name ---------------------------------------------------------------
-
-    def read_entry(self, name: str) -> bytes:
-        """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
-        key = self.key_for(name)
-        value = self._call("read", self._read_value, key)
-        if value is None:
-            raise KeyError(name)
-        if isinstance(value, InvalidEnvelope):
-            raise value
-        return self._codec.open(name, value)
 
     def verify_entry(self, name: str) -> str | None:
         """``None`` if entry ``name`` verifies, else a one-line reason; an empty value or one over the cap is named as such.
@@ -327,32 +266,6 @@ class RedisProgramCache(SharedEntryStore):
             if cursor == 0:
                 return
 
-    @property
-    def transfer_batch(self) -> int:
-        """Entries per pipeline in a bulk transfer: ``transfer_concurrency``."""
-        return self.transfer_concurrency
-
-    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
-        """Verified payloads of ``names`` from one pipeline (``KeyError``/``EntryRejected``/... per failed one)."""
-        if not names:
-            return {}
-        keys = [self.key_for(name) for name in names]
-        try:
-            values = self._call("batched read", self._read_values, keys, timeout=self._runner.batch_timeout(len(keys)))
-        except Exception as exc:
-            return dict.fromkeys(names, exc)
-        results: dict[str, bytes | Exception] = {}
-        for name, value in zip(names, values):
-            try:
-                if value is None:
-                    raise KeyError(name)
-                if isinstance(value, InvalidEnvelope):
-                    raise value
-                results[name] = self._codec.open(name, value)
-            except Exception as exc:
-                results[name] = exc
-        return results
-
     def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
         """Seal and ``SET`` many payloads in one pipeline: ``None`` per success, else the exception."""
         self._require_writable("write")
@@ -371,9 +284,19 @@ class RedisProgramCache(SharedEntryStore):
 
     # -- internals: one request each, run through the runner --------------------------------
 
-    @property
-    def _list_timeout(self) -> float:
-        return max(self.timeout, MIN_LIST_TIMEOUT_S)
+    def _fetch_envelope(self, name: str) -> bytes | InvalidEnvelope | None:
+        return self._call("read", self._read_value, self.key_for(name))
+
+    def _fetch_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException | None]:
+        """One pipeline (a whole failed batch gives every name its exception)."""
+        if not names:
+            return {}
+        keys = [self.key_for(name) for name in names]
+        try:
+            values = self._call("batched read", self._read_values, keys, timeout=self._runner.batch_timeout(len(keys)))
+        except Exception as exc:
+            return dict.fromkeys(names, exc)
+        return dict(zip(names, values))
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """``fn(*args)`` through the runner, with redis-py's errors as the builtin ones the chain counts."""
@@ -534,14 +457,3 @@ def _px(ttl_s: float) -> int:
     if not ttl_s > 0 or not math.isfinite(ttl_s):
         raise ValueError(f"lease ttl_s must be a positive, finite number of seconds, got {ttl_s!r}")
     return max(1, math.ceil(ttl_s * 1000))
-
-
-def _check_seconds(what: str, value: Any, default: float | None) -> float:
-    if value is None:
-        assert default is not None
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds or None, got {type(value).__name__}")
-    if not 0 < value < math.inf:
-        raise ValueError(f"{what} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)

@@ -10,33 +10,29 @@ Cluster leases live beside them, at ``<url>/leases/<name>`` (:class:`RemoteLease
 This tier *raises* on every kind of trouble (``KeyError`` on a miss, ``EntryRejected``
 for a bad entry, ``TimeoutError``, ``TierUnavailable`` while the breaker is open,
 ``OSError``); the chain (:mod:`tiered_progcache.tier`) turns each into a counted miss.
-Every request goes through the tier's one :class:`~tiered_progcache.runner.RequestRunner`.
+Every request goes through the tier's one :class:`~tiered_progcache.runner.RequestRunner`,
+and each is written once, as a coroutine (:class:`_Objects`), whether the filesystem is
+async (s3fs, gcsfs) or blocking (file://, memory://).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
-import functools
 import logging
-import math
 import os
 import posixpath
-import stat
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 from . import fsutil
-from .breaker import CircuitBreaker
 from .errors import RemoteURLError
 from .envelope import (
     HEADER_SIZE,
     MAX_ENTRY_BYTES,
-    EnvelopeCodec,
     InvalidEnvelope,
     first_read_bytes,
     joined_envelope,
@@ -51,13 +47,10 @@ from .store import (
     LeaseStore,
     StoredEntry,
     check_entry_name,
-    check_namespace,
     is_entry_name,
 )
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
-    "DEFAULT_TRANSFER_CONCURRENCY",
     "MAX_LEASE_BYTES",
     "READ_CHUNK_BYTES",
     "RemoteLeases",
@@ -67,12 +60,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Seconds one remote request may take before it counts as a failure.
-DEFAULT_TIMEOUT_S = 5.0
-#: A listing reads the whole prefix page by page, so it gets at least this long.
-MIN_LIST_TIMEOUT_S = 120.0
-#: Requests in flight at once during a bulk transfer (:mod:`tiered_progcache.transfer`).
-DEFAULT_TRANSFER_CONCURRENCY = 64
 #: Bytes a blocking read takes at a time past its first request (and on a local path): the
 #: step between deadline checks. A read holds at most the length the header states.
 READ_CHUNK_BYTES = 1 << 20
@@ -109,41 +96,23 @@ class RemoteProgramCache(SharedEntryStore):
         root: str,
         *,
         url: str | None = None,
-        read_only: bool = False,
-        signing_key: bytes | str | None = None,
-        compression: str | None = None,
-        timeout: float | None = None,
         strict: bool = False,
         create_root: bool = True,
-        breaker: CircuitBreaker | None = None,
-        transfer_concurrency: int = DEFAULT_TRANSFER_CONCURRENCY,
-        max_entry_bytes: int = MAX_ENTRY_BYTES,
         factory: FilesystemFactory | None = None,
-        namespace: str = "entries",
+        **shared: Any,
     ) -> None:
+        """``shared`` goes to :class:`~tiered_progcache.sharedstore.SharedEntryStore` (read-only, key, deadline, cap...)."""
         if fs is None and factory is None:
             raise TypeError("RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)")
         fs_class = type(fs) if fs is not None else factory.cls
         self.root = root.rstrip("/")
         self.url = url if url is not None else f"{_protocol(fs_class)}://{self.root}"
-        self._location = without_password(self.url)
-        self._read_only = bool(read_only)
-        self.timeout = _check_timeout(timeout)
-        if not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
-            raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
-        self.transfer_concurrency = transfer_concurrency
-        self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
-        self._max_entry_bytes = max_entry_bytes
-        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"remote cache {self._location}")
-        self._runner = RequestRunner(
-            fs, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
-        )
+        super().__init__(fs, url=self.url, factory=factory, **shared)
         # Object stores (root_marker "") put whole objects atomically and have buckets.
         self._bucket_store = not fs_class.root_marker
         base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
-        self._namespace = check_namespace(namespace)
         self._entries = f"{base}/{self._namespace}"
-        self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=max_entry_bytes)
+        self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=self._max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
@@ -156,12 +125,6 @@ class RemoteProgramCache(SharedEntryStore):
         url: str,
         *,
         storage_options: Mapping[str, Any] | None = None,
-        read_only: bool = False,
-        signing_key: bytes | str | None = None,
-        compression: str | None = None,
-        timeout: float | None = None,
-        strict: bool = False,
-        create_root: bool = True,
         **options: Any,
     ) -> RemoteProgramCache:
         """Build the tier from a URL and fsspec ``storage_options``.
@@ -178,8 +141,9 @@ class RemoteProgramCache(SharedEntryStore):
         ``create_root=False`` a missing ``file://`` root counts as missing, like a bucket:
         what the ``create_remote_root`` setting (default off) passes, so a mistyped
         flag or an NFS mount that is not there never fills the local disk. A write never
-        recreates a ``file://`` root that went away. ``options`` go to :class:`RemoteProgramCache` (``breaker``,
-        ``transfer_concurrency``, ``max_entry_bytes``).
+        recreates a ``file://`` root that went away. ``options`` go to :class:`RemoteProgramCache`
+        (``strict``, ``create_root``) and the shared store (``read_only``, ``signing_key``, ``compression``,
+        ``timeout``, ``breaker``, ``transfer_concurrency``, ``max_entry_bytes``, ``namespace``).
 
         The filesystem is built through the tier's request runner, under ``timeout``:
         one whose constructor connects (ftp://, sftp) or looks for credentials (gs://)
@@ -193,19 +157,7 @@ class RemoteProgramCache(SharedEntryStore):
             raise TypeError(f"storage_options must be a mapping, got {type(storage_options).__name__}")
         check_url(url)
         fs, root, factory = _plan_filesystem(url, dict(storage_options))
-        return cls(
-            fs,
-            root,
-            factory=factory,
-            url=url.rstrip("/"),
-            read_only=read_only,
-            signing_key=signing_key,
-            compression=compression,
-            timeout=timeout,
-            strict=strict,
-            create_root=create_root,
-            **options,
-        )
+        return cls(fs, root, factory=factory, url=url.rstrip("/"), **options)
 
     def __repr__(self) -> str:
         return (
@@ -219,11 +171,6 @@ class RemoteProgramCache(SharedEntryStore):
     def fs(self) -> Any:
         """The fsspec filesystem (built on first use, and again in a forked child; see :mod:`.runner`)."""
         return self._runner.fs
-
-    @property
-    def namespace(self) -> str:
-        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
-        return self._namespace
 
     @property
     def atomic_create(self) -> bool:
@@ -243,10 +190,9 @@ class RemoteProgramCache(SharedEntryStore):
         """Delete listed entries in batches of 1000 paths per request; the count asked to delete."""
         self._require_writable("clear")
         paths = [self.path_for(entry.name) for entry in entries]
-        rm_async = self.fs._rm if self._runner.is_async else None
         for start in range(0, len(paths), 1000):
             batch = paths[start : start + 1000]
-            self._runner.call("delete", self.fs.rm, rm_async, batch, timeout=self._list_timeout)
+            self._runner.request("delete", self._objects.delete_many, batch, timeout=self._list_timeout)
         return len(paths)
 
     def close(self) -> None:
@@ -257,12 +203,8 @@ class RemoteProgramCache(SharedEntryStore):
 
     def iter_entries(self) -> Iterator[StoredEntry]:
         """Every entry under ``entries/`` (or ``triton/``: one listing of the prefix; not kept in a cache)."""
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(self._entries)
-        find = functools.partial(self.fs.find, detail=True)
-        afind = functools.partial(self.fs._find, detail=True) if self._runner.is_async else None
         try:
-            listing = self._runner.call("list", find, afind, self._entries, timeout=self._list_timeout)
+            listing = self._runner.request("list", self._objects.find, self._entries, timeout=self._list_timeout)
         except FileNotFoundError:
             return
         prefix = self.fs._strip_protocol(self._entries).rstrip("/") + "/"
@@ -275,16 +217,12 @@ class RemoteProgramCache(SharedEntryStore):
                 continue
             yield StoredEntry(name, int(info.get("size") or 0), _mtime_of(info), version=_version_of(info))
 
-    def read_entry(self, name: str) -> bytes:
-        """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
-        return self._codec.open(name, self._read_envelope(name))
-
     def write_entry(self, name: str, payload: bytes) -> None:
         """Seal ``payload`` and store it under ``name``, replacing whatever was there."""
         self._require_writable("write")
         path = self.path_for(name)
         blob = self._codec.seal(name, bytes(payload))
-        self._runner.call("write", self._objects.put, self._objects.put_async_or_none, path, blob)
+        self._runner.request("write", self._objects.put, path, blob)
 
     def create_entry(self, name: str, payload: bytes) -> bool:
         """Seal and store ``payload`` only if ``name`` is absent; False if it was there.
@@ -295,14 +233,14 @@ class RemoteProgramCache(SharedEntryStore):
         self._require_writable("create")
         path = self.path_for(name)
         blob = self._codec.seal(name, bytes(payload))
-        return self._runner.call("create", self._objects.create, self._objects.create_async_or_none, path, blob)
+        return self._runner.request("create", self._objects.create, path, blob)
 
     def delete_entry(self, name: str) -> None:
         """Remove entry ``name``; ``KeyError`` if it is not there."""
         self._require_writable("delete")
         path = self.path_for(name)
         try:
-            self._runner.call("delete", self._objects.delete, self._objects.delete_async_or_none, path)
+            self._runner.request("delete", self._objects.delete, path)
         except FileNotFoundError:
             raise KeyError(name) from None
 
@@ -311,7 +249,7 @@ class RemoteProgramCache(SharedEntryStore):
         self._require_writable("delete")
         path = self.path_for(entry.name)
         try:
-            return self._runner.call("delete", self._objects.delete_if_version, None, path, entry.version)
+            return self._runner.request("delete", self._objects.delete_if_version, path, entry.version)
         except FileNotFoundError:
             return False
 
@@ -329,45 +267,22 @@ class RemoteProgramCache(SharedEntryStore):
         if self._read_only or not self._objects.stages:
             return 0
         cutoff = (time.time() if now is None else now) - older_than
-        return self._runner.call("sweep", self._objects.sweep_staged, None, cutoff, timeout=self._list_timeout)
+        return self._runner.request("sweep", self._objects.sweep_staged, cutoff, timeout=self._list_timeout)
 
     # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
     def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
         """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
         paths = [self.path_for(name) for name in names]
-        objects = self._objects
-        results = self._runner.call_many(
-            "batched read", objects.read_envelope, objects.read_envelope_async_or_none, [(p,) for p in paths],
-            stoppable=True,
-        )
+        results = self._runner.request_many("batched read", self._objects.read_envelope, [(p,) for p in paths], stoppable=True)
         return dict(zip(names, results))
 
     def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
         """Store sealed envelopes side by side, one deadline: ``None`` per success, else the exception."""
         self._require_writable("write")
         calls = [(self.path_for(name), blob) for name, blob in blobs.items()]
-        results = self._runner.call_many("batched write", self._objects.put, self._objects.put_async_or_none, calls)
+        results = self._runner.request_many("batched write", self._objects.put, calls)
         return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
-
-    @property
-    def transfer_batch(self) -> int:
-        """Entries per bulk request batch: ``transfer_concurrency``."""
-        return self.transfer_concurrency
-
-    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
-        """Verified payloads of ``names``, fetched side by side under one deadline (``KeyError`` per absent one)."""
-        results: dict[str, bytes | Exception] = {}
-        for name, fetched in self.read_envelopes(list(names)).items():
-            try:
-                if isinstance(fetched, FileNotFoundError):
-                    raise KeyError(name)
-                if isinstance(fetched, BaseException):
-                    raise fetched
-                results[name] = self._codec.open(name, fetched)
-            except Exception as exc:
-                results[name] = exc
-        return results
 
     def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
         """Seal and store payloads side by side under one deadline: ``None`` per success, else the exception."""
@@ -377,27 +292,24 @@ class RemoteProgramCache(SharedEntryStore):
 
     # -- internals ---------------------------------------------------------------------
 
-    @property
-    def _list_timeout(self) -> float:
-        return max(self.timeout, MIN_LIST_TIMEOUT_S)
-
-    def _read_envelope(self, name: str) -> bytes | memoryview:
+    def _fetch_envelope(self, name: str) -> bytes | memoryview | None:
         path = self.path_for(name)
-        objects = self._objects
         try:
-            return self._runner.call("read", objects.read_envelope, objects.read_envelope_async_or_none, path, stoppable=True)
+            return self._runner.request("read", self._objects.read_envelope, path, stoppable=True)
         except FileNotFoundError:
-            raise KeyError(name) from None
+            return None
+
+    def _fetch_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
+        return self.read_envelopes(names)
 
     def _check_reachable(self, strict: bool) -> None:
         """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
         try:
-            info_async = self.fs._info if self._runner.is_async else None
             if self._bucket_store:
                 bucket = self.root.split("/", 1)[0]
-                self._runner.call("probe", self.fs.info, info_async, bucket)
+                self._runner.request("probe", self._objects.probe_bucket, bucket)
             elif self.root not in ("", "/"):
-                if not self._runner.call("probe", self.fs.isdir, None, self.root):
+                if not self._runner.request("probe", self._objects.is_dir, self.root):
                     if self._read_only:
                         raise FileNotFoundError(f"{self.root} does not exist")
                     if self._objects.local and not self._create_root:
@@ -405,7 +317,7 @@ class RemoteProgramCache(SharedEntryStore):
                             f"{self.root} does not exist (create it, or ask for it: --create-remote-root, "
                             "TIERED_PROGCACHE_CREATE_REMOTE_ROOT=1, create_remote_root=True)"
                         )
-                    self._runner.call("probe", self._objects.make_root, None, self.root)
+                    self._runner.request("probe", self._objects.make_root, self.root)
         except TypeError as exc:
             # The filesystem rejected an argument (a misspelt storage option such as
             # ``endpoint_ur1``): a configuration error, not an outage, so never a silent local-only run.
@@ -443,20 +355,16 @@ class RemoteLeases(LeaseStore):
         return self._objects.atomic_create
 
     def create(self, name: str, document: bytes, ttl_s: float) -> bool:
-        objects = self._objects
-        return self._runner.call("lease create", objects.create, objects.create_async_or_none, self._path(name), document)
+        return self._runner.request("lease create", self._objects.create, self._path(name), document)
 
     def read(self, name: str) -> bytes | None:
-        objects = self._objects
-        return self._runner.call("lease read", objects.read_or_none, objects.read_async_or_none, self._path(name))
+        return self._runner.request("lease read", self._objects.read_or_none, self._path(name))
 
     def replace(self, name: str, document: bytes, ttl_s: float) -> None:
-        objects = self._objects
-        self._runner.call("lease renew", objects.put, objects.put_async_or_none, self._path(name), document)
+        self._runner.request("lease renew", self._objects.put, self._path(name), document)
 
     def delete(self, name: str) -> None:
-        objects = self._objects
-        self._runner.call("lease delete", objects.delete_if_present, objects.delete_if_present_async_or_none, self._path(name))
+        self._runner.request("lease delete", self._objects.delete_if_present, self._path(name))
 
     def _path(self, name: str) -> str:
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
@@ -465,9 +373,12 @@ class RemoteLeases(LeaseStore):
 
 
 class _Objects:
-    """Whole-object requests on one fsspec filesystem: the only place that decides how an object is put or created.
+    """Requests on one fsspec filesystem, each written once: the only place that decides how an object is put,
+    created, read, listed or deleted.
 
-    Each method is one request's worth of work, run by the caller through the runner.
+    Each method is one request's worth of work, a coroutine over fsspec's coroutine
+    methods (``self._fs``), run by the caller through the runner's :meth:`~.runner.RequestRunner.request`:
+    on an async filesystem's loop, or on a blocking one over :class:`~.runner.BlockingCalls`.
     """
 
     def __init__(self, runner: RequestRunner, staging_dir: str, *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
@@ -483,42 +394,58 @@ class _Objects:
 
     @property
     def _fs(self) -> Any:
-        return self._runner.fs  # the current one: rebuilt after a fork
+        return self._runner.calls  # the current filesystem's (rebuilt after a fork)
 
     @property
     def atomic_create(self) -> bool:
         return self._local or self._conditional_put
-
-    def make_root(self, root: str) -> None:
-        """Create the remote's root directory (explicit modes on a local path)."""
-        if self._local:
-            fsutil.make_dirs(os.path.normpath(root))
-        else:
-            self._fs.makedirs(root, exist_ok=True)
 
     @property
     def local(self) -> bool:
         """True on a local or NFS path (``file://``), where a missing root is never created by a write."""
         return self._local
 
-    def _make_dirs(self, path: str, mode: int = fsutil.DIR_MODE) -> None:
+    @property
+    def stages(self) -> bool:
+        """True if writes stage a file in the staging directory first (file systems)."""
+        return not self._whole_puts
+
+    # -- the root and its listing --------------------------------------------------------
+
+    async def probe_bucket(self, bucket: str) -> None:
+        await self._fs._info(bucket)
+
+    async def is_dir(self, path: str) -> bool:
+        return bool(await self._fs._isdir(path))
+
+    async def make_root(self, root: str) -> None:
+        """Create the remote's root directory (explicit modes on a local path)."""
+        if self._local:
+            fsutil.make_dirs(os.path.normpath(root))
+        else:
+            await self._fs._makedirs(root, exist_ok=True)
+
+    async def _make_dirs(self, path: str, mode: int = fsutil.DIR_MODE) -> None:
         if self._local:  # explicit modes; no symbolic link under the root written through
             base = os.path.dirname(os.path.normpath(self._staging_dir))
             if not os.path.isdir(base):  # an unmounted NFS share: never recreated on the local disk
                 raise FileNotFoundError(f"the remote root {base} does not exist")
             fsutil.make_dirs(os.path.normpath(path), mode, below=base)
         else:
-            self._fs.makedirs(path, exist_ok=True)
+            await self._fs._makedirs(path, exist_ok=True)
 
-    @property
-    def stages(self) -> bool:
-        """True if writes stage a file in the staging directory first (file systems)."""
-        return not self._whole_puts
+    async def find(self, directory: str) -> dict[str, Any]:
+        """Every object under ``directory`` with its details (one listing; not kept in fsspec's cache)."""
+        fs = self._fs
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(directory)
+        return await fs._find(directory, detail=True)
 
-    def sweep_staged(self, cutoff: float) -> int:
+    async def sweep_staged(self, cutoff: float) -> int:
         """Remove staged files last modified before ``cutoff`` (seconds since the epoch); the count removed."""
+        fs = self._fs
         try:
-            listing = self._fs.ls(self._staging_dir, detail=True)
+            listing = await fs._ls(self._staging_dir, detail=True)
         except FileNotFoundError:
             return 0
         removed = 0
@@ -527,200 +454,119 @@ class _Objects:
             if info.get("type") == "directory" or mtime is None or mtime >= cutoff:
                 continue
             with contextlib.suppress(FileNotFoundError):
-                self._fs.rm_file(info["name"])
+                await fs._rm_file(info["name"])
                 removed += 1
         return removed
 
     # -- put: replace whole ------------------------------------------------------------
 
-    def put(self, path: str, blob: bytes) -> None:
+    async def put(self, path: str, blob: bytes) -> None:
         fs = self._fs
         if self._whole_puts:
-            fs.pipe_file(path, blob)
+            await fs._pipe_file(path, blob)
             return
-        # A file system: stage next to the entries and rename, so readers never see a partial file.
-        self._make_dirs(self._staging_dir, fsutil.STAGING_DIR_MODE)
+        # A file system (never async): stage next to the entries and rename, so readers never see a partial file.
+        await self._make_dirs(self._staging_dir, fsutil.STAGING_DIR_MODE)
         staged = f"{self._staging_dir}/{uuid.uuid4().hex}"
-        fs.pipe_file(staged, blob)
+        await fs._pipe_file(staged, blob)
         try:
-            self._make_dirs(posixpath.dirname(path))
-            fs.mv(staged, path)
+            await self._make_dirs(posixpath.dirname(path))
+            await fs._mv(staged, path)
         except BaseException:
             with contextlib.suppress(Exception):
-                fs.rm_file(staged)
+                await fs._rm_file(staged)
             raise
-
-    @property
-    def put_async_or_none(self) -> Any:
-        return self._put_async if self._async else None
-
-    async def _put_async(self, path: str, blob: bytes) -> None:
-        await self._fs._pipe_file(path, blob)
 
     # -- create: only if absent --------------------------------------------------------
 
-    def create(self, path: str, blob: bytes) -> bool:
+    async def create(self, path: str, blob: bytes) -> bool:
         if self._local:
             return fsutil.create_exclusive(os.path.normpath(path), blob, staging_dir=os.path.normpath(self._staging_dir))
+        fs = self._fs
         if self._conditional_put:
             try:
-                self._fs.pipe_file(path, blob, mode="create")
+                await fs._pipe_file(path, blob, mode="create")
             except FileExistsError:
                 return False
             return True
         with contextlib.suppress(Exception):  # no atomic create here: check, then put
-            self._fs.invalidate_cache(path)
-        if self._fs.exists(path):
+            fs.invalidate_cache(path)
+        if await fs._exists(path):
             return False
-        self.put(path, blob)
-        return True
-
-    @property
-    def create_async_or_none(self) -> Any:
-        return self._create_async if self._async and self._conditional_put else None
-
-    async def _create_async(self, path: str, blob: bytes) -> bool:
-        try:
-            await self._fs._pipe_file(path, blob, mode="create")
-        except FileExistsError:
-            return False
+        await self.put(path, blob)
         return True
 
     # -- read and delete ---------------------------------------------------------------
 
-    def read_envelope(self, stop: threading.Event, path: str) -> bytes | memoryview:
+    async def read_envelope(self, stop: threading.Event, path: str) -> bytes | memoryview:
         """An entry's envelope, read up to the length its header states and never past the cap.
 
         One request for an envelope up to :func:`~tiered_progcache.envelope.first_read_bytes`
-        (a ranged read, so a miss is that same request answering "not found"); a larger
-        one reads the rest its header states in steps of ``READ_CHUNK_BYTES``, stopping
-        between them once ``stop`` is set (the caller's deadline passed). A local path is
-        opened without following a link and read in such steps. Raises
-        ``InvalidEnvelope`` for an object that states (or has) more than the cap, and on
-        a local path for a symbolic link or anything but a regular file, unread.
+        (a ranged read, so a miss is that same request answering "not found": no HEAD, no
+        listing). A larger one reads the rest its header states: on an async filesystem in
+        one more request (the deadline cancels the coroutine wherever it is), on a
+        blocking one in steps of ``READ_CHUNK_BYTES``, stopping between them once ``stop``
+        is set (the caller's deadline passed). A local path is opened without following a
+        link and read in such steps. Raises ``InvalidEnvelope`` for an object that states
+        (or has) more than the cap, and on a local path for a symbolic link or anything but
+        a regular file, unread.
         """
         if self._local:
-            fd = _open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes))
+            fd, _ = fsutil.open_regular(os.path.normpath(path), max_stored_bytes(self._max_entry_bytes), refuse=InvalidEnvelope)
             with open(fd, "rb", buffering=0) as fh:
                 return _read_capped(fh.read, stop, self._max_entry_bytes)
         fs = self._fs
         asked = first_read_bytes(self._max_entry_bytes)
-        first = _ranged_read(fs.cat_file, path, 0, asked)
+        first = await _ranged_read(fs, path, 0, asked)
         rest = rest_to_read(first, asked, self._max_entry_bytes)
         if rest is None:
             return first
         start, end = rest
+        step = end - start if self._async else READ_CHUNK_BYTES
         more = bytearray()
         while start < end:
             if stop.is_set():
                 raise TimeoutError("read stopped at its deadline")
-            chunk = _ranged_read(fs.cat_file, path, start, min(end, start + READ_CHUNK_BYTES))
+            chunk = await _ranged_read(fs, path, start, min(end, start + step))
             if not chunk:
                 break
             more += chunk
             start += len(chunk)
         return joined_envelope(first, bytes(more), end)
 
-    @property
-    def read_envelope_async_or_none(self) -> Any:
-        return self._read_envelope_async if self._async else None
-
-    async def _read_envelope_async(self, path: str) -> bytes:
-        """As :meth:`read_envelope`: one ranged GET, and a second only for the rest of an envelope larger than it.
-
-        A GET answering 404 is the miss (``FileNotFoundError``): no HEAD, no listing.
-        The deadline cancels the coroutine wherever it is, so the rest is one request.
-        """
-        fs = self._fs
-        asked = first_read_bytes(self._max_entry_bytes)
-        first = await _ranged_read_async(fs._cat_file, path, 0, asked)
-        rest = rest_to_read(first, asked, self._max_entry_bytes)
-        if rest is None:
-            return first
-        start, end = rest
-        return bytes(joined_envelope(first, await _ranged_read_async(fs._cat_file, path, start, end), end))
-
-    def read_or_none(self, path: str) -> bytes | None:
+    async def read_or_none(self, path: str) -> bytes | None:
         """A small object (a lease), at most ``MAX_LEASE_BYTES``; None if absent."""
-        try:
-            return bytes(self._fs.cat_file(path, start=0, end=MAX_LEASE_BYTES))
-        except FileNotFoundError:
-            return None
-
-    @property
-    def read_async_or_none(self) -> Any:
-        return self._read_async if self._async else None
-
-    async def _read_async(self, path: str) -> bytes | None:
         try:
             return bytes(await self._fs._cat_file(path, start=0, end=MAX_LEASE_BYTES))
         except FileNotFoundError:
             return None
 
-    def delete(self, path: str) -> None:
+    async def delete(self, path: str) -> None:
         """Remove ``path``; ``FileNotFoundError`` if absent (S3 deletes of a miss succeed, so ask first)."""
+        fs = self._fs
         with contextlib.suppress(Exception):
-            self._fs.invalidate_cache(path)
-        self._fs.info(path)
-        self._fs.rm_file(path)
+            fs.invalidate_cache(path)
+        await fs._info(path)
+        await fs._rm_file(path)
 
-    @property
-    def delete_async_or_none(self) -> Any:
-        return self._delete_async if self._async else None
-
-    async def _delete_async(self, path: str) -> None:
-        with contextlib.suppress(Exception):
-            self._fs.invalidate_cache(path)
-        await self._fs._info(path)
-        await self._fs._rm_file(path)
-
-    def delete_if_present(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._fs.rm_file(path)
-
-    @property
-    def delete_if_present_async_or_none(self) -> Any:
-        return self._delete_if_present_async if self._async else None
-
-    async def _delete_if_present_async(self, path: str) -> None:
+    async def delete_if_present(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             await self._fs._rm_file(path)
 
-    def delete_if_version(self, path: str, version: Any) -> bool:
+    async def delete_if_version(self, path: str, version: Any) -> bool:
         """Remove ``path`` unless its ETag/generation differs from ``version`` (None: no guard known)."""
+        fs = self._fs
         with contextlib.suppress(Exception):
-            self._fs.invalidate_cache(path)
-        info = self._fs.info(path)
+            fs.invalidate_cache(path)
+        info = await fs._info(path)
         if version is not None and _version_of(info) != version:
             return False
-        self._fs.rm_file(path)
+        await fs._rm_file(path)
         return True
 
-
-def _open_regular(path: str, max_bytes: int) -> int:
-    """A read-only descriptor of ``path`` if it is a regular file of at most ``max_bytes``; else ``InvalidEnvelope``.
-
-    The last component is not followed (``O_NOFOLLOW``): a planted link to ``/dev/zero``
-    or a file outside the tree is refused, as is a FIFO or device (opened non-blocking,
-    so a FIFO cannot hang the open).
-    """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InvalidEnvelope("a symbolic link, not an entry (not followed)") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidEnvelope("not a regular file")
-        if st.st_size > max_bytes:
-            raise InvalidEnvelope(f"object is {st.st_size} bytes, over the {max_bytes}-byte cap of an envelope")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    async def delete_many(self, paths: list[str]) -> None:
+        """Remove ``paths`` in one request (a batch delete on object stores)."""
+        await self._fs._rm(paths)
 
 
 def _read_capped(read: Callable[[int], bytes], stop: threading.Event, max_entry_bytes: int) -> memoryview:
@@ -747,22 +593,10 @@ def _read_capped(read: Callable[[int], bytes], stop: threading.Event, max_entry_
     return joined_envelope(view[:filled], b"", limit)
 
 
-def _ranged_read(cat_file: Callable[..., bytes], path: str, start: int, end: int) -> bytes:
+async def _ranged_read(fs: Any, path: str, start: int, end: int) -> bytes:
     """Bytes ``start:end`` of ``path`` in one request: fewer at the object's end, ``b""`` for an empty object."""
     try:
-        return bytes(cat_file(path, start=start, end=end))
-    except FileNotFoundError:
-        raise
-    except Exception as exc:
-        if _range_not_satisfiable(exc):
-            return b""
-        raise
-
-
-async def _ranged_read_async(cat_file: Callable[..., Awaitable[bytes]], path: str, start: int, end: int) -> bytes:
-    """As :func:`_ranged_read`, on an async filesystem's loop."""
-    try:
-        return bytes(await cat_file(path, start=start, end=end))
+        return bytes(await fs._cat_file(path, start=start, end=end))
     except FileNotFoundError:
         raise
     except Exception as exc:
@@ -834,16 +668,6 @@ def check_url(url: str) -> None:
     for scheme in [*outer, last.split("://", 1)[0]]:
         if scheme not in known:
             raise RemoteURLError(f"unknown URL scheme {scheme!r} in {shown!r} (fsspec knows e.g. s3, gs, file, memory)")
-
-
-def _check_timeout(timeout: float | None) -> float:
-    if timeout is None:
-        return DEFAULT_TIMEOUT_S
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(timeout).__name__}")
-    if not 0 < timeout < math.inf:
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:

@@ -19,13 +19,19 @@ Deadlines are enforced two ways, picked per filesystem:
   calls time out waiting for a thread, and the breaker opens. Daemon threads never
   hold up interpreter exit.
 
+A request is written once, as a coroutine function over fsspec's coroutine methods
+(``_cat_file``, ``_pipe_file``...): :meth:`RequestRunner.request` runs it on an async
+filesystem's loop, and on a blocking one drives it to its end on a pool thread over
+:class:`BlockingCalls`, the same names answered by the blocking methods (awaits that
+never suspend). So there is no second, blocking twin of any request to keep in step.
+
 The filesystem itself is built through the runner where a :class:`FilesystemFactory` is
 given: on first use, under the request deadline and the breaker (ftp:// and sftp
 connect in their constructor, gcsfs looks for credentials), so a remote that cannot
 even be constructed costs one deadline, not 30 s.
 
 Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
-loop and sessions (s3fs is not fork-safe). ``os.register_at_fork`` marks every runner;
+loop and sessions (s3fs is not fork-safe). The fork registry (:mod:`.forks`) marks every runner;
 in the child its thread pool starts empty and its filesystem is rebuilt on first use,
 a new instance outside fsspec's instance cache (a blocking filesystem handed in by the
 caller is kept: it holds no threads).
@@ -38,7 +44,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
-import os
 import queue
 import threading
 import time
@@ -46,11 +51,12 @@ import weakref
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
+from . import forks
 from .breaker import CircuitBreaker
 from .errors import EntryRejected
 from .latency import LatencyTracker
 
-__all__ = ["ANSWERS", "FilesystemFactory", "RequestRunner"]
+__all__ = ["ANSWERS", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
 
 T = TypeVar("T")
 
@@ -191,8 +197,9 @@ class RequestRunner:
     ) -> T:
         """One request: ``async_fn(*args)`` on an async filesystem (when given), else ``sync_fn(*args)``.
 
-        ``timeout`` defaults to the runner's per-request timeout. With ``stoppable``,
-        ``sync_fn`` is called as ``sync_fn(stop, *args)`` (see the module docstring). Raises
+        ``timeout`` defaults to the runner's per-request timeout. With ``stoppable``, each
+        is called with a stop flag first, ``fn(stop, *args)`` (see the module docstring; on
+        the loop it is never set, as the deadline cancels the coroutine). Raises
         what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
         ``EntryRejected`` counts as an answer.
         """
@@ -205,7 +212,7 @@ class RequestRunner:
                 self._build()
                 started = time.monotonic()
             if self._async and async_fn is not None:
-                result = _run_async(self.fs.loop, async_fn, args, limit, what)
+                result = _run_async(self.fs.loop, async_fn, _with_stop(args, stoppable), limit, what)
             else:
                 result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
@@ -256,7 +263,7 @@ class RequestRunner:
             return [exc] * len(calls)
         try:
             if self._async and async_fn is not None:
-                results = self._many_async(async_fn, calls, limit, what)
+                results = self._many_async(async_fn, [_with_stop(args, stoppable) for args in calls], limit, what)
             else:
                 results = self._many_sync(sync_fn, calls, limit, what, stoppable)
         except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
@@ -268,6 +275,41 @@ class RequestRunner:
             for error in results:
                 self.breaker.record_failure(error)
         return results
+
+    def request(
+        self,
+        what: str,
+        op: Callable[..., Awaitable[T]],
+        *args: Any,
+        timeout: float | None = None,
+        stoppable: bool = False,
+    ) -> T:
+        """One request written once, as a coroutine function ``op(*args)``: :meth:`call` with ``op`` as both ways.
+
+        On an async filesystem ``op`` runs on its loop, cancelled at the deadline; on a
+        blocking one it is driven to its end on a pool thread, where it must await only
+        :class:`BlockingCalls` (``RuntimeError`` if it suspends).
+        """
+        return self.call(what, functools.partial(_run_to_end, op), op, *args, timeout=timeout, stoppable=stoppable)
+
+    def request_many(
+        self,
+        what: str,
+        op: Callable[..., Awaitable[Any]],
+        calls: Sequence[tuple[Any, ...]],
+        *,
+        timeout: float | None = None,
+        stoppable: bool = False,
+    ) -> list[Any]:
+        """:meth:`call_many` of one request written once (as :meth:`request`)."""
+        return self.call_many(what, functools.partial(_run_to_end, op), op, calls, timeout=timeout, stoppable=stoppable)
+
+    @property
+    def calls(self) -> Any:
+        """The filesystem's coroutine methods a :meth:`request` awaits: its own on an async filesystem,
+        else :class:`BlockingCalls` over it."""
+        fs = self.fs
+        return fs if self._async else BlockingCalls(fs)
 
     def close(self) -> None:
         """Let the idle threads go; a later request starts fresh ones."""
@@ -328,6 +370,74 @@ class RequestRunner:
             return [exc] * len(calls)
 
 
+def _with_stop(args: tuple[Any, ...], stoppable: bool) -> tuple[Any, ...]:
+    """``args`` with a stop flag first for a stoppable call on the loop (never set: its deadline cancels it)."""
+    return (threading.Event(), *args) if stoppable else args
+
+
+def _run_to_end(op: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``op(*args)`` run to its end on this thread: a request over :class:`BlockingCalls`, whose awaits never suspend."""
+    coroutine = op(*args)
+    try:
+        coroutine.send(None)  # type: ignore[attr-defined]
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()  # type: ignore[attr-defined]
+    raise RuntimeError(f"{_name_of(op)} suspended: a request over a blocking filesystem awaits only BlockingCalls")
+
+
+def _name_of(op: Callable[..., Any]) -> str:
+    return getattr(op, "__qualname__", repr(op))
+
+
+class BlockingCalls:
+    """A blocking fsspec filesystem's methods under the coroutine names of ``AsyncFileSystem``.
+
+    Each awaits nothing: it calls the blocking method and returns, so a request written
+    over fsspec's coroutine methods runs unchanged on a blocking filesystem (driven to its
+    end on a runner thread). Only the methods the remote tier's requests use.
+    """
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        return self._fs.cat_file(path, start=start, end=end)
+
+    async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
+        self._fs.pipe_file(path, value, **kwargs)
+
+    async def _info(self, path: str) -> dict[str, Any]:
+        return self._fs.info(path)
+
+    async def _exists(self, path: str) -> bool:
+        return self._fs.exists(path)
+
+    async def _isdir(self, path: str) -> bool:
+        return self._fs.isdir(path)
+
+    async def _ls(self, path: str, detail: bool = True) -> list[Any]:
+        return self._fs.ls(path, detail=detail)
+
+    async def _find(self, path: str, detail: bool = False) -> Any:
+        return self._fs.find(path, detail=detail)
+
+    async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self._fs.makedirs(path, exist_ok=exist_ok)
+
+    async def _mv(self, source: str, target: str) -> None:
+        self._fs.mv(source, target)
+
+    async def _rm_file(self, path: str) -> None:
+        self._fs.rm_file(path)
+
+    async def _rm(self, paths: list[str]) -> None:
+        self._fs.rm(paths)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self._fs.invalidate_cache(path)
+
+
 def _run_async(
     loop: Any, coro_fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], timeout: float, what: str
 ) -> T:
@@ -369,8 +479,7 @@ def _after_fork_in_child() -> None:
         runner._after_fork_in_child()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(_after_fork_in_child)
 
 
 class _DaemonThreads:

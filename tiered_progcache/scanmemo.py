@@ -39,7 +39,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import time
 import types
 import typing
@@ -67,7 +66,10 @@ PER_PROCESS = types.MappingProxyType({"per_process": True})
 _SUFFIX = ".json"
 _STAGED_PREFIX = "stage-"
 _STALE_STAGED_S = 3600.0
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class _Refused(Exception):
+    """A memo file that is not a regular file within the cap (:func:`~tiered_progcache.fsutil.open_regular`)."""
 
 
 def memo_name(memo_key: tuple[Any, ...], scanner_id: bytes) -> str:
@@ -136,13 +138,12 @@ class ScanMemoStore:
         """The dataclass ``cls`` saved under ``name``, its per-process fields set from ``per_process``; None if absent or bad."""
         path = self.path_for(name)
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd, st = fsutil.open_regular(path, self.max_file_bytes, refuse=_Refused)
+        except _Refused as exc:
+            return self._bad(path, str(exc))
         except OSError:
             return None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_file_bytes:
-                return self._bad(path, f"{st.st_size} bytes or not a regular file")
             data = _read_all(fd, self.max_file_bytes + 1)
             try:
                 os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))  # used: last to be evicted

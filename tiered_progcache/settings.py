@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_LEASE_MIN_COMPILE_RTTS",
     "DEFAULT_MAX_MEMORY_BYTES",
     "DEFAULT_MAX_PENDING_UPLOAD_BYTES",
+    "DEFAULT_REMOTE_TIMEOUT_S",
     "DEFAULT_WAIT_PATIENCE",
     "ENV_PREFIX",
     "SETTINGS",
@@ -61,6 +62,9 @@ DEFAULT_EXIT_TIMEOUT_S = 10.0
 
 #: The byte cap on a tier's background write queue: as much as the memory tier holds.
 DEFAULT_MAX_PENDING_UPLOAD_BYTES = 256 << 20
+
+#: Seconds one request to a shared tier (fsspec remote or Redis) may take before it counts as a failure.
+DEFAULT_REMOTE_TIMEOUT_S = 5.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -407,7 +411,7 @@ SETTINGS: tuple[Setting, ...] = (
         env="COMPRESSION", flag="--compression", builds_tiers=True,
     ),
     Setting(
-        "remote_timeout", SECONDS, None, "give up on one remote operation after this long",
+        "remote_timeout", SECONDS, DEFAULT_REMOTE_TIMEOUT_S, "give up on one remote operation after this long",
         env="REMOTE_TIMEOUT", flag="--remote-timeout", builds_tiers=True,
     ),
     Setting(

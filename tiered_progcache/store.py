@@ -16,8 +16,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import os
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
+
+from . import _cudacore
+from .envelope import MAX_ENTRY_BYTES
 
 __all__ = [
     "ENTRY_NAMESPACES",
@@ -25,6 +30,7 @@ __all__ = [
     "STALE_STAGED_AGE_S",
     "EntryStore",
     "LeaseStore",
+    "NodeDirStore",
     "StoredEntry",
     "check_entry_name",
     "check_namespace",
@@ -249,6 +255,47 @@ class EntryStore(abc.ABC):
         a younger staged file may be a live upload. Stores that stage nothing return 0.
         """
         return 0
+
+
+class NodeDirStore(EntryStore):
+    """An entry store in a directory on this node: its root is its location, it is never read-only
+    nor shared, and it holds entries of at most ``max_entry_bytes``. Subclasses say how entries are laid out.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
+        self.root = Path(root)
+        self._max_entry_bytes = max_entry_bytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    @property
+    def read_only(self) -> bool:
+        return False
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._max_entry_bytes
+
+    @staticmethod
+    def _unlink_if_listed_as(path: str | os.PathLike[str], version: Any) -> bool:
+        """Unlink ``path`` unless a writer replaced it since it was listed with stat identity ``version``
+        (cuda-core's guard; None: unguarded). False if it was replaced or is gone."""
+        try:
+            if version is not None and _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != version:
+                return False
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
 
 
 class LeaseStore(abc.ABC):

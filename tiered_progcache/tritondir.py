@@ -32,7 +32,7 @@ from pathlib import Path
 from . import _cudacore
 from .envelope import MAX_ENTRY_BYTES
 from .errors import EntryRejected
-from .store import STALE_STAGED_AGE_S, EntryStore, StoredEntry, check_entry_name
+from .store import STALE_STAGED_AGE_S, NodeDirStore, StoredEntry, check_entry_name
 from .tritonnames import GROUP_PREFIX, TritonFile, frame, group_record, name_of, read_group_record, unframe
 
 __all__ = ["TritonDir", "default_triton_dir"]
@@ -51,7 +51,7 @@ def default_triton_dir() -> Path:
     return Path(os.environ.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
 
 
-class TritonDir(EntryStore):
+class TritonDir(NodeDirStore):
     """Triton's cache directory by entry name (see the module docstring).
 
     >>> transfer.warm(remote_triton_namespace, TritonDir(default_triton_dir()))
@@ -61,32 +61,12 @@ class TritonDir(EntryStore):
     """
 
     def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        self.root = Path(root)
-        self._max_entry_bytes = max_entry_bytes
+        super().__init__(root, max_entry_bytes=max_entry_bytes)
         self._index: dict[str, TritonFile] = {}
-
-    def __repr__(self) -> str:
-        return f"TritonDir({str(self.root)!r})"
-
-    @property
-    def location(self) -> str:
-        return str(self.root)
-
-    @property
-    def read_only(self) -> bool:
-        return False
-
-    @property
-    def shared(self) -> bool:
-        return False
 
     @property
     def namespace(self) -> str:
         return "triton"
-
-    @property
-    def max_entry_bytes(self) -> int:
-        return self._max_entry_bytes
 
     # -- listing ----------------------------------------------------------------------
 
@@ -198,14 +178,7 @@ class TritonDir(EntryStore):
             which = self._find(entry.name)
         except KeyError:
             return False
-        path = self.root / which.key / which.file
-        try:
-            if entry.version is not None and _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != entry.version:
-                return False
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        return True
+        return self._unlink_if_listed_as(self.root / which.key / which.file, entry.version)
 
     def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
         """Remove staging directories (Triton's ``tmp.pid_*``, ours) left over ``older_than`` seconds ago; the count."""

@@ -21,13 +21,12 @@ import enum
 import concurrent.futures.thread  # noqa: F401  (registers its exit hook first; ours must run before it)
 import itertools
 import logging
-import os
 import threading
 import time
 import weakref
 from typing import Callable
 
-from . import exitbudget
+from . import exitbudget, forks
 from .settings import DEFAULT_EXIT_TIMEOUT_S
 
 __all__ = ["Refused", "WriteBackQueue", "submission_mark"]
@@ -251,7 +250,7 @@ def _after_fork_in_child() -> None:
         queue._forget_after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.register(_after_fork_in_child)
 
 
 def _register_exit_flush() -> None:

@@ -1,0 +1,124 @@
+"""The one fork registry: every module's reset runs in a real forked child, each once, in order.
+
+The child reports over a pipe what ran, so the parent's assertions see the child's state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import tiered_progcache
+from tiered_progcache import forks
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+
+#: Each module that keeps state a child must reset, and the reset it registers.
+MODULE_RESETS = {
+    "tiered_progcache.breaker._after_fork_in_child",
+    "tiered_progcache.compile._forget_default_after_fork",
+    "tiered_progcache.exitbudget.ExitBudget._after_fork_in_child",
+    "tiered_progcache.headermemo._new_lock_after_fork",
+    "tiered_progcache.headerwatch._forget_after_fork",
+    "tiered_progcache.locks._forget_flights_after_fork",
+    "tiered_progcache.locks._drop_lock_fds_after_fork",
+    "tiered_progcache.runner._after_fork_in_child",
+    "tiered_progcache.writeback._after_fork_in_child",
+}
+
+
+def _name(reset) -> str:
+    return f"{reset.__module__}.{reset.__qualname__}"
+
+
+def _in_child(report) -> list:
+    """Fork; the child calls ``report()`` and writes its JSON to a pipe. The parent returns what it wrote."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(report()))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return json.loads(text)
+
+
+def test_every_modules_reset_is_registered_once_with_the_one_registry():
+    import tiered_progcache.compile  # noqa: F401  (every module that registers, imported)
+    import tiered_progcache.locks  # noqa: F401
+    import tiered_progcache.runner  # noqa: F401
+    import tiered_progcache.writeback  # noqa: F401
+
+    names = [_name(reset) for reset in forks.registered()]
+    assert MODULE_RESETS <= set(names)
+    assert len(names) == len(set(names))
+
+
+def test_a_forked_child_runs_each_registered_reset_once_in_order_and_past_a_failing_one(monkeypatch):
+    ran: list[str] = []
+    registered = list(forks.registered())
+
+    def recording(reset):
+        def run() -> None:
+            ran.append(_name(reset))
+            reset()
+        return run
+
+    def failing() -> None:
+        ran.append("failing")
+        raise RuntimeError("a reset that fails")
+
+    monkeypatch.setattr(forks, "_resets", [recording(r) for r in registered])
+    forks.register(failing)
+    forks.register(recording(lambda: None))
+    held = threading.Lock()
+    held.acquire()  # a lock the parent holds at the fork
+
+    assert _in_child(lambda: ran) == [*(_name(r) for r in registered), "failing", _name(lambda: None)]
+    assert ran == []  # the parent ran none of them
+    held.release()
+
+
+def test_a_child_gets_fresh_locks_where_a_parent_thread_held_one():
+    from tiered_progcache.breaker import CircuitBreaker
+
+    breaker = CircuitBreaker(name="fork test")
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with breaker._lock:
+            entered.set()
+            leave.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    try:
+        # In the child the holder thread does not exist; without the reset this acquire never returns.
+        assert _in_child(lambda: breaker._lock.acquire(timeout=30)) is True
+    finally:
+        leave.set()
+        holder.join()
+
+
+def test_no_module_but_forks_calls_register_at_fork():
+    package = Path(tiered_progcache.__file__).parent
+    callers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "os.register_at_fork(" in path.read_text(encoding="utf-8")
+    )
+    assert callers == ["forks.py"]
