@@ -479,9 +479,6 @@ def _compile_and_store(
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
         del program
     seconds = time.perf_counter() - started
-    slow = cache.settings.slow_compile_log_s if isinstance(cache, TieredProgramCache) else None
-    if slow is not None and seconds >= slow:
-        logger.warning("compile of %s took %.1f s", key[:8].hex(), seconds)
     compile_times.record(code_type, target, seconds, job.size)  # what single-flight plans the next compile with
     _save_times(cache)
     if isinstance(cache, TieredProgramCache):

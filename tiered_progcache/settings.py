@@ -620,10 +620,6 @@ SETTINGS: tuple[Setting, ...] = (
         "share entries; off, keys by path ([cluster.md](cluster.md#portable-keys)). "
         "`compile(portable_keys=...)` wins",
     ),
-    Setting(
-        "slow_compile_log_s", SECONDS, None, "log a WARNING for every compile() that ran the compiler this long",
-        env="SLOW_COMPILE_LOG_S", flag="--slow-compile-log-s",
-    ),
 )  # fmt: skip
 
 
