@@ -78,7 +78,8 @@ def test_every_variable_is_read(tmp_path):
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
     variables = {s.name: s.variable for s in settings.SETTINGS}
-    assert all(sources[name] == f"env {variable}" for name, variable in variables.items() if variable)
+    assert all(sources[name] == f"env {variable}" for name, variable in variables.items() if variable in environ)
+    assert set(environ) <= set(variables.values())  # each row's variable alone: test_text_reads_back_as_the_value
     assert [name for name, variable in variables.items() if not variable] == ["signing_key"]  # bytes: no variable
 
 
@@ -399,7 +400,9 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
     }  # fmt: skip
     value = samples.get(setting.name, setting.default)  # a row added without a sample: its default round-trips
     text = setting.text(value)
-    assert CacheConfig.from_env({setting.variable: text}).as_dict()[setting.name] == value
+    config = CacheConfig.from_env({setting.variable: text})
+    assert config.as_dict()[setting.name] == value
+    assert config.sources()[setting.name] == (f"env {setting.variable}" if text else "default")  # "" is unset
 
 
 # -- a new setting is one row -------------------------------------------------------------------------
