@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import graphlib
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -56,17 +57,19 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: all of them, less the bodies of ``if TYPE_CHECKING:``."""
-    stack = [tree]
+def _import_nodes(tree: ast.AST, *, in_function: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement that can run, and whether it is inside a function; ``if TYPE_CHECKING:`` bodies left out."""
+    stack = [(tree, in_function)]
     while stack:
-        node = stack.pop()
+        node, inside = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
+            yield node, inside
             continue
-        stack.extend(ast.iter_child_nodes(node))
+        children = list(ast.iter_child_nodes(node))
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            children = node.orelse
+        inside = inside or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        stack.extend((child, inside) for child in children)
 
 
 def _ancestors(name: str) -> list[str]:
@@ -74,36 +77,54 @@ def _ancestors(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def imports(package_dir: Path) -> list[Import]:
-    """Every import of one module of the package by another (see the module docstring for what counts)."""
+def _targets(node: ast.Import | ast.ImportFrom, package: str, known: Mapping[str, object]) -> list[str]:
+    """The package's modules one import statement names (a name of a module: that module)."""
+    root = next(iter(known)).split(".")[0]
+    if isinstance(node, ast.Import):
+        named = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = package.split(".")
+            if node.level > 1:
+                base = base[: len(base) - (node.level - 1)]
+            module = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            module = node.module or ""
+        named = [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
+    targets = []
+    for target in named:
+        if target.split(".")[0] != root:
+            continue  # the standard library or a third-party package
+        while target not in known:  # ``import tiered_progcache.x.y`` names modules; a name in one names it
+            target = target.rpartition(".")[0]
+        targets.append(target)
+    return targets
+
+
+def imports(package_dir: Path, *, lazy_only: bool = False) -> list[Import]:
+    """Every import of one module of the package by another (see the module docstring for what counts).
+
+    ``lazy_only``: only those inside functions, and without the packages on the way.
+    """
     known = modules(package_dir)
-    root = package_dir.name
     edges = []
     for name, (path, is_package) in known.items():
         package = name if is_package else name.rpartition(".")[0]
         inside = {name, *_ancestors(name)}  # already being imported whenever this module runs
-        for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif node.level:
-                base = package.split(".")
-                if node.level > 1:
-                    base = base[: len(base) - (node.level - 1)]
-                module = ".".join([*base, *([node.module] if node.module else [])])
-                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
-            elif node.module is not None:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                           for a in node.names]  # fmt: skip
-            for target in targets:
-                if target.split(".")[0] != root:
-                    continue  # the standard library or a third-party package
-                while target not in known:  # ``import tiered_progcache.x.y`` names modules; a name in one names it
-                    target = target.rpartition(".")[0]
-                for imported in [*_ancestors(target), target]:
+        for node, in_function in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+            if lazy_only and not in_function:
+                continue
+            for target in _targets(node, package, known):
+                for imported in [target] if lazy_only else [*_ancestors(target), target]:
                     if imported not in inside:
                         edges.append(Import(name, imported, path, node.lineno))
     return edges
+
+
+@functools.cache
+def _package_imports(lazy_only: bool = False) -> tuple[Import, ...]:
+    """The package's own graph, parsed once per test run."""
+    return tuple(imports(PACKAGE_DIR, lazy_only=lazy_only))
 
 
 def find_cycle(edges: list[Import]) -> list[Import] | None:
@@ -133,7 +154,7 @@ def find_cycles(edges: list[Import]) -> list[list[Import]]:
 
 
 def test_the_package_has_no_import_cycle():
-    cycles = find_cycles(imports(PACKAGE_DIR))
+    cycles = find_cycles(list(_package_imports()))
     if cycles:
         pytest.fail("import cycles:\n" + "\n".join("  cycle:\n" + "".join(f"    {edge}\n" for edge in cycle)
                                                   for cycle in cycles), pytrace=False)  # fmt: skip
@@ -141,7 +162,7 @@ def test_the_package_has_no_import_cycle():
 
 def test_the_graph_sees_lazy_imports_and_leaves_out_type_checking_ones():
     """Not vacuous: a function-level import is an edge, a TYPE_CHECKING one is not, and the graph is the whole package."""
-    edges = {(e.source, e.target) for e in imports(PACKAGE_DIR)}
+    edges = {(e.source, e.target) for e in _package_imports()}
     assert ("tiered_progcache.tiered", "tiered_progcache.transfer") in edges  # inside TieredProgramCache.warm
     assert ("tiered_progcache.ledger", "tiered_progcache.tiered") not in edges  # only under TYPE_CHECKING
     assert ("tiered_progcache", "tiered_progcache.compile") in edges
@@ -151,7 +172,7 @@ def test_the_graph_sees_lazy_imports_and_leaves_out_type_checking_ones():
 
 def test_the_former_cycles_stay_broken():
     """config <-> tiered, compile <-> explain, settings -> the backends it configures: each edge of the old cycles."""
-    edges = {(e.source, e.target) for e in imports(PACKAGE_DIR)}
+    edges = {(e.source, e.target) for e in _package_imports()}
     pkg = "tiered_progcache."
     assert (pkg + "tiered", pkg + "config") not in edges
     assert (pkg + "explain", pkg + "compile") not in edges
@@ -230,3 +251,28 @@ def test_the_checker_finds_each_kind_of_cycle(tmp_path, files, cycle):
         assert sorted({edge.source.removeprefix("tiered_progcache.") for edge in found}) == cycle
         assert found[0].source == found[-1].target  # a closed loop, each edge an import that is there
         assert all(a.target == b.source for a, b in zip(found, found[1:]))
+
+
+
+def pointless_lazy_imports(package_dir: Path) -> list[Import]:
+    """Imports inside functions of a module the same file imports at module level anyway."""
+    real = package_dir == PACKAGE_DIR
+    lazy = _package_imports(True) if real else imports(package_dir, lazy_only=True)
+    every = _package_imports() if real else imports(package_dir)
+    lazy_lines = {(e.source, e.target, e.line) for e in lazy}
+    at_top = {(e.source, e.target) for e in every if (e.source, e.target, e.line) not in lazy_lines}
+    return [edge for edge in lazy if (edge.source, edge.target) in at_top]
+
+
+def test_no_function_level_import_of_what_the_module_imports_at_the_top():
+    """A lazy import of a module the file imports at module level anyway defers nothing: it only hides the edge."""
+    pointless = pointless_lazy_imports(PACKAGE_DIR)
+    assert not pointless, "lazy imports of modules imported at the top already:\n  " + "\n  ".join(map(str, pointless))
+
+
+def test_the_checker_finds_a_pointless_lazy_import(tmp_path):
+    root = _package(tmp_path, {
+        "a.py": "from .b import one\n\ndef f():\n    from .b import two\n    from .c import three\n",
+        "b.py": "one = two = 1\n", "c.py": "three = 3\n",
+    })  # fmt: skip
+    assert [(e.target, e.line) for e in pointless_lazy_imports(root)] == [("tiered_progcache.b", 4)]

@@ -19,6 +19,8 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from .errors import EntryRejected
+
 __all__ = [
     "ENTRY_NAMESPACES",
     "ENTRY_NAME_LENGTH",
@@ -178,8 +180,6 @@ class EntryStore(abc.ABC):
 
     def verify_entry(self, name: str) -> str | None:
         """None if ``name`` passes this store's checks, else a one-line reason (``"missing"`` if absent)."""
-        from .errors import EntryRejected
-
         try:
             self.read_entry(name)
         except EntryRejected as exc:
