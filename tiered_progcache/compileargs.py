@@ -66,8 +66,9 @@ def check_arguments(
         raise TypeError(f"name_expressions must hold str or bytes, got {[type(n).__name__ for n in names]}")
     if extra_digest is not None and not isinstance(extra_digest, (bytes, bytearray, memoryview)):
         raise TypeError(f"extra_digest must be bytes or None, got {type(extra_digest).__name__}")
-    given = dict(zip(KNOBS, (single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)))
-    settings.check({name: value for name, value in given.items() if value is not None})
+    knobs = (single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
+    if not all(knob is None for knob in knobs):  # a call that gives none (the usual one) skips the table
+        settings.check({name: value for name, value in zip(KNOBS, knobs) if value is not None})
     return names
 
 
