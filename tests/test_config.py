@@ -54,6 +54,11 @@ def test_every_variable_is_read(tmp_path):
         ENV + "WAIT_PATIENCE": "none",
         ENV + "COMPILE_TIME_PRIOR_S": "0.3",
         ENV + "EXIT_TIMEOUT": "4.5",
+        ENV + "SINGLE_FLIGHT": "0",
+        ENV + "WAIT_TIMEOUT": "30",
+        ENV + "LEASE_TTL": "20",
+        ENV + "HEADER_RECHECK_S": "2",
+        ENV + "PORTABLE_KEYS": "off",
     }
     config = CacheConfig.from_env(environ)
     assert config.local_dir == tmp_path / "cache"
@@ -67,11 +72,14 @@ def test_every_variable_is_read(tmp_path):
     assert config.explain_misses is True and config.create_remote_root is True
     assert (config.lease_min_compile_rtts, config.wait_patience, config.compile_time_prior_s) == (6.0, None, 0.3)
     assert config.exit_timeout == 4.5
+    assert (config.single_flight, config.wait_timeout, config.lease_ttl) == (False, 30.0, 20.0)
+    assert (config.header_recheck_s, config.portable_keys) == (2.0, False)
     sources = config.sources()
     assert sources["remote"] == "env TIERED_PROGCACHE_REMOTE"
     assert sources["remote_read_only"] == "env TIERED_PROGCACHE_READ_ONLY"
     variables = {s.name: s.variable for s in settings.SETTINGS}
-    assert all(sources[name] == f"env {variable}" for name, variable in variables.items() if variable)
+    assert all(sources[name] == f"env {variable}" for name, variable in variables.items() if variable in environ)
+    assert set(environ) <= set(variables.values())  # each row's variable alone: test_text_reads_back_as_the_value
     assert [name for name, variable in variables.items() if not variable] == ["signing_key"]  # bytes: no variable
 
 
@@ -242,8 +250,30 @@ def test_config_is_immutable_and_compares_by_value():
     assert config.as_dict() == {s.name: (10 if s.name == "max_local_bytes" else s.default) for s in settings.SETTINGS}
 
 
+def test_the_documented_table_is_the_one_the_rows_write():
+    """docs/configuration.md's table is written from SETTINGS (python -m tiered_progcache.settingsdoc): never stale."""
+    from tiered_progcache import settingsdoc
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert doc.count(settingsdoc.BEGIN) == 1 and doc.count(settingsdoc.END) == 1
+    written = doc.split(settingsdoc.BEGIN)[1].split(settingsdoc.END)[0].strip()
+    assert written == settingsdoc.markdown_table(), "stale: run python -m tiered_progcache.settingsdoc"
+
+
+def test_a_stale_table_is_found_and_rewritten(tmp_path):
+    from tiered_progcache import settingsdoc
+
+    page = tmp_path / "configuration.md"
+    page.write_text(f"# Configuration\n\n{settingsdoc.BEGIN}\n| old | row |\n{settingsdoc.END}\n\nthe rest\n")
+    assert settingsdoc.main(["--check", str(page)]) == 1 and "old" in page.read_text()  # --check writes nothing
+    assert settingsdoc.main([str(page)]) == 0
+    text = page.read_text()
+    assert "| old | row |" not in text and settingsdoc.markdown_table() in text and text.endswith("the rest\n")
+    assert settingsdoc.rewrite(page, check=True) is True
+
+
 def test_every_setting_is_a_row_of_the_documented_table():
-    """docs/configuration.md is written by hand: each row of SETTINGS appears with its variable and flag."""
+    """Each row of SETTINGS appears in docs/configuration.md with its variable and flag."""
     doc = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     rows = {}
     for line in doc.splitlines():
@@ -280,9 +310,26 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
 
 
-def test_add_arguments_gives_the_old_flags():
-    assert _flags(_parser()) == OLD_FLAGS
-    assert _flags(_parser(exclude={"remote"})) == OLD_FLAGS - {"--remote"}
+def _table_flags() -> set[str]:
+    """Every row's flag, and ``--no-x`` for a switch that is on by default."""
+    flags = set()
+    for setting in settings.SETTINGS:
+        if setting.flag:
+            flags.add(setting.flag)
+            if setting.kind.switch and setting.default:
+                flags.add("--no-" + setting.flag.removeprefix("--"))
+    return flags
+
+
+def test_add_arguments_gives_the_old_flags_and_every_row_s():
+    assert OLD_FLAGS <= _flags(_parser()) == _table_flags()
+    assert _flags(_parser(exclude={"remote"})) == _table_flags() - {"--remote"}
+
+
+def test_a_switch_that_is_on_by_default_can_be_turned_off_and_on():
+    assert settings.overrides_from_args(_parser().parse_args(["--no-single-flight"])) == {"single_flight": False}
+    assert settings.overrides_from_args(_parser().parse_args(["--portable-keys"])) == {"portable_keys": True}
+    assert settings.overrides_from_args(_parser().parse_args([])) == {}
 
 
 def test_flags_parse_into_settings(tmp_path):
@@ -348,43 +395,66 @@ def test_text_reads_back_as_the_value(setting, tmp_path):
         "redis_expire_s": 3600.0,
         "transfer_concurrency": 16, "min_upload_compile_s": 0.25, "explain_misses": True,
         "lease_min_compile_rtts": 2.5, "wait_patience": None, "compile_time_prior_s": 0.75,
-        "exit_timeout": 4.5,
+        "exit_timeout": 4.5, "single_flight": False, "wait_timeout": 0.0, "lease_ttl": 7.5,
+        "header_recheck_s": 1.5, "portable_keys": False,
     }  # fmt: skip
-    value = samples[setting.name]
+    value = samples.get(setting.name, setting.default)  # a row added without a sample: its default round-trips
     text = setting.text(value)
-    assert CacheConfig.from_env({setting.variable: text}).as_dict()[setting.name] == value
+    config = CacheConfig.from_env({setting.variable: text})
+    assert config.as_dict()[setting.name] == value
+    assert config.sources()[setting.name] == (f"env {setting.variable}" if text else "default")  # "" is unset
 
 
 # -- a new setting is one row -------------------------------------------------------------------------
 
 
 def test_a_setting_added_to_the_table_reaches_every_way_in(monkeypatch, tmp_path):
-    """Adding a row (and nothing else) gives a variable, a constructor argument and a flag, all checked."""
+    """Adding a row (and nothing else) gives a variable, a constructor argument, a flag, the chain's value
+    where the code that uses it reads it, and its row of the documented table, all checked."""
+    from tiered_progcache import settingsdoc
+
     row = settings.Setting(
-        "lease_ttl", settings.SECONDS, 30.0, "seconds a cluster lease lasts",
-        env="LEASE_TTL", flag="--lease-ttl",
+        "probe_interval_s", settings.SECONDS, 30.0, "seconds between two probes of a remote",
+        env="PROBE_INTERVAL_S", flag="--probe-interval-s",
     )  # fmt: skip
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, row))
 
-    config = CacheConfig.from_env({ENV + "LEASE_TTL": "45"})
-    assert config.lease_ttl == 45.0 and config.sources()["lease_ttl"] == "env TIERED_PROGCACHE_LEASE_TTL"
-    assert CacheConfig.from_env({}).lease_ttl == 30.0
-    with pytest.raises(ValueError, match="^TIERED_PROGCACHE_LEASE_TTL: "):
-        CacheConfig.from_env({ENV + "LEASE_TTL": "soon"})
+    config = CacheConfig.from_env({ENV + "PROBE_INTERVAL_S": "45"})
+    assert config.probe_interval_s == 45.0
+    assert config.sources()["probe_interval_s"] == "env TIERED_PROGCACHE_PROBE_INTERVAL_S"
+    assert CacheConfig.from_env({}).probe_interval_s == 30.0
+    with pytest.raises(ValueError, match="^TIERED_PROGCACHE_PROBE_INTERVAL_S: "):
+        CacheConfig.from_env({ENV + "PROBE_INTERVAL_S": "soon"})
 
-    with TieredProgramCache(tmp_path, lease_ttl=10.0) as cache:  # accepted: a chain-wide setting
+    with TieredProgramCache(tmp_path, probe_interval_s=10.0) as cache:  # accepted: a chain-wide setting
         assert [t.name for t in cache.tiers] == ["memory", "local"]
-    with pytest.raises(ValueError, match="^lease_ttl: "):
-        TieredProgramCache(tmp_path, lease_ttl=-1)
+        assert cache.settings.probe_interval_s == 10.0  # where the code that uses it reads it
+    with TieredProgramCache(tiers=[InMemoryProgramCache()], probe_interval_s=11.0) as cache:
+        assert cache.settings.probe_interval_s == 11.0
+    with TieredProgramCache.from_env({ENV + "DIR": str(tmp_path), ENV + "PROBE_INTERVAL_S": "12"}) as cache:
+        assert cache.settings.probe_interval_s == 12.0
+        assert cache.settings.sources()["probe_interval_s"] == "env TIERED_PROGCACHE_PROBE_INTERVAL_S"
+    with pytest.raises(ValueError, match="^probe_interval_s: "):
+        TieredProgramCache(tmp_path, probe_interval_s=-1)
 
-    overrides = settings.overrides_from_args(_parser().parse_args(["--lease-ttl", "12"]))
-    assert overrides == {"lease_ttl": 12.0}
-    assert "TIERED_PROGCACHE_LEASE_TTL" in _parser().format_help()
+    overrides = settings.overrides_from_args(_parser().parse_args(["--probe-interval-s", "12"]))
+    assert overrides == {"probe_interval_s": 12.0}
+    assert "TIERED_PROGCACHE_PROBE_INTERVAL_S" in _parser().format_help()
+    assert ("| `probe_interval_s` | `TIERED_PROGCACHE_PROBE_INTERVAL_S` | `probe_interval_s` | "
+            "`--probe-interval-s SECONDS` | 30 s | seconds between two probes of a remote; chain-wide") in (
+        settingsdoc.markdown_table())  # fmt: skip
 
     tier_shaping = dataclasses.replace(row, name="lease_dir", env=None, flag=None, builds_tiers=True)
     monkeypatch.setattr(settings, "SETTINGS", (*settings.SETTINGS, tier_shaping))
     with pytest.raises(ValueError, match="lease_dir"):  # a tier-building row is refused with tiers=
         TieredProgramCache(tiers=[InMemoryProgramCache()], lease_dir=1.0)
+
+
+def test_no_setting_is_named_like_an_attribute_of_its_holder():
+    """Settings are plain attributes of ConfigValues (fast to read): one named ``sources`` would hide the method."""
+    from tiered_progcache.configvalues import ConfigValues
+
+    assert not {s.name for s in settings.SETTINGS} & set(dir(ConfigValues))
 
 
 def test_transfer_concurrency_reaches_the_remote(tmp_path):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 #: Each module that keeps state a child must reset, and the reset it registers.
 MODULE_RESETS = {
     "tiered_progcache.breaker._after_fork_in_child",
-    "tiered_progcache.compile._forget_default_after_fork",
+    "tiered_progcache.defaultcache._forget_default_after_fork",
     "tiered_progcache.exitbudget.ExitBudget._after_fork_in_child",
     "tiered_progcache.headermemo._new_lock_after_fork",
     "tiered_progcache.headerwatch._forget_after_fork",
@@ -58,6 +58,7 @@ def _in_child(report) -> list:
 
 def test_every_modules_reset_is_registered_once_with_the_one_registry():
     import tiered_progcache.compile  # noqa: F401  (every module that registers, imported)
+    import tiered_progcache.defaultcache  # noqa: F401
     import tiered_progcache.locks  # noqa: F401
     import tiered_progcache.runner  # noqa: F401
     import tiered_progcache.writeback  # noqa: F401

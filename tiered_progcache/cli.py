@@ -24,13 +24,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import settings
-from .config import masked
+from .config import CacheConfig, masked
 from .errors import RemoteURLError, one_line
 from .store import ENTRY_NAME_LENGTH, EntryStore
 from .units import format_age, format_size, parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from .config import CacheConfig
     from .localdir import LocalDir
     from .supervise import RunReport
 
@@ -242,8 +241,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_config(args: argparse.Namespace, **extra: Any) -> CacheConfig:
-    from .config import CacheConfig
-
     return CacheConfig.from_env(None, **{**_overrides(args), **extra})
 
 
@@ -448,8 +445,6 @@ def _checks(config: CacheConfig) -> list[tuple[str, str | None]]:
 
 def _config_with(config: CacheConfig, **changes: Any) -> CacheConfig:
     """``config`` with some settings changed (its sources kept for the rest)."""
-    from .config import CacheConfig
-
     return CacheConfig(**{**{k: v for k, v in config.as_dict().items() if v is not None}, **changes})
 
 

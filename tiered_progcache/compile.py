@@ -26,17 +26,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
-from . import forks
+from .compileargs import check_arguments, knobs_for
+from .defaultcache import default_cache
+from .explain import explain_key
 from .flightpolicy import compile_size, compile_times
 from .hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
@@ -49,6 +50,7 @@ from .manifest import (
     manifest_key,
 )
 from .singleflight import Work, run_once
+from .settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from .tiered import TieredProgramCache, stores_of
@@ -71,10 +73,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: How long a remote lease lives without renewal (the holder renews it every third of this).
-DEFAULT_LEASE_TTL_S = 60.0
-#: The longest any waiter waits for another thread, process or node before compiling itself.
-DEFAULT_WAIT_TIMEOUT_S = 300.0
 _FROM_BYTES = {"cubin": ObjectCode.from_cubin, "ptx": ObjectCode.from_ptx, "ltoir": ObjectCode.from_ltoir}
 
 
@@ -222,38 +220,6 @@ def _record_compile(event: CompileEvent) -> None:
     call_each(hooks, event, logger, "on_compile")
 
 
-# -- the default cache ---------------------------------------------------------------------------
-
-_default_lock = threading.Lock()
-_default: ProgramCacheResource | None = None
-
-
-def default_cache() -> ProgramCacheResource:
-    """The process-wide cache ``compile(cache=None)`` uses, built on first use.
-
-    From the ``TIERED_PROGCACHE_*`` environment; the local-only default chain (memory ->
-    cuda-core's user cache directory) if the configured remote's filesystem package
-    is not installed. Thread-safe; a forked child builds its own.
-    """
-    global _default
-    with _default_lock:
-        if _default is None:
-            try:
-                _default = TieredProgramCache.from_env()
-            except ImportError:
-                _default = TieredProgramCache()
-        return _default
-
-
-def _forget_default_after_fork() -> None:
-    global _default, _default_lock
-    _default_lock = threading.Lock()
-    _default = None  # the parent's write-back threads do not exist here
-
-
-forks.register(_forget_default_after_fork)
-
-
 # -- the helper ------------------------------------------------------------------------------------
 
 
@@ -286,11 +252,11 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     name_expressions: Sequence[str | bytes] = (),
     extra_digest: bytes | None = None,
     logs: Any = None,
-    single_flight: bool = True,
-    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S,
-    lease_ttl: float = DEFAULT_LEASE_TTL_S,
-    header_recheck_s: float = 0.0,
-    portable_keys: bool = True,
+    single_flight: bool | None = None,
+    wait_timeout: float | None = None,
+    lease_ttl: float | None = None,
+    header_recheck_s: float | None = None,
+    portable_keys: bool | None = None,
 ) -> ObjectCode:
     """Compile ``source`` unless an equal compile is cached; compile each key once per cluster.
 
@@ -318,6 +284,11 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     directory (``header-scans/``), so a new process validates one instead of scanning.
     ``logs`` receives the compiler log on a miss only.
 
+    ``single_flight``, ``wait_timeout``, ``lease_ttl``, ``header_recheck_s`` and
+    ``portable_keys`` are settings too: left out (None), each is the cache's
+    (``cache.settings``; ``TIERED_PROGCACHE_WAIT_TIMEOUT`` and the rest for the default
+    cache), else its default (on, 300 s, 60 s, 0 s, on; docs/configuration.md).
+
     Safe from any number of threads and processes at once, on one cache or many.
     Compiler errors propagate to the caller and to the threads waiting on it;
     waiting processes and nodes retry the compile and get the error themselves.
@@ -328,6 +299,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
+    single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
+        cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     compiled = compile_key(source, code_type, options, target_type, names, extra_digest,
                            portable=portable_keys, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
     key = compiled.key
@@ -396,63 +369,6 @@ def _races(cache: ProgramCacheResource, estimate: float | None) -> bool:
         return False
     shared = cache.shared_store
     return shared is not None and cache.flight_policy.races(estimate, shared.round_trip_s)
-
-
-_CODE_TYPES = ("c++", "ptx", "nvvm")
-
-
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def check_arguments(
-    source: object, code_type: object, options: object, target_type: object, cache: object,
-    name_expressions: object, extra_digest: object, single_flight: object, wait_timeout: object,
-    lease_ttl: object, header_recheck_s: object, portable_keys: object,
-) -> tuple[str | bytes, ...]:
-    """Every argument of :func:`compile` checked up front: a caller's bug is a TypeError/ValueError naming it.
-
-    Returns the name expressions as a tuple. :func:`tiered_progcache.explain` checks its arguments here too.
-    """
-    if not isinstance(code_type, str):
-        raise TypeError(f"code_type must be a str, got {type(code_type).__name__}")
-    if code_type.lower() not in _CODE_TYPES:
-        raise ValueError(f"code_type must be one of {', '.join(_CODE_TYPES)}, got {code_type!r}")
-    if code_type.lower() == "nvvm":
-        if not isinstance(source, (str, bytes, bytearray)):
-            raise TypeError(f"source must be str or bytes for code_type='nvvm', got {type(source).__name__}")
-    elif not isinstance(source, str):
-        raise TypeError(f"source must be a str for code_type={code_type!r}, got {type(source).__name__}")
-    if options is not None and not isinstance(options, ProgramOptions):
-        raise TypeError(f"options must be a cuda.core ProgramOptions or None, got {type(options).__name__}")
-    if not isinstance(target_type, str):
-        raise TypeError(f"target_type must be a str, got {type(target_type).__name__}")
-    if target_type.lower() not in _FROM_BYTES:
-        raise ValueError(f"target_type must be one of {', '.join(_FROM_BYTES)}, got {target_type!r}")
-    if cache is not None and not isinstance(cache, ProgramCacheResource):
-        raise TypeError(f"cache must be a cuda.core ProgramCacheResource or None, got {type(cache).__name__}")
-    if isinstance(name_expressions, (str, bytes)) or not isinstance(name_expressions, Iterable):
-        raise TypeError("name_expressions must be a sequence of str or bytes (not one string), "
-                        f"got {type(name_expressions).__name__}")
-    names = tuple(name_expressions)
-    if not all(isinstance(n, (str, bytes)) for n in names):
-        raise TypeError(f"name_expressions must hold str or bytes, got {[type(n).__name__ for n in names]}")
-    if extra_digest is not None and not isinstance(extra_digest, (bytes, bytearray, memoryview)):
-        raise TypeError(f"extra_digest must be bytes or None, got {type(extra_digest).__name__}")
-    if not isinstance(single_flight, bool):
-        raise TypeError(f"single_flight must be a bool, got {type(single_flight).__name__} {single_flight!r}")
-    if not _number("wait_timeout", wait_timeout) >= 0:
-        raise ValueError(f"wait_timeout must be >= 0, got {wait_timeout!r}")
-    ttl = _number("lease_ttl", lease_ttl)
-    if not (ttl > 0 and math.isfinite(ttl)):
-        raise ValueError(f"lease_ttl must be a positive, finite number of seconds, got {lease_ttl!r}")
-    if not _number("header_recheck_s", header_recheck_s) >= 0:
-        raise ValueError(f"header_recheck_s must be >= 0, got {header_recheck_s!r}")
-    if not isinstance(portable_keys, bool):
-        raise TypeError(f"portable_keys must be a bool, got {type(portable_keys).__name__} {portable_keys!r}")
-    return names
 
 
 def _compile_declined(
@@ -617,8 +533,6 @@ def _explain_miss(
     names: tuple[str | bytes, ...], extra_digest: bytes | None, compiled: CompileKey,
 ) -> None:
     """One INFO line saying why this compile missed (``explain_misses``); never raises."""
-    from .explain import explain_key
-
     try:
         report = explain_key(compiled, source, code_type, options, target, cache, names, extra_digest)
     except Exception as exc:

@@ -1,35 +1,24 @@
-"""CacheConfig: the settings of one cache, resolved from arguments, ``TIERED_PROGCACHE_*`` variables and defaults.
+"""CacheConfig: the settings of one cache, resolved from arguments, ``TIERED_PROGCACHE_*`` variables and defaults, and the chain they describe.
 
 Precedence: a keyword argument (``from_env(remote=...)``, a CLI flag) beats the
-environment, which beats the default. An empty variable counts as unset. A value that
-does not parse is a ``ValueError`` that names the variable, raised before anything is
-built, so a typo in a job's environment fails the job instead of silently running
-without a cache. What the settings are is :data:`tiered_progcache.settings.SETTINGS`.
+environment, which beats the default; an empty variable counts as unset; a value that
+does not parse is a ``ValueError`` naming the variable, raised before anything is
+built (:class:`~tiered_progcache.configvalues.ConfigValues` holds the values).
+What the settings are is :data:`tiered_progcache.settings.SETTINGS`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import stat
-from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from . import settings
-from .redact import MASK, masked
+from .configvalues import ConfigValues, read_key_file
+from .redact import masked
 from .settings import ENV_PREFIX
-
-if TYPE_CHECKING:
-    from .tiered import TieredProgramCache
+from .tiered import TieredProgramCache, shared_chain
 
 __all__ = ["ENV_PREFIX", "CacheConfig", "masked", "read_key_file"]
 
-logger = logging.getLogger(__name__)
 
-
-class CacheConfig:
-    """Every setting's value, checked, and where each came from. Immutable, so safe to share.
+class CacheConfig(ConfigValues):
+    """Every setting's value, checked, where each came from, and the cache they describe. Immutable, so safe to share.
 
     >>> config = CacheConfig.from_env(remote="s3://ci-kernels/cuda13")
     >>> config.remote, config.sources()["remote"], config.sources()["local_dir"]
@@ -43,100 +32,11 @@ class CacheConfig:
     the remote tier's default; ``max_*_bytes=None`` no limit.
     """
 
-    __slots__ = ("_values", "_sources")
-
-    def __init__(self, **values: Any) -> None:
-        checked = settings.check(values)
-        self._init(checked, dict.fromkeys(checked, "argument"))
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CacheConfig:
-        """Read ``TIERED_PROGCACHE_*`` from ``environ`` (default ``os.environ``); ``overrides`` win.
-
-        >>> CacheConfig.from_env({"TIERED_PROGCACHE_MAX_LOCAL_BYTES": "10G"}).max_local_bytes
-        10000000000
-        """
-        if environ is None:
-            environ = os.environ
-        values = settings.check(overrides)
-        sources = dict.fromkeys(values, "argument")
-        for setting in settings.SETTINGS:
-            variable = setting.variable
-            if setting.name in values or variable is None or not environ.get(variable, "").strip():
-                continue
-            try:
-                values[setting.name] = setting.parse_text(environ[variable])
-            except ValueError as exc:
-                raise ValueError(f"{variable}: {exc}") from None
-            sources[setting.name] = f"env {variable}"
-        config = cls.__new__(cls)
-        config._init(values, sources)
-        return config
-
-    def _init(self, given: dict[str, Any], sources: dict[str, str]) -> None:
-        both = [name for name in ("signing_key", "signing_key_file") if given.get(name) is not None]
-        if len(both) == 2:
-            where = " and ".join(_where(name, sources.get(name, "default")) for name in both)
-            raise ValueError(f"{where}: give the signing key or its file, not both")
-        values = {setting.name: given.get(setting.name, setting.default) for setting in settings.SETTINGS}
-        object.__setattr__(self, "_values", values)
-        object.__setattr__(self, "_sources", sources)
-
-    # -- reading ------------------------------------------------------------------------------------
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_"):
-            try:
-                return self._values[name]
-            except KeyError:
-                pass
-        raise AttributeError(f"{type(self).__name__!r} has no setting {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable; make a new one with CacheConfig(**values)")
-
-    def __dir__(self) -> list[str]:
-        return [*super().__dir__(), *self._values]
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CacheConfig):
-            return NotImplemented
-        return self._values == other._values
-
-    __hash__ = None  # type: ignore[assignment]  # holds a dict (remote_options)
-
-    def __repr__(self) -> str:
-        """Every storage option's value masked (a repr ends up in logs nobody reviews), secrets and URL passwords too."""
-        shown = self.masked()
-        if self.remote_options is not None:
-            shown["remote_options"] = dict.fromkeys(self.remote_options, MASK)
-        return "CacheConfig({})".format(", ".join(f"{name}={value!r}" for name, value in shown.items()))
-
-    def as_dict(self) -> dict[str, Any]:
-        """Setting name -> value, in the table's order (secrets included: do not log this)."""
-        return dict(self._values)
-
-    def masked(self) -> dict[str, Any]:
-        """Setting name -> value safe to print: secret settings, secret options (nested) and URL passwords masked."""
-        table = settings.by_name()
-        return {
-            name: MASK if table[name].secret and value is not None else masked(value)
-            for name, value in self._values.items()
-        }
-
-    def sources(self) -> dict[str, str]:
-        """Setting name -> ``"default"``, ``"env TIERED_PROGCACHE_X"`` or ``"argument"``."""
-        return {name: self._sources.get(name, "default") for name in self._values}
-
-    # -- building -------------------------------------------------------------------------------------
+    __slots__ = ()
 
     def build(self) -> TieredProgramCache:
         """A new cache as configured. A signing key file is read now (and only its bytes are kept)."""
-        from .tiered import TieredProgramCache, default_chain
-
-        table = settings.by_name()
-        chain_settings = {name: value for name, value in self._values.items() if not table[name].builds_tiers}
-        return TieredProgramCache(tiers=default_chain(self), **chain_settings)
+        return TieredProgramCache.from_config(self)
 
     def build_shared(self, *, namespace: str = "entries") -> TieredProgramCache | None:
         """A chain of the shared tiers alone (no memory, no local directory) on ``namespace``, or None if no remote is set.
@@ -144,62 +44,7 @@ class CacheConfig:
         What :mod:`tiered_progcache.triton` stands behind Triton's own local directory
         (``namespace="triton"``).
         """
-        from .tiered import TieredProgramCache, shared_chain
-
         specs = shared_chain(self, namespace=namespace)
         if not specs:
             return None
-        table = settings.by_name()
-        chain_settings = {name: value for name, value in self._values.items() if not table[name].builds_tiers}
-        return TieredProgramCache(tiers=specs, **chain_settings)
-
-    def read_signing_key(self) -> bytes | str | None:
-        """``signing_key``, or ``signing_key_file`` read by :func:`read_key_file`; None if neither.
-
-        A problem with the file is a ``ValueError`` naming where its path came from; a
-        file that group or others can read is warned about.
-        """
-        if self.signing_key is not None:
-            return self.signing_key
-        path = self.signing_key_file
-        if path is None:
-            return None
-        where = _where("signing_key_file", self.sources()["signing_key_file"])
-        try:
-            key = read_key_file(path)
-            mode = path.stat().st_mode
-        except OSError as exc:
-            raise ValueError(f"{where}: cannot read the signing key file: {exc}") from None
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            logger.warning(
-                "signing key file %s is readable by others (mode %o); anyone who reads it can sign entries",
-                path, stat.S_IMODE(mode),
-            )  # fmt: skip
-        return key
-
-
-def _where(name: str, source: str) -> str:
-    """How an error names a setting: by its variable if the value came from one, else by its name."""
-    return source.removeprefix("env ") if source.startswith("env ") else name
-
-
-def read_key_file(path: str | os.PathLike[str]) -> bytes:
-    """The signing key in the file at ``path``: its bytes less one trailing ``\\n`` or ``\\r\\n``.
-
-    The one reader of key files: ``signing_key_file=``, ``TIERED_PROGCACHE_SIGNING_KEY_FILE``,
-    ``--signing-key-file`` and ``signing_key=read_key_file(path)`` all go through it, so a
-    CI job and a node reading one file sign alike. One line ending is dropped because
-    ``openssl rand -hex 32 > f`` adds one; nothing else is stripped, because a binary key
-    (``openssl rand 32 > f``) may begin or end with whitespace bytes. ``OSError`` if
-    the file cannot be read, ``ValueError`` if it holds no key.
-    """
-    raw = Path(path).read_bytes()
-    for ending in (b"\r\n", b"\n"):
-        if raw.endswith(ending):
-            raw = raw[: -len(ending)]
-            break
-    if not raw:
-        raise ValueError(f"the signing key file {os.fspath(path)} is empty")
-    return raw
+        return TieredProgramCache.from_config(self, tiers=specs)

@@ -33,6 +33,8 @@ from typing import Any, Callable
 from cuda.core import ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, ProgramCacheResource
 
+from .compileargs import check_arguments, knob_for
+from .defaultcache import default_cache
 from .envelope import max_stored_bytes
 from .errors import one_line
 from .keys import CompileKey, compile_key
@@ -372,7 +374,7 @@ def explain(
     cache: ProgramCacheResource | None = None,
     name_expressions: Sequence[str | bytes] = (),
     extra_digest: bytes | None = None,
-    portable_keys: bool = True,
+    portable_keys: bool | None = None,
 ) -> Explanation:
     """Why ``compile()`` with these arguments would hit or miss, without compiling or writing anything.
 
@@ -381,17 +383,17 @@ def explain(
     nearest: entry 9a... in tier remote (same source); written by ci-7 at 2026-03-01T10:00:00Z, ...
       option `--std` c++20 vs c++17
 
-    Arguments as for :func:`tiered_progcache.compile` (checked alike). Safe from any
-    thread; reads only (see the module's docstring for what it costs).
+    Arguments as for :func:`tiered_progcache.compile` (checked alike; ``portable_keys``
+    left out is the cache's setting, as there). Safe from any thread; reads only (see the
+    module's docstring for what it costs).
     """
-    from .compile import check_arguments, default_cache
-
     names = check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
-                            True, 0.0, 1.0, 0.0, portable_keys)  # fmt: skip
+                            portable_keys=portable_keys)  # fmt: skip
     if options is None:
         options = ProgramOptions()
     if cache is None:
         cache = default_cache()
+    portable_keys = knob_for(cache, "portable_keys", portable_keys)
     compiled = compile_key(source, code_type, options, target_type, names, extra_digest, portable=portable_keys)
     return explain_key(compiled, source, code_type, options, target_type.lower(), cache, names, extra_digest)
 

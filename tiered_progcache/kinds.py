@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .manifest import MANIFEST_FORMAT, Manifest, ManifestError, decode_manifest, manifest_name
+from .manifest import MANIFEST_FORMAT, Manifest, ManifestError, decode_manifest, manifest_name, read_manifests
 from .symbols import SYMBOLS_FORMAT
 
 if TYPE_CHECKING:
@@ -121,8 +121,6 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
             else:
                 out[name] = EntryKind(KERNEL)
     if names:
-        from .manifest import read_manifests
-
         for name, m in read_manifests(store, listed).items():
             if isinstance(m, Manifest):
                 described[name] = m

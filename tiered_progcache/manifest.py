@@ -37,6 +37,7 @@ from typing import Any
 
 from ._cudacore import key_schema_version
 from .envelope import max_stored_bytes
+from .errors import one_line
 from .headerscan import path_roles, role_relative
 from .keys import CompileKey, HeaderFile
 from .store import EntryStore, StoredEntry, entry_name, is_entry_name
@@ -676,13 +677,9 @@ def read_shared_manifests(
             return out
         out.update(_read_batches(store, list(wanted), wanted, absent_ok=True))
     except Exception as exc:
-        from .errors import one_line
-
         logger.warning("could not read manifests from the shared store: %s", one_line(exc))
     return out
 
 
 def _reason(exc: BaseException) -> str:
-    from .errors import one_line
-
     return "gone since listed" if type(exc) is KeyError else one_line(exc)

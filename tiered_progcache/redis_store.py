@@ -31,7 +31,6 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .envelope import (
     HEADER_SIZE,
@@ -40,8 +39,9 @@ from .envelope import (
     joined_envelope,
     rest_to_read,
 )
-from .sharedstore import SharedEntryStore, checked_seconds, without_password
+from .sharedstore import SharedEntryStore, checked_seconds
 from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
+from .urls import DEFAULT_REDIS_PREFIX, REDIS_SCHEMES, check_redis_url, is_redis_url, split_redis_url
 
 __all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
 
@@ -49,53 +49,13 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: URL schemes this tier serves; every other scheme is an fsspec remote.
-REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: Key prefix when the URL gives none.
-DEFAULT_PREFIX = "tiered-progcache"
+DEFAULT_PREFIX = DEFAULT_REDIS_PREFIX
 #: Keys per SCAN step, per STRLEN pipeline and per DEL.
 _BATCH = 1000
 # A signed envelope carries an HMAC-SHA256 between header and body; the body is never
 # larger than the payload (zstd output is kept only when smaller).
 _MAC_SIZE = hashlib.sha256().digest_size
-
-
-def is_redis_url(url: object) -> bool:
-    """True for ``redis://``, ``rediss://`` and ``unix://`` URLs (no redis import needed)."""
-    return isinstance(url, str) and url.split("://", 1)[0].lower() in REDIS_SCHEMES and "://" in url
-
-
-def check_redis_url(url: str) -> None:
-    """``ValueError`` unless ``url`` is a Redis URL this tier can use (a db number, a non-empty prefix)."""
-    _split_url(url)
-
-
-def _split_url(url: str) -> tuple[str, str]:
-    """``(url for redis-py, key prefix)``: the prefix taken out of the path or the query."""
-    if not is_redis_url(url):
-        raise ValueError(f"not a Redis URL (redis://, rediss:// or unix://): {without_password(str(url))!r}")
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    prefix = DEFAULT_PREFIX
-    kept = []
-    for name, value in query:
-        if name == "prefix":
-            prefix = value
-        else:
-            kept.append((name, value))
-    path = parts.path
-    if parts.scheme in ("redis", "rediss"):
-        db, _, rest = path.strip("/").partition("/")
-        if db and not db.isdigit():
-            raise ValueError(f"Redis URL path must start with a database number: {without_password(url)!r}")
-        if rest:
-            prefix = rest.strip("/")
-        path = f"/{db}" if db else ""
-    if not prefix or any(c.isspace() for c in prefix):
-        raise ValueError(f"Redis key prefix must be non-empty, without spaces, got {prefix!r}")
-    query_text = urlencode(kept)
-    # Built by hand: urlunsplit drops the "//" of a unix:// URL that has no host.
-    return f"{parts.scheme}://{parts.netloc}{path}" + (f"?{query_text}" if query_text else ""), prefix
 
 
 def _redis() -> Any:
@@ -164,7 +124,7 @@ class RedisProgramCache(SharedEntryStore):
         """
         if not isinstance(url, str):
             raise TypeError(f"Redis URL must be a str, got {type(url).__name__}")
-        client_url, prefix = _split_url(url)
+        client_url, prefix = split_redis_url(url)
         redis = _redis()
         limit = checked_seconds("remote_timeout", "timeout", timeout)
         client = redis.Redis.from_url(client_url, socket_timeout=limit, socket_connect_timeout=limit)

@@ -29,7 +29,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 from . import fsutil
-from .errors import RemoteURLError
 from .envelope import (
     HEADER_SIZE,
     MAX_ENTRY_BYTES,
@@ -41,7 +40,8 @@ from .envelope import (
     stored_length,
 )
 from .runner import FilesystemFactory, RequestRunner
-from .sharedstore import SharedEntryStore, without_password
+from .sharedstore import SharedEntryStore
+from .urls import check_url
 from .store import (
     STALE_STAGED_AGE_S,
     LeaseStore,
@@ -640,34 +640,6 @@ def _unreachable_message(location: str, exc: BaseException, timeout: float) -> s
     return f"remote cache {location} is unreachable: {type(exc).__name__}: {exc}"
 
 
-def check_url(url: str) -> None:
-    """``RemoteURLError`` unless ``url`` is non-empty, has a scheme (``s3://``, ``file://``), and fsspec knows each one.
-
-    A chained URL (``simplecache::s3://bucket``) names bare protocols before its last
-    part, which must have ``://``. A path without a scheme is refused rather than read
-    as a local path: ``notaurl`` or ``s3:/bucket`` is a typo, and taking it for a
-    directory would put the "shared" cache in the working directory.
-    """
-    import fsspec
-
-    if not isinstance(url, str) or not url.strip():
-        raise RemoteURLError(f"remote URL must be a non-empty str, got {url!r}")
-    shown = without_password(url)
-    *outer, last = url.split("::")
-    if "://" not in last:
-        hint = ""
-        scheme, sep, rest = last.partition(":")
-        if sep and scheme.isalnum():
-            hint = f"; did you mean {scheme}://{rest.lstrip('/')}?"
-        elif last.startswith("/"):
-            hint = f"; for a local or NFS directory write file://{last}"
-        raise RemoteURLError(
-            f"remote URL {shown!r} has no scheme (give s3://bucket/prefix, gs://..., file:///abs/path, memory://...){hint}"
-        )
-    known = set(fsspec.available_protocols())
-    for scheme in [*outer, last.split("://", 1)[0]]:
-        if scheme not in known:
-            raise RemoteURLError(f"unknown URL scheme {scheme!r} in {shown!r} (fsspec knows e.g. s3, gs, file, memory)")
 
 
 def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:

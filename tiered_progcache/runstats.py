@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .settings import STATS_FILE_ENV  # the file caches append their exit report to; unset: none
 from .stats import COUNTER_FIELDS, CacheStats, CompileTally, CompileTotals, TierCounters, TierStats
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ __all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register
 
 logger = logging.getLogger(__name__)
 
-#: Path of the file that caches append their exit report to; unset means "do not report".
-STATS_FILE_ENV = "TIERED_PROGCACHE_STATS_FILE"
 
 # One record per registered cache: (pid at registration, [(tier name, counters)], its compile tally).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.

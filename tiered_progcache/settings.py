@@ -1,9 +1,15 @@
 """The one table of settings: each one's kind, default, variable, flag and help, and the checks they share.
 
 The keyword constructor of :class:`~tiered_progcache.tiered.TieredProgramCache`,
-:meth:`CacheConfig.from_env <tiered_progcache.config.CacheConfig.from_env>` and the
-command's options are all built from :data:`SETTINGS`, so a new setting is one row
-here plus the code that uses its value.
+:meth:`CacheConfig.from_env <tiered_progcache.config.CacheConfig.from_env>`, the
+command's options, ``compile()``'s defaults and the settings table of
+docs/configuration.md (:mod:`tiered_progcache.settingsdoc`) are all built from
+:data:`SETTINGS`, so a new setting is one row here plus the code that uses its value
+(a chain-wide one reads it as ``cache.settings.<name>``).
+
+Each default is written once, in its row; the few that other modules need by name are
+the ``DEFAULT_*`` constants below, which the rows use. This module imports no backend:
+a URL's shape is checked by :mod:`tiered_progcache.urls`.
 
 A value comes from one of two places. Text (an environment variable, a command-line
 flag) is read by its kind's ``from_text`` (``"10G"``, ``"true"``, ``'{"anon": true}'``);
@@ -23,17 +29,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .units import parse_size
+from .urls import check_redis_url, check_url, is_redis_url
 
 __all__ = [
     "DEFAULT_COMPILE_TIME_PRIOR_S",
     "DEFAULT_EXIT_TIMEOUT_S",
     "DEFAULT_LEASE_MIN_COMPILE_RTTS",
+    "DEFAULT_LEASE_TTL_S",
     "DEFAULT_MAX_MEMORY_BYTES",
+    "DEFAULT_MAX_PENDING_UPLOADS",
     "DEFAULT_MAX_PENDING_UPLOAD_BYTES",
     "DEFAULT_REMOTE_TIMEOUT_S",
+    "DEFAULT_TRANSFER_CONCURRENCY",
     "DEFAULT_WAIT_PATIENCE",
+    "DEFAULT_WAIT_TIMEOUT_S",
     "ENV_PREFIX",
     "SETTINGS",
+    "STATS_FILE_ENV",
     "Kind",
     "Setting",
     "add_arguments",
@@ -45,6 +57,10 @@ __all__ = [
 
 #: Every variable is this plus a setting's suffix: ``TIERED_PROGCACHE_REMOTE``.
 ENV_PREFIX = "TIERED_PROGCACHE_"
+
+#: Not a setting: the file ``tiered-progcache stats --run`` has every cache of the command append its
+#: counters to at exit (:mod:`tiered_progcache.runstats`). Read by every chain however it was built.
+STATS_FILE_ENV = ENV_PREFIX + "STATS_FILE"
 
 #: The memory tier's default byte cap: a few thousand typical cubins.
 DEFAULT_MAX_MEMORY_BYTES = 256 << 20
@@ -62,6 +78,16 @@ DEFAULT_EXIT_TIMEOUT_S = 10.0
 
 #: The byte cap on a tier's background write queue: as much as the memory tier holds.
 DEFAULT_MAX_PENDING_UPLOAD_BYTES = 256 << 20
+#: Background writes queued per tier before new ones are dropped.
+DEFAULT_MAX_PENDING_UPLOADS = 1024
+
+#: Remote requests in flight at once during warm and push (and entries per bulk request).
+DEFAULT_TRANSFER_CONCURRENCY = 64
+
+#: The longest any waiter waits for another thread, process or node before compiling itself.
+DEFAULT_WAIT_TIMEOUT_S = 300.0
+#: How long a remote lease lives without renewal (the holder renews it every third of this).
+DEFAULT_LEASE_TTL_S = 60.0
 
 #: Seconds one request to a shared tier (fsspec remote or Redis) may take before it counts as a failure.
 DEFAULT_REMOTE_TIMEOUT_S = 5.0
@@ -95,9 +121,13 @@ class Setting:
     """One row of the table.
 
     ``env`` is the variable's suffix after :data:`ENV_PREFIX` (None: no variable);
-    ``flag`` the command-line option (None: none). ``builds_tiers`` marks settings that
-    only shape the default chain, so they make no sense with ``tiers=[...]``; ``secret``
-    marks values never to be shown (``repr``, ``tiered-progcache config``).
+    ``flag`` the command-line option (None: none; a switch whose default is on also
+    gets ``--no-...``). ``builds_tiers`` marks settings that only shape the default
+    chain, so they make no sense with ``tiers=[...]``; the others are chain-wide. ``secret``
+    marks values never to be shown (``repr``, ``tiered-progcache config``). ``doc`` is
+    the meaning docs/configuration.md gives (default: ``help``); ``doc_default`` how it
+    shows the default where the value alone does not say it (``None`` that means
+    "cuda-core's directory").
     """
 
     name: str
@@ -108,6 +138,8 @@ class Setting:
     flag: str | None = None
     builds_tiers: bool = False
     secret: bool = False
+    doc: str = ""
+    doc_default: str = ""
 
     @property
     def variable(self) -> str | None:
@@ -200,6 +232,21 @@ def _check_seconds(value: Any) -> float | None:
     return float(value)
 
 
+def _check_positive_seconds(value: Any) -> float:
+    if value is None:
+        raise TypeError("must be a number of seconds, got None")
+    return _check_seconds(value)  # type: ignore[return-value]  # None is refused above
+
+
+def _check_wait_seconds(value: Any) -> float:
+    """Zero or more seconds (0: do not wait; ``inf``: no bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"must be a number of seconds, got {type(value).__name__}")
+    if not value >= 0:  # NaN too
+        raise ValueError(f"must be zero or more seconds, got {value!r}")
+    return float(value)
+
+
 def _seconds_from_text(text: str) -> float:
     try:
         return float(text)
@@ -267,13 +314,9 @@ def _check_url(value: Any) -> str | tuple[str, ...] | None:
 def _check_one_url(value: Any) -> None:
     if not isinstance(value, str):
         raise TypeError(f"must be a URL (str) or a list of URLs, got {type(value).__name__}")
-    from .redis_store import check_redis_url, is_redis_url  # no redis import: only the URL's shape
-
     if is_redis_url(value):
         check_redis_url(value)
         return
-    from .remote import check_url  # fsspec's scheme list: only loaded when a remote is named
-
     check_url(value)
 
 
@@ -362,6 +405,8 @@ SIZE = Kind("size", _check_size, _size_from_text, _none_as_word, metavar="SIZE")
 COUNT = Kind("count", _check_count, _count_from_text, _plain_text, metavar="N")
 SWITCH = Kind("switch", _check_switch, _switch_from_text, lambda value: "1" if value else "0", switch=True)
 SECONDS = Kind("seconds", _check_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
+POSITIVE_SECONDS = Kind("seconds", _check_positive_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
+WAIT_SECONDS = Kind("seconds", _check_wait_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
 FACTOR = Kind("factor", _check_factor, _factor_from_text, _plain_text, metavar="X")
 FACTOR_OR_NONE = Kind("factor", _check_factor_or_none, _factor_or_none_from_text, _none_as_word, metavar="X")
 PATH = Kind("path", _check_path, str, _plain_text, metavar="PATH")
@@ -371,82 +416,128 @@ CODEC = Kind("codec", _check_compression, str, _none_as_word, metavar="CODEC")
 KEY = Kind("key", _check_key, _no_text, _no_text)
 
 
-#: Every setting, in the order ``tiered-progcache config`` shows them.
+#: Every setting, in the order ``tiered-progcache config`` and docs/configuration.md show them.
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "local_dir", PATH, None, "local cache directory",
         env="DIR", flag="--dir", builds_tiers=True,
+        doc="the local tier's directory; `~` is expanded",
+        doc_default="cuda-core's directory: `<user cache dir>/cuda-python/program-cache` (`~/.cache/...` on Linux; "
+        "`XDG_CACHE_HOME` moves it)",
     ),
     Setting(
         "max_memory_bytes", SIZE, DEFAULT_MAX_MEMORY_BYTES, "cap on the memory tier, e.g. 512M",
         env="MAX_MEMORY_BYTES", builds_tiers=True,
+        doc="the memory tier's LRU cap; `none` = no limit",
     ),
     Setting(
         "max_local_bytes", SIZE, None, "cap on the local directory, e.g. 20G",
         env="MAX_LOCAL_BYTES", flag="--max-local-bytes", builds_tiers=True,
+        doc="the local directory's cap; over it, cuda-core evicts least-recently-read entries",
     ),
     Setting(
         "remote", URL, None,
         "the shared tiers, nearest first: one URL or several, comma-separated (redis://host:6379/0,s3://bucket/prefix)",
         env="REMOTE", flag="--remote", builds_tiers=True,
+        doc="the shared tiers, nearest first: one URL, or several as a list (`remote=[\"redis://cache:6379/0\", "
+        "\"s3://ci-kernels/cuda13\"]`; in the variable comma-separated or a JSON list). `redis://`, `rediss://` and "
+        "`unix://` URLs are Redis tiers ([cluster.md](cluster.md#redis-in-front-of-the-bucket)); any other is an "
+        "fsspec URL (`s3://bucket/prefix`, `gs://...`, `file:///nfs/...`, `memory://...`) whose scheme fsspec must "
+        "know. A hit in a slower one is promoted into the nearer ones; a write goes to each in the background",
+        doc_default="none (local only)",
     ),
     Setting(
         "remote_options", OPTIONS, None, "fsspec storage options as a JSON object, e.g. '{\"anon\": true}'",
         env="REMOTE_OPTIONS", flag="--remote-options", builds_tiers=True,
+        doc="fsspec storage options, a JSON object (`{\"endpoint_url\": \"http://minio:9000\", \"anon\": false}`)",
     ),
     Setting(
         "remote_read_only", SWITCH, False, "never write the remote",
         env="READ_ONLY", flag="--read-only", builds_tiers=True,
+        doc="never write, promote into or delete from the remote (a fleet reading what CI wrote)",
     ),
     Setting(
         "signing_key", KEY, None, "key that signs remote entries and checks their signatures (bytes)",
         builds_tiers=True, secret=True,
+        doc="HMAC key as `bytes` or `str`: writers sign entries, readers reject unsigned or wrongly signed ones. "
+        "Masked wherever settings are shown; give it or `signing_key_file`, not both",
+        doc_default="none (unsigned)",
     ),
     Setting(
         "signing_key_file", PATH, None, "key that signs remote entries and checks their signatures",
         env="SIGNING_KEY_FILE", flag="--signing-key-file", builds_tiers=True,
+        doc="a file holding `signing_key`. The file is read once at build by "
+        "`tiered_progcache.config.read_key_file` (the one reader: variable, flag and keyword alike; "
+        "`signing_key=read_key_file(path)` in code): one trailing `\\n` or `\\r\\n` is dropped and nothing else "
+        "(a binary key keeps its whitespace bytes); an empty file is an error; a warning if group or others can read it",
+        doc_default="none (unsigned)",
     ),
     Setting(
         "compression", CODEC, None, "compress remote entries (zstd)",
         env="COMPRESSION", flag="--compression", builds_tiers=True,
+        doc="`zstd` (needs the `zstd` extra) or `none`: how this process *writes* remote entries; readers read both",
     ),
     Setting(
         "remote_timeout", SECONDS, DEFAULT_REMOTE_TIMEOUT_S, "give up on one remote operation after this long",
         env="REMOTE_TIMEOUT", flag="--remote-timeout", builds_tiers=True,
+        doc="deadline of one remote request (listings get at least 120 s; a batch of `warm`/`push` scales with its size)",
+        doc_default="5 s",
     ),
     Setting(
         "create_remote_root", SWITCH, False,
         "create a file:// remote's directory if it does not exist (default: a missing one is an error, "
         "so an unmounted NFS share never fills the local disk)",
         env="CREATE_REMOTE_ROOT", flag="--create-remote-root", builds_tiers=True,
+        doc="create a `file://` remote's directory if it does not exist. Off, a missing one counts as a missing "
+        "bucket (an NFS share that is not mounted must not fill the local disk): a warning and a local-only start, "
+        "or with `strict` an error; a write never recreates it. Commands that only read (`ls`, `stats`, `explain`, "
+        "`verify`, `warm`'s reads, `export`, `config`) never create anything, whatever it says. Other filesystems "
+        "(`memory://`) create their root",
     ),
     Setting(
         "strict", SWITCH, False, "fail at once if the remote is unreachable (default: warn, run local-only)",
         env="STRICT", flag="--strict", builds_tiers=True,
+        doc="an unreachable remote, missing bucket or bad credentials at construction raise instead of a warning "
+        "and a local-only start",
     ),
     Setting(
         "redis_expire_s", SECONDS, None, "expire each entry written to a Redis tier after this long (none: keep)",
         env="REDIS_EXPIRE_S", builds_tiers=True,
+        doc="seconds after which Redis drops an entry written to a Redis tier (`SET ... PX`, renewed by every write "
+        "or promotion); fsspec remotes ignore it",
+        doc_default="none (keep)",
     ),
     Setting(
-        "transfer_concurrency", COUNT, 64, "remote requests in flight at once during warm and push",
+        "transfer_concurrency", COUNT, DEFAULT_TRANSFER_CONCURRENCY,
+        "remote requests in flight at once during warm and push",
         env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
+        doc="remote requests in flight at once during `warm`/`push` (raise s3fs's connection pool to match)",
     ),
     Setting(
         "min_upload_compile_s", SECONDS, None,
         "keep entries that compiled in less than this many seconds on the node: not uploaded (none: upload all)",
         env="MIN_UPLOAD_COMPILE_S", flag="--min-upload-compile-s",
+        doc="admission by compile time: an entry `compile()` built in less than this many seconds is kept in memory "
+        "and the local directory but not uploaded to the shared tiers "
+        "([cluster.md](cluster.md#admission-by-compile-time))",
+        doc_default="none (off)",
     ),
     Setting(
         "explain_misses", SWITCH, False,
         "log why each compile() miss missed (one INFO line on tiered_progcache.compile; lists every tier per miss)",
         env="EXPLAIN",
+        doc="`compile()` logs one INFO line per miss on `tiered_progcache.compile` (on stderr where the application "
+        "set up no logging) saying why it missed: the nearest stored entry and what differs "
+        "([cluster.md](cluster.md#why-did-this-miss)); costs a listing of every tier per miss, nothing when off",
     ),
     Setting(
         "lease_min_compile_rtts", FACTOR, DEFAULT_LEASE_MIN_COMPILE_RTTS,
         "take a cluster lease (other nodes wait for this compile) only when the compile is estimated at "
         "this many remote round trips or more (0: always)",
         env="LEASE_MIN_COMPILE_RTTS", flag="--lease-min-compile-rtts",
+        doc="a compile this node predicts under this many remote round trips races the remote lookup (both start "
+        "together, no lease, the first answer wins); one predicted longer, or never timed on this node, takes the "
+        "cluster lease (other nodes wait for it); `0`: always the lease ([cluster.md](cluster.md#when-nodes-wait))",
     ),
     Setting(
         "wait_patience", FACTOR_OR_NONE, DEFAULT_WAIT_PATIENCE,
@@ -454,26 +545,84 @@ SETTINGS: tuple[Setting, ...] = (
         "estimated compile times plus the upload's round trips (none, the default: wait while the holder's "
         "lease is renewed, up to compile()'s wait_timeout)",
         env="WAIT_PATIENCE", flag="--wait-patience",
+        doc="opt-in: a node waiting for another node's compile compiles itself after this many of the holder's "
+        "estimated compile times (from its lease, clamped to the lease TTL) plus four round trips and one poll "
+        "period; `none` (default): wait while the holder's lease is renewed, up to `wait_timeout` "
+        "([cluster.md](cluster.md#when-nodes-wait))",
     ),
     Setting(
         "compile_time_prior_s", SECONDS, DEFAULT_COMPILE_TIME_PRIOR_S,
         "unused (kept so old configurations parse): a compile never timed on this node takes the lease",
         env="COMPILE_TIME_PRIOR_S", flag="--compile-time-prior-s",
+        doc="unused, kept so old configurations still parse: a compile never timed on this node takes the lease, "
+        "whatever a prior would say",
     ),
     Setting(
-        "max_pending_uploads", COUNT, 1024, "background writes queued per tier before new ones are dropped",
+        "max_pending_uploads", COUNT, DEFAULT_MAX_PENDING_UPLOADS,
+        "background writes queued per tier before new ones are dropped",
         env="MAX_PENDING_UPLOADS",
+        doc="background write queue length per tier; a write to a full queue is dropped and counted (`dropped`)",
     ),
     Setting(
         "max_pending_upload_bytes", SIZE, DEFAULT_MAX_PENDING_UPLOAD_BYTES,
         "bytes of background writes queued or under way per tier before new ones are dropped, e.g. 1G",
         env="MAX_PENDING_UPLOAD_BYTES",
+        doc="bytes of background writes queued or under way per tier (`none`: no limit); a write that would pass "
+        "it is dropped and counted (`dropped`), so a slow remote costs at most this much memory per tier",
     ),
     Setting(
         "exit_timeout", SECONDS, DEFAULT_EXIT_TIMEOUT_S,
         "seconds interpreter exit may spend in all on background uploads and lease releases (process-wide: "
         "the smallest of its caches')",
         env="EXIT_TIMEOUT", flag="--exit-timeout",
+        doc="what interpreter exit may spend in all on this process's exit work: the flush of background uploads "
+        "and the release of a lease whose upload is in share it, counted from the flush's start; the work stops "
+        "0.5 s (at most half the budget) early to leave the interpreter's teardown that much. Process-wide: the "
+        "smallest value of any cache the process built",
+    ),
+    # compile()'s knobs: compile(cache=c) takes each from c.settings unless the call gives it.
+    Setting(
+        "single_flight", SWITCH, True,
+        "compile() on a miss: one thread per process, one process per local directory and one node per remote "
+        "compiles each key, the others wait for its entry",
+        env="SINGLE_FLIGHT", flag="--single-flight",
+        doc="`compile()` on a miss: one thread per process, one process per local directory and one node per "
+        "remote compiles each key while the others wait for its entry (up to `wait_timeout`); off, every caller "
+        "compiles ([cluster.md](cluster.md#when-nodes-wait)). `compile(single_flight=...)` wins",
+    ),
+    Setting(
+        "wait_timeout", WAIT_SECONDS, DEFAULT_WAIT_TIMEOUT_S,
+        "the longest compile() waits for another thread, process or node's compile before compiling itself",
+        env="WAIT_TIMEOUT", flag="--wait-timeout",
+        doc="the longest `compile()` waits for another thread, process or node compiling the same key before it "
+        "compiles itself (`0`: never wait), so a stuck holder costs time, never a hang. "
+        "`compile(wait_timeout=...)` wins",
+    ),
+    Setting(
+        "lease_ttl", POSITIVE_SECONDS, DEFAULT_LEASE_TTL_S,
+        "seconds a cluster lease lives without renewal (the holder renews it every third of this)",
+        env="LEASE_TTL", flag="--lease-ttl",
+        doc="seconds a cluster lease lives without renewal: the holder renews it every third of this, and a crashed "
+        "holder delays the other nodes by at most about this long ([cluster.md](cluster.md#when-nodes-wait)). "
+        "`compile(lease_ttl=...)` wins",
+    ),
+    Setting(
+        "header_recheck_s", WAIT_SECONDS, 0.0,
+        "seconds a process trusts a header scan before it looks at the headers again (0: every compile() call)",
+        env="HEADER_RECHECK_S", flag="--header-recheck-s",
+        doc="seconds a process trusts a header scan before it looks at the headers again (`0`: every `compile()` "
+        "call, which with inotify costs one `poll(2)`; a header edited within the window is not seen by this "
+        "process until it passes). `compile(header_recheck_s=...)` wins",
+    ),
+    Setting(
+        "portable_keys", SWITCH, True,
+        "key include directories by role and header content, not by path, so hosts with the headers elsewhere "
+        "share entries",
+        env="PORTABLE_KEYS", flag="--portable-keys",
+        doc="`compile()` and `explain()` key include directories and other paths by role (`I0`, `I1`, the "
+        "source's directory) and header content, not location, so hosts with the same headers under other roots "
+        "share entries; off, keys by path ([cluster.md](cluster.md#portable-keys)). "
+        "`compile(portable_keys=...)` wins",
     ),
 )  # fmt: skip
 
@@ -520,9 +669,9 @@ def add_arguments(parser: Any, *, exclude: Collection[str] = (), hidden: bool = 
         if hidden:
             help_text = argparse.SUPPRESS
         if setting.kind.switch:
-            parser.add_argument(
-                setting.flag, dest=setting.name, action="store_true", default=argparse.SUPPRESS, help=help_text
-            )
+            # A switch that is on by default can only be turned off: --x / --no-x.
+            action = argparse.BooleanOptionalAction if setting.default else "store_true"
+            parser.add_argument(setting.flag, dest=setting.name, action=action, default=argparse.SUPPRESS, help=help_text)
         else:
             parser.add_argument(
                 setting.flag,

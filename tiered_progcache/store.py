@@ -23,6 +23,7 @@ from typing import Any
 
 from . import _cudacore
 from .envelope import MAX_ENTRY_BYTES
+from .errors import EntryRejected
 
 __all__ = [
     "ENTRY_NAMESPACES",
@@ -184,8 +185,6 @@ class EntryStore(abc.ABC):
 
     def verify_entry(self, name: str) -> str | None:
         """None if ``name`` passes this store's checks, else a one-line reason (``"missing"`` if absent)."""
-        from .errors import EntryRejected
-
         try:
             self.read_entry(name)
         except EntryRejected as exc:

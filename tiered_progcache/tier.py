@@ -19,6 +19,7 @@ from .errors import EntryRejected, TierUnavailable
 from .localdir import KEYED_READS, LocalDir
 from .policy import TierPolicy
 from .ratelimit import RateLimitedLogger
+from .settings import DEFAULT_MAX_PENDING_UPLOAD_BYTES, DEFAULT_MAX_PENDING_UPLOADS
 from .stats import TierCounters, TierStats
 from .writeback import WriteBackQueue
 
@@ -40,8 +41,8 @@ class Tier:
         resource: ProgramCacheResource,
         policy: TierPolicy,
         *,
-        max_pending_writes: int = 1024,
-        max_pending_write_bytes: int | None = None,
+        max_pending_writes: int = DEFAULT_MAX_PENDING_UPLOADS,
+        max_pending_write_bytes: int | None = DEFAULT_MAX_PENDING_UPLOAD_BYTES,
     ) -> None:
         if not isinstance(resource, ProgramCacheResource):
             raise TypeError(

@@ -15,13 +15,13 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 from . import ledger
 from . import exitbudget
 from ._cudacore import as_key_bytes, extract_bytes
-from .config import CacheConfig
+from .configvalues import ConfigValues
 from .errors import DeleteFailed, one_line
 from .flightpolicy import FlightPolicy
 from .localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from .redis_store import RedisProgramCache, is_redis_url
-from .settings import by_name, remote_urls
+from .settings import STATS_FILE_ENV, by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats, CompileTally
 from .store import EntryStore
 from .tier import Tier
@@ -49,8 +49,8 @@ class TieredProgramCache(ProgramCacheResource):
     checked like ``from_env`` checks its variables: an unknown name is a ``TypeError``,
     a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
     chain from the given resources instead; settings that shape the default chain are
-    then a ``ValueError``, chain-wide ones (``max_pending_uploads``, ``max_pending_upload_bytes``,
-    ``min_upload_compile_s``, ``explain_misses``, ``exit_timeout``) still apply.
+    then a ``ValueError``, chain-wide ones (those without ``builds_tiers`` in the table)
+    still apply. :attr:`settings` holds every value, for the code that uses them.
 
     Reads try each tier in order; the first hit is returned and copied into every
     faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
@@ -81,7 +81,7 @@ class TieredProgramCache(ProgramCacheResource):
             if "local_dir" in settings:
                 raise TypeError("path and local_dir are one setting: give it once")
             settings["local_dir"] = path
-        config = CacheConfig(**settings)
+        config = ConfigValues(**settings)
         if tiers is None:
             specs = default_chain(config)
         else:
@@ -107,6 +107,7 @@ class TieredProgramCache(ProgramCacheResource):
         #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
         self._first_shared = next((i for i, t in enumerate(self._tiers) if t.policy.shared), len(self._tiers))
         self._closed = False
+        self._settings = config
         self._min_upload_compile_s: float | None = config.min_upload_compile_s
         self._explain_misses: bool = config.explain_misses
         self._flight_policy = FlightPolicy(
@@ -120,12 +121,17 @@ class TieredProgramCache(ProgramCacheResource):
             ledger.register(self, self._local_store.root)
         if config.exit_timeout is not None:
             exitbudget.PROCESS.allow(config.exit_timeout)  # one deadline for the process's exit work
-        if os.environ.get("TIERED_PROGCACHE_STATS_FILE"):
+        if os.environ.get(STATS_FILE_ENV):
             from .runstats import register  # `tiered-progcache stats --run`: report at exit
 
             register(self)
 
     # -- introspection -----------------------------------------------------------
+
+    @property
+    def settings(self) -> ConfigValues:
+        """Every setting's value for this chain (``compile()`` reads its defaults here): ``cache.settings.lease_ttl``."""
+        return self._settings
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
@@ -428,9 +434,14 @@ class TieredProgramCache(ProgramCacheResource):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TieredProgramCache:
         """Build the cache from ``TIERED_PROGCACHE_*`` variables (see docs/configuration.md)."""
-        from .config import CacheConfig
+        return cls.from_config(ConfigValues.from_env(environ, **overrides))
 
-        return CacheConfig.from_env(environ, **overrides).build()
+    @classmethod
+    def from_config(cls, config: ConfigValues, *, tiers: Sequence[TierSpec] | None = None) -> TieredProgramCache:
+        """The chain ``config`` describes (``tiers``: those, with ``config``'s chain-wide settings); ``settings`` is ``config``."""
+        cache = cls(tiers=default_chain(config) if tiers is None else tiers, **config.chain_wide())
+        cache._settings = config  # the same chain-wide values, and the rest with where each came from
+        return cache
 
 
 def _first_local_dir(tiers: Sequence[Tier]) -> LocalDir | None:
@@ -451,7 +462,7 @@ def _untimed_mask() -> int:
     return _TIME_ONE_HIT_IN_MASK
 
 
-def default_chain(config: CacheConfig) -> list[TierSpec]:
+def default_chain(config: ConfigValues) -> list[TierSpec]:
     """The chain ``config`` describes: memory -> the local directory -> each shared tier named, in order.
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
@@ -474,7 +485,7 @@ def default_chain(config: CacheConfig) -> list[TierSpec]:
     return specs + shared
 
 
-def shared_chain(config: CacheConfig, *, namespace: str = "entries") -> list[TierSpec]:
+def shared_chain(config: ConfigValues, *, namespace: str = "entries") -> list[TierSpec]:
     """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`), on entries of ``namespace``.
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
@@ -498,7 +509,7 @@ def shared_chain(config: CacheConfig, *, namespace: str = "entries") -> list[Tie
 
 
 def shared_tier(
-    config: CacheConfig,
+    config: ConfigValues,
     url: str,
     *,
     signing_key: bytes | str | None = None,

@@ -33,7 +33,7 @@ from . import _cudacore
 from .envelope import MAX_ENTRY_BYTES
 from .errors import EntryRejected
 from .store import STALE_STAGED_AGE_S, NodeDirStore, StoredEntry, check_entry_name
-from .tritonnames import GROUP_PREFIX, TritonFile, frame, group_record, name_of, read_group_record, unframe
+from .tritonnames import TritonFile, frame, group_record, name_of, read_group_record, unframe
 
 __all__ = ["TritonDir", "default_triton_dir"]
 

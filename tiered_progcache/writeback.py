@@ -27,7 +27,7 @@ import weakref
 from typing import Callable
 
 from . import exitbudget, forks
-from .settings import DEFAULT_EXIT_TIMEOUT_S
+from .settings import DEFAULT_EXIT_TIMEOUT_S, DEFAULT_MAX_PENDING_UPLOADS
 
 __all__ = ["Refused", "WriteBackQueue", "submission_mark"]
 
@@ -76,7 +76,7 @@ class WriteBackQueue:
         self,
         store: Callable[[bytes, bytes], None],
         *,
-        max_pending: int = 1024,
+        max_pending: int = DEFAULT_MAX_PENDING_UPLOADS,
         max_pending_bytes: int | None = None,
         name: str = "",
     ) -> None:
