@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import logging
 
@@ -23,6 +25,7 @@ from tiered_progcache.manifest import (
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
+from support import options
 
 SRC = r"""
 #include "x.h"
@@ -44,8 +47,8 @@ def include(tmp_path):
     return root
 
 
-def _opts(include, **extra) -> ProgramOptions:
-    return ProgramOptions(**{"arch": "sm_80", "std": "c++17", "include_path": [str(include)], **extra})
+#: The options every compile here uses (sm_80, C++17), with the include roots given first.
+_opts = functools.partial(options, arch="sm_80", std="c++17")
 
 
 def _lines(report) -> list[str]:
@@ -103,7 +106,7 @@ def test_a_missing_include_root_is_named(tmp_path, include):
     (extra / "y.h").write_text("#define Y 1\n")
     src = SRC + '#if __has_include("y.h")\n#include "y.h"\n#endif\n'
     with TieredProgramCache(tmp_path / "c") as cache:
-        tiered_progcache.compile(src, "c++", _opts(include, include_path=[str(include), str(extra)]), cache=cache)
+        tiered_progcache.compile(src, "c++", _opts(include, extra), cache=cache)
         report = explain(src, "c++", _opts(include), cache=cache)
     assert _lines(report) == [
         "include root I1 missing",

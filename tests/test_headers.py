@@ -18,6 +18,7 @@ from tiered_progcache import headers
 from tiered_progcache.headers import HeaderFile, header_digest, header_scan, needs_header_digest
 
 from header_support import fresh_header_memo  # noqa: F401  (autouse)
+from support import options as _opts
 
 ARCH = "sm_90"
 OLD = time.time() - 3600  # mtimes an hour back: old enough for the memo to trust a stat
@@ -47,10 +48,6 @@ def tree(tmp_path, monkeypatch):
 
 
 SRC = '#include <a.h>\nextern "C" __global__ void k(int* out) { *out = A_VAL; }\n'
-
-
-def _opts(inc: Path, **kw) -> ProgramOptions:
-    return ProgramOptions(arch=ARCH, include_path=[str(inc)], **kw)
 
 
 # -- what changes the digest -----------------------------------------------------------------
