@@ -11,17 +11,30 @@ real Triton kernel, also run as a script).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from tiered_progcache.samples import matmul_source
+from tiered_progcache.testing.contract import BackDoor
 
-__all__ = ["ARCH", "FakeClock", "assert_one_line_error", "compile_matmul", "options", "run_cli"]
+__all__ = [
+    "ARCH",
+    "FakeClock",
+    "FileBackDoor",
+    "FsspecBackDoor",
+    "RedisBackDoor",
+    "assert_one_line_error",
+    "compile_matmul",
+    "options",
+    "run_cli",
+]
 
 #: The architecture the tests compile for (sm_90, as on the H200); NVRTC builds its cubin on the CPU.
 ARCH = "sm_90"
@@ -85,3 +98,96 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, rc: int = 2) -> str
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     return lines[0]
+
+
+# -- back doors: each backend's medium, read without the store (EntryStoreTests' ``back_door``) -------
+
+
+def _shard(name: str) -> str:
+    """``<2 hex>/<62 hex>``: where an entry lives under ``entries/`` (cuda-core's layout, docs/remote-format.md)."""
+    return f"{name[:2]}/{name[2:]}"
+
+
+class FileBackDoor(BackDoor):
+    """A cache directory read with ``os`` calls alone: a local directory, or a ``file://`` remote's root."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _path(self, name: str) -> Path:
+        return self.root / "entries" / _shard(name)
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, raw: bytes) -> None:
+        self._path(name).parent.mkdir(parents=True, exist_ok=True)
+        self._path(name).write_bytes(raw)
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink()
+
+    def objects(self) -> list[str]:
+        found = []
+        for directory, _, files in os.walk(self.root):
+            found += [os.path.join(directory, f) for f in files]
+        return sorted(found)
+
+
+class FsspecBackDoor(BackDoor):
+    """A remote's objects through a raw fsspec filesystem of their own (not the store's), under ``base``."""
+
+    def __init__(self, fs: Any, base: str) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")
+
+    def _path(self, name: str) -> str:
+        return f"{self.base}/entries/{_shard(name)}"
+
+    def read(self, name: str) -> bytes | None:
+        self.fs.invalidate_cache()
+        try:
+            return bytes(self.fs.cat_file(self._path(name)))
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, raw: bytes) -> None:
+        self.fs.pipe_file(self._path(name), raw)
+        self.fs.invalidate_cache()
+
+    def delete(self, name: str) -> None:
+        self.fs.rm_file(self._path(name))
+        self.fs.invalidate_cache()
+
+    def objects(self) -> list[str]:
+        self.fs.invalidate_cache()
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(self.fs.find(self.base))
+        return []
+
+
+class RedisBackDoor(BackDoor):
+    """A Redis tier's keys through a raw redis-py client: entries at ``<prefix>:entries:<name>``."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:entries:{name}"
+
+    def read(self, name: str) -> bytes | None:
+        value = self.client.get(self._key(name))
+        return None if value is None else bytes(value)
+
+    def write(self, name: str, raw: bytes) -> None:
+        self.client.set(self._key(name), raw)
+
+    def delete(self, name: str) -> None:
+        assert self.client.delete(self._key(name)) == 1
+
+    def objects(self) -> list[str]:
+        return sorted(key.decode() for key in self.client.scan_iter(match=f"{self.prefix}:*"))
