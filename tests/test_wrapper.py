@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import uuid
 
@@ -15,11 +16,12 @@ from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing import (
     EntryStoreTests,
+    Gate,
     LeaseStoreTests,
     ProgramCacheContract,
     WrapperEntryStore,
 )
-from tiered_progcache.testing.wrapper import OPERATIONS, Call
+from tiered_progcache.testing.wrapper import GATE_TIMEOUT_S, OPERATIONS, Call
 
 from support import FakeClock, FileBackDoor
 
@@ -137,6 +139,12 @@ def test_a_gate_never_opened_fails_the_call_instead_of_hanging(remote):
     wrapped.hold("iter_entries", timeout=0.01)
     with pytest.raises(TimeoutError, match="gate never opened"):
         wrapped.iter_entries()
+
+
+def test_a_held_call_waits_the_documented_60_s_by_default(remote):
+    assert GATE_TIMEOUT_S == 60.0  # docs/writing-a-tier.md
+    assert inspect.signature(WrapperEntryStore.hold).parameters["timeout"].default == GATE_TIMEOUT_S
+    assert inspect.signature(Gate).parameters["timeout"].default == GATE_TIMEOUT_S
 
 
 def test_a_delay_goes_through_the_injected_sleep(remote):
