@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cuda.core import ProgramOptions
+from support import options
 
 from tiered_progcache import headermemo
 
@@ -27,9 +27,7 @@ def write_header(path: Path, text: str, *, mtime: float | None = OLD) -> Path:
     return path
 
 
-def include_opts(inc: Path, **kw) -> ProgramOptions:
-    """Options for sm_90 with ``inc`` as the one include directory."""
-    return ProgramOptions(arch="sm_90", include_path=[str(inc)], **kw)
+include_opts = options  # sm_90, ``inc`` the one include directory
 
 
 @pytest.fixture

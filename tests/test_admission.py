@@ -86,7 +86,7 @@ def test_the_setting_is_a_row_env_flag_and_checked(tmp_path):
         for bad, error in ((-1.0, ValueError), (math.nan, ValueError), ("1", TypeError), (True, TypeError)):
             with pytest.raises(error, match="compile_seconds"):
                 cache.put(b"k", b"v", compile_seconds=bad)
-    from cli_support import run_cli
+    from support import run_cli
 
     proc = run_cli("config", "--json", "--min-upload-compile-s", "2.5", "--dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ import pytest
 from tiered_progcache import CacheConfig, TieredProgramCache
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (fixtures)
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 
 DEEP_JSON = "[" * 20_000 + "]" * 20_000  # json recurses per level: RecursionError past ~1000
 

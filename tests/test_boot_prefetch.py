@@ -22,7 +22,7 @@ from tiered_progcache.store import entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 from test_single_flight import kernel, options
 
 K = 6

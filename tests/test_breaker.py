@@ -8,14 +8,7 @@ import pytest
 
 from tiered_progcache import TierUnavailable
 from tiered_progcache.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURE_THRESHOLD, CircuitBreaker
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from support import FakeClock
 
 
 def test_defaults_are_the_documented_ones():

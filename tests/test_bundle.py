@@ -24,16 +24,13 @@ from tiered_progcache.envelope import EnvelopeCodec
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.store import entry_name
+from support import options
 
 KEY = b"bundle signing key, 32 bytes ok!"
 KERNELS = [matmul_source(16), matmul_source(32, "relu")]
 NAMED = r"""
 template <typename T> __global__ void fill(T* out, T v, int n) { int i = threadIdx.x; if (i < n) out[i] = v; }
 """
-
-
-def _opts(arch: str = "sm_90") -> ProgramOptions:
-    return ProgramOptions(arch=arch, std="c++17")
 
 
 def _fill(root, sources=KERNELS, arch: str = "sm_90") -> list[str]:
@@ -44,7 +41,7 @@ def _fill(root, sources=KERNELS, arch: str = "sm_90") -> list[str]:
     """
     with TieredProgramCache(root) as cache:
         for src in sources:
-            Program(src, "c++", _opts(arch)).compile("cubin", cache=cache)
+            Program(src, "c++", options(arch=arch, std="c++17")).compile("cubin", cache=cache)
     return sorted(e.name for e in LocalDir(root).iter_entries())
 
 
@@ -57,7 +54,7 @@ def test_export_then_import_gives_a_node_that_compiles_nothing(tmp_path, compres
     _fill(tmp_path / "builder")
     # the name-expression compile below stores its symbol map as an entry too
     with TieredProgramCache(tmp_path / "builder") as cache:
-        tiered_progcache.compile(NAMED, "c++", _opts(), cache=cache, name_expressions=["fill<float>"])
+        tiered_progcache.compile(NAMED, "c++", options(std="c++17"), cache=cache, name_expressions=["fill<float>"])
     built = _names(LocalDir(tmp_path / "builder"))
     report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k.tpcb", compression=compression)
     assert (report.entries, report.skipped, report.failures) == (len(built), 0, 0)
@@ -76,8 +73,8 @@ def test_export_then_import_gives_a_node_that_compiles_nothing(tmp_path, compres
     before = tiered_progcache.compile_count()
     with TieredProgramCache(tmp_path / "fresh") as cache:
         for src in KERNELS:
-            tiered_progcache.compile(src, "c++", _opts(), cache=cache)
-        obj = tiered_progcache.compile(NAMED, "c++", _opts(), cache=cache, name_expressions=["fill<float>"])
+            tiered_progcache.compile(src, "c++", options(std="c++17"), cache=cache)
+        obj = tiered_progcache.compile(NAMED, "c++", options(std="c++17"), cache=cache, name_expressions=["fill<float>"])
         assert dict(obj.symbol_mapping) == {"fill<float>": obj.symbol_mapping["fill<float>"]}  # its map came along
         assert cache.stats()["local"].hits == 4  # 2 kernels, then 1 binary + 1 symbol map
     assert tiered_progcache.compile_count() - before == 0
@@ -324,7 +321,7 @@ def test_bad_arguments_are_named(tmp_path):
 
 
 def _cli(*args, env=None):
-    from cli_support import run_cli
+    from support import run_cli
 
     return run_cli(*args, env=env)
 
@@ -350,7 +347,7 @@ def test_cli_export_then_import_into_a_fresh_directory_and_to_a_remote(tmp_path)
 
 
 def _refused_by_cli(bundle, target, *extra, env=None) -> str:
-    from cli_support import assert_one_line_error
+    from support import assert_one_line_error
 
     proc = _cli("import", str(bundle), "--dir", str(target), *extra, env=env)
     line = assert_one_line_error(proc, rc=1)
@@ -387,7 +384,7 @@ def test_cli_refuses_tampered_escaping_truncated_and_unsigned_bundles_with_one_l
 
 
 def test_cli_usage_and_missing_files(tmp_path):
-    from cli_support import assert_one_line_error
+    from support import assert_one_line_error
 
     line = assert_one_line_error(_cli("export", str(tmp_path / "x"), "--arch", "hopper", "--dir", str(tmp_path)))
     assert "arch must look like sm_90" in line
@@ -480,7 +477,7 @@ def test_a_zstd_bundle_without_zstandard_is_refused_and_a_read_only_store_is_not
 
 def test_the_arch_filter_keeps_the_symbol_maps_of_name_expression_compiles(tmp_path):
     with TieredProgramCache(tmp_path / "builder") as cache:
-        obj = tiered_progcache.compile(NAMED, "c++", _opts(), cache=cache, name_expressions=["fill<float>"])
+        obj = tiered_progcache.compile(NAMED, "c++", options(std="c++17"), cache=cache, name_expressions=["fill<float>"])
     names = _names(LocalDir(tmp_path / "builder"))
     assert len(names) == 3  # the binary, its symbol map and its manifest
     report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k", arch="sm_90")

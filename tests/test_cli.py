@@ -20,7 +20,7 @@ from tiered_progcache.localdir import LocalDir
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.store import entry_name
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 
 DAY = 86400.0
 

@@ -14,7 +14,7 @@ from tiered_progcache.manifest import decode_manifest, manifest_key, manifest_na
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (pytest fixtures)
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 
 SRC = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n'
 BARE = 'extern "C" __global__ void bare(float* x) { x[threadIdx.x] = 0.0f; }\n'

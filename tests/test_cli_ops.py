@@ -20,7 +20,7 @@ from tiered_progcache import TieredProgramCache
 from tiered_progcache.localdir import LocalDir
 from tiered_progcache.remote import RemoteProgramCache
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

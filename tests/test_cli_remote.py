@@ -12,7 +12,7 @@ from tiered_progcache.localdir import LocalDir
 from tiered_progcache.samples import EPILOGUES, matmul_source
 from tiered_progcache.store import entry_name
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (pytest fixtures)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.manifest import manifest_name
 from tiered_progcache.store import LeaseStore, entry_name
 from tiered_progcache.samples import matmul_source
+from support import options
 
 ARCH = "sm_90"
 TEMPLATED = r"""
@@ -28,8 +30,8 @@ __global__ void fill(T* out, T value, int n) {
 NAMES = ("fill<float>", "fill<int>")
 
 
-def _opts(**kw) -> ProgramOptions:
-    return ProgramOptions(arch=ARCH, std="c++17", **kw)
+#: The options every compile here uses, unless a test adds to them.
+_opts = functools.partial(options, std="c++17")
 
 
 @pytest.fixture
@@ -129,7 +131,7 @@ def test_user_extra_digest_is_kept_alone_and_mixed_with_header_digests(tmp_path,
     (tmp_path / "inc").mkdir()
     (tmp_path / "inc" / "h.h").write_text("#define H 1\n")
     with_inc = "#include <h.h>\n" + src
-    opts = _opts(include_path=[str(tmp_path / "inc")])
+    opts = _opts(tmp_path / "inc")
     tiered_progcache.compile(with_inc, "c++", opts, cache=cache, extra_digest=b"v1")
     tiered_progcache.compile(with_inc, "c++", opts, cache=cache, extra_digest=b"v2")
     assert len(events) == 4

@@ -2,8 +2,8 @@
 
 Real shared stores (moto S3 over HTTP, a real redis-server); the race is forced with
 events, not sleeps: the upload is taken off the queue and held inside the tier's write
-(``writing`` is set, then it waits for ``proceed``) while the delete runs. The delete
-logs that it waits for that upload; a handler on that record lets the upload go on, so
+(at a ``WrapperEntryStore`` gate: it arrives, then waits to be let go) while the delete
+runs. The delete logs that it waits for that upload; a handler on that record lets the upload go on, so
 the delete is in its wait when the upload lands. On a51b919 the delete did not wait: it
 returned at once, the upload landed after it, and another node was served k.
 """
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 
 import pytest
 from cuda.core.utils import InMemoryProgramCache, ProgramCacheResource
 
 from tiered_progcache import DeleteFailed, TieredProgramCache, TierPolicy
 from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.store import EntryStore
+from tiered_progcache.testing import Gate, WrapperEntryStore
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (fixtures)
 
@@ -26,42 +27,22 @@ KEY = b"raced-key"
 VALUE = b"\x7fELF\x02\x01" + bytes(58) + hashlib.sha256(b"raced").digest() * 20
 
 
-class HeldWrites(ProgramCacheResource):
-    """Delegates to a real shared store; each write, once the worker has it, waits for ``proceed``."""
-
-    def __init__(self, store: ProgramCacheResource) -> None:
-        self.store = store
-        self.writing = threading.Event()
-        self.proceed = threading.Event()
-
-    def __getitem__(self, key):
-        return self.store[key]
-
-    def __setitem__(self, key, value):
-        self.writing.set()  # the upload is under way: off the queue, inside the tier's write
-        assert self.proceed.wait(60), "the test never let the upload go on"
-        self.store[key] = value
-
-    def __delitem__(self, key):
-        del self.store[key]
-
-    def __len__(self):
-        return len(self.store)
-
-    def clear(self):
-        self.store.clear()
+def _held(store: EntryStore) -> tuple[WrapperEntryStore, Gate]:
+    """``store`` with each write, once the worker has it, held inside the tier's write until the gate opens."""
+    wrapped = WrapperEntryStore(store)
+    return wrapped, wrapped.hold("write_entry", timeout=60)
 
 
-class _SetOnRecord(logging.Handler):
-    """Sets ``event`` when a record containing ``text`` is logged (the delete says it waits)."""
+class _OpenOnRecord(logging.Handler):
+    """Opens ``gate`` when a record containing ``text`` is logged (the delete says it waits)."""
 
-    def __init__(self, event: threading.Event, text: str) -> None:
+    def __init__(self, gate: Gate, text: str) -> None:
         super().__init__(logging.INFO)
-        self.event, self.text = event, text
+        self.gate, self.text = gate, text
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.text in record.getMessage():
-            self.event.set()
+            self.gate.open()
 
 
 @pytest.fixture(params=["s3", "redis"])
@@ -89,8 +70,8 @@ def upload_released_by_the_delete_wait(caplog):
     caplog.set_level(logging.INFO, logger="tiered_progcache.tier")
     handlers = []
 
-    def attach(held: HeldWrites) -> None:
-        handler = _SetOnRecord(held.proceed, "a delete waits for the upload")
+    def attach(upload: Gate) -> None:
+        handler = _OpenOnRecord(upload, "a delete waits for the upload")
         logging.getLogger("tiered_progcache.tier").addHandler(handler)
         handlers.append(handler)
 
@@ -102,14 +83,14 @@ def upload_released_by_the_delete_wait(caplog):
 def test_a_delete_racing_an_upload_under_way_leaves_no_entry_for_another_node(
     shared_store, upload_released_by_the_delete_wait
 ):
-    held = HeldWrites(shared_store())
-    upload_released_by_the_delete_wait(held)
+    held, upload = _held(shared_store())
+    upload_released_by_the_delete_wait(upload)
     node = _node(held)
     node[KEY] = VALUE
-    assert held.writing.wait(30)  # the upload is under way, held mid-write
+    assert upload.wait_arrived(30)  # the upload is under way, held mid-write
     del node[KEY]
-    delete_waited = held.proceed.is_set()  # the handler let the upload land while the delete waited
-    held.proceed.set()  # without the wait: the upload lands only now, after the delete returned
+    delete_waited = upload.is_open  # the handler let the upload land while the delete waited
+    upload.open()  # without the wait: the upload lands only now, after the delete returned
     assert node.flush(30)
     other = _node(shared_store())
     assert other.get(KEY) is None  # not served: the delete came after the upload
@@ -124,10 +105,10 @@ def test_a_delete_whose_upload_stays_under_way_past_the_wait_says_the_entry_may_
     shared_store, monkeypatch
 ):
     monkeypatch.setattr("tiered_progcache.tier.DELETE_UPLOAD_WAIT_S", 0.01)
-    held = HeldWrites(shared_store())
+    held, upload = _held(shared_store())
     node = _node(held)
     node[KEY] = VALUE
-    assert held.writing.wait(30)
+    assert upload.wait_arrived(30)
     with pytest.raises(DeleteFailed) as raised:
         del node[KEY]
     assert raised.value.tiers == ("remote",)
@@ -135,7 +116,7 @@ def test_a_delete_whose_upload_stays_under_way_past_the_wait_says_the_entry_may_
     assert "still under way" in str(raised.value)
     assert node.stats()["remote"].timeouts == 1
     assert node.tiers[0].resource.get(KEY) is None  # the memory tier let it go
-    held.proceed.set()
+    upload.open()
     assert node.flush(30)
     assert _node(shared_store()).get(KEY) == VALUE  # what DeleteFailed warned of: the upload landed after
     node.close()
@@ -143,13 +124,13 @@ def test_a_delete_whose_upload_stays_under_way_past_the_wait_says_the_entry_may_
 
 def test_a_delete_of_a_queued_upload_cancels_it_without_waiting(shared_store):
     """Two writes queued behind one held upload: deleting the second cancels it; it never reaches the store."""
-    held = HeldWrites(shared_store())
+    held, upload = _held(shared_store())
     node = _node(held)
     node[b"first"] = VALUE
-    assert held.writing.wait(30)
+    assert upload.wait_arrived(30)
     node[KEY] = VALUE  # queued behind the held one
     del node[KEY]  # cancelled from the queue: no wait, so no release needed
-    held.proceed.set()
+    upload.open()
     assert node.flush(30)
     other = _node(shared_store())
     assert other.get(KEY) is None and other.get(b"first") == VALUE

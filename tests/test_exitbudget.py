@@ -10,18 +10,11 @@ from cuda.core.utils import InMemoryProgramCache
 from tiered_progcache import TieredProgramCache, exitbudget
 from tiered_progcache.exitbudget import TEARDOWN_RESERVE_S, ExitBudget
 from tiered_progcache.settings import DEFAULT_EXIT_TIMEOUT_S
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from support import FakeClock
 
 
 def test_the_budget_is_the_default_until_allowed_and_then_the_smallest_allowance():
-    budget = ExitBudget(FakeClock())
+    budget = ExitBudget(FakeClock(100.0))
     assert budget.budget_s == DEFAULT_EXIT_TIMEOUT_S == 10.0
     budget.allow(30)
     assert budget.budget_s == 30.0  # one cache may ask for more than the default
@@ -37,7 +30,7 @@ def test_a_bad_allowance_is_a_value_error_naming_the_setting(bad):
 
 
 def test_the_clock_starts_once_and_the_work_stops_the_teardown_reserve_before_the_budget():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     budget = ExitBudget(clock)
     budget.allow(4)
     assert not budget.began
@@ -51,20 +44,20 @@ def test_the_clock_starts_once_and_the_work_stops_the_teardown_reserve_before_th
 
 
 def test_a_small_budget_keeps_at_least_half_of_itself_for_the_work():
-    budget = ExitBudget(FakeClock())
+    budget = ExitBudget(FakeClock(100.0))
     budget.allow(0.4)
     assert budget.begin() == pytest.approx(100.0 + 0.2)
 
 
 def test_remaining_starts_the_clock_when_exit_work_asks_first():
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     budget = ExitBudget(clock)
     assert budget.remaining() == DEFAULT_EXIT_TIMEOUT_S - TEARDOWN_RESERVE_S
     assert budget.began
 
 
 def test_join_waits_for_a_thread_that_ends_and_gives_up_on_one_that_hangs_once_the_budget_is_spent():
-    budget = ExitBudget(FakeClock())
+    budget = ExitBudget(FakeClock(100.0))
     go = threading.Event()
     ends = threading.Thread(target=go.wait, daemon=True)
     ends.start()
@@ -79,7 +72,7 @@ def test_join_waits_for_a_thread_that_ends_and_gives_up_on_one_that_hangs_once_t
 
 
 def test_a_cache_hands_its_exit_timeout_to_the_process_budget(monkeypatch):
-    process = ExitBudget(FakeClock())
+    process = ExitBudget(FakeClock(100.0))
     monkeypatch.setattr(exitbudget, "PROCESS", process)
     TieredProgramCache(tiers=[InMemoryProgramCache()], exit_timeout=2.5)
     assert process.budget_s == 2.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import pytest
@@ -22,7 +23,9 @@ from tiered_progcache.manifest import (
 )
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
+from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401  (fixtures)
+from support import options
 
 SRC = r"""
 #include "x.h"
@@ -44,8 +47,8 @@ def include(tmp_path):
     return root
 
 
-def _opts(include, **extra) -> ProgramOptions:
-    return ProgramOptions(**{"arch": "sm_80", "std": "c++17", "include_path": [str(include)], **extra})
+#: The options every compile here uses (sm_80, C++17), with the include roots given first.
+_opts = functools.partial(options, arch="sm_80", std="c++17")
 
 
 def _lines(report) -> list[str]:
@@ -103,7 +106,7 @@ def test_a_missing_include_root_is_named(tmp_path, include):
     (extra / "y.h").write_text("#define Y 1\n")
     src = SRC + '#if __has_include("y.h")\n#include "y.h"\n#endif\n'
     with TieredProgramCache(tmp_path / "c") as cache:
-        tiered_progcache.compile(src, "c++", _opts(include, include_path=[str(include), str(extra)]), cache=cache)
+        tiered_progcache.compile(src, "c++", _opts(include, extra), cache=cache)
         report = explain(src, "c++", _opts(include), cache=cache)
     assert _lines(report) == [
         "include root I1 missing",
@@ -238,29 +241,13 @@ def test_corrupt_forged_and_oversize_manifests_are_reported_and_never_change_a_c
 # -- what explain costs ------------------------------------------------------------------------------
 
 
-class CountingRemote(RemoteProgramCache):
-    """A real file:// remote that counts its listings and the entries read from it."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.listings = 0
-        self.reads: list[str] = []
-
-    def iter_entries(self):
-        self.listings += 1
-        return super().iter_entries()
-
-    def read_entry(self, name):
-        self.reads.append(name)
-        return super().read_entry(name)
-
-    def read_many(self, names):  # fetches side by side (not through read_entry)
-        self.reads.extend(names)
-        return super().read_many(names)
+def _counting_remote(root) -> WrapperEntryStore:
+    """A real file:// remote that counts its listings and the entries read from it (one by one or side by side)."""
+    return WrapperEntryStore(RemoteProgramCache.from_url(root.as_uri()))
 
 
 def test_a_miss_reads_at_most_the_bound_and_skips_oversize_manifests_by_their_listed_size(tmp_path, include):
-    remote = CountingRemote.from_url((tmp_path / "bucket").as_uri())
+    remote = _counting_remote(tmp_path / "bucket")
     with TieredProgramCache(tmp_path / "c") as builder:
         tiered_progcache.compile(SRC, "c++", _opts(include), cache=builder)
     (real,) = [e.name for e in LocalDir(tmp_path / "c").iter_entries() if manifest_name(e.name) in
@@ -274,12 +261,13 @@ def test_a_miss_reads_at_most_the_bound_and_skips_oversize_manifests_by_their_li
     big = entry_name(b"big")
     remote.write_entry(big, b"\x7fELF")
     remote.write_entry(manifest_name(big), b" " * OVERSIZE)
-    remote.listings, remote.reads = 0, []
+    remote.reset_counts()
     report = explain(SRC, "c++", _opts(include, std="c++20"), cache=remote)
-    assert remote.listings == 1
-    assert len(remote.reads) == MAX_MANIFEST_READS == report.manifests_read == 32
-    assert manifest_name(big) not in remote.reads and all(name in {manifest_name(entry_name(f"other-{n}".encode()))
-                                                               for n in range(40)} for name in remote.reads)  # fmt: skip
+    reads = remote.names("read_entry", "read_many")
+    assert remote.calls["iter_entries"] == 1
+    assert len(reads) == MAX_MANIFEST_READS == report.manifests_read == 32
+    assert manifest_name(big) not in reads and all(name in {manifest_name(entry_name(f"other-{n}".encode()))
+                                                            for n in range(40)} for name in reads)  # fmt: skip
     assert f"read the {MAX_MANIFEST_READS} newest of {MAX_MANIFEST_READS + 8} manifests" in report.notes
     assert len(report.candidates) == 3 and {c.similarity for c in report.candidates} == {"same source"}
     assert [u.entry for u in report.unreadable] == [big]
@@ -287,13 +275,13 @@ def test_a_miss_reads_at_most_the_bound_and_skips_oversize_manifests_by_their_li
 
 def test_explain_misses_off_lists_nothing_and_on_lists_each_tier_once_per_miss(tmp_path, include):
     for on, listings in ((False, 0), (True, 2)):
-        remote = CountingRemote.from_url((tmp_path / f"bucket-{on}").as_uri())
+        remote = _counting_remote(tmp_path / f"bucket-{on}")
         chain = TieredProgramCache(tiers=[(remote, TierPolicy("remote", shared=True))], explain_misses=on)  # sync writes
         tiered_progcache.compile(SRC, "c++", _opts(include), cache=chain)  # a miss
         tiered_progcache.compile(SRC, "c++", _opts(include), cache=chain)  # a hit
         tiered_progcache.compile(SRC, "c++", _opts(include, std="c++20"), cache=chain)  # a miss
         chain.close()
-        assert remote.listings == listings, on
+        assert remote.calls["iter_entries"] == listings, on
 
 
 def test_compile_logs_one_info_line_per_miss_and_none_per_hit(tmp_path, include, monkeypatch, caplog):
@@ -350,15 +338,9 @@ def test_difference_lines_for_each_component():
     assert {d: d.line for d in cases} == cases
 
 
-class UnlistableRemote(RemoteProgramCache):
-    """A file:// remote whose listings fail (a bucket that denies ListBucket)."""
-
-    def iter_entries(self):
-        raise PermissionError("ListBucket denied")
-
-
 def test_a_tier_that_fails_is_a_note_not_an_exception(tmp_path, include):
-    remote = UnlistableRemote.from_url((tmp_path / "bucket").as_uri())
+    remote = WrapperEntryStore(RemoteProgramCache.from_url((tmp_path / "bucket").as_uri()))
+    remote.fail("iter_entries", PermissionError("ListBucket denied"))  # a bucket that denies ListBucket
     with TieredProgramCache(tiers=[(remote, TierPolicy("remote", shared=True))]) as cache:
         tiered_progcache.compile(SRC, "c++", _opts(include), cache=cache)
         report = explain(SRC, "c++", _opts(include, std="c++20"), cache=cache)

@@ -31,6 +31,7 @@ from tiered_progcache.latency import LatencyTracker
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_RTTS
 from tiered_progcache.store import entry_name
+from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
 from test_single_flight import kernel, options
@@ -508,30 +509,16 @@ def test_a_raced_compile_that_answers_first_is_stored_and_uploaded_and_takes_no_
     assert not leases_dir.exists() or not any(leases_dir.iterdir())
 
 
-class GatedReadRemote(RemoteProgramCache):
-    """A real file:// remote whose read of ``held`` waits for ``gate``: "the lookup is still under way" as a state."""
-
-    held: bytes
-    gate: threading.Event
-    reading: threading.Event
-
-    def __getitem__(self, key):
-        if bytes(key) == self.held:
-            self.reading.set()
-            assert self.gate.wait(JOIN_S)
-        return super().__getitem__(key)
-
-
 def test_a_raced_compile_that_answers_first_is_returned_while_the_lookup_is_still_under_way(tmp_path, decisions, events):
     """The race's lookup is held mid-read; the compile (predicted short) answers, and compile() returns
     then, not when the lookup comes back: a race costs the faster of the two, never the slower."""
     from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
 
     (tmp_path / "remote").mkdir()
-    remote = GatedReadRemote.from_url(f"file://{tmp_path / 'remote'}")
+    remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
     source = kernel(332)
-    remote.held = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
-    remote.gate, remote.reading = threading.Event(), threading.Event()
+    held = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
+    lookup = remote.hold("read_entry", name=entry_name(held), timeout=JOIN_S)  # "still under way" as a state
     _predicting(compile_times, source, 0.001)
     node = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
                               lease_min_compile_rtts=1e9)  # fmt: skip
@@ -542,9 +529,9 @@ def test_a_raced_compile_that_answers_first_is_returned_while_the_lookup_is_stil
     try:
         caller.join(JOIN_S)
         assert returned, "compile() waited for the lookup although its compile had answered"
-        assert remote.reading.is_set() and not remote.gate.is_set()  # the lookup was under way all along
+        assert lookup.arrived.is_set() and not lookup.is_open  # the lookup was under way all along
     finally:
-        remote.gate.set()
+        lookup.open()
         caller.join(JOIN_S)
         node.close()
     assert [d.choice for d in decisions] == ["raced"] and len(events) == 1

@@ -26,6 +26,7 @@ from tiered_progcache.headerwatch import HeaderWatcher, replace_watcher
 
 from header_support import OLD, SRC, fresh_header_memo  # noqa: F401  (autouse)
 from header_support import write_header as _write
+from support import options as _opts
 
 pytest.importorskip("inotify_simple")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux-only")
@@ -65,10 +66,6 @@ def tree(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.chdir(work)
     return inc
-
-
-def _opts(*include: Path) -> ProgramOptions:
-    return ProgramOptions(arch=ARCH, include_path=[str(p) for p in include])
 
 
 def _watched(src: str, opts: ProgramOptions) -> bytes:

@@ -13,6 +13,8 @@ from tiered_progcache.localdir import KEYED_READS, LocalDir, default_local_dir
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing import EntryStoreTests
 
+from support import FileBackDoor
+
 ELF = b"\x7fELF\x02\x01" + bytes(46) + (64).to_bytes(2, "little") + bytes(10)  # an ELF64 header (e_ehsize 64), no tables
 
 
@@ -20,6 +22,15 @@ class TestLocalDirStore(EntryStoreTests):
     @pytest.fixture
     def store(self, tmp_path):
         return LocalDir(tmp_path / "cache")
+
+    @pytest.fixture
+    def back_door(self, tmp_path):
+        return FileBackDoor(tmp_path / "cache")
+
+
+def test_a_local_directory_holds_no_cluster_leases(tmp_path):
+    """Leases are for a store other nodes share; one node's directory single-flights with lock files (locks.py)."""
+    assert LocalDir(tmp_path).leases() is None
 
 
 def test_shares_cuda_cores_layout_both_ways(tmp_path):

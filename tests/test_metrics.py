@@ -204,7 +204,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
     import json
     import sys
 
-    from cli_support import run_cli
+    from support import run_cli
 
     env = {"TIERED_PROGCACHE_DIR": str(tmp_path / "c")}
     proc = run_cli("stats", "--run", "--prometheus", "--", sys.executable, "-c", _CHILD, str(tmp_path / "s.json"), env=env)
@@ -229,7 +229,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
 
 
 def test_stats_prometheus_and_json_are_a_usage_error(tmp_path):
-    from cli_support import assert_one_line_error, run_cli
+    from support import assert_one_line_error, run_cli
 
     line = assert_one_line_error(run_cli("stats", "--prometheus", "--json", "--dir", str(tmp_path)))
     assert "pick one" in line

@@ -26,6 +26,7 @@ from tiered_progcache import headermemo
 from tiered_progcache.headerscan import header_digest, header_scan
 from tiered_progcache.keys import CompileKey, HeaderFile, compile_key
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+from support import options
 
 ARCH = "sm_90"
 OLD = time.time() - 3600  # settled mtimes, as in an installed tree
@@ -70,7 +71,8 @@ def _tree(root: Path) -> Path:
 
 
 def _opts(root: Path, **kw) -> ProgramOptions:
-    return ProgramOptions(arch=ARCH, include_path=[str(root / "include"), str(root / "extra")], **kw)
+    """Options with a host tree's two include roots."""
+    return options(root / "include", root / "extra", **kw)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tiered_progcache.store import entry_name
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 
 pytest.importorskip("redis")
 

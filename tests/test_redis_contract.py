@@ -1,4 +1,4 @@
-"""The ProgramCacheResource and EntryStore contracts, and the Redis tier's own promises, against a real redis-server."""
+"""The ProgramCacheResource, EntryStore and LeaseStore contracts, and the Redis tier's own promises, against a real redis-server."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 from tiered_progcache.envelope import EnvelopeCodec
 from tiered_progcache.errors import EntryRejected
 from tiered_progcache.store import entry_name
-from tiered_progcache.testing import EntryStoreTests, ProgramCacheContract
+from tiered_progcache.testing import EntryStoreTests, LeaseStoreTests, ProgramCacheContract
 from tiered_progcache.testing.redis_server import RedisServer, redis_server, redis_url  # noqa: F401
+
+from support import RedisBackDoor
 
 pytest.importorskip("redis")
 
@@ -36,18 +38,46 @@ class TestRedisSignedCompressedContract(ProgramCacheContract):
             yield c
 
 
-class TestRedisStore(EntryStoreTests):
+class _OnRedis:
+    """The session's redis-server (flushed per test), seen through a raw redis-py client; ``prefix`` in the URL's path."""
+
+    prefix = ""
+
     @pytest.fixture
-    def store(self, redis_url):
-        with RedisProgramCache.from_url(redis_url, strict=True) as s:
+    def url(self, redis_url):
+        return redis_url + (f"/{self.prefix}" if self.prefix else "")
+
+    @pytest.fixture
+    def store(self, url):
+        with RedisProgramCache.from_url(url, strict=True) as s:
             yield s
 
-
-class TestRedisStoreUnderPrefix(EntryStoreTests):
     @pytest.fixture
-    def store(self, redis_url):
-        with RedisProgramCache.from_url(redis_url + "/team-a/cuda13", strict=True) as s:
+    def read_only_store(self, url, store):
+        with RedisProgramCache.from_url(url, read_only=True, strict=True) as s:
             yield s
+
+    @pytest.fixture
+    def back_door(self, redis_server):  # noqa: F811
+        client = redis_server.client()
+        yield RedisBackDoor(client, self.prefix or "tiered-progcache")
+        client.close()
+
+
+class TestRedisStore(_OnRedis, EntryStoreTests):
+    pass
+
+
+class TestRedisStoreUnderPrefix(_OnRedis, EntryStoreTests):
+    prefix = "team-a/cuda13"
+
+
+class TestRedisLeases(_OnRedis, LeaseStoreTests):
+    pass
+
+
+class TestRedisLeasesUnderPrefix(_OnRedis, LeaseStoreTests):
+    prefix = "team-a/cuda13"
 
 
 @pytest.fixture
@@ -314,6 +344,18 @@ class TestRedisOnUnixSocket(EntryStoreTests):
         assert server.url.startswith("unix://") and server.url.endswith("?db=0")
         with RedisProgramCache.from_url(server.url.replace("?db=0", "?db=0&prefix=sock"), strict=True) as s:
             yield s
+
+    @pytest.fixture
+    def read_only_store(self, unix_server, store):
+        url = unix_server.url.replace("?db=0", "?db=0&prefix=sock")
+        with RedisProgramCache.from_url(url, read_only=True, strict=True) as s:
+            yield s
+
+    @pytest.fixture
+    def back_door(self, unix_server):
+        client = unix_server.client()
+        yield RedisBackDoor(client, "sock")
+        client.close()
 
 
 def test_an_empty_or_bad_value_is_listed_and_verify_names_it(redis_url, client):

@@ -6,36 +6,18 @@ import signal
 import time
 
 import pytest
-from cuda.core import Program, ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.breaker import CircuitBreaker
-from tiered_progcache.samples import matmul_source
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.redis_server import RedisServer
 
 pytest.importorskip("redis")
 
 from tiered_progcache.redis_store import RedisProgramCache  # noqa: E402
-
-
-class StepClock:
-    """A monotonic clock the test moves by hand (the breaker's cooldown without sleeping)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _compile(chain: TieredProgramCache, tile: int, epilogue: str = "identity") -> bytes:
-    program = Program(matmul_source(tile, epilogue), "c++", ProgramOptions(std="c++17", arch="sm_90"))
-    try:
-        return bytes(program.compile("cubin", cache=chain).code)
-    finally:
-        program.close()
+from support import FakeClock  # noqa: E402
+from support import compile_matmul as _compile  # noqa: E402
 
 
 def _chain(tmp_path, tier):
@@ -43,7 +25,7 @@ def _chain(tmp_path, tier):
 
 
 def test_a_killed_server_compiles_go_on_the_breaker_opens_and_reads_resume(tmp_path):
-    clock = StepClock()
+    clock = FakeClock()
     with RedisServer() as server:
         breaker = CircuitBreaker(3, 30.0, name="redis", clock=clock)
         tier = RedisProgramCache.from_url(server.url, timeout=2, strict=True, breaker=breaker)
@@ -84,7 +66,7 @@ def test_a_killed_server_compiles_go_on_the_breaker_opens_and_reads_resume(tmp_p
 
 
 def test_a_hung_server_costs_one_deadline_per_request_until_the_breaker_opens(tmp_path):
-    clock = StepClock()
+    clock = FakeClock()
     with RedisServer() as server:
         breaker = CircuitBreaker(3, 30.0, name="redis", clock=clock)
         # 1 s: the write before the stop and the read after it must not run out of time on a loaded machine.

@@ -20,6 +20,7 @@ from tiered_progcache.store import entry_name
 from tiered_progcache.transfer import TransferReport
 from tiered_progcache.testing.servers import blackhole_server, moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
+from support import FakeClock
 
 
 def _payload(n: int, size: int = 2000) -> bytes:
@@ -30,14 +31,6 @@ def _payload(n: int, size: int = 2000) -> bytes:
 
 def _memory_url() -> str:
     return f"memory://remote-{uuid.uuid4().hex}/kernels"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FlakyFileSystem(MemoryFileSystem):

@@ -17,19 +17,12 @@ from tiered_progcache import TieredProgramCache
 from tiered_progcache.breaker import CircuitBreaker
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.testing.servers import blackhole_server  # noqa: F401
+from support import FakeClock
 
 
 def _ftp_url(server) -> str:
     port = server.endpoint_url.rsplit(":", 1)[1]
     return f"ftp://127.0.0.1:{port}/cache"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_silent_ftp_server_degrades_to_an_open_breaker(blackhole_server, caplog):

@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from cuda.core import Program, ProgramOptions
+from cuda.core import ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
 from tiered_progcache import TieredProgramCache
@@ -17,16 +17,9 @@ from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.testing.servers import moto_server, private_moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
+from support import compile_matmul as _compile
 
 KEY = b"fleet-signing-key-0123456789abcdef"
-
-
-def _compile(chain: TieredProgramCache, tile: int = 16, epilogue: str = "identity") -> bytes:
-    program = Program(matmul_source(tile, epilogue), "c++", ProgramOptions(std="c++17", arch="sm_90"))
-    try:
-        return bytes(program.compile("cubin", cache=chain).code)
-    finally:
-        program.close()
 
 
 def _only_entry(bucket) -> tuple[str, str]:

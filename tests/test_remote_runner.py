@@ -15,14 +15,7 @@ from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.runner import RequestRunner
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from support import FakeClock
 
 
 def _half_open(clock: FakeClock) -> CircuitBreaker:

@@ -28,6 +28,7 @@ from tiered_progcache.scanmemo import ScanMemoStore
 
 from header_support import SRC, fresh_header_memo  # noqa: F401  (autouse)
 from header_support import write_header as _write
+from support import options as _opts
 
 ARCH = "sm_90"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -43,10 +44,6 @@ def tree(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.chdir(work)
     return inc
-
-
-def _opts(inc: Path) -> ProgramOptions:
-    return ProgramOptions(arch=ARCH, include_path=[str(inc)])
 
 
 _CHILD = textwrap.dedent(

@@ -6,7 +6,7 @@ import json
 import logging
 
 import pytest
-from cli_support import run_cli
+from support import run_cli
 
 from tiered_progcache import CacheConfig, TieredProgramCache
 from tiered_progcache.localdir import entry_name

@@ -24,6 +24,7 @@ from tiered_progcache import TieredProgramCache, TierPolicy
 from tiered_progcache.lease import LeaseInfo, RemoteLease, wait_for_lease
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
+from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
 from test_compile import RemoteWithoutAtomicCreate
@@ -266,16 +267,6 @@ def test_a_shared_store_without_atomic_create_gets_node_level_single_flight_only
     assert _lease_paths(url, None) == []  # no lease object written
 
 
-class GatedRemote(RemoteProgramCache):
-    """A real file:// remote whose uploads wait for ``gate``: "the upload has not landed yet" as a state."""
-
-    gate: threading.Event
-
-    def __setitem__(self, key, value) -> None:
-        assert self.gate.wait(JOIN_S)
-        super().__setitem__(key, value)
-
-
 def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
     """Node A compiles; its upload is held. Node B, polling, must see the lease held the whole time
     and get A's entry, never the lease while the entry is not up (which would make it compile)."""
@@ -283,8 +274,8 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
 
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
-    remote_a = GatedRemote.from_url(url)
-    remote_a.gate = threading.Event()
+    remote_a = WrapperEntryStore(RemoteProgramCache.from_url(url))
+    upload = remote_a.hold("write_entry", timeout=JOIN_S)  # "the upload has not landed yet" as a state
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a],
                                 **WAIT_FOR_HOLDER)
     start = tpc.compile_count()
@@ -298,7 +289,7 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
     def pause(seconds: float) -> None:  # B's pauses: short, and A's upload is let go on B's third look
         looks.append(seconds)
         if len(looks) == 3:
-            remote_a.gate.set()
+            upload.open()
         time.sleep(min(seconds, 0.02))
 
     try:
@@ -311,21 +302,9 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
         assert found is not None, "B got the lease while A's upload had not landed: B would compile again"
         assert len(looks) >= 3 and tpc.compile_count() - start == 1
     finally:
-        remote_a.gate.set()
+        upload.open()
         node_a.close()
         node_b.close()
-
-
-class GatedByKeyRemote(RemoteProgramCache):
-    """A real file:// remote whose upload of each key in ``gates`` waits for that key's event."""
-
-    gates: dict[bytes, threading.Event]
-
-    def __setitem__(self, key, value) -> None:
-        gate = self.gates.get(bytes(key))
-        if gate is not None:
-            assert gate.wait(JOIN_S)
-        super().__setitem__(key, value)
 
 
 def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one(tmp_path):
@@ -334,8 +313,8 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
 
     key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
-    remote = GatedByKeyRemote.from_url(f"file://{tmp_path / 'remote'}")
-    remote.gates = {key: threading.Event(), b"stuck": threading.Event()}
+    remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
+    gates = {k: remote.hold("write_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
                                 **WAIT_FOR_HOLDER)
     try:
@@ -343,12 +322,12 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
         node_a[b"stuck"] = b"\x7fELF" + bytes(64)  # queued after it, and stuck
         (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
         assert isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)  # held while not up
-        remote.gates[key].set()
+        gates[key].open()
         releaser.join(10)  # the release used to wait for the whole queue: 30 s here
         assert not releaser.is_alive(), "the lease waited for an upload queued after its own"
         assert RemoteLease(remote.leases(), name, 600).read() is None
         assert not node_a.flush(timeout=0)  # the later upload is still stuck
     finally:
-        for gate in remote.gates.values():
-            gate.set()
+        for gate in gates.values():
+            gate.open()
         node_a.close()

@@ -6,15 +6,18 @@ import json
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource, make_program_cache_key
 
-from tiered_progcache import CacheStores, EntryStore, StoredEntry, TieredProgramCache, TierPolicy, stores_of
+from tiered_progcache import CacheStores, TieredProgramCache, TierPolicy, stores_of
 from tiered_progcache.localdir import KEYED_READS, LocalDir, default_local_dir, entry_name
+from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
+from tiered_progcache.testing import WrapperEntryStore
 
 ARCH = "sm_90"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -359,54 +362,16 @@ def test_counters_are_exact_under_threads(tmp_path):
 # -- the stores behind a cache -------------------------------------------------------------------
 
 
-class SharedDictStore(ProgramCacheResource, EntryStore):
-    """A shared entry store kept in a dict: what a remote looks like to the chain, without a network."""
-
-    def __init__(self, *, read_only: bool = False) -> None:
-        self.entries: dict[str, bytes] = {}
-        self._read_only = read_only
-
-    location = "dict://shared"
-    shared = True
-    max_entry_bytes = 1 << 30
-
-    @property
-    def read_only(self) -> bool:
-        return self._read_only
-
-    def read_entry(self, name):
-        return self.entries[name]
-
-    def write_entry(self, name, payload):
-        self.entries[name] = payload
-
-    def create_entry(self, name, payload):
-        return self.entries.setdefault(name, payload) is payload
-
-    def delete_entry(self, name):
-        del self.entries[name]
-
-    def iter_entries(self):
-        return iter([StoredEntry(name, len(data), None) for name, data in self.entries.items()])
-
-    def __getitem__(self, key):
-        return self.read_entry(entry_name(key))
-
-    def __setitem__(self, key, value):
-        self.write_entry(entry_name(key), bytes(value))
-
-    def __delitem__(self, key):
-        self.delete_entry(entry_name(key))
-
-    def __len__(self):
-        return len(self.entries)
-
-    def clear(self):
-        self.entries.clear()
+def _shared_store(*, read_only: bool = False) -> WrapperEntryStore:
+    """A shared entry store that is no remote class of ours (a wrapper around a fresh memory:// one):
+    what the chain sees of it is only what ``EntryStore`` declares."""
+    url = f"memory://shared-{uuid.uuid4().hex}/kernels"
+    RemoteProgramCache.from_url(url, strict=True)  # the root, so that a read-only one opens
+    return WrapperEntryStore(RemoteProgramCache.from_url(url, read_only=read_only, strict=True))
 
 
 def test_a_shared_entry_store_gets_the_remote_policy(tmp_path):
-    shared, read_only = SharedDictStore(), SharedDictStore(read_only=True)
+    shared, read_only = _shared_store(), _shared_store(read_only=True)
     with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), shared, read_only]) as cache:
         policies = {t.name: t.policy for t in cache.tiers}
         assert policies["remote"] == TierPolicy("remote", write="background", shared=True)
@@ -414,11 +379,12 @@ def test_a_shared_entry_store_gets_the_remote_policy(tmp_path):
         assert cache.shared_stores == (shared, read_only) and cache.shared_store is shared
         cache[b"k"] = b"v"
         assert cache.flush(timeout=10)
-    assert shared.entries == {entry_name(b"k"): b"v"} and read_only.entries == {}
+    assert [e.name for e in shared.iter_entries()] == [entry_name(b"k")] and shared[b"k"] == b"v"
+    assert list(read_only.iter_entries()) == []
 
 
 def test_stores_of_a_chain_a_file_tier_a_bare_store_and_anything_else(tmp_path):
-    shared = SharedDictStore()
+    shared = _shared_store()
     with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "chain"), shared]) as chain:
         stores = stores_of(chain)
         assert isinstance(stores.local, LocalDir) and stores.local.root == tmp_path / "chain"

@@ -17,17 +17,10 @@ from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.store import entry_name
 from tiered_progcache.testing.slowfs import SlowFileSystem
 from tiered_progcache.transfer import push, warm
+from support import FakeClock
 
 NAMES = [entry_name(f"k{i}".encode()) for i in range(5)]
 COOLDOWN = 30.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -34,20 +34,11 @@ from tiered_progcache.store import entry_name  # noqa: E402
 from tiered_progcache.testing.delayproxy import DelayProxy  # noqa: E402
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: E402, F401
 from tiered_progcache.tiered import TieredProgramCache  # noqa: E402
+from support import FakeClock  # noqa: E402
 
 MANAGER = "tiered_progcache.triton:TieredCacheManager"
 SUPPORT = Path(__file__).with_name("triton_support.py")
 META = triton_support.METADATA_FILE
-
-
-class StepClock:
-    """A monotonic clock the test moves by hand (the breaker's cooldown without sleeping)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +349,7 @@ def test_a_killed_remote_fails_open_and_the_breaker_opens(compiled, node):
     from tiered_progcache.testing.redis_server import RedisServer
 
     kernel_hash, files = compiled
-    clock = StepClock()
+    clock = FakeClock()
     with RedisServer() as server:
         breaker = CircuitBreaker(3, 30.0, name="redis", clock=clock)
         chain = _use(_redis_chain(server.url, breaker, timeout=2))
@@ -385,7 +376,7 @@ def test_a_hung_remote_costs_deadlines_until_the_breaker_opens(compiled, node):
     from tiered_progcache.testing.redis_server import RedisServer
 
     kernel_hash, files = compiled
-    clock = StepClock()
+    clock = FakeClock()
     with RedisServer() as server:
         breaker = CircuitBreaker(3, 30.0, name="redis", clock=clock)
         chain = _use(_redis_chain(server.url, breaker, timeout=0.3))

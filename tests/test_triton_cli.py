@@ -20,7 +20,7 @@ pytest.importorskip("triton", exc_type=ImportError)
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 import triton_support  # noqa: E402
-from cli_support import run_cli  # noqa: E402
+from support import run_cli  # noqa: E402
 from tiered_progcache.errors import EntryRejected  # noqa: E402
 from tiered_progcache.remote import RemoteProgramCache  # noqa: E402
 from tiered_progcache.tritondir import TritonDir  # noqa: E402

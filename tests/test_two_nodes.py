@@ -8,22 +8,13 @@ import sys
 import textwrap
 
 import pytest
-from cuda.core import Program, ProgramOptions
 
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.localdir import LocalDir
-from tiered_progcache.samples import matmul_source
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+from support import compile_matmul as _compile
 
 OPTIONS = {"std": "c++17", "arch": "sm_90"}
-
-
-def _compile(chain: TieredProgramCache, tile: int = 16) -> bytes:
-    program = Program(matmul_source(tile), "c++", ProgramOptions(**OPTIONS))
-    try:
-        return bytes(program.compile("cubin", cache=chain).code)
-    finally:
-        program.close()
 
 
 def test_node_b_gets_node_a_compile_from_the_bucket(s3_bucket, tmp_path):

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli
 
 # A job that compiles two kernels through compile() and prints, as a training script would.
 _JOB = """

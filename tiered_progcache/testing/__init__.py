@@ -1,7 +1,8 @@
-"""Test helpers for tier authors: the shared contract suites (and, with the test extra, server fixtures)."""
+"""Test helpers for tier authors: the shared contract suites, a fault-injecting store wrapper (and, with the test extra, server fixtures)."""
 
 from __future__ import annotations
 
-from .contract import EntryStoreTests, ProgramCacheContract
+from .contract import BackDoor, EntryStoreTests, LeaseStoreTests, ProgramCacheContract
+from .wrapper import Gate, WrapperEntryStore
 
-__all__ = ["EntryStoreTests", "ProgramCacheContract"]
+__all__ = ["BackDoor", "EntryStoreTests", "Gate", "LeaseStoreTests", "ProgramCacheContract", "WrapperEntryStore"]

@@ -10,19 +10,29 @@ fixture that yields a fresh, empty resource::
                 yield c
 
 Likewise :class:`EntryStoreTests` with a ``store`` fixture yielding a fresh, empty,
-writable :class:`~tiered_progcache.store.EntryStore`.
+writable :class:`~tiered_progcache.store.EntryStore`, and where the store has them a
+``back_door`` fixture (a :class:`BackDoor`: the store's medium seen without the store,
+so a check does not take the store's word for what it holds) and a ``read_only_store``
+fixture (the same place opened read-only). Without them those checks skip, naming the
+fixture. :class:`LeaseStoreTests` checks a shared store's lease namespace
+(:meth:`~tiered_progcache.store.EntryStore.leases`) with the same ``store`` and
+``read_only_store`` fixtures.
 """
 
 from __future__ import annotations
 
+import abc
 import hashlib
+import threading
 
 import pytest
 from cuda.core import ObjectCode
 
-from ..store import entry_name
+from ..errors import EntryRejected
+from ..lease import LeaseInfo, RemoteLease
+from ..store import EntryStore, LeaseStore, entry_name
 
-__all__ = ["EntryStoreTests", "ProgramCacheContract"]
+__all__ = ["BackDoor", "EntryStoreTests", "LeaseStoreTests", "ProgramCacheContract"]
 
 
 def _key(n: int) -> bytes:
@@ -147,8 +157,46 @@ class ProgramCacheContract:
             assert entered is cache
 
 
+class BackDoor(abc.ABC):
+    """A store's medium seen without the store: raw files, a raw fsspec filesystem, a raw Redis client.
+
+    Each backend's contract test writes one from what the layout documents
+    (docs/remote-format.md), not from the store's own helpers, so a store that lies
+    about what it wrote, leaves debris, or caches a listing is caught.
+    """
+
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes | None:
+        """The bytes the medium holds where entry ``name`` lives (an envelope on a shared store); None if none."""
+
+    @abc.abstractmethod
+    def write(self, name: str, raw: bytes) -> None:
+        """Put ``raw`` where entry ``name`` lives, as another writer (or an attacker) would."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove what the medium holds for entry ``name``."""
+
+    @abc.abstractmethod
+    def objects(self) -> list[str]:
+        """Every object under the store's root (entries, staged files, anything else), as paths or keys."""
+
+
 class EntryStoreTests:
-    """Behaviour shared by every :class:`~tiered_progcache.store.EntryStore`. Needs a ``store`` fixture (empty, writable)."""
+    """Behaviour shared by every :class:`~tiered_progcache.store.EntryStore`.
+
+    Needs a ``store`` fixture (empty, writable); ``back_door`` (a :class:`BackDoor` on
+    the store's medium) and ``read_only_store`` (the same place opened read-only) where
+    the store has them.
+    """
+
+    @pytest.fixture
+    def back_door(self) -> BackDoor:
+        pytest.skip("no back door: give the suite a `back_door` fixture (a BackDoor on the store's medium)")
+
+    @pytest.fixture
+    def read_only_store(self) -> EntryStore:
+        pytest.skip("no read-only mode: give the suite a `read_only_store` fixture (the store's place, read-only)")
 
     def test_describes_itself(self, store):
         assert isinstance(store.location, str) and store.location
@@ -218,3 +266,273 @@ class EntryStoreTests:
             with pytest.raises(ValueError):
                 attempt()
         assert list(store.iter_entries()) == []
+
+    # -- through the back door: what the medium really holds ---------------------------------
+
+    def _payload_of(self, store, name: str, raw: bytes) -> bytes:
+        """What ``raw`` (as the medium holds it) carries: itself on a local store, the opened envelope on a shared one."""
+        return store.open_record(name, raw) if store.shared else raw
+
+    def test_a_write_is_really_there(self, store, back_door):
+        name = entry_name(_key(30))
+        store.write_entry(name, _payload(30))
+        raw = back_door.read(name)
+        assert raw is not None and self._payload_of(store, name, raw) == _payload(30)
+        (listed,) = store.iter_entries()
+        assert listed.size == len(raw)  # the listing reports what is stored, envelope and all
+
+    def test_a_refused_create_leaves_the_bytes_alone(self, store, back_door):
+        name = entry_name(_key(31))
+        assert store.create_entry(name, _payload(31)) is True
+        before = back_door.read(name)
+        assert before is not None and self._payload_of(store, name, before) == _payload(31)
+        assert store.create_entry(name, _payload(32)) is False
+        assert back_door.read(name) == before
+
+    def test_a_delete_really_removes_the_bytes(self, store, back_door):
+        gone, kept, listed_gone = (entry_name(_key(n)) for n in (33, 34, 35))
+        for name in (gone, kept, listed_gone):
+            store.write_entry(name, _payload(33, 200))
+        store.delete_entry(gone)
+        (entry,) = [e for e in store.iter_entries() if e.name == listed_gone]
+        assert store.delete_listed(entry) is True
+        assert back_door.read(gone) is None and back_door.read(listed_gone) is None
+        assert back_door.read(kept) is not None
+
+    def test_no_stray_objects_remain(self, store, back_door):
+        """Writes, overwrites, refused creates and deletes leave exactly one object per live entry (no staged debris)."""
+        names = [entry_name(_key(n)) for n in range(40, 46)]
+        for n, name in enumerate(names):
+            store.write_entry(name, _payload(n, 300))
+        store.write_entry(names[0], _payload(99, 100))  # overwritten
+        assert store.create_entry(names[1], b"refused") is False
+        assert store.create_entry(entry_name(_key(46)), b"created") is True
+        store.delete_entry(names[2])
+        assert store.write_many({names[3]: b"again", entry_name(_key(47)): b"new"}) == {
+            names[3]: None, entry_name(_key(47)): None}
+        live = {e.name for e in store.iter_entries()}
+        assert len(live) == 7
+        assert len(back_door.objects()) == len(live), back_door.objects()
+
+    def test_the_listing_and_reads_take_nothing_from_a_cache(self, store, back_door):
+        a, b, planted = (entry_name(_key(n)) for n in (50, 51, 52))
+        store.write_entry(a, _payload(50))
+        store.write_entry(b, _payload(51))
+        assert {e.name for e in store.iter_entries()} == {a, b}
+        back_door.delete(a)
+        assert {e.name for e in store.iter_entries()} == {b}
+        with pytest.raises(KeyError):
+            store.read_entry(a)
+        raw_b = back_door.read(b)
+        assert raw_b is not None
+        if store.shared:  # an envelope is bound to its name: planted under another, it is refused
+            back_door.write(planted, raw_b)
+            with pytest.raises(EntryRejected):
+                store.read_entry(planted)
+        else:  # a local store keeps raw payloads: what is planted is what is read, and listed
+            back_door.write(planted, raw_b)
+            assert store.read_entry(planted) == _payload(51)
+        assert {e.name for e in store.iter_entries()} == {b, planted}
+
+    def test_bytes_altered_behind_the_store_are_never_returned(self, store, back_door):
+        if not store.shared:
+            pytest.skip("a local store keeps cuda-core's raw payloads: no digest to check a changed byte against")
+        name = entry_name(_key(53))
+        store.write_entry(name, _payload(53))
+        raw = back_door.read(name)
+        assert raw is not None
+        for altered in (raw[:-1] + bytes([raw[-1] ^ 1]), raw[: len(raw) // 2], raw + b"trailing"):
+            back_door.write(name, altered)
+            with pytest.raises(EntryRejected):
+                store.read_entry(name)
+            assert isinstance(store.verify_entry(name), str)
+        back_door.write(name, raw)
+        assert store.read_entry(name) == _payload(53)
+
+    # -- read-only: every write refused, nothing changed -------------------------------------
+
+    def test_read_only_refuses_every_write_and_changes_nothing(self, store, read_only_store, request):
+        try:
+            back_door: BackDoor | None = request.getfixturevalue("back_door")
+        except pytest.skip.Exception:
+            back_door = None  # the store's own listing still shows nothing changed
+        kept, new = entry_name(_key(60)), entry_name(_key(61))
+        store.write_entry(kept, _payload(60))
+        listed = list(store.iter_entries())
+        if back_door is not None:
+            objects, raw = sorted(back_door.objects()), back_door.read(kept)
+        ro = read_only_store
+        assert ro.read_only is True
+        assert ro.read_entry(kept) == _payload(60)  # reads work
+        (entry,) = ro.iter_entries()
+        for attempt in (
+            lambda: ro.write_entry(kept, b"over"),
+            lambda: ro.write_entry(new, b"new"),
+            lambda: ro.create_entry(new, b"new"),
+            lambda: ro.create_entry(kept, b"over"),
+            lambda: ro.delete_entry(kept),
+            lambda: ro.delete_listed(entry),
+            lambda: ro.delete_entries([entry]),
+            lambda: ro.write_many({new: b"new"}),
+        ):
+            with pytest.raises(PermissionError, match="read-only"):
+                attempt()
+        assert ro.leases() is None  # no lease either: a read-only node never uploads
+        assert ro.sweep_staged(older_than=0) == 0
+        assert list(store.iter_entries()) == listed and store.read_entry(kept) == _payload(60)
+        if back_door is not None:
+            assert sorted(back_door.objects()) == objects and back_door.read(kept) == raw
+            assert back_door.read(new) is None
+
+
+class LeaseStoreTests:
+    """Behaviour of the lease namespace every shared store with leases offers (:class:`~tiered_progcache.store.LeaseStore`).
+
+    Needs a ``store`` fixture (a fresh, writable store whose ``leases()`` is not None),
+    and ``read_only_store`` (the same place, read-only) for the refusal. Leases here are
+    checked both as objects (create-if-absent, read, replace, delete) and as what
+    :class:`~tiered_progcache.lease.RemoteLease` builds on them, with a clock the test
+    steps (a lease's expiry is judged by the holder's wall clock, never by waiting).
+    """
+
+    TTL_S = 600.0  # long enough that no store expires a lease by itself while a test runs
+
+    @pytest.fixture
+    def read_only_store(self) -> EntryStore:
+        pytest.skip("no read-only mode: give the suite a `read_only_store` fixture (the store's place, read-only)")
+
+    @pytest.fixture
+    def leases(self, store) -> LeaseStore:
+        leases = store.leases()
+        assert isinstance(leases, LeaseStore), "a shared store with leases returns a LeaseStore from leases()"
+        return leases
+
+    def test_describes_itself(self, leases):
+        assert isinstance(leases.location, str) and leases.location
+        assert leases.atomic_create is True  # every lease store worth a cluster lease; False means none is taken
+
+    def test_read_of_an_absent_lease_is_none(self, leases):
+        assert leases.read("absent") is None
+
+    def test_create_only_if_absent(self, leases):
+        assert leases.create("L1", b"first", self.TTL_S) is True
+        assert leases.create("L1", b"second", self.TTL_S) is False
+        assert leases.read("L1") == b"first"
+
+    def test_replace_is_a_renewal(self, leases):
+        assert leases.create("L2", b"taken", self.TTL_S) is True
+        leases.replace("L2", b"renewed", self.TTL_S)
+        assert leases.read("L2") == b"renewed"
+        assert leases.create("L2", b"other", self.TTL_S) is False  # still held
+
+    def test_delete_releases_and_is_quiet_when_gone(self, leases):
+        assert leases.create("L3", b"taken", self.TTL_S) is True
+        assert leases.create("L4", b"kept", self.TTL_S) is True
+        leases.delete("L3")
+        leases.delete("L3")  # already gone: no error
+        leases.delete("never-there")
+        assert leases.read("L3") is None and leases.read("L4") == b"kept"
+        assert leases.create("L3", b"again", self.TTL_S) is True
+
+    def test_documents_are_opaque_bytes(self, leases):
+        document = bytes(range(256)) * 16  # NULs, high bytes, 4 KiB: larger than any lease document
+        assert leases.create("L5", document, self.TTL_S) is True
+        assert leases.read("L5") == document
+
+    @pytest.mark.parametrize("bad", ["", None, 7])
+    def test_bad_names_are_a_valueerror(self, leases, bad):
+        for attempt in (lambda: leases.create(bad, b"x", self.TTL_S), lambda: leases.read(bad),
+                        lambda: leases.replace(bad, b"x", self.TTL_S), lambda: leases.delete(bad)):
+            with pytest.raises(ValueError):
+                attempt()
+
+    def test_a_lease_is_not_an_entry(self, store, leases):
+        name = entry_name(_key(70))  # a lease is named after the entry it guards
+        assert leases.create(name, b"lease", self.TTL_S) is True
+        assert list(store.iter_entries()) == []
+        with pytest.raises(KeyError):
+            store.read_entry(name)
+        store.write_entry(name, _payload(70))
+        assert leases.read(name) == b"lease"
+        store.delete_entry(name)
+        assert leases.read(name) == b"lease"
+
+    def test_one_of_many_racing_creates_wins(self, leases):
+        racers = 8
+        barrier = threading.Barrier(racers)
+        won: list[bytes] = []
+
+        def race(n: int) -> None:
+            document = f"racer-{n}".encode()
+            barrier.wait(30)
+            if leases.create("contended", document, self.TTL_S):
+                won.append(document)
+
+        threads = [threading.Thread(target=race, args=(n,)) for n in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(won) == 1, won
+        assert leases.read("contended") == won[0]
+
+    def test_a_read_only_store_offers_no_leases(self, read_only_store):
+        assert read_only_store.read_only is True
+        assert read_only_store.leases() is None
+
+    # -- a RemoteLease on this store, on a clock the test steps ----------------------------------
+
+    def test_a_held_lease_keeps_others_out_and_its_release_lets_them_in(self, leases):
+        clock = _SteppedWallClock()
+        name = entry_name(_key(71))
+        holder, other = (RemoteLease(leases, name, self.TTL_S, clock=clock) for _ in range(2))
+        try:
+            assert holder.try_acquire() is True
+            assert other.try_acquire() is False
+            info = other.read()
+            assert isinstance(info, LeaseInfo) and info.token == holder.token
+            assert info.expires_at == clock.now + self.TTL_S and not info.expired(clock.now)
+            holder.release()
+            assert leases.read(name) is None
+            assert other.try_acquire() is True
+        finally:
+            holder.release()
+            other.release()
+        assert leases.read(name) is None
+
+    def test_renewal_moves_the_expiry_and_an_expired_lease_is_broken_once(self, leases):
+        clock = _SteppedWallClock()
+        name = entry_name(_key(72))
+        holder = RemoteLease(leases, name, self.TTL_S, clock=clock)
+        waiters = [RemoteLease(leases, name, self.TTL_S, clock=clock) for _ in range(2)]
+        try:
+            assert holder.try_acquire() is True
+            clock.now += self.TTL_S * 0.9
+            assert holder.renew() is True
+            renewed = waiters[0].read()
+            assert isinstance(renewed, LeaseInfo) and renewed.expires_at == clock.now + self.TTL_S
+            clock.now += self.TTL_S * 0.9  # past the first expiry, within the renewed one
+            assert not renewed.expired(clock.now)
+            clock.now += self.TTL_S  # the holder stopped renewing: expired on the holder's clock
+            assert renewed.expired(clock.now)
+            assert waiters[0].break_if_unchanged(renewed.raw) is True
+            assert waiters[1].break_if_unchanged(renewed.raw) is False  # already broken: nothing to do
+            assert waiters[1].try_acquire() is True
+            assert holder.renew() is False  # taken over: the old holder learns it
+            holder.release()  # and never deletes the new holder's lease
+            taken = waiters[0].read()
+            assert isinstance(taken, LeaseInfo) and taken.token == waiters[1].token
+        finally:
+            for lease in (holder, *waiters):
+                lease.release()
+        assert leases.read(name) is None
+
+
+class _SteppedWallClock:
+    """A wall clock for :class:`RemoteLease` that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now

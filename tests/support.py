@@ -1,0 +1,193 @@
+"""What many test modules share: a clock the test moves by hand, kernel options and compiles, the CLI in a subprocess.
+
+Import by name (pytest puts ``tests/`` on ``sys.path``)::
+
+    from support import FakeClock, compile_matmul, options, run_cli
+
+Helpers with fixtures tied to one concern stay in their own module
+(``header_support``: settled header files and the header memo; ``triton_support``: a
+real Triton kernel, also run as a script).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from cuda.core import Program, ProgramOptions
+from cuda.core.utils import ProgramCacheResource
+
+from tiered_progcache.samples import matmul_source
+from tiered_progcache.testing.contract import BackDoor
+
+__all__ = [
+    "ARCH",
+    "FakeClock",
+    "FileBackDoor",
+    "FsspecBackDoor",
+    "RedisBackDoor",
+    "assert_one_line_error",
+    "compile_matmul",
+    "options",
+    "run_cli",
+]
+
+#: The architecture the tests compile for (sm_90, as on the H200); NVRTC builds its cubin on the CPU.
+ARCH = "sm_90"
+
+
+class FakeClock:
+    """A clock that moves only when the test moves it: ``clock.now += 30`` instead of sleeping 30 s.
+
+    Pass it wherever the code takes ``clock=`` (the breaker, the exit budget, the runner).
+    Not synchronized: a test steps it from one thread.
+    """
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward (usable as an injected ``sleep``)."""
+        self.now += seconds
+
+
+def options(*include: str | os.PathLike[str], arch: str = ARCH, **extra: object) -> ProgramOptions:
+    """``ProgramOptions`` for ``arch`` with ``include`` as the include path (left out when none given).
+
+    >>> options(tmp_path / "inc", std="c++17")
+    """
+    if include:
+        extra["include_path"] = [os.fspath(path) for path in include]
+    return ProgramOptions(arch=arch, **extra)
+
+
+def compile_matmul(cache: ProgramCacheResource, tile: int = 16, epilogue: str = "identity") -> bytes:
+    """The sample matmul kernel's cubin, through cuda-core's own ``Program.compile(cache=...)`` (not ``compile()``)."""
+    program = Program(matmul_source(tile, epilogue), "c++", options(std="c++17"))
+    try:
+        return bytes(program.compile("cubin", cache=cache).code)
+    finally:
+        program.close()
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The real ``tiered-progcache`` command (``python -m tiered_progcache``) in a subprocess, with ``env`` added."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "tiered_progcache", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, rc: int = 2) -> str:
+    """The command failed with ``rc`` and said why in one line, with no traceback."""
+    assert proc.returncode == rc, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+# -- back doors: each backend's medium, read without the store (EntryStoreTests' ``back_door``) -------
+
+
+def _shard(name: str) -> str:
+    """``<2 hex>/<62 hex>``: where an entry lives under ``entries/`` (cuda-core's layout, docs/remote-format.md)."""
+    return f"{name[:2]}/{name[2:]}"
+
+
+class FileBackDoor(BackDoor):
+    """A cache directory read with ``os`` calls alone: a local directory, or a ``file://`` remote's root."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _path(self, name: str) -> Path:
+        return self.root / "entries" / _shard(name)
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            return self._path(name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, raw: bytes) -> None:
+        self._path(name).parent.mkdir(parents=True, exist_ok=True)
+        self._path(name).write_bytes(raw)
+
+    def delete(self, name: str) -> None:
+        self._path(name).unlink()
+
+    def objects(self) -> list[str]:
+        found = []
+        for directory, _, files in os.walk(self.root):
+            found += [os.path.join(directory, f) for f in files]
+        return sorted(found)
+
+
+class FsspecBackDoor(BackDoor):
+    """A remote's objects through a raw fsspec filesystem of their own (not the store's), under ``base``."""
+
+    def __init__(self, fs: Any, base: str) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")
+
+    def _path(self, name: str) -> str:
+        return f"{self.base}/entries/{_shard(name)}"
+
+    def read(self, name: str) -> bytes | None:
+        self.fs.invalidate_cache()
+        try:
+            return bytes(self.fs.cat_file(self._path(name)))
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, raw: bytes) -> None:
+        self.fs.pipe_file(self._path(name), raw)
+        self.fs.invalidate_cache()
+
+    def delete(self, name: str) -> None:
+        self.fs.rm_file(self._path(name))
+        self.fs.invalidate_cache()
+
+    def objects(self) -> list[str]:
+        self.fs.invalidate_cache()
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(self.fs.find(self.base))
+        return []
+
+
+class RedisBackDoor(BackDoor):
+    """A Redis tier's keys through a raw redis-py client: entries at ``<prefix>:entries:<name>``."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:entries:{name}"
+
+    def read(self, name: str) -> bytes | None:
+        value = self.client.get(self._key(name))
+        return None if value is None else bytes(value)
+
+    def write(self, name: str, raw: bytes) -> None:
+        self.client.set(self._key(name), raw)
+
+    def delete(self, name: str) -> None:
+        assert self.client.delete(self._key(name)) == 1
+
+    def objects(self) -> list[str]:
+        return sorted(key.decode() for key in self.client.scan_iter(match=f"{self.prefix}:*"))
