@@ -306,7 +306,9 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     with inotify costs one ``poll(2)``; a header edited within the window is not seen
     by this process until it passes). Header scans persist in the cache's local
     directory (``header-scans/``), so a new process validates one instead of scanning.
-    ``logs`` receives the compiler log on a miss only.
+    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is
+    used as a chain of one tier (:func:`~tiered_progcache.tiered.as_chain`): its failures
+    are misses and dropped writes, as a chain tier's are.
 
     Safe from any number of threads and processes at once, on one cache or many.
     Compiler errors propagate to the caller and to the threads waiting on it;
