@@ -123,16 +123,25 @@ FAILURE_POLICY: Mapping[str, Mapping[FailureKind, Outcome]] = {
 # -- what a resource is ----------------------------------------------------------------------------
 
 
-def default_policy(resource: ProgramCacheResource, fallback_name: str) -> TierPolicy:
-    """The policy of a tier given without one: cuda-core's two tiers are ``memory`` and ``local``, a shared
-    entry store a shared ``remote`` written in the background, anything else ``fallback_name``."""
+def _kind(resource: ProgramCacheResource) -> str:
+    """``memory`` or ``local`` for cuda-core's two tiers, ``remote`` / ``read-only remote`` for a shared
+    entry store, ``""`` for any other resource: what a tier's default name and policy follow."""
     if isinstance(resource, InMemoryProgramCache):
-        return TierPolicy("memory")
+        return "memory"
     if isinstance(resource, FileStreamProgramCache):
-        return TierPolicy("local")
+        return "local"
     if isinstance(resource, EntryStore) and resource.shared:
-        return TierPolicy("remote", read_only=resource.read_only, write="background", shared=True)
-    return TierPolicy(fallback_name)
+        return "read-only remote" if resource.read_only else "remote"
+    return ""
+
+
+def default_policy(resource: ProgramCacheResource, fallback_name: str) -> TierPolicy:
+    """The policy of a tier given to ``tiers=[...]`` without one: cuda-core's two tiers are ``memory`` and
+    ``local``, a shared entry store a shared ``remote`` written in the background, anything else ``fallback_name``."""
+    kind = _kind(resource)
+    if kind.endswith("remote"):
+        return TierPolicy("remote", read_only=kind != "remote", write="background", shared=True)
+    return TierPolicy(kind or fallback_name)
 
 
 #: The policies :func:`bare_policy` hands out (built once: a bare resource's chain is built per call).
@@ -141,20 +150,14 @@ _BARE_POLICIES = {
     "local": TierPolicy("local"),
     "remote": TierPolicy("remote", shared=True),
     "read-only remote": TierPolicy("remote", read_only=True, shared=True),
-    "cache": TierPolicy("cache"),
+    "": TierPolicy("cache"),
 }
 
 
 def bare_policy(resource: ProgramCacheResource) -> TierPolicy:
     """The policy of a bare resource given to ``compile()``: named as :func:`default_policy` names it
     (``cache`` for one of no known kind), written synchronously, as a bare resource always was."""
-    if isinstance(resource, InMemoryProgramCache):
-        return _BARE_POLICIES["memory"]
-    if isinstance(resource, FileStreamProgramCache):
-        return _BARE_POLICIES["local"]
-    if isinstance(resource, EntryStore) and resource.shared:
-        return _BARE_POLICIES["read-only remote" if resource.read_only else "remote"]
-    return _BARE_POLICIES["cache"]
+    return _BARE_POLICIES[_kind(resource)]
 
 
 def _local_dir(resource: ProgramCacheResource) -> LocalDir | None:
