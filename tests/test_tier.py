@@ -86,7 +86,16 @@ class _FailingWrites(InMemoryProgramCache):
         raise OSError("read-only file system")
 
 
-def test_a_bare_resource_that_fails_its_reads_costs_a_compile_not_an_error(caplog, events):
+@pytest.fixture
+def fresh_bare_rate_limit(monkeypatch):
+    """A rate limit no earlier test has used (it is one per process, for every bare resource's chain)."""
+    from tiered_progcache import tiered
+    from tiered_progcache.ratelimit import RateLimitedLogger
+
+    monkeypatch.setattr(tiered, "_BARE_WARNINGS", RateLimitedLogger(logging.getLogger("tiered_progcache.tier")))
+
+
+def test_a_bare_resource_that_fails_its_reads_costs_a_compile_not_an_error(caplog, events, fresh_bare_rate_limit):
     """Deliberate (docs/architecture.md, "A bare resource"): before, the OSError reached the caller."""
     cache = _FailingReads()
     with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
@@ -100,13 +109,13 @@ def test_a_bare_resource_that_fails_its_reads_costs_a_compile_not_an_error(caplo
     assert len(warnings) == 1  # one rate limit for every call's chain around the resource
 
 
-def test_a_bare_resource_that_fails_its_writes_keeps_the_compile(caplog, events):
+def test_a_bare_resource_that_fails_its_writes_keeps_the_compile(caplog, events, fresh_bare_rate_limit):
     cache = _FailingWrites()
     with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
         obj = tpc.compile(matmul_source(32), "c++", _opts(), cache=cache)
     assert bytes(obj.code)[:4] == b"\x7fELF" and len(events) == 1 and len(cache) == 0
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
-        "tier memory failed a write (dropped): OSError('read-only file system')"
+        "tier memory failed a write (dropped): OSError('read-only file system')"  # the manifest's and the entry's: one line
     ]
 
 
