@@ -53,7 +53,7 @@ from .singleflight import Work, run_once
 from .settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
-from .tiered import TieredProgramCache, stores_of
+from .tiered import TieredProgramCache, as_chain
 from .visible import log_requested
 
 __all__ = [
@@ -159,7 +159,7 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
     return subscribe(_hit_hooks, _counter_lock, hook)
 
 
-def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
+def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
     """The hit's saved compile seconds to the hooks and to the chain's tally (``stats``).
 
     For the tally alone, the manifest is looked for only in the tiers on this node (memory,
@@ -168,31 +168,24 @@ def _record_hit(cache: ProgramCacheResource, key: bytes) -> None:
     """
     with _counter_lock:
         hooks = list(_hit_hooks)
-    tally = cache.compile_tally if isinstance(cache, TieredProgramCache) else None
-    if not hooks and tally is None:
-        return
-    memo = (id(cache), key)
+    tally = cache.compile_tally
+    memo = (id(cache.identity), key)
     if memo in _saved:
         seconds = _saved[memo]
     else:
         seconds = _manifest_seconds(cache, key, shared=bool(hooks))
         _remember_seconds(memo, seconds)  # once per key and process: later hits are a dict lookup
-    if tally is not None:
-        tally.count_saved(seconds)
+    tally.count_saved(seconds)
     if hooks:
         call_each(hooks, HitEvent(key, seconds), logger, "on_hit")
 
 
-def _manifest_seconds(cache: ProgramCacheResource, key: bytes, *, shared: bool = True) -> float | None:
+def _manifest_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool = True) -> float | None:
     """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None.
 
     ``shared=False``: only the tiers that are not shared (no request leaves the node).
     """
-    if isinstance(cache, TieredProgramCache):
-        resources = [t.resource for t in cache.tiers if shared or not t.policy.shared]
-    else:
-        resources = [cache]
-    for resource in resources:
+    for resource in [t.resource for t in cache.tiers if shared or not t.policy.shared]:
         try:
             data = resource.get(manifest_key(key))
         except Exception:  # a failing tier: try the next
@@ -223,12 +216,9 @@ def _record_compile(event: CompileEvent) -> None:
 # -- the helper ------------------------------------------------------------------------------------
 
 
-def _header_scans_dir(cache: ProgramCacheResource) -> str | None:
+def _header_scans_dir(cache: TieredProgramCache) -> str | None:
     """Where header scans persist for the next process: the cache's local directory, if it has one."""
-    if isinstance(cache, TieredProgramCache):  # the common case, without building a CacheStores
-        local = cache.local_store
-    else:
-        local = stores_of(cache).local
+    local = cache.local_store
     return local.header_scans_dir if local is not None else None
 
 
@@ -282,7 +272,9 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     with inotify costs one ``poll(2)``; a header edited within the window is not seen
     by this process until it passes). Header scans persist in the cache's local
     directory (``header-scans/``), so a new process validates one instead of scanning.
-    ``logs`` receives the compiler log on a miss only.
+    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is
+    used as a chain of one tier (:func:`~tiered_progcache.tiered.as_chain`): its failures
+    are misses and dropped writes, as a chain tier's are.
 
     ``single_flight``, ``wait_timeout``, ``lease_ttl``, ``header_recheck_s`` and
     ``portable_keys`` are settings too: left out (None), each is the cache's
@@ -297,8 +289,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
                             single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     if options is None:
         options = ProgramOptions()
-    if cache is None:
-        cache = default_cache()
+    cache = as_chain(default_cache() if cache is None else cache)  # only chains travel inward
     single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
         cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     compiled = compile_key(source, code_type, options, target_type, names, extra_digest,
@@ -313,10 +304,9 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     race = single_flight and _races(cache, estimate)
     found = _find(cache, key, target, options, names, nearby_only=race)
     if found is not None:
-        if _hit_hooks or isinstance(cache, TieredProgramCache):
-            _record_hit(cache, key)
+        _record_hit(cache, key)
         return found[0]
-    if isinstance(cache, TieredProgramCache) and cache.explain_misses:
+    if cache.explain_misses:
         _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
     job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs, size)
     if not single_flight:
@@ -337,8 +327,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _wrap(outcome.data, target, options, outcome.mapping)
 
     def found() -> None:
-        if _hit_hooks or isinstance(cache, TieredProgramCache):
-            _record_hit(cache, key)
+        _record_hit(cache, key)
 
     return run_once(cache, key, Work(find, produce, adopt, produce_unless, found), wait_timeout=wait_timeout,
                     lease_ttl=lease_ttl, compile_estimate_s=estimate, race=race)
@@ -348,12 +337,12 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
 _times_loaded: set[str] = set()
 
 
-def _times_dir(cache: ProgramCacheResource) -> str | None:
-    local = cache.local_store if isinstance(cache, TieredProgramCache) else stores_of(cache).local
+def _times_dir(cache: TieredProgramCache) -> str | None:
+    local = cache.local_store
     return None if local is None else os.fspath(local.root)
 
 
-def _predict(cache: ProgramCacheResource, code_type: str, target: str, size: int) -> float | None:
+def _predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float | None:
     """The compile time this node predicts for a compile of ``size``; None where it has timed none of the kind."""
     directory = _times_dir(cache)
     if directory is not None and directory not in _times_loaded:
@@ -363,23 +352,23 @@ def _predict(cache: ProgramCacheResource, code_type: str, target: str, size: int
     return compile_times.predict(code_type, target, size)
 
 
-def _races(cache: ProgramCacheResource, estimate: float | None) -> bool:
+def _races(cache: TieredProgramCache, estimate: float | None) -> bool:
     """True where the policy predicts the compile short against the shared store's round trip."""
-    if not isinstance(cache, TieredProgramCache) or estimate is None:
+    if estimate is None:
         return False
     shared = cache.shared_store
     return shared is not None and cache.flight_policy.races(estimate, shared.round_trip_s)
 
 
 def _compile_declined(
-    cache: ProgramCacheResource, compiled: CompileKey, source: str | bytes, code_type: str,
+    cache: TieredProgramCache, compiled: CompileKey, source: str | bytes, code_type: str,
     options: ProgramOptions, target: str, names: tuple[str | bytes, ...], logs: Any,
 ) -> ObjectCode:
     """Compile without the cache: never looked up, never stored (what it reads cannot be keyed)."""
     global _declined
     with _counter_lock:
         _declined += 1
-    if isinstance(cache, TieredProgramCache) and cache.explain_misses:
+    if cache.explain_misses:
         logger.info("not cached %s: %s", compiled.key[:8].hex(), compiled.declined)
     started = time.perf_counter()
     program = Program(source, code_type, options)
@@ -396,7 +385,7 @@ def _compile_declined(
 
 
 def _find(
-    cache: ProgramCacheResource,
+    cache: TieredProgramCache,
     key: bytes,
     target: str,
     options: ProgramOptions,
@@ -409,9 +398,7 @@ def _find(
     ``nearby_only``: only the tiers in front of the shared one (the chain's ``get_nearby``);
     ``shared_only``: only the others (``get_shared``).
     """
-    get = cache.get
-    if isinstance(cache, TieredProgramCache):
-        get = cache.get_nearby if nearby_only else cache.get_shared if shared_only else cache.get
+    get = cache.get_nearby if nearby_only else cache.get_shared if shared_only else cache.get
     data = get(key)
     if data is None:
         return None
@@ -425,7 +412,7 @@ def _find(
 
 
 def _find_after_waiting(
-    cache: ProgramCacheResource,
+    cache: TieredProgramCache,
     key: bytes,
     target: str,
     options: ProgramOptions,
@@ -433,7 +420,7 @@ def _find_after_waiting(
 ) -> tuple[ObjectCode, _Outcome] | None:
     """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
     found = _find(cache, key, target, options, names)
-    if found is not None and (_hit_hooks or isinstance(cache, TieredProgramCache)):
+    if found is not None:
         _record_hit(cache, key)
     return found
 
@@ -459,7 +446,7 @@ class _Job:
 
 
 def _compile_and_store(
-    cache: ProgramCacheResource, job: _Job, dropped: threading.Event | None = None
+    cache: TieredProgramCache, job: _Job, dropped: threading.Event | None = None
 ) -> tuple[ObjectCode, _Outcome]:
     """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
     key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
@@ -469,8 +456,7 @@ def _compile_and_store(
         obj = program.compile(target, name_expressions=names, logs=job.logs)
     except BaseException:
         failed_after = time.perf_counter() - started
-        if isinstance(cache, TieredProgramCache):
-            cache.compile_tally.count_compile(failed_after)
+        cache.compile_tally.count_compile(failed_after)
         _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
         raise
     finally:
@@ -481,11 +467,9 @@ def _compile_and_store(
     seconds = time.perf_counter() - started
     compile_times.record(code_type, target, seconds, job.size)  # what single-flight plans the next compile with
     _save_times(cache)
-    if isinstance(cache, TieredProgramCache):
-        cache.compile_tally.count_compile(seconds)
+    cache.compile_tally.count_compile(seconds)
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
-    if _hit_hooks or isinstance(cache, TieredProgramCache):
-        _remember_seconds((id(cache), key), round(seconds, 6))  # what the manifest records
+    _remember_seconds((id(cache.identity), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
     if dropped is not None and dropped.is_set():
@@ -501,12 +485,12 @@ def _compile_and_store(
             # The mapping first: whoever sees the binary must find its mapping.
             _store(cache, symbols_key(key), encode_symbols(mapping or {}), seconds)
         _store(cache, key, data, seconds)
-    except Exception as exc:  # a bare cuda-core tier may raise on I/O: keep the compile anyway
+    except Exception as exc:  # the chain raises for no tier; a bug must not cost the compile either
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
     return obj, _Outcome(data, mapping)
 
 
-def _save_times(cache: ProgramCacheResource) -> None:
+def _save_times(cache: TieredProgramCache) -> None:
     """Keep this node's compile times in its local directory for its next process; a failure costs only that."""
     directory = _times_dir(cache)
     if directory is None:
@@ -541,9 +525,6 @@ def _explain_miss(
     log_requested(logger, logging.INFO, "%s", report.one_line())  # on stderr if the application set up no logging
 
 
-def _store(cache: ProgramCacheResource, key: bytes, data: bytes, seconds: float) -> None:
-    """Store with the compile time where the cache applies admission by it (the chain's ``min_upload_compile_s``)."""
-    if isinstance(cache, TieredProgramCache):
-        cache.put(key, data, compile_seconds=seconds)
-    else:
-        cache[key] = data
+def _store(cache: TieredProgramCache, key: bytes, data: bytes, seconds: float) -> None:
+    """Store with the compile time, so the chain applies admission by it (``min_upload_compile_s``)."""
+    cache.put(key, data, compile_seconds=seconds)

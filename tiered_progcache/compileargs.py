@@ -19,7 +19,6 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from . import settings
-from .configvalues import ConfigValues
 from .tiered import TieredProgramCache
 
 __all__ = ["CODE_TYPES", "KNOBS", "TARGET_TYPES", "check_arguments", "knob_for", "knobs_for"]
@@ -73,14 +72,15 @@ def check_arguments(
 
 
 def knobs_for(
-    cache: ProgramCacheResource, single_flight: Any, wait_timeout: Any, lease_ttl: Any, header_recheck_s: Any,
+    cache: TieredProgramCache, single_flight: Any, wait_timeout: Any, lease_ttl: Any, header_recheck_s: Any,
     portable_keys: Any,
 ) -> tuple[bool, float, float, float, bool]:
     """The knobs (in :data:`KNOBS` order) with each left out (None) taken from ``cache``'s settings or the table.
 
-    The arguments are checked already (:func:`check_arguments`); so are the settings.
+    The arguments are checked already (:func:`check_arguments`); so are the settings. A bare
+    resource wrapped into a chain (:func:`~tiered_progcache.tiered.as_chain`) has every row's default.
     """
-    values = cache.settings if isinstance(cache, TieredProgramCache) else _TABLE_DEFAULTS
+    values = cache.settings
     return (
         values.single_flight if single_flight is None else single_flight,
         values.wait_timeout if wait_timeout is None else float(wait_timeout),
@@ -90,12 +90,8 @@ def knobs_for(
     )
 
 
-def knob_for(cache: ProgramCacheResource, name: str, given: Any) -> Any:
+def knob_for(cache: TieredProgramCache, name: str, given: Any) -> Any:
     """One knob: ``given`` unless it is None, else ``cache``'s setting ``name`` or the row's default."""
     if given is not None:
         return given
-    return getattr(cache.settings if isinstance(cache, TieredProgramCache) else _TABLE_DEFAULTS, name)
-
-
-#: What a cache that is not a chain (it has no settings) gets: every row's default.
-_TABLE_DEFAULTS = ConfigValues()
+    return getattr(cache.settings, name)

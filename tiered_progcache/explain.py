@@ -31,14 +31,13 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from cuda.core import ProgramOptions
-from cuda.core.utils import FileStreamProgramCache, ProgramCacheResource
+from cuda.core.utils import ProgramCacheResource
 
 from .compileargs import check_arguments, knob_for
 from .defaultcache import default_cache
 from .envelope import max_stored_bytes
 from .errors import one_line
 from .keys import CompileKey, compile_key
-from .localdir import LocalDir
 from .manifest import (
     MAX_MANIFEST_BYTES,
     CompileInputs,
@@ -51,7 +50,7 @@ from .manifest import (
 )
 from .store import EntryStore, StoredEntry, check_entry_name, entry_name
 from .symbols import symbols_key
-from .tiered import TieredProgramCache
+from .tiered import TieredProgramCache, as_chain
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -345,24 +344,9 @@ class _View:
     store: EntryStore | None
 
 
-def _views(cache: ProgramCacheResource) -> list[_View]:
-    if isinstance(cache, TieredProgramCache):
-        return [_view(t.name, t.resource) for t in cache.tiers]
-    if isinstance(cache, FileStreamProgramCache):
-        return [_view("local", cache)]
-    if isinstance(cache, EntryStore):
-        return [_view("remote" if cache.shared else "store", cache)]
-    return [_view("cache", cache)]
-
-
-def _view(name: str, resource: ProgramCacheResource) -> _View:
-    store: EntryStore | None = None
-    if isinstance(resource, FileStreamProgramCache):
-        store = LocalDir.of(resource)
-    elif isinstance(resource, EntryStore):
-        store = resource
-    where = store.location if store is not None else f"{type(resource).__name__}, this process"
-    return _View(name, where, resource, store)
+def _views(cache: TieredProgramCache) -> list[_View]:
+    """Each tier of the chain, as its :class:`~.tier.Tier` resolved it when it was built."""
+    return [_View(t.name, t.location, t.resource, t.entries) for t in cache.tiers]
 
 
 def explain(
@@ -391,8 +375,7 @@ def explain(
                             portable_keys=portable_keys)  # fmt: skip
     if options is None:
         options = ProgramOptions()
-    if cache is None:
-        cache = default_cache()
+    cache = as_chain(default_cache() if cache is None else cache)  # only chains travel inward
     portable_keys = knob_for(cache, "portable_keys", portable_keys)
     compiled = compile_key(source, code_type, options, target_type, names, extra_digest, portable=portable_keys)
     return explain_key(compiled, source, code_type, options, target_type.lower(), cache, names, extra_digest)
@@ -416,7 +399,7 @@ def explain_key(
     if compiled.declined is not None:
         notes.append(f"not cached, compiled every time: {compiled.declined}")
     listings: list[tuple[_View, dict[str, StoredEntry]]] = []
-    views = _views(cache)
+    views = _views(as_chain(cache))  # a bare resource is a chain of one tier, named as in tiers=[...]
     for depth, view in enumerate(views):
         if view.store is None:
             try:

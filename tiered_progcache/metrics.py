@@ -224,10 +224,9 @@ def register(cache: TieredProgramCache, registry: Any = None, *, name: str = "de
     is a ``ValueError``). The cache is held weakly, by the registry and by the function
     returned alike: a cache that is gone stops being reported, whoever keeps the unregister.
     """
-    from .tiered import TieredProgramCache
+    from .tiered import require_chain
 
-    if not isinstance(cache, TieredProgramCache):
-        raise TypeError(f"cache must be a TieredProgramCache, got {type(cache).__name__}")
+    require_chain(cache)
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
     client = _client()

@@ -14,8 +14,10 @@ Three scopes, each re-checking the cache once it gets its turn:
 A compile predicted short against the round trip takes none of this: it races the
 remote lookup (``race=True``), and whichever answers first is the result.
 
-The cache's stores come from :func:`~.tiered.stores_of`; a cache without a local
-directory or a usable shared store simply skips that scope. Every wait is bounded
+:func:`run_once` turns a bare ``ProgramCacheResource`` into a chain on entry
+(:func:`~.tiered.as_chain`), and reads the chain's local directory, shared store and
+flight policy; a cache without a local directory or a usable shared store simply skips
+that scope. Every wait is bounded
 (``wait_timeout``): whoever runs out of patience does the work itself, so a crashed
 or stuck holder costs time, never a hang, and a race costs a duplicate compile at worst.
 """
@@ -34,12 +36,12 @@ from cuda.core.utils import ProgramCacheResource
 
 from . import exitbudget
 from .flightfailure import FailureRecord
-from .flightpolicy import FlightDecision, FlightPolicy, report
+from .flightpolicy import FlightDecision, report
 from .lease import RemoteLease, WaitOutcome, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from .ratelimit import log_once
 from .store import EntryStore, LeaseStore, entry_name
-from .tiered import TieredProgramCache, stores_of
+from .tiered import TieredProgramCache, as_chain
 from .writeback import submission_mark
 
 if TYPE_CHECKING:
@@ -87,7 +89,7 @@ def followers(cache: ProgramCacheResource, key: bytes) -> int:
 
     For observability and for tests that must know every waiter has joined. Thread-safe.
     """
-    return _flights.followers((id(cache), key))
+    return _flights.followers((id(as_chain(cache).identity), key))
 
 
 def run_once(
@@ -116,9 +118,11 @@ def run_once(
     it when they get their turn. Safe from any number of threads.
     """
     deadline = time.monotonic() + wait_timeout
-    # Per cache: a thread compiling into another cache would not store into this one.
-    # (The leader's frame holds ``cache`` for the flight's life, so its id is not reused.)
-    flight_key = (id(cache), key)
+    chain = as_chain(cache)
+    # Per cache: a thread compiling into another cache would not store into this one. By the
+    # chain's identity: calls given one bare resource each get a chain around it, and share
+    # its flights. (The leader's frame holds ``chain`` for the flight's life, so the id is not reused.)
+    flight_key = (id(chain.identity), key)
     while True:
         with _flights.lead(flight_key) as seat:
             if not seat.leader:
@@ -130,14 +134,14 @@ def run_once(
                 return work.produce()[0]
             remaining = max(0.0, deadline - time.monotonic())
             if race:
-                result, shared = _race(cache, key, work, compile_estimate_s)
+                result, shared = _race(chain, key, work, compile_estimate_s)
             else:
-                result, shared = _lead(cache, key, work, remaining, lease_ttl, compile_estimate_s)
+                result, shared = _lead(chain, key, work, remaining, lease_ttl, compile_estimate_s)
             seat.result = shared
             return result
 
 
-def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: float | None) -> tuple[R, S]:
+def _race(cache: TieredProgramCache, key: bytes, work: Work[R, S], estimate: float | None) -> tuple[R, S]:
     """The remote lookup and the work, each on a thread of its own; the first answer wins.
 
     A compile that wins is the answer at once (the lookup goes on and is dropped) and is
@@ -145,7 +149,7 @@ def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: f
     compile loses to a hit. Never slower than the faster of the two.
     """
     name = entry_name(key)
-    shared = stores_of(cache).shared
+    shared = cache.shared_store
     round_trip = shared.round_trip_s if shared is not None else None
     dropped = threading.Event()
     produce_unless = work.produce_unless or (lambda _dropped: work.produce())
@@ -183,7 +187,7 @@ def _race(cache: ProgramCacheResource, key: bytes, work: Work[R, S], estimate: f
 
 
 def _lead(
-    cache: ProgramCacheResource,
+    cache: TieredProgramCache,
     key: bytes,
     work: Work[R, S],
     wait_s: float,
@@ -193,13 +197,12 @@ def _lead(
     """This process's one attempt at ``key``: node lock, then the cluster lease unless the policy predicts it short."""
     name = entry_name(key)
     deadline = time.monotonic() + wait_s
-    stores = stores_of(cache)
-    policy = cache.flight_policy if isinstance(cache, TieredProgramCache) else FlightPolicy()
-    with _node_lock(stores.local, name, wait_s):
-        leases = _lease_store(stores.shared)
-        if leases is None or stores.shared is None:
+    policy = cache.flight_policy
+    with _node_lock(cache.local_store, name, wait_s):
+        shared = cache.shared_store
+        leases = _lease_store(shared)
+        if leases is None or shared is None:
             return _find_or_produce(work)
-        shared = stores.shared
         round_trip = shared.round_trip_s
         if not policy.takes_lease(estimate, round_trip):
             found = work.find()  # another process of this node may have just finished it
@@ -226,8 +229,7 @@ def _lead(
                 report(FlightDecision(name, "held", estimate, round_trip, waited.waited_s, waited.holder_estimate_s))
                 mark = submission_mark()
                 found = work.produce()
-                if isinstance(cache, TieredProgramCache):
-                    cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
+                cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
             else:
                 report(FlightDecision(name, "found", estimate, round_trip, waited.waited_s))
         except Exception as exc:
@@ -236,10 +238,7 @@ def _lead(
         except BaseException:
             lease.release()  # interrupted, not failed: the waiters retry
             raise
-        if isinstance(cache, TieredProgramCache):
-            _release_after_upload(lease, cache, key, name)
-        else:
-            lease.release()
+        _release_after_upload(lease, cache, key, name)
         return found
 
 

@@ -23,13 +23,14 @@ from .policy import TierPolicy
 from .redis_store import RedisProgramCache, is_redis_url
 from .settings import STATS_FILE_ENV, by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats, CompileTally
+from .ratelimit import RateLimitedLogger
 from .store import EntryStore
-from .tier import Tier
+from .tier import Tier, bare_policy, default_policy
 
 if TYPE_CHECKING:
     from .transfer import TransferReport
 
-__all__ = ["CacheStores", "TieredProgramCache", "default_chain", "shared_tier", "stores_of"]
+__all__ = ["CacheStores", "TieredProgramCache", "as_chain", "default_chain", "require_chain", "shared_tier", "stores_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,28 +96,19 @@ class TieredProgramCache(ProgramCacheResource):
             specs = list(tiers)
             if not specs:
                 raise ValueError("tiers must name at least one tier")
-        self._tiers: tuple[Tier, ...] = _build_tiers(
-            specs, config.max_pending_uploads, config.max_pending_upload_bytes
-        )
-        self._local_store = _first_local_dir(self._tiers)
-        self._first = self._tiers[0]
-        self._first_resource = self._first.resource
-        self._first_counters = self._first.counters
-        self._untimed_mask = _untimed_mask()
-        self._rest = self._tiers[1:]
-        #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
-        self._first_shared = next((i for i, t in enumerate(self._tiers) if t.policy.shared), len(self._tiers))
-        self._closed = False
-        self._settings = config
-        self._min_upload_compile_s: float | None = config.min_upload_compile_s
-        self._explain_misses: bool = config.explain_misses
-        self._flight_policy = FlightPolicy(
-            lease_min_compile_rtts=config.lease_min_compile_rtts,
-            wait_patience=config.wait_patience,
-            compile_time_prior_s=config.compile_time_prior_s,
+        self._assemble(
+            _build_tiers(specs, config.max_pending_uploads, config.max_pending_upload_bytes),
             min_upload_compile_s=config.min_upload_compile_s,
+            explain_misses=config.explain_misses,
+            flight_policy=FlightPolicy(
+                lease_min_compile_rtts=config.lease_min_compile_rtts,
+                wait_patience=config.wait_patience,
+                compile_time_prior_s=config.compile_time_prior_s,
+                min_upload_compile_s=config.min_upload_compile_s,
+            ),
+            identity=self,
+            settings=config,
         )
-        self._compile_tally = CompileTally()
         if self._local_store is not None:  # `tiered-progcache stats`: the directory's counters, reported at exit
             ledger.register(self, self._local_store.root)
         if config.exit_timeout is not None:
@@ -126,12 +118,58 @@ class TieredProgramCache(ProgramCacheResource):
 
             register(self)
 
+    def _assemble(
+        self,
+        tiers: tuple[Tier, ...],
+        *,
+        min_upload_compile_s: float | None,
+        explain_misses: bool,
+        flight_policy: FlightPolicy,
+        identity: object,
+        settings: ConfigValues,
+    ) -> None:
+        """Set up the chain's state from its built tiers (the constructor's and :func:`as_chain`'s common part)."""
+        self._tiers = tiers
+        self._local_store = next((t.local for t in tiers if t.local is not None), None)
+        self._first = tiers[0]
+        self._first_resource = self._first.resource
+        self._first_counters = self._first.counters
+        self._untimed_mask = _untimed_mask()
+        self._rest = tiers[1:]
+        #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
+        self._first_shared = next((i for i, t in enumerate(tiers) if t.policy.shared), len(tiers))
+        self._closed = False
+        self._min_upload_compile_s = min_upload_compile_s
+        self._explain_misses = explain_misses
+        self._flight_policy = flight_policy
+        self._compile_tally = CompileTally()
+        self._identity = identity
+        self._settings = settings
+
+    @classmethod
+    def _around(cls, resource: ProgramCacheResource) -> TieredProgramCache:
+        """A chain of one tier around a bare ``resource`` (see :func:`as_chain`); no setting, no registration."""
+        chain = cls.__new__(cls)
+        tier = Tier(resource, bare_policy(resource), warn=_BARE_WARNINGS)
+        chain._assemble((tier,), min_upload_compile_s=None, explain_misses=False, flight_policy=_BARE_FLIGHT_POLICY,
+                        identity=resource, settings=ConfigValues())  # fmt: skip
+        return chain
+
     # -- introspection -----------------------------------------------------------
 
     @property
     def settings(self) -> ConfigValues:
         """Every setting's value for this chain (``compile()`` reads its defaults here): ``cache.settings.lease_ttl``."""
         return self._settings
+
+    @property
+    def identity(self) -> object:
+        """What this chain stands for: itself, or the bare resource :func:`as_chain` wrapped it around.
+
+        ``compile()``'s per-cache state (thread flights, the saved-seconds memo) is keyed by
+        it, so every call given one bare resource shares that state, as calls on one chain do.
+        """
+        return self._identity
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
@@ -152,7 +190,7 @@ class TieredProgramCache(ProgramCacheResource):
     @property
     def shared_stores(self) -> tuple[EntryStore, ...]:
         """Every shared tier that is an entry store, fastest first."""
-        return tuple(t.resource for t in self._tiers if t.policy.shared and isinstance(t.resource, EntryStore))
+        return tuple(t.entries for t in self._tiers if t.policy.shared and t.entries is not None)
 
     @property
     def shared_store(self) -> EntryStore | None:
@@ -322,26 +360,14 @@ class TieredProgramCache(ProgramCacheResource):
             self[key] = value
 
     def __len__(self) -> int:
-        counts = []
-        for tier in self._tiers:
-            if tier.policy.shared:
-                continue
-            try:
-                counts.append(len(tier.resource))
-            except Exception as exc:
-                logger.warning("tier %s could not count its entries: %r", tier.name, exc)
-        return max(counts, default=0)
+        counts = [tier.count() for tier in self._tiers if not tier.policy.shared]
+        return max((n for n in counts if n is not None), default=0)
 
     def clear(self) -> None:
         """Empty every non-shared, writable tier. A shared remote is never wiped from here."""
         for tier in self._tiers:
-            if tier.policy.shared or tier.policy.read_only:
-                continue
-            try:
-                tier.resource.clear()
-            except Exception as exc:
-                tier.counters.add("errors")
-                logger.warning("tier %s failed to clear: %r", tier.name, exc)
+            if not (tier.policy.shared or tier.policy.read_only):
+                tier.clear()
 
     # -- background writes -------------------------------------------------------------
 
@@ -387,10 +413,7 @@ class TieredProgramCache(ProgramCacheResource):
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 tier.writeback.close(remaining)
         for tier in self._tiers:
-            try:
-                tier.resource.close()
-            except Exception as exc:
-                logger.warning("tier %s failed to close: %r", tier.name, exc)
+            tier.close()
 
     def __enter__(self) -> TieredProgramCache:
         return self
@@ -444,11 +467,40 @@ class TieredProgramCache(ProgramCacheResource):
         return cache
 
 
-def _first_local_dir(tiers: Sequence[Tier]) -> LocalDir | None:
-    for t in tiers:
-        if isinstance(t.resource, FileStreamProgramCache):
-            return LocalDir.of(t.resource)
-    return None
+#: The flight policy of a bare resource's chain: the settings' defaults (a bare resource has no settings).
+_BARE_FLIGHT_POLICY = FlightPolicy()
+#: One rate limit for every bare resource's warnings: a chain around one is built per call.
+_BARE_WARNINGS = RateLimitedLogger(logging.getLogger(Tier.__module__))
+
+
+def as_chain(cache: ProgramCacheResource) -> TieredProgramCache:
+    """``cache`` itself if it is a chain, else a chain of one tier around the bare resource.
+
+    >>> chain = as_chain(InMemoryProgramCache())     # what compile(), explain() and single-flight work on
+
+    The public entry points call it, so only chains travel inward. A bare resource's tier
+    is named and shaped as in ``tiers=[...]`` (``memory``, ``local``, a shared ``remote``,
+    else ``cache``) but written synchronously, with no admission threshold, no
+    ``explain_misses`` and the default flight policy; its failures follow the chain's
+    failure policy (docs/architecture.md, "A bare resource"). Cheap: no settings are read,
+    nothing is registered, no thread is started.
+    """
+    if isinstance(cache, TieredProgramCache):
+        return cache
+    if not isinstance(cache, ProgramCacheResource):
+        raise TypeError(f"cache must be a cuda.core ProgramCacheResource, got {type(cache).__name__}")
+    return TieredProgramCache._around(cache)
+
+
+def require_chain(cache: object, what: str = "cache", *, none_ok: bool = False) -> None:
+    """A ``TypeError`` saying ``what`` must be a :class:`TieredProgramCache` (or None, with ``none_ok``) unless it is.
+
+    For the APIs that hold a chain beyond one call (``metrics.register``, ``triton.use_shared_cache``),
+    where a chain built around a bare resource would be dropped with its counters.
+    """
+    if not (isinstance(cache, TieredProgramCache) or (none_ok and cache is None)):
+        raise TypeError(f"{what} must be a TieredProgramCache{' or None' if none_ok else ''}, "
+                        f"got {type(cache).__name__}")  # fmt: skip
 
 
 def _untimed_mask() -> int:
@@ -540,17 +592,6 @@ def shared_tier(
     return remote, "remote"
 
 
-def _default_policy(resource: ProgramCacheResource, index: int) -> TierPolicy:
-    """Policy for a tier given without one: a shared entry store (the remote) is written in the background."""
-    if isinstance(resource, InMemoryProgramCache):
-        return TierPolicy("memory")
-    if isinstance(resource, FileStreamProgramCache):
-        return TierPolicy("local")
-    if isinstance(resource, EntryStore) and resource.shared:
-        return TierPolicy("remote", read_only=resource.read_only, write="background", shared=True)
-    return TierPolicy(f"tier{index}")
-
-
 def _build_tiers(
     specs: Sequence[TierSpec], max_pending_uploads: int, max_pending_upload_bytes: int | None
 ) -> tuple[Tier, ...]:
@@ -566,7 +607,7 @@ def _build_tiers(
         if not isinstance(resource, ProgramCacheResource):
             raise TypeError(f"tier {index} must be a cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}")
         if policy is None:
-            policy = _default_policy(resource, index)
+            policy = default_policy(resource, f"tier{index}")
             base, n = policy.name, 2
             while policy.name in names:
                 policy = TierPolicy(f"{base}{n}", policy.read_only, policy.promote, policy.write, policy.shared)
@@ -596,13 +637,9 @@ class CacheStores:
 def stores_of(cache: ProgramCacheResource) -> CacheStores:
     """The local directory and shared store of any cache ``compile()`` or the command is given.
 
-    A chain answers from its tiers; cuda-core's file tier is a local directory; a bare
-    shared store (a remote) is the shared store; anything else has neither.
+    What :func:`as_chain` of it holds: a chain answers from its tiers; cuda-core's file
+    tier is a local directory; a bare shared store (a remote) is the shared store;
+    anything else has neither.
     """
-    if isinstance(cache, TieredProgramCache):
-        return CacheStores(cache.local_store, cache.shared_store)
-    if isinstance(cache, FileStreamProgramCache):
-        return CacheStores(LocalDir.of(cache), None)
-    if isinstance(cache, EntryStore):
-        return CacheStores(None, cache)
-    return CacheStores(None, None)
+    chain = as_chain(cache)
+    return CacheStores(chain.local_store, chain.shared_store)

@@ -54,7 +54,6 @@ from triton.runtime.cache import FileCacheManager
 
 from .errors import EntryRejected
 from .stats import CacheStats, TierCounters
-from .store import EntryStore
 from .tritonnames import (
     FRAME_MAGIC,
     GROUP_PREFIX,
@@ -129,11 +128,10 @@ def use_shared_cache(cache: Any) -> None:
 
     For applications that build their chain in code, and for tests; the previous one is not closed.
     """
-    from .tiered import TieredProgramCache
+    from .tiered import require_chain
 
     global _chain, _chain_built
-    if cache is not None and not isinstance(cache, TieredProgramCache):
-        raise TypeError(f"cache must be a TieredProgramCache or None, got {type(cache).__name__}")
+    require_chain(cache, none_ok=True)
     with _chain_lock:
         _chain, _chain_built = cache, True
 
@@ -298,16 +296,15 @@ def _read_many(tier: Any, keys: Mapping[str, bytes]) -> dict[str, bytes | Except
     """Entry name -> payload (or the exception its read raised) for ``keys`` (name -> key): one batch where
     the tier is an entry store (every shared tier is); else one by one (a tier given in code, such as memory,
     where a read costs no round trip)."""
-    resource = tier.resource
-    if isinstance(resource, EntryStore):
+    if tier.entries is not None:
         try:
-            return resource.read_many(list(keys))
+            return tier.entries.read_many(list(keys))
         except Exception as exc:  # read_many answers per entry; anything else is the tier failing
             return dict.fromkeys(keys, exc)
     results: dict[str, bytes | Exception] = {}
     for name, key in keys.items():
         try:
-            results[name] = resource[key]
+            results[name] = tier.resource[key]
         except Exception as exc:
             results[name] = exc
     return results

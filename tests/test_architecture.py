@@ -1,0 +1,122 @@
+"""The package's shape, checked: a tier's identity is resolved in one place (docs/architecture.md).
+
+Only the adapter asks ``isinstance`` (or ``issubclass``, ``type(x) is``) of a concrete store or
+resource class: ``tier.py``, which adapts a tier's resource once when the tier is built, and
+``tiered.as_chain`` / ``tiered.require_chain``, which tell a chain from a bare resource at the
+public entry points. Everything else reads what those resolved (``tier.entries``,
+``tier.local``, ``chain.local_store``, ``chain.shared_store``, ...). Checks against the
+abstract interfaces (``ProgramCacheResource``, ``EntryStore``, ``LeaseStore``) are argument
+validation and allowed anywhere.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tiered_progcache
+
+PACKAGE = Path(tiered_progcache.__file__).parent
+
+#: The declared interfaces: asking about these is asking a declared capability.
+INTERFACES = frozenset({"ProgramCacheResource", "EntryStore", "LeaseStore"})
+#: cuda-core's concrete tiers (defined outside the package).
+CUDA_CORE_TIERS = frozenset({"FileStreamProgramCache", "InMemoryProgramCache"})
+#: Where identity is resolved: module -> the functions in it that may ask (None: the whole module).
+ADAPTER: dict[str, frozenset[str] | None] = {
+    "tier.py": None,
+    "tiered.py": frozenset({"as_chain", "require_chain"}),
+}
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(PACKAGE)): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def concrete_classes(modules: dict[str, ast.Module]) -> frozenset[str]:
+    """Every class of the package that is (by its bases, transitively) a store or resource, plus cuda-core's."""
+    bases: dict[str, set[str]] = {}
+    for tree in modules.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                names = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                         if isinstance(b, (ast.Name, ast.Attribute))}  # fmt: skip
+                bases.setdefault(node.name, set()).update(names)
+    found = set(CUDA_CORE_TIERS)
+    changed = True
+    while changed:
+        changed = False
+        for name, parents in bases.items():
+            if name not in found and parents & (found | INTERFACES):
+                found.add(name)
+                changed = True
+    return frozenset(found - INTERFACES)
+
+
+def _class_names(node: ast.expr) -> list[str]:
+    if isinstance(node, ast.Tuple):
+        return [n for elt in node.elts for n in _class_names(elt)]
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    return []
+
+
+def identity_checks(module: str, tree: ast.Module, concrete: frozenset[str]) -> list[str]:
+    """``module:line function: isinstance(..., Class)`` for each type check on a concrete class outside the adapter."""
+    allowed = ADAPTER.get(module, frozenset())
+    if allowed is None:
+        return []
+    found: list[str] = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        checked: list[str] = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+            if len(node.args) == 2:
+                checked = _class_names(node.args[1])
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            left = node.left
+            if isinstance(left, ast.Call) and isinstance(left.func, ast.Name) and left.func.id == "type":
+                checked = [n for c in node.comparators for n in _class_names(c)]
+        hits = [n for n in checked if n in concrete]
+        if hits and function not in allowed:
+            found.append(f"{module}:{node.lineno} {function}: {ast.unparse(node)}")  # type: ignore[attr-defined]
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_no_module_outside_the_adapter_asks_a_concrete_store_class():
+    modules = _modules()
+    concrete = concrete_classes(modules)
+    offenders = [line for module, tree in modules.items() for line in identity_checks(module, tree, concrete)]
+    assert offenders == [], "resolve identity in tier.py / tiered.as_chain instead:\n" + "\n".join(offenders)
+
+
+def test_the_scan_knows_every_store_class_and_catches_a_planted_check():
+    """The control: the class list is not empty by accident, and each form of the check is caught."""
+    modules = _modules()
+    concrete = concrete_classes(modules)
+    assert {"TieredProgramCache", "LocalDir", "TritonDir", "SharedEntryStore", "RemoteProgramCache",
+            "RedisProgramCache", "RemoteLeases", "RedisLeases", *CUDA_CORE_TIERS} <= concrete  # fmt: skip
+    assert not concrete & INTERFACES
+    planted = ast.parse(
+        "def f(cache):\n"
+        "    if isinstance(cache, TieredProgramCache): pass\n"
+        "    if isinstance(cache, (int, utils.FileStreamProgramCache)): pass\n"
+        "    if type(cache) is LocalDir: pass\n"
+        "    if issubclass(type(cache), RedisProgramCache): pass\n"
+        "    if isinstance(cache, EntryStore) or isinstance(cache, ProgramCacheResource): pass\n"
+    )
+    assert [line.split(" ", 1)[0] for line in identity_checks("compile.py", planted, concrete)] == [
+        "compile.py:2", "compile.py:3", "compile.py:4", "compile.py:5",
+    ]
+    assert identity_checks("tier.py", planted, concrete) == []  # the adapter may
+    assert len(identity_checks("tiered.py", planted, concrete)) == 4  # but in tiered.py only as_chain/require_chain
+    planted_in_as_chain = ast.parse("def as_chain(cache):\n    return isinstance(cache, TieredProgramCache)\n")
+    assert identity_checks("tiered.py", planted_in_as_chain, concrete) == []
