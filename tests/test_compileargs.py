@@ -16,6 +16,7 @@ from tiered_progcache.compileargs import KNOBS, knob_for, knobs_for
 from tiered_progcache.keys import compile_key
 from tiered_progcache.settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S, by_name
 from tiered_progcache.store import entry_name
+from tiered_progcache.tiered import as_chain
 
 ARCH = "sm_90"
 JOIN_S = 90
@@ -43,8 +44,8 @@ def test_a_knob_left_out_is_the_chain_s_setting_and_an_argument_wins(tmp_path):
     with TieredProgramCache.from_env(environ) as from_env:  # the default cache is built so
         assert knobs_for(from_env, None, None, None, None, None) == (True, 0.0, 60.0, 0.0, False)
         assert from_env.settings.sources()["wait_timeout"] == "env TIERED_PROGCACHE_WAIT_TIMEOUT"
-    # A cache that is no chain has no settings: the rows' defaults.
-    assert knobs_for(InMemoryProgramCache(), None, None, None, None, None) == (True, 300.0, 60.0, 0.0, True)
+    # A bare resource, wrapped into a chain on the way in, has no settings: the rows' defaults.
+    assert knobs_for(as_chain(InMemoryProgramCache()), None, None, None, None, None) == (True, 300.0, 60.0, 0.0, True)
 
 
 @pytest.mark.parametrize(("knob", "bad", "error"), [
