@@ -377,9 +377,10 @@ def _hit_or_none(looked: concurrent.futures.Future[T | None]) -> T | None:
 def _release_when_created(created: concurrent.futures.Future[bool], lease: RemoteLease) -> None:
     """Release ``lease`` once its create (under way) answers, if it made the lease ours; off the caller's path.
 
-    The create was sent beside a lookup that found the entry, so nobody needs the lease:
-    a daemon thread, which exit does not wait for (a lease left behind is harmless here:
-    whoever finds it taken looks and finds the entry, and it expires by itself).
+    The create was sent beside a lookup that found the entry, so nobody needs the lease.
+    Its requests run on a daemon thread that exit waits for only within the process's one
+    exit budget (:mod:`.exitbudget`), as for any release (a lease left behind is harmless
+    here: whoever finds it taken looks and finds the entry, and it expires by itself).
     """
 
     def release() -> None:
@@ -390,7 +391,10 @@ def _release_when_created(created: concurrent.futures.Future[bool], lease: Remot
         if held:
             lease.release()
 
-    threading.Thread(target=release, name=f"tiered-progcache-unlease-{lease.name[:8]}", daemon=True).start()
+    releaser = threading.Thread(target=release, name=f"tiered-progcache-unlease-{lease.name[:8]}", daemon=True)
+    releaser.start()
+    threading.Thread(target=exitbudget.PROCESS.join, args=(releaser,), name="tiered-progcache-unlease-wait",
+                     daemon=False).start()
 
 
 def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception) -> None:
