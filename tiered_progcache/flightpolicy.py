@@ -375,7 +375,8 @@ class FlightDecision:
     * ``"short"``: predicted short where nothing was left to race (the lookup already missed): compiled, no lease;
     * ``"held"``: took the lease and compiled (others may wait for it);
     * ``"found"``: the entry turned up right after the lease step (another node, or
-      another process here, had just finished): no compile;
+      another process here, had just finished), or, for a compile of unknown length, the
+      lookup sent beside the lease create found it: no compile;
     * ``"waited"``: got another node's entry while waiting for its lease;
     * ``"failed"``: the holder's compile failed and it published the failure: raised it, no compile;
     * ``"gave up"``: waited the patience (``wait_patience``, opt-in) and compiled itself;
