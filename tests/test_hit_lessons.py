@@ -303,3 +303,21 @@ def test_a_hit_of_an_unknown_kernel_returns_while_its_manifest_read_is_under_way
     finally:
         remote.gate.set()
         node_b.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_waits_for_none_of_its_parents_lessons():
+    """The parent's reading threads do not exist in a forked child: the child has no lesson under way
+    (a compile there would otherwise wait the lesson bound for a read that never lands)."""
+    gate = threading.Event()
+    assert hit_lessons.start(KIND, b"fork-test", lambda: None if gate.wait(JOIN_S) else None, 1000)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once
+            os._exit(0 if hit_lessons.in_flight() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert hit_lessons.in_flight(KIND) == 1  # the parent's read is still under way
+    finally:
+        gate.set()
+        hit_lessons.wait(KIND, JOIN_S)

@@ -241,6 +241,10 @@ class HitLessons:
         self._lock = threading.Lock()
         self._pending: dict[bytes, tuple[tuple[str, str], threading.Event]] = {}
 
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = {}  # the parent's reading threads do not exist here
+
     def in_flight(self, kind: tuple[str, str] | None = None) -> int:
         """Reads under way (of ``kind``, or of any)."""
         with self._lock:
@@ -292,6 +296,9 @@ MAX_LESSONS_IN_FLIGHT = 4
 LESSON_WAIT_RTTS = 2
 #: The process's lessons from hits, into :data:`compile_times`.
 hit_lessons = HitLessons(compile_times)
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=hit_lessons._after_fork_in_child)
 
 
 @dataclasses.dataclass(frozen=True)
