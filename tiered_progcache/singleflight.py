@@ -7,7 +7,9 @@ Three scopes, each re-checking the cache once it gets its turn:
    (:func:`~.locks.node_lock`);
 3. nodes of a cluster take the key's lease in the shared store (:mod:`.lease`), only
    where that store is up, writable, and declares an atomic create for its leases, and
-   only where the compile is not predicted short (:mod:`.flightpolicy`); a waiter polls
+   only where the compile is not predicted short (:mod:`.flightpolicy`; one of unknown
+   length sends its shared lookup beside the lease create, and its look under the lease
+   beside the compile, so its compile starts one round trip after the miss); a waiter polls
    for the entry while the holder's lease is renewed, raises the holder's failure if it
    publishes one (:mod:`.flightfailure`), and compiles itself once the holder is gone.
 
