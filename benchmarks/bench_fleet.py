@@ -349,7 +349,7 @@ def main() -> None:
             log.close()
     print("choices: raced = compiled beside the lookup, no lease (raced, found: the lookup won); failed = raised "
           "the holder's published failure; held = took the lease and compiled; waited = got another node's entry; found = it was there "
-          "once the lease was ours; short = under the lease threshold, compiled without one; gave up = waited "
+          "once the lease was ours (or the lookup beside an unknown kernel's lease create found it); short = under the lease threshold, compiled without one; gave up = waited "
           "the patience, then compiled")
     print(f"({sys.platform}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
           f"{time.perf_counter() - started:.0f} s)")

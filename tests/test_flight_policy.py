@@ -25,6 +25,7 @@ from tiered_progcache.flightpolicy import (
     FlightPolicy,
     compile_size,
     compile_times,
+    hit_lessons,
     on_flight,
 )
 from tiered_progcache.latency import LatencyTracker
@@ -232,14 +233,16 @@ def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
     times.record("c++", "cubin", seconds, compile_size(len(source), 0))
 
 
-@pytest.mark.parametrize("predicted, choice, requests", [(0.01, "raced", 3), (10.0, "held", 7), (None, "held", 7)])
+@pytest.mark.parametrize("predicted, choice, requests", [(0.01, "raced", 3), (10.0, "held", 7), (None, "held", 8)])
 def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
     tmp_path, slow_s3, decisions, fresh_compile_times, predicted, choice, requests
 ):
     """At a 50 ms round trip, 0.01 s is under the default one round trip, 10 s over, and a never-timed
     compile is unknown. Requests on the wire: raced: the look (beside the compile), the uploads of the
-    manifest and the cubin (3); held: look, lease create, look under the lease, the two uploads, lease
-    read and delete by the release (7)."""
+    manifest and the cubin (3); held (long): look, lease create, look under the lease, the two uploads,
+    lease read and delete by the release (7); held (unknown): the look, the manifest read (to learn
+    from a hit) and the lease create together, the look under the lease beside the compile, the two
+    uploads, the release's read and delete (8)."""
     proxy, storage_options, url = slow_s3
     if predicted is not None:
         _predicting(fresh_compile_times, kernel(310), predicted)
@@ -250,6 +253,7 @@ def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_le
         (decision,) = decisions
         assert cache.flush(JOIN_S)
         _released(decision.name)
+        hit_lessons.wait(("c++", "cubin"), JOIN_S)
         seen = proxy.requests - before
         assert cache.shared_store.leases().read(decision.name) is None
     assert bytes(obj.code)[:4] == b"\x7fELF"

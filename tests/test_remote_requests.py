@@ -10,6 +10,7 @@ The figures are the table in docs/performance.md.
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import uuid
@@ -25,6 +26,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import tiered_progcache
 from tiered_progcache import EntryRejected, TieredProgramCache
 from tiered_progcache.envelope import FIRST_READ_BYTES, HEADER_SIZE
+from tiered_progcache.flightpolicy import hit_lessons
 from tiered_progcache.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
 from tiered_progcache.store import entry_name
@@ -158,26 +160,40 @@ def test_s3_writes_and_lease_operations_are_one_request_each(s3_wire):
 
 
 def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols(s3_wire, tmp_path, events):
+    """Plus, for a node's first kernel of a kind it never timed, four requests (docs/cluster.md, "When nodes wait")."""
     options = ProgramOptions(arch="sm_90", std="c++17")
     plain, templated = matmul_source(16), "template <typename T> __global__ void fill(T* o, T v) { *o = v; }"
     with TieredProgramCache(tmp_path / "writer", remote=s3_wire.url, remote_options=s3_wire.options) as writer:
         tiered_progcache.compile(plain, "c++", options, cache=writer)
         tiered_progcache.compile(templated, "c++", options, cache=writer, name_expressions=["fill<float>"])
         assert writer.flush(60)
+    for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-lease-")]:
+        releaser.join(60)  # the writer's lease releases are done: their requests are not the node's
     compiled = len(events)
     # A fresh node has timed no compile (the writer's times are this process's): it looks before compiling,
     # where a node that predicts these kernels shorter than a round trip would race the lookup instead.
     from tiered_progcache.flightpolicy import compile_times
 
     compile_times.clear()
+    # lease_min_compile_rtts=0: once it knows a compile time, it looks before compiling whatever that time says.
     with TieredProgramCache(tmp_path / "fresh", remote=s3_wire.url, remote_options=s3_wire.options,
-                            strict=True) as fresh:
+                            strict=True, lease_min_compile_rtts=0.0) as fresh:
         s3_wire.watch(_remote_of(fresh))
-        assert s3_wire.requests_during(lambda: tiered_progcache.compile(plain, "c++", options, cache=fresh)) == 1
+        before = s3_wire.proxy.requests
+        tiered_progcache.compile(plain, "c++", options, cache=fresh)
+        # Its first kernel of a kind it never timed: the entry, its manifest (to learn the writer's compile
+        # time) and a lease create go out together; the lease, not needed, is released behind the hit.
+        hit_lessons.wait(("c++", "cubin"), 60)
+        for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-unlease-")]:
+            releaser.join(60)
+        assert s3_wire.proxy.requests - before == 5
+        assert collections.Counter(s3_wire.sent) == {("GET", "entry"): 2, ("PUT", "lease"): 1, ("GET", "lease"): 1,
+                                                     ("DELETE", "lease"): 1}
+        del s3_wire.sent[:]
         # name_expressions: the symbol mapping is a second entry by design (docs/remote-format.md)
         assert s3_wire.requests_during(lambda: tiered_progcache.compile(
             templated, "c++", options, cache=fresh, name_expressions=["fill<float>"])) == 2
-        assert s3_wire.sent == [("GET", "entry")] * 3  # no lease, no probe, no listing on a hit
+        assert s3_wire.sent == [("GET", "entry")] * 2  # a kind it knows: no lease, no probe, no listing on a hit
     assert len(events) == compiled  # every kernel came from the remote
 
 

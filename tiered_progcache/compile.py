@@ -38,7 +38,7 @@ from cuda.core.utils import ProgramCacheResource
 from .compileargs import check_arguments, knobs_for
 from .defaultcache import default_cache
 from .explain import explain_key
-from .flightpolicy import compile_size, compile_times
+from .flightpolicy import LESSON_WAIT_RTTS, POLL_FLOOR_S, compile_size, compile_times, hit_lessons
 from .hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from .manifest import (
@@ -49,7 +49,7 @@ from .manifest import (
     encode_manifest,
     manifest_key,
 )
-from .singleflight import Work, run_once
+from .singleflight import Work, run_once, takes_cluster_leases
 from .settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from .store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -300,11 +300,15 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     size = compile_size(len(source), len(compiled.headers))
     estimate = _predict(cache, code_type, target, size)
-    # A compile predicted short against the round trip races the shared lookup: look nearby first.
+    # A compile predicted short against the round trip races the shared lookup, and one of
+    # unknown length sends the shared lookup beside its lease create: both look nearby first.
     race = single_flight and _races(cache, estimate)
-    found = _find(cache, key, target, options, names, nearby_only=race)
+    unknown = single_flight and estimate is None and takes_cluster_leases(cache)
+    found = _find(cache, key, target, options, names, nearby_only=race or unknown)
     if found is not None:
         _record_hit(cache, key)
+        if estimate is None:
+            _learn_from_hit(cache, key, code_type, target, size, read_shared=False)
         return found[0]
     if cache.explain_misses:
         _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
@@ -329,8 +333,37 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     def found() -> None:
         _record_hit(cache, key)
 
-    return run_once(cache, key, Work(find, produce, adopt, produce_unless, found), wait_timeout=wait_timeout,
-                    lease_ttl=lease_ttl, compile_estimate_s=estimate, race=race)
+    look = None
+    if unknown:
+        look = functools.partial(_find_after_waiting, cache, key, target, options, names, shared_only=True)
+        _learn_from_hit(cache, key, code_type, target, size)  # the manifest read goes out beside the lookup
+    obj = run_once(cache, key, Work(find, produce, adopt, produce_unless, found, look), wait_timeout=wait_timeout,
+                   lease_ttl=lease_ttl, compile_estimate_s=estimate, race=race)
+    if estimate is None:
+        _learn_from_hit(cache, key, code_type, target, size)  # served another's entry: what did it take?
+    return obj
+
+
+def _learn_from_hit(cache: TieredProgramCache, key: bytes, code_type: str, target: str, size: int,
+                    read_shared: bool = True) -> None:
+    """Where this node has no estimate for the kind, learn it from the compile time in entry ``key``'s manifest.
+
+    From what the hit's tally already read on this node, at once; otherwise, with
+    ``read_shared`` (the lookup went to the shared tier anyway), the manifest is read from
+    the chain (a promoted hit brings the binary alone) on a daemon thread, off the hit's
+    path (:class:`~.flightpolicy.HitLessons`). A hit nearby never costs a request.
+    """
+    if compile_times.predict(code_type, target, size) is not None:
+        return
+    seconds = _saved.get((id(cache.identity), key))
+    if seconds is not None:
+        if compile_times.learn(code_type, target, seconds, size):
+            _save_times(cache)
+        return
+    if not read_shared or cache.shared_store is None:
+        return
+    hit_lessons.start((code_type, target), key, functools.partial(_manifest_seconds, cache, key), size,
+                      on_learned=functools.partial(_save_times, cache))
 
 
 #: Local directories whose persisted compile times this process has read (each once).
@@ -349,7 +382,14 @@ def _predict(cache: TieredProgramCache, code_type: str, target: str, size: int) 
         with _counter_lock:
             _times_loaded.add(directory)
         compile_times.load(directory)
-    return compile_times.predict(code_type, target, size)
+    estimate = compile_times.predict(code_type, target, size)
+    if estimate is None and hit_lessons.in_flight((code_type, target)):
+        # A hit's manifest is being read (sent with that hit's lookup or right after it): plan with what it brings.
+        shared = cache.shared_store
+        round_trip = (shared.round_trip_s if shared is not None else None) or 0.0
+        hit_lessons.wait((code_type, target), LESSON_WAIT_RTTS * round_trip + POLL_FLOOR_S)
+        estimate = compile_times.predict(code_type, target, size)
+    return estimate
 
 
 def _races(cache: TieredProgramCache, estimate: float | None) -> bool:
@@ -417,9 +457,10 @@ def _find_after_waiting(
     target: str,
     options: ProgramOptions,
     names: tuple[str | bytes, ...],
+    shared_only: bool = False,
 ) -> tuple[ObjectCode, _Outcome] | None:
     """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
-    found = _find(cache, key, target, options, names)
+    found = _find(cache, key, target, options, names, shared_only=shared_only)
     if found is not None:
         _record_hit(cache, key)
     return found

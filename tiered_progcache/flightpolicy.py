@@ -40,14 +40,18 @@ __all__ = [
     "COMPILE_TIMES_FILE",
     "HEADER_BYTES",
     "LANDING_RTTS",
+    "LESSON_WAIT_RTTS",
+    "MAX_LESSONS_IN_FLIGHT",
     "POLL_FLOOR_S",
     "POLL_GROWTH",
     "CompileTimes",
     "FlightDecision",
     "FlightPolicy",
     "FlightWait",
+    "HitLessons",
     "compile_size",
     "compile_times",
+    "hit_lessons",
     "on_flight",
     "report",
 ]
@@ -100,6 +104,7 @@ class CompileTimes:
         self._lock = threading.Lock()
         self._means: dict[tuple[str, str], float] = {}
         self._rates: dict[tuple[str, str], float] = {}
+        self._learned: set[tuple[str, str]] = set()  # kinds whose estimate came from a hit, not a compile here
 
     def _fold(self, table: dict[tuple[str, str], float], kind: tuple[str, str], value: float) -> None:
         mean = table.get(kind)
@@ -111,9 +116,34 @@ class CompileTimes:
             return
         kind = (code_type.lower(), target_type.lower())
         with self._lock:
+            if kind in self._learned:  # this node's first compile of the kind replaces what a hit taught
+                self._learned.discard(kind)
+                self._means.pop(kind, None)
+                self._rates.pop(kind, None)
             self._fold(self._means, kind, seconds)
             if size is not None and size > 0:
                 self._fold(self._rates, kind, seconds / size)
+
+    def learn(self, code_type: str, target_type: str, seconds: float, size: int) -> bool:
+        """Take a compile time another node measured (an entry's manifest) as this node's first estimate of the kind.
+
+        Only where this node predicts nothing of that kind yet (:meth:`predict` is None): a value read from a shared store
+        (unsigned, or signed by any writer) seeds the estimate and never moves one this node
+        timed itself, and this node's first compile of the kind replaces it (:meth:`record`). Values
+        outside ``[0, 3600]`` s (:data:`_MAX_PERSISTED_S`), or without a positive size, are
+        ignored. True if it was taken.
+        """
+        if not (0.0 <= seconds <= _MAX_PERSISTED_S) or size <= 0:
+            return False
+        kind = (code_type.lower(), target_type.lower())
+        with self._lock:
+            if kind in self._rates:
+                return False
+            if kind not in self._means:
+                self._means[kind] = seconds
+                self._learned.add(kind)
+            self._rates[kind] = seconds / size
+        return True
 
     def estimate(self, code_type: str, target_type: str) -> float | None:
         """The mean in seconds; None before the first compile of that kind on this node."""
@@ -131,12 +161,16 @@ class CompileTimes:
         with self._lock:
             self._means.clear()
             self._rates.clear()
+            self._learned.clear()
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Write the estimates to ``directory/compile-times.json`` (staged and renamed). Raises OSError."""
         with self._lock:
-            kinds = {f"{c}/{t}": {"mean_s": self._means[(c, t)], "s_per_byte": self._rates.get((c, t))}
-                     for c, t in self._means}
+            kinds: dict[str, dict[str, object]] = {
+                f"{c}/{t}": {"mean_s": self._means[(c, t)], "s_per_byte": self._rates.get((c, t))}
+                for c, t in self._means}
+            for c, t in self._learned:
+                kinds[f"{c}/{t}"]["learned"] = True  # still only a hit's lesson: the next process knows it too
         doc = json.dumps({"format": _TIMES_FORMAT, "version": 1, "kinds": kinds}, sort_keys=True)
         fd, staged = tempfile.mkstemp(dir=directory, prefix=".compile-times-")
         try:
@@ -172,6 +206,8 @@ class CompileTimes:
                     self._means[kind] = mean
                     if rate is not None:
                         self._rates[kind] = rate
+                    if entry.get("learned") is True:
+                        self._learned.add(kind)
 
 
 def _persisted(value: object) -> float | None:
@@ -183,6 +219,86 @@ def _persisted(value: object) -> float | None:
 
 #: The process's compile times: ``compile()`` records every successful compiler run here (and in the local directory).
 compile_times = CompileTimes()
+
+
+class HitLessons:
+    """Manifest reads in flight that may teach this node a kind's compile time from an entry it was served.
+
+    >>> lessons = HitLessons(compile_times); lessons.start(("c++", "cubin"), key, read_seconds, size=4000)
+    >>> lessons.wait(("c++", "cubin"), timeout=0.1)   # a compile of that kind, before it plans
+
+    A node whose first kernel of a kind is a hit (a warm node, a waiter) has timed nothing
+    of that kind; the entry's manifest holds what the node that compiled it measured.
+    ``start`` reads it on a daemon thread (off the hit's path; every request has the
+    store's own deadline) and hands it to :meth:`CompileTimes.learn` (a first estimate
+    only). At most one read per key and :data:`MAX_LESSONS_IN_FLIGHT` in all; more are not
+    started. ``wait`` lets the next compile of that kind plan with what the read brings,
+    for at most ``timeout``. Thread-safe.
+    """
+
+    def __init__(self, times: CompileTimes) -> None:
+        self._times = times
+        self._lock = threading.Lock()
+        self._pending: dict[bytes, tuple[tuple[str, str], threading.Event]] = {}
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = {}  # the parent's reading threads do not exist here
+
+    def in_flight(self, kind: tuple[str, str] | None = None) -> int:
+        """Reads under way (of ``kind``, or of any)."""
+        with self._lock:
+            return sum(1 for k, _ in self._pending.values() if kind is None or k == kind)
+
+    def start(self, kind: tuple[str, str], key: bytes, read: Callable[[], float | None], size: int,
+              on_learned: Callable[[], None] | None = None) -> bool:
+        """Read ``key``'s compile seconds with ``read()`` on a thread and learn them; False if not started."""
+        kind = (kind[0].lower(), kind[1].lower())
+        done = threading.Event()
+        with self._lock:
+            if key in self._pending or len(self._pending) >= MAX_LESSONS_IN_FLIGHT:
+                return False
+            self._pending[key] = (kind, done)
+
+        def lesson() -> None:
+            try:
+                seconds = read()
+                if seconds is not None and self._times.learn(kind[0], kind[1], seconds, size):
+                    logger.debug("learned %.3f s for a %s -> %s compile of %d bytes from a hit's manifest",
+                                 seconds, kind[0], kind[1], size)
+                    if on_learned is not None:
+                        on_learned()
+            except Exception as exc:  # a lesson is an optimisation: its failure costs only itself
+                logger.debug("could not learn from the manifest of %s: %r", key[:8].hex(), exc)
+            finally:
+                with self._lock:
+                    self._pending.pop(key, None)
+                done.set()
+
+        threading.Thread(target=lesson, name=f"tiered-progcache-lesson-{key[:4].hex()}", daemon=True).start()
+        return True
+
+    def wait(self, kind: tuple[str, str], timeout: float) -> None:
+        """Wait until no read of ``kind`` is under way, or ``timeout`` seconds (whichever is first)."""
+        kind = (kind[0].lower(), kind[1].lower())
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            events = [done for k, done in self._pending.values() if k == kind]
+        for done in events:
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                return
+
+
+#: Manifest reads :class:`HitLessons` runs at once, at most (a node served entries without manifests reads no more).
+MAX_LESSONS_IN_FLIGHT = 4
+#: A compile of a kind this node has no estimate for waits for a lesson under way of that kind at most this many
+#: round trips (plus :data:`POLL_FLOOR_S`): the read was sent with the hit's lookup or right after it.
+LESSON_WAIT_RTTS = 2
+#: The process's lessons from hits, into :data:`compile_times`.
+hit_lessons = HitLessons(compile_times)
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=hit_lessons._after_fork_in_child)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +382,8 @@ class FlightDecision:
     * ``"short"``: predicted short where nothing was left to race (the lookup already missed): compiled, no lease;
     * ``"held"``: took the lease and compiled (others may wait for it);
     * ``"found"``: the entry turned up right after the lease step (another node, or
-      another process here, had just finished): no compile;
+      another process here, had just finished), or, for a compile of unknown length, the
+      lookup sent beside the lease create found it: no compile;
     * ``"waited"``: got another node's entry while waiting for its lease;
     * ``"failed"``: the holder's compile failed and it published the failure: raised it, no compile;
     * ``"gave up"``: waited the patience (``wait_patience``, opt-in) and compiled itself;

@@ -453,6 +453,7 @@ def wait_for_lease(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
     open_failure: Callable[[bytes], object | None] | None = None,
+    taken: bool = False,
 ) -> LeaseWait[T]:
     """Take ``lease``, or wait for whoever holds it to produce the result.
 
@@ -463,7 +464,8 @@ def wait_for_lease(
     ``found`` not None: ``poll()`` found the holder's result. Outcome FAILED: the holder
     published its failure and ``failure`` holds what ``open_failure`` made of it (raise it).
     Otherwise the plan's patience or the timeout ran out, or the store failed (do the work
-    without a lease).
+    without a lease). ``taken``: the caller's own create of ``lease`` just found it taken
+    (it sent it beside its lookup), so the wait starts there, without a create of its own.
 
     A waiter looks for the result once right after finding the lease taken (reading the
     lease on a helper thread meanwhile: one round trip for both), then every
@@ -498,7 +500,7 @@ def wait_for_lease(
         return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, estimate, failure)
 
     try:
-        if lease.try_acquire():
+        if not taken and lease.try_acquire():
             return ended(WaitOutcome.HELD)
     except Exception as exc:
         _log_store_failure(exc)

@@ -7,7 +7,9 @@ Three scopes, each re-checking the cache once it gets its turn:
    (:func:`~.locks.node_lock`);
 3. nodes of a cluster take the key's lease in the shared store (:mod:`.lease`), only
    where that store is up, writable, and declares an atomic create for its leases, and
-   only where the compile is not predicted short (:mod:`.flightpolicy`); a waiter polls
+   only where the compile is not predicted short (:mod:`.flightpolicy`; one of unknown
+   length sends its shared lookup beside the lease create, and its look under the lease
+   beside the compile, so its compile starts one round trip after the miss); a waiter polls
    for the entry while the holder's lease is renewed, raises the holder's failure if it
    publishes one (:mod:`.flightfailure`), and compiles itself once the holder is gone.
 
@@ -36,8 +38,8 @@ from cuda.core.utils import ProgramCacheResource
 
 from . import exitbudget
 from .flightfailure import FailureRecord
-from .flightpolicy import FlightDecision, report
-from .lease import RemoteLease, WaitOutcome, wait_for_lease
+from .flightpolicy import FlightDecision, FlightWait, report
+from .lease import LeaseWait, RemoteLease, WaitOutcome, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from .ratelimit import log_once
 from .store import EntryStore, LeaseStore, entry_name
@@ -47,7 +49,7 @@ from .writeback import submission_mark
 if TYPE_CHECKING:
     from .localdir import LocalDir
 
-__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "followers", "run_once"]
+__all__ = ["UPLOAD_FLUSH_TIMEOUT_S", "Work", "followers", "run_once", "takes_cluster_leases"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ UPLOAD_FLUSH_TIMEOUT_S = 30.0
 EXIT_POLL_S = 0.1
 
 R = TypeVar("R")  # what the caller gets back
+T = TypeVar("T")
 S = TypeVar("S")  # what the thread that did the work hands to the threads that waited for it
 
 
@@ -71,7 +74,9 @@ class Work(Generic[R, S]):
     thread and stores it only if ``dropped`` is not set by then (the lookup won).
     In a race ``find`` runs on a thread of its own too, and ``found()`` (default: nothing)
     is called on the calling thread when its hit is the answer: a lookup that answers after
-    the work won is dropped, and is no hit.
+    the work won is dropped, and is no hit. ``look()`` (default: none) is the shared tiers'
+    lookup alone, for work of unknown length whose caller looked nearby already: it goes out
+    beside the lease create, and again beside the work once the lease is ours.
     """
 
     find: Callable[[], tuple[R, S] | None]
@@ -79,6 +84,7 @@ class Work(Generic[R, S]):
     adopt: Callable[[S], R]
     produce_unless: Callable[[threading.Event], tuple[R, S]] | None = None
     found: Callable[[], None] | None = None
+    look: Callable[[], tuple[R, S] | None] | None = None
 
 
 _flights: ThreadSingleFlight[object] = ThreadSingleFlight()
@@ -90,6 +96,11 @@ def followers(cache: ProgramCacheResource, key: bytes) -> int:
     For observability and for tests that must know every waiter has joined. Thread-safe.
     """
     return _flights.followers((id(as_chain(cache).identity), key))
+
+
+def takes_cluster_leases(cache: TieredProgramCache) -> bool:
+    """True if a miss in chain ``cache`` can take cluster leases now (a writable, available shared store with an atomic create)."""
+    return _lease_store(cache.shared_store) is not None
 
 
 def run_once(
@@ -210,36 +221,177 @@ def _lead(
                 return found
             report(FlightDecision(name, "short", estimate, round_trip))
             return work.produce()
-        # The lease first, then the look: a holder pays one look, and a waiter's look right
-        # after the taken lease also finds what another process of this node just stored.
         lease = RemoteLease(leases, name, lease_ttl, compile_estimate_s=estimate)
         plan = policy.wait_plan(shared, lease_ttl)
+        if estimate is None and work.look is not None:
+            return _lead_unknown(cache, shared, key, work, work.look, lease, plan, deadline, round_trip)
+        # The lease first, then the look: a holder pays one look, and a waiter's look right
+        # after the taken lease also finds what another process of this node just stored.
         waited = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()), plan=plan,
                                 open_failure=lambda sealed: FailureRecord.open(shared, name, sealed))
-        if not waited.held:
-            decision = FlightDecision(name, _CHOICES[waited.outcome], estimate, round_trip, waited.waited_s,
-                                      waited.holder_estimate_s)
-            report(decision)
-            if isinstance(waited.failure, FailureRecord):
-                raise waited.failure.exception()
-            return waited.found if waited.found is not None else work.produce()
+        return _after_wait(cache, shared, key, work, lease, waited, estimate, round_trip)
+
+
+def _after_wait(
+    cache: TieredProgramCache,
+    shared: EntryStore,
+    key: bytes,
+    work: Work[R, S],
+    lease: RemoteLease,
+    waited: LeaseWait[tuple[R, S]],
+    estimate: float | None,
+    round_trip: float | None,
+) -> tuple[R, S]:
+    """What a wait on the lease ended in: another's entry or failure, no lease, or the lease (look, then compile)."""
+    name = lease.name
+    if not waited.held:
+        decision = FlightDecision(name, _CHOICES[waited.outcome], estimate, round_trip, waited.waited_s,
+                                  waited.holder_estimate_s)
+        report(decision)
+        if isinstance(waited.failure, FailureRecord):
+            raise waited.failure.exception()
+        return waited.found if waited.found is not None else work.produce()
+    try:
+        found = work.find()
+        if found is None:
+            report(FlightDecision(name, "held", estimate, round_trip, waited.waited_s, waited.holder_estimate_s))
+            mark = submission_mark()
+            found = work.produce()
+            cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
+        else:
+            report(FlightDecision(name, "found", estimate, round_trip, waited.waited_s))
+    except Exception as exc:
+        _publish_failure(lease, shared, name, exc)  # at once: the waiters raise it too
+        raise
+    except BaseException:
+        lease.release()  # interrupted, not failed: the waiters retry
+        raise
+    _release_after_upload(lease, cache, key, name)
+    return found
+
+
+def _lead_unknown(
+    cache: TieredProgramCache,
+    shared: EntryStore,
+    key: bytes,
+    work: Work[R, S],
+    look: Callable[[], tuple[R, S] | None],
+    lease: RemoteLease,
+    plan: FlightWait,
+    deadline: float,
+    round_trip: float | None,
+) -> tuple[R, S]:
+    """The lease path of a compile of unknown length, one round trip before its compile starts.
+
+    The shared lookup and the lease create go out together. A hit is the answer (a lease
+    this call created meanwhile is released behind it, off the path). A miss with the lease
+    ours: the compile and the look under the lease start together (the look catches an
+    entry that landed between the lookup and the create: then the compile is not stored and
+    that entry is the answer). A miss with the lease taken: the wait, as any waiter's.
+    """
+    name = lease.name
+    created: concurrent.futures.Future[bool] = concurrent.futures.Future()
+
+    def create() -> None:
         try:
-            found = work.find()
-            if found is None:
-                report(FlightDecision(name, "held", estimate, round_trip, waited.waited_s, waited.holder_estimate_s))
-                mark = submission_mark()
-                found = work.produce()
-                cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
-            else:
-                report(FlightDecision(name, "found", estimate, round_trip, waited.waited_s))
-        except Exception as exc:
-            _publish_failure(lease, shared, name, exc)  # at once: the waiters raise it too
-            raise
-        except BaseException:
-            lease.release()  # interrupted, not failed: the waiters retry
-            raise
-        _release_after_upload(lease, cache, key, name)
+            created.set_result(lease.try_acquire())
+        except BaseException as exc:  # handed to the caller
+            created.set_exception(exc)
+
+    threading.Thread(target=create, name=f"tiered-progcache-create-{name[:8]}", daemon=True).start()
+    try:
+        found = look()
+    except BaseException:
+        _release_when_created(created, lease)
+        raise
+    if found is not None:
+        _release_when_created(created, lease)
+        report(FlightDecision(name, "found", None, round_trip))
         return found
+    try:
+        held = created.result()  # bounded by the store's own deadline
+    except Exception as exc:
+        log_once(logger, f"lease-io:{type(exc).__name__}", logging.WARNING,
+                 "lease store failed (%r): going ahead without a lease", exc)
+        waited: LeaseWait[tuple[R, S]] = LeaseWait(None, False, WaitOutcome.STORE_FAILED, 0.0)
+        return _after_wait(cache, shared, key, work, lease, waited, None, round_trip)
+    if not held:
+        waited = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()), plan=plan, taken=True,
+                                open_failure=lambda sealed: FailureRecord.open(shared, name, sealed))
+        return _after_wait(cache, shared, key, work, lease, waited, None, round_trip)
+    report(FlightDecision(name, "held", None, round_trip))
+    mark = submission_mark()
+    # The look under the lease goes out as the compile starts (the compile stays on this
+    # thread, as it does on every other path). If it finds the entry (it landed between the
+    # lookup and the create), the compile is not stored, and the entry found is the answer.
+    dropped = threading.Event()
+    looked = _look_aside(name, look, dropped)
+    produce_unless = work.produce_unless or (lambda _dropped: work.produce())
+    try:
+        result = produce_unless(dropped)
+        if dropped.is_set():
+            result = looked.result()  # type: ignore[assignment]  # set only with a hit
+        cache.expedite_uploads(mark)  # its waiters' entry goes up before anything queued earlier
+    except Exception as exc:
+        found = _hit_or_none(looked)  # a failed compile loses to a hit
+        if found is not None:
+            lease.release()
+            return found
+        _publish_failure(lease, shared, name, exc)  # at once: the waiters raise it too
+        raise
+    except BaseException:
+        lease.release()  # interrupted, not failed: the waiters retry
+        raise
+    _release_after_upload(lease, cache, key, name)
+    return result
+
+
+def _look_aside(name: str, look: Callable[[], T | None], found: threading.Event) -> concurrent.futures.Future[T | None]:
+    """``look()`` on a daemon thread; ``found`` is set when it returns a hit. A failing look is a miss."""
+    looked: concurrent.futures.Future[T | None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            hit = look()
+        except BaseException as exc:  # a lookup that fails is a miss, as a failing tier's read is
+            looked.set_exception(exc)
+            return
+        if hit is not None:
+            found.set()
+        looked.set_result(hit)
+
+    threading.Thread(target=run, name=f"tiered-progcache-look-{name[:8]}", daemon=True).start()
+    return looked
+
+
+def _hit_or_none(looked: concurrent.futures.Future[T | None]) -> T | None:
+    try:
+        return looked.result()  # bounded by the store's own deadline
+    except Exception:
+        return None
+
+
+def _release_when_created(created: concurrent.futures.Future[bool], lease: RemoteLease) -> None:
+    """Release ``lease`` once its create (under way) answers, if it made the lease ours; off the caller's path.
+
+    The create was sent beside a lookup that found the entry, so nobody needs the lease.
+    Its requests run on a daemon thread that exit waits for only within the process's one
+    exit budget (:mod:`.exitbudget`), as for any release (a lease left behind is harmless
+    here: whoever finds it taken looks and finds the entry, and it expires by itself).
+    """
+
+    def release() -> None:
+        try:
+            held = created.result()
+        except Exception:
+            return  # no lease was made, or the store failed: nothing to release
+        if held:
+            lease.release()
+
+    releaser = threading.Thread(target=release, name=f"tiered-progcache-unlease-{lease.name[:8]}", daemon=True)
+    releaser.start()
+    threading.Thread(target=exitbudget.PROCESS.join, args=(releaser,), name="tiered-progcache-unlease-wait",
+                     daemon=False).start()
 
 
 def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception) -> None:
