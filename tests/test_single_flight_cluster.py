@@ -70,12 +70,13 @@ def _read_log(log_path: Path) -> list[tuple[str, str, bool, float]]:
     return [(p, k, ok == "1", float(t)) for p, k, ok, t in rows]
 
 
-def _node(local_dir, url, storage_options, log_path, sources, seed, go, results) -> None:
+def _node(local_dir, url, storage_options, log_path, sources, seed, ready, go, results) -> None:
     try:
         _log_compiles(log_path)
         order = list(sources)
         random.Random(seed).shuffle(order)
         with TieredProgramCache(local_dir, remote=url, remote_options=storage_options, **WAIT_FOR_HOLDER) as cache:
+            ready.wait(JOIN_S)  # every node at the line (a node still importing would start late)
             go.wait(JOIN_S)
             outcomes = []
             for src in order:
@@ -91,16 +92,18 @@ def _node(local_dir, url, storage_options, log_path, sources, seed, go, results)
 
 
 def _start_nodes(n, tmp_path, url, storage_options, log, sources, go):
-    results = SPAWN.Queue()
+    """n node processes, each with its cache open and waiting for ``go`` when this returns."""
+    results, ready = SPAWN.Queue(), SPAWN.Barrier(n + 1)
     procs = [
         SPAWN.Process(
             target=_node,
-            args=(str(tmp_path / f"node{i}"), url, storage_options, str(log), sources, i, go, results),
+            args=(str(tmp_path / f"node{i}"), url, storage_options, str(log), sources, i, ready, go, results),
         )
         for i in range(n)
     ]
     for p in procs:
         p.start()
+    ready.wait(JOIN_S)
     return procs, results
 
 
