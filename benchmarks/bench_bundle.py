@@ -6,7 +6,7 @@ import tempfile, time, os, pathlib
 import tiered_progcache
 from cuda.core import ProgramOptions
 from tiered_progcache import TieredProgramCache, LocalDir
-from tiered_progcache.bundle import export_bundle, import_bundle
+from tiered_progcache.ops.bundle import export_bundle, import_bundle
 from tiered_progcache.samples import matmul_source, TILE_SIZES, EPILOGUES
 tmp = pathlib.Path(tempfile.mkdtemp())
 srcs = [matmul_source(t, e) for t in TILE_SIZES for e in EPILOGUES]

@@ -4,7 +4,7 @@
 
 Part 1: N processes start together (a barrier) on one empty cache directory, each
 compiling the same K kernels (the sample matmul, K variants) in its own order, with
-single-flight (``tiered_progcache.compile``) and without (``single_flight=False``, what
+single-flight (``tiered_progcache.compiling.compile``) and without (``single_flight=False``, what
 ``Program.compile(cache=...)`` does), alternately, ``--repeat`` times; the median run
 is shown. Compiles are counted by the helper's hook in each process; wall time runs
 from the barrier to the last process done.
@@ -46,7 +46,8 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
-from tiered_progcache import TieredProgramCache, headerwatch
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.compiling import headerwatch
 from tiered_progcache.samples import matmul_source
 
 from cccl_kernels import CUB_KERNEL, CUDA_STD_KERNEL, cccl_dir
@@ -122,7 +123,7 @@ def _project_headers(root: Path, count: int) -> Path:
 
 def warm_hits(calls: int) -> list[tuple[str, float, float, str]]:
     """(case, us per warm hit, us per baseline hit in the same rounds, how it was validated)."""
-    from tiered_progcache import headermemo
+    from tiered_progcache.compiling import headermemo
 
     rows = []
     cache = InMemoryProgramCache(max_size_bytes=None)
@@ -176,7 +177,7 @@ _FRESH_CHILD = r"""
 import json, sys, time
 from cuda.core import ProgramOptions
 import tiered_progcache as tpc
-from tiered_progcache import headermemo, headerscan
+from tiered_progcache.compiling import headermemo, headerscan
 cache_dir, cccl, source, what = sys.argv[1:5]
 options = ProgramOptions(arch="sm_90", std="c++17", include_path=[cccl])
 cache = tpc.TieredProgramCache(cache_dir)
@@ -228,7 +229,7 @@ def scan_anatomy() -> list[str]:
     """Lines describing a cold scan of each CCCL kernel: files, paths, hash vs parse time."""
     import hashlib
 
-    from tiered_progcache import headerlex, headermemo, headerscan
+    from tiered_progcache.compiling import headerlex, headermemo, headerscan
 
     cccl = cccl_dir()
     if cccl is None:

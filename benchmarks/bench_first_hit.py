@@ -71,7 +71,7 @@ def main() -> None:
     from cuda.core import ProgramOptions
     from cuda.pathfinder import find_nvidia_header_directory
 
-    from tiered_progcache.headerscan import header_scan
+    from tiered_progcache.compiling.headerscan import header_scan
 
     cccl = find_nvidia_header_directory("cccl")
     files = {inc: len(header_scan(f"#include <{inc}>\n", ProgramOptions(arch="sm_90", include_path=[cccl])).headers)

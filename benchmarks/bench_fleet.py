@@ -34,7 +34,7 @@ call, from the barrier until every node has exited, so uploads, lease requests, 
 prefetch included (moto behind ``testing.delayproxy.DelayProxy`` with keep-alive counts
 them; blank for file://); ``R ms``, the median round trip the nodes' policy saw (the
 injected RTT plus moto's and the client's own time); and the flight policy's choices
-(``tiered_progcache.flightpolicy.on_flight``), with the estimate in round trips (C/R)
+(``tiered_progcache.cluster.flightpolicy.on_flight``), with the estimate in round trips (C/R)
 where it compiled without a lease, and the wait where a waiter gave up.
 
 ``--remote s3``: moto S3 in its own process behind the delay proxy (RTT injected per
@@ -104,7 +104,7 @@ def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], see
 
     import tiered_progcache as tpc
     from tiered_progcache import TieredProgramCache
-    from tiered_progcache.flightpolicy import on_flight
+    from tiered_progcache.cluster.flightpolicy import on_flight
 
     options = ProgramOptions(arch=ARCH, std="c++17", include_path=include_path)
     warmup = Program('extern "C" __global__ void fleet_warmup() {}', "c++", options)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from cuda.core import ProgramOptions
 from cuda.pathfinder import find_nvidia_header_directory
 
-from tiered_progcache.keys import compile_key
-from tiered_progcache.manifest import MAX_MANIFEST_BYTES, build_manifest, compile_inputs, encode_manifest
+from tiered_progcache.compiling.keys import compile_key
+from tiered_progcache.compiling.manifest import MAX_MANIFEST_BYTES, build_manifest, compile_inputs, encode_manifest
 
 try:
     import zstandard

@@ -43,13 +43,14 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache
-from tiered_progcache import TieredProgramCache, transfer
-from tiered_progcache.envelope import FIRST_READ_BYTES
-from tiered_progcache.lease import RemoteLease
-from tiered_progcache.localdir import LocalDir
-from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.ops import transfer
+from tiered_progcache.stores.envelope import FIRST_READ_BYTES
+from tiered_progcache.cluster.lease import RemoteLease
+from tiered_progcache.stores.localdir import LocalDir
+from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
-from tiered_progcache.store import entry_name
+from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing.delayproxy import DelayProxy
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
@@ -236,7 +237,7 @@ def start_redis():
 
 def bench_redis_hit(url: str, count: int = 200) -> None:
     """A Redis tier hit through the chain (memory and local cold) vs a raw redis-py GET of the same value."""
-    from tiered_progcache.redis_store import RedisProgramCache
+    from tiered_progcache.stores.redis_store import RedisProgramCache
 
     writer = RedisProgramCache.from_url(url, strict=True)
     client = writer.client

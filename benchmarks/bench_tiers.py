@@ -24,8 +24,9 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
-from tiered_progcache import TieredProgramCache, headermemo, headerwatch
-from tiered_progcache.codeobject import check_code_object
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.compiling import headermemo, headerwatch
+from tiered_progcache.stores.codeobject import check_code_object
 from tiered_progcache.samples import matmul_source
 
 from cccl_kernels import CUB_KERNEL, CUDA_STD_KERNEL, cccl_dir

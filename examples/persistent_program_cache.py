@@ -41,7 +41,7 @@ from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
 from tiered_progcache import TieredProgramCache
-from tiered_progcache.localdir import default_local_dir
+from tiered_progcache.stores.localdir import default_local_dir
 from tiered_progcache.samples import EPILOGUES, KERNEL_NAME, TILE_SIZES, matmul_source
 
 

@@ -2,8 +2,17 @@ from __future__ import annotations
 
 import pytest
 
+import sys as _sys
+from pathlib import Path as _Path
+
+# the support modules (cli_support, header_support, ...) live in tests/, the tests in its packages
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
+# tests that import helpers from another test module, across packages
+_sys.path.extend(str(_d) for _d in sorted(_Path(__file__).resolve().parent.iterdir())
+                 if _d.is_dir() and not _d.name.startswith((".", "_")))
+
 import tiered_progcache
-from tiered_progcache.compile import CompileEvent
+from tiered_progcache.compiling.compile import CompileEvent
 
 
 @pytest.fixture(autouse=True)
@@ -18,8 +27,8 @@ def _isolated_user_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(autouse=True)
 def _fresh_node_compile_times():
     """Every test starts as a fresh node: no compile timed (the flight policy predicts nothing)."""
-    compile_module = __import__("importlib").import_module("tiered_progcache.compile")
-    from tiered_progcache.flightpolicy import compile_times
+    compile_module = __import__("importlib").import_module("tiered_progcache.compiling.compile")
+    from tiered_progcache.cluster.flightpolicy import compile_times
 
     compile_times.clear()
     compile_module._times_loaded.clear()

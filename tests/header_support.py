@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import options
 
-from tiered_progcache import headermemo
+from tiered_progcache.compiling import headermemo
 
 #: mtimes an hour back: old enough for a stat to vouch for a file (headermemo.RACY_NS)
 OLD = time.time() - 3600

@@ -12,6 +12,7 @@ validation and allowed anywhere.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import tiered_progcache
@@ -24,8 +25,8 @@ INTERFACES = frozenset({"ProgramCacheResource", "EntryStore", "LeaseStore"})
 CUDA_CORE_TIERS = frozenset({"FileStreamProgramCache", "InMemoryProgramCache"})
 #: Where identity is resolved: module -> the functions in it that may ask (None: the whole module).
 ADAPTER: dict[str, frozenset[str] | None] = {
-    "tier.py": None,
-    "tiered.py": frozenset({"as_chain", "require_chain"}),
+    "chain/tier.py": None,
+    "chain/tiered.py": frozenset({"as_chain", "require_chain"}),
 }
 
 
@@ -113,10 +114,44 @@ def test_the_scan_knows_every_store_class_and_catches_a_planted_check():
         "    if issubclass(type(cache), RedisProgramCache): pass\n"
         "    if isinstance(cache, EntryStore) or isinstance(cache, ProgramCacheResource): pass\n"
     )
-    assert [line.split(" ", 1)[0] for line in identity_checks("compile.py", planted, concrete)] == [
-        "compile.py:2", "compile.py:3", "compile.py:4", "compile.py:5",
+    assert [line.split(" ", 1)[0] for line in identity_checks("compiling/compile.py", planted, concrete)] == [
+        "compiling/compile.py:2", "compiling/compile.py:3", "compiling/compile.py:4", "compiling/compile.py:5",
     ]
-    assert identity_checks("tier.py", planted, concrete) == []  # the adapter may
-    assert len(identity_checks("tiered.py", planted, concrete)) == 4  # but in tiered.py only as_chain/require_chain
+    assert identity_checks("chain/tier.py", planted, concrete) == []  # the adapter may
+    assert len(identity_checks("chain/tiered.py", planted, concrete)) == 4  # but in chain/tiered.py only as_chain/require_chain
     planted_in_as_chain = ast.parse("def as_chain(cache):\n    return isinstance(cache, TieredProgramCache)\n")
-    assert identity_checks("tiered.py", planted_in_as_chain, concrete) == []
+    assert identity_checks("chain/tiered.py", planted_in_as_chain, concrete) == []
+
+
+def _documented_modules() -> set[str]:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `((?:[a-z_]+/)?[a-z_]+\.py)` \|", section, re.M))
+
+
+def _tree_modules() -> set[str]:
+    """Every module of the package but the packages' own (empty) ``__init__`` and the testing package."""
+    package = Path(tiered_progcache.__file__).resolve().parent
+    found = set()
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(package)
+        if relative.parts[0] == "testing" or "__pycache__" in relative.parts:
+            continue
+        if path.name == "__init__.py" and len(relative.parts) > 1 and path.stat().st_size < 400:
+            continue  # a package's docstring only
+        found.add(relative.as_posix())
+    return found
+
+
+def test_the_module_map_in_docs_architecture_matches_the_tree():
+    documented, tree = _documented_modules(), _tree_modules()
+    assert sorted(tree - documented) == [], "modules docs/architecture.md does not list"
+    assert sorted(documented - tree) == [], "docs/architecture.md lists modules that do not exist"
+
+
+def test_each_package_is_a_concern_with_its_own_docstring():
+    package = Path(tiered_progcache.__file__).resolve().parent
+    subpackages = sorted(p.parent.name for p in package.glob("*/__init__.py"))
+    assert subpackages == ["chain", "cluster", "compiling", "ops", "stores", "testing", "triton"]
+    for name in subpackages:
+        assert ast.get_docstring(ast.parse((package / name / "__init__.py").read_text(encoding="utf-8"))), name

@@ -15,7 +15,7 @@ from cuda.core.utils import InMemoryProgramCache
 
 from tiered_progcache import DEFAULT_MAX_MEMORY_BYTES, EntryRejected, TieredProgramCache, settings
 from tiered_progcache.config import CacheConfig
-from tiered_progcache.remote import RemoteProgramCache
+from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.units import parse_size
 
 ENV = "TIERED_PROGCACHE_"
@@ -493,7 +493,7 @@ def test_every_way_to_give_a_key_file_reads_the_same_key(tmp_path, content, key)
 def test_an_entry_signed_through_the_variable_verifies_under_the_readme_reader(tmp_path):
     """Before: the README read the key with open().read(), keeping the newline the variable drops: every entry 'bad signature'."""
     from tiered_progcache.config import read_key_file
-    from tiered_progcache.localdir import entry_name
+    from tiered_progcache.stores.localdir import entry_name
 
     path = tmp_path / "ci.key"
     path.write_bytes(b"0123456789abcdef0123456789abcdef\n")

@@ -19,15 +19,16 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 #: Each module that keeps state a child must reset, and the reset it registers.
 MODULE_RESETS = {
-    "tiered_progcache.breaker._after_fork_in_child",
-    "tiered_progcache.defaultcache._forget_default_after_fork",
-    "tiered_progcache.exitbudget.ExitBudget._after_fork_in_child",
-    "tiered_progcache.headermemo._new_lock_after_fork",
-    "tiered_progcache.headerwatch._forget_after_fork",
-    "tiered_progcache.locks._forget_flights_after_fork",
-    "tiered_progcache.locks._drop_lock_fds_after_fork",
-    "tiered_progcache.runner._after_fork_in_child",
-    "tiered_progcache.writeback._after_fork_in_child",
+    "tiered_progcache.stores.breaker._after_fork_in_child",
+    "tiered_progcache.chain.defaultcache._forget_default_after_fork",
+    "tiered_progcache.chain.exitbudget.ExitBudget._after_fork_in_child",
+    "tiered_progcache.compiling.headermemo._new_lock_after_fork",
+    "tiered_progcache.compiling.headerwatch._forget_after_fork",
+    "tiered_progcache.cluster.locks._forget_flights_after_fork",
+    "tiered_progcache.cluster.locks._drop_lock_fds_after_fork",
+    "tiered_progcache.stores.runner._after_fork_in_child",
+    "tiered_progcache.chain.writeback._after_fork_in_child",
+    "tiered_progcache.cluster.flightpolicy.HitLessons._after_fork_in_child",
 }
 
 
@@ -57,11 +58,11 @@ def _in_child(report) -> list:
 
 
 def test_every_modules_reset_is_registered_once_with_the_one_registry():
-    import tiered_progcache.compile  # noqa: F401  (every module that registers, imported)
-    import tiered_progcache.defaultcache  # noqa: F401
-    import tiered_progcache.locks  # noqa: F401
-    import tiered_progcache.runner  # noqa: F401
-    import tiered_progcache.writeback  # noqa: F401
+    import tiered_progcache.compiling.compile  # noqa: F401  (every module that registers, imported)
+    import tiered_progcache.chain.defaultcache  # noqa: F401
+    import tiered_progcache.cluster.locks  # noqa: F401
+    import tiered_progcache.stores.runner  # noqa: F401
+    import tiered_progcache.chain.writeback  # noqa: F401
 
     names = [_name(reset) for reset in forks.registered()]
     assert MODULE_RESETS <= set(names)
@@ -94,7 +95,7 @@ def test_a_forked_child_runs_each_registered_reset_once_in_order_and_past_a_fail
 
 
 def test_a_child_gets_fresh_locks_where_a_parent_thread_held_one():
-    from tiered_progcache.breaker import CircuitBreaker
+    from tiered_progcache.stores.breaker import CircuitBreaker
 
     breaker = CircuitBreaker(name="fork test")
     entered, leave = threading.Event(), threading.Event()

@@ -163,9 +163,9 @@ def test_the_package_has_no_import_cycle():
 def test_the_graph_sees_lazy_imports_and_leaves_out_type_checking_ones():
     """Not vacuous: a function-level import is an edge, a TYPE_CHECKING one is not, and the graph is the whole package."""
     edges = {(e.source, e.target) for e in _package_imports()}
-    assert ("tiered_progcache.tiered", "tiered_progcache.transfer") in edges  # inside TieredProgramCache.warm
-    assert ("tiered_progcache.ledger", "tiered_progcache.tiered") not in edges  # only under TYPE_CHECKING
-    assert ("tiered_progcache", "tiered_progcache.compile") in edges
+    assert ("tiered_progcache.chain.tiered", "tiered_progcache.ops.transfer") in edges  # inside TieredProgramCache.warm
+    assert ("tiered_progcache.chain.ledger", "tiered_progcache.chain.tiered") not in edges  # only under TYPE_CHECKING
+    assert ("tiered_progcache", "tiered_progcache.compiling.compile") in edges
     assert any(source.startswith("tiered_progcache.testing.") for source, _ in edges)  # subpackages are read
     assert len({source for source, _ in edges}) >= 40
 

@@ -9,7 +9,7 @@ import pytest
 from support import run_cli
 
 from tiered_progcache import CacheConfig, TieredProgramCache
-from tiered_progcache.localdir import entry_name
+from tiered_progcache.stores.localdir import entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (fixtures)
 
 SECRETS = {
@@ -117,7 +117,7 @@ def test_manifests_explanations_and_the_explain_command_hold_no_secret(tmp_path,
     import tiered_progcache
     from cuda.core import ProgramOptions
 
-    from tiered_progcache.manifest import manifest_name
+    from tiered_progcache.compiling.manifest import manifest_name
 
     env_secrets = {"AWS_SECRET_ACCESS_KEY": "PLANTED-ENV-AWS-SECRET-0011", "MY_API_TOKEN": "PLANTED-ENV-TOKEN-0012"}
     planted = {**{k: SECRETS[k] for k in ("signing", "url_password", "nested_secret", "session_token")}, **env_secrets}
@@ -197,7 +197,7 @@ def _redis_leaks(form: str, text: str) -> list[str]:
 def test_no_redis_password_of_any_form_in_repr_location_config_stats_or_the_down_warning(form, tmp_path, caplog):
     """repr, location, `config`, `stats --remote` and the warning logged when the server is down, for each form."""
     pytest.importorskip("redis")
-    from tiered_progcache.redis_store import RedisProgramCache
+    from tiered_progcache.stores.redis_store import RedisProgramCache
     from tiered_progcache.testing.redis_server import RedisServer
 
     server = RedisServer(requirepass=REDIS_PASSWORDS[form], unix_socket=form == "unix").start()
@@ -257,7 +257,7 @@ def test_no_redis_password_of_any_form_in_repr_location_config_stats_or_the_down
 def test_one_masking_function_understands_every_url_form(url, shown):
     from tiered_progcache.config import masked
     from tiered_progcache.redact import mask_url
-    from tiered_progcache.sharedstore import without_password
+    from tiered_progcache.stores.sharedstore import without_password
 
     assert mask_url(url) == masked(url) == without_password(url) == shown
     assert masked({"remote": [url], "storage_options": {"password": "PW", "nested": {"sas_token": "PW"}}}) == {

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 # ``compile`` and ``explain`` the functions shadow the modules of those names as package
-# attributes; import their other names with ``from tiered_progcache.compile import ...``.
-from .compile import CompileEvent, compile, compile_count, on_compile
+# attributes; import their other names with ``from tiered_progcache.compiling.compile import ...``.
+from .compiling.compile import CompileEvent, compile, compile_count, on_compile
 from .errors import DeleteFailed, EntryRejected, TierUnavailable
-from .explain import Explanation, explain
-from .headerscan import header_digest
-from .localdir import LocalDir
-from .policy import TierPolicy
+from .compiling.explain import Explanation, explain
+from .compiling.headerscan import header_digest
+from .stores.localdir import LocalDir
+from .chain.policy import TierPolicy
 from .settings import DEFAULT_MAX_MEMORY_BYTES
-from .stats import CacheStats, TierStats
-from .store import EntryStore, LeaseStore, StoredEntry
-from .tier import Tier
-from .tiered import CacheStores, TieredProgramCache, stores_of
+from .chain.stats import CacheStats, TierStats
+from .stores.store import EntryStore, LeaseStore, StoredEntry
+from .chain.tier import Tier
+from .chain.tiered import CacheStores, TieredProgramCache, stores_of
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
@@ -49,15 +49,15 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """The shared tiers and bulk transfer load fsspec or redis-py; the configuration is imported on first use too."""
     if name == "RemoteProgramCache":
-        from .remote import RemoteProgramCache
+        from .stores.remote import RemoteProgramCache
 
         return RemoteProgramCache
     if name == "RedisProgramCache":
-        from .redis_store import RedisProgramCache
+        from .stores.redis_store import RedisProgramCache
 
         return RedisProgramCache
     if name == "TransferReport":
-        from .transfer import TransferReport
+        from .ops.transfer import TransferReport
 
         return TransferReport
     if name == "CacheConfig":

@@ -1,7 +1,7 @@
 """Every private name of cuda-core this package relies on, imported in one place.
 
 cuda-core's public API has no accessor for these; each is pinned by
-``tests/test_cudacore_coupling.py``, which fails naming the symbol when a cuda-core
+``tests/compiling/test_cudacore_coupling.py``, which fails naming the symbol when a cuda-core
 release moves it. Nothing else in the package imports from ``cuda.core`` privately.
 """
 
@@ -38,7 +38,7 @@ PRIVATE_SYMBOLS = (
 )
 
 #: Where cuda-core's compile errors live (``NVRTCError`` and its kin): the failure records of
-#: :mod:`tiered_progcache.flightfailure` rebuild exception classes from this module only (and builtins).
+#: :mod:`tiered_progcache.cluster.flightfailure` rebuild exception classes from this module only (and builtins).
 ERROR_MODULE = "cuda.core._utils.cuda_utils"
 
 #: Key normalisation exactly as cuda-core's tiers do it: ``str`` is UTF-8, ``bytes`` as is, else TypeError.

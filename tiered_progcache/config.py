@@ -12,7 +12,7 @@ from __future__ import annotations
 from .configvalues import ConfigValues, read_key_file
 from .redact import masked
 from .settings import ENV_PREFIX
-from .tiered import TieredProgramCache, shared_chain
+from .chain.tiered import TieredProgramCache, shared_chain
 
 __all__ = ["ENV_PREFIX", "CacheConfig", "masked", "read_key_file"]
 

@@ -6,7 +6,7 @@ does not parse is a ``ValueError`` that names the variable, raised before anythi
 built, so a typo in a job's environment fails the job instead of silently running
 without a cache. What the settings are is :data:`tiered_progcache.settings.SETTINGS`.
 
-The chain (:class:`~tiered_progcache.tiered.TieredProgramCache`) resolves its keyword
+The chain (:class:`~tiered_progcache.chain.tiered.TieredProgramCache`) resolves its keyword
 settings into one of these and keeps it as ``cache.settings``; :class:`~tiered_progcache.config.CacheConfig`
 adds ``build()``. The two are apart so that the chain reads settings without importing
 the module that builds chains.

@@ -1,6 +1,6 @@
 """The one table of settings: each one's kind, default, variable, flag and help, and the checks they share.
 
-The keyword constructor of :class:`~tiered_progcache.tiered.TieredProgramCache`,
+The keyword constructor of :class:`~tiered_progcache.chain.tiered.TieredProgramCache`,
 :meth:`CacheConfig.from_env <tiered_progcache.config.CacheConfig.from_env>`, the
 command's options, ``compile()``'s defaults and the settings table of
 docs/configuration.md (:mod:`tiered_progcache.settingsdoc`) are all built from
@@ -59,7 +59,7 @@ __all__ = [
 ENV_PREFIX = "TIERED_PROGCACHE_"
 
 #: Not a setting: the file ``tiered-progcache stats --run`` has every cache of the command append its
-#: counters to at exit (:mod:`tiered_progcache.runstats`). Read by every chain however it was built.
+#: counters to at exit (:mod:`tiered_progcache.ops.runstats`). Read by every chain however it was built.
 STATS_FILE_ENV = ENV_PREFIX + "STATS_FILE"
 
 #: The memory tier's default byte cap: a few thousand typical cubins.
@@ -524,9 +524,9 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "explain_misses", SWITCH, False,
-        "log why each compile() miss missed (one INFO line on tiered_progcache.compile; lists every tier per miss)",
+        "log why each compile() miss missed (one INFO line on tiered_progcache.compiling.compile; lists every tier per miss)",
         env="EXPLAIN",
-        doc="`compile()` logs one INFO line per miss on `tiered_progcache.compile` (on stderr where the application "
+        doc="`compile()` logs one INFO line per miss on `tiered_progcache.compiling.compile` (on stderr where the application "
         "set up no logging) saying why it missed: the nearest stored entry and what differs "
         "([cluster.md](cluster.md#why-did-this-miss)); costs a listing of every tier per miss, nothing when off",
     ),

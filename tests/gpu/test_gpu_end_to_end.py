@@ -1,4 +1,4 @@
-"""GPU end to end: compile through ``tiered_progcache.compile``, load from each tier, launch, check.
+"""GPU end to end: compile through ``tiered_progcache.compiling.compile``, load from each tier, launch, check.
 
 Two kernels: the cuda-samples tiled matmul (``tiered_progcache.samples``) and a templated
 block sum built on CCCL's ``cub::BlockReduce`` (an ``include_path`` compile with a

@@ -10,12 +10,12 @@ fixture that yields a fresh, empty resource::
                 yield c
 
 Likewise :class:`EntryStoreTests` with a ``store`` fixture yielding a fresh, empty,
-writable :class:`~tiered_progcache.store.EntryStore`, and where the store has them a
+writable :class:`~tiered_progcache.stores.store.EntryStore`, and where the store has them a
 ``back_door`` fixture (a :class:`BackDoor`: the store's medium seen without the store,
 so a check does not take the store's word for what it holds) and a ``read_only_store``
 fixture (the same place opened read-only). Without them those checks skip, naming the
 fixture. :class:`LeaseStoreTests` checks a shared store's lease namespace
-(:meth:`~tiered_progcache.store.EntryStore.leases`) with the same ``store`` and
+(:meth:`~tiered_progcache.stores.store.EntryStore.leases`) with the same ``store`` and
 ``read_only_store`` fixtures.
 """
 
@@ -29,8 +29,8 @@ import pytest
 from cuda.core import ObjectCode
 
 from ..errors import EntryRejected
-from ..lease import LeaseInfo, RemoteLease
-from ..store import EntryStore, LeaseStore, entry_name
+from ..cluster.lease import LeaseInfo, RemoteLease
+from ..stores.store import EntryStore, LeaseStore, entry_name
 
 __all__ = ["BackDoor", "EntryStoreTests", "LeaseStoreTests", "ProgramCacheContract"]
 
@@ -183,7 +183,7 @@ class BackDoor(abc.ABC):
 
 
 class EntryStoreTests:
-    """Behaviour shared by every :class:`~tiered_progcache.store.EntryStore`.
+    """Behaviour shared by every :class:`~tiered_progcache.stores.store.EntryStore`.
 
     Needs a ``store`` fixture (empty, writable); ``back_door`` (a :class:`BackDoor` on
     the store's medium) and ``read_only_store`` (the same place opened read-only) where
@@ -386,12 +386,12 @@ class EntryStoreTests:
 
 
 class LeaseStoreTests:
-    """Behaviour of the lease namespace every shared store with leases offers (:class:`~tiered_progcache.store.LeaseStore`).
+    """Behaviour of the lease namespace every shared store with leases offers (:class:`~tiered_progcache.stores.store.LeaseStore`).
 
     Needs a ``store`` fixture (a fresh, writable store whose ``leases()`` is not None),
     and ``read_only_store`` (the same place, read-only) for the refusal. Leases here are
     checked both as objects (create-if-absent, read, replace, delete) and as what
-    :class:`~tiered_progcache.lease.RemoteLease` builds on them, with a clock the test
+    :class:`~tiered_progcache.cluster.lease.RemoteLease` builds on them, with a clock the test
     steps (a lease's expiry is judged by the holder's wall clock, never by waiting).
     """
 

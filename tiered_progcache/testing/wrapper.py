@@ -1,4 +1,4 @@
-"""A store that wraps any :class:`~tiered_progcache.store.EntryStore` to inject faults and latency, and count calls.
+"""A store that wraps any :class:`~tiered_progcache.stores.store.EntryStore` to inject faults and latency, and count calls.
 
 Tests of what the chain promises when a store misbehaves need a store that misbehaves
 on cue: fails the next two reads, holds one upload until the test lets it go, answers
@@ -33,7 +33,7 @@ from cuda.core import ObjectCode
 from cuda.core.utils import ProgramCacheResource
 
 from .. import _cudacore
-from ..store import STALE_STAGED_AGE_S, EntryStore, LeaseStore, StoredEntry, entry_name
+from ..stores.store import STALE_STAGED_AGE_S, EntryStore, LeaseStore, StoredEntry, entry_name
 
 __all__ = ["OPERATIONS", "Call", "Gate", "WrapperEntryStore"]
 

@@ -1,0 +1,738 @@
+"""The cross-node single-flight policy: the measurements it plans with, its arithmetic, and compile() following it.
+
+The arithmetic is checked exactly at its boundaries; the integration tests run real NVRTC
+against moto S3 behind a real delay proxy (its wire-level request count) and a real
+file:// remote, and read the policy's choices from its own hook (``on_flight``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+from cuda.core import ProgramOptions
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.cluster.flightpolicy import (
+    COMPILE_TIMES_FILE,
+    HEADER_BYTES,
+    LANDING_RTTS,
+    POLL_FLOOR_S,
+    CompileTimes,
+    FlightPolicy,
+    compile_size,
+    compile_times,
+    hit_lessons,
+    on_flight,
+)
+from tiered_progcache.stores.latency import LatencyTracker
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_RTTS
+from tiered_progcache.stores.store import entry_name
+from tiered_progcache.testing import WrapperEntryStore
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+from test_singleflight import kernel, options
+
+JOIN_S = 90
+
+
+@pytest.fixture
+def decisions():
+    """Every FlightDecision this process reports during the test, in order."""
+    seen = []
+    stop = on_flight(seen.append)
+    yield seen
+    stop()
+
+
+@pytest.fixture
+def fresh_compile_times():
+    """No compile timed yet in this process: the policy plans with the prior (restored afterwards)."""
+    compile_times.clear()
+    yield compile_times
+    compile_times.clear()
+
+
+# -- the measurements ------------------------------------------------------------------------------
+
+
+def test_latency_tracker_keeps_the_median_of_the_last_window():
+    tracker = LatencyTracker(window=4)
+    assert tracker.median() is None
+    for seconds in (0.5, 0.01, 0.03, 0.02, 0.04):  # the 0.5 falls out of the window of 4
+        tracker.record(seconds)
+    assert tracker.median() == pytest.approx(0.025) and tracker.recorded == 5
+    for bad in (-1.0, float("inf"), float("nan")):
+        tracker.record(bad)
+    assert tracker.recorded == 5
+
+
+def test_the_documented_defaults_keep_the_last_64_round_trips_and_weigh_the_newest_compile_0_3():
+    """docs/cluster.md: R is the median of the last 64 requests; C a running mean, the newest weighing 0.3."""
+    tracker = LatencyTracker()
+    for _ in range(64):
+        tracker.record(1.0)
+    for _ in range(32):
+        tracker.record(0.0)
+    assert tracker.median() == 0.5  # 32 of each kept: one more or less in the window moves it to 1.0 or 0.0
+    times = CompileTimes()
+    times.record("c++", "cubin", 1.0)
+    times.record("C++", "CUBIN", 2.0)
+    assert times.estimate("c++", "cubin") == pytest.approx(1.3)
+
+
+def test_latency_tracker_counts_exactly_under_many_threads():
+    tracker = LatencyTracker()
+    barrier = threading.Barrier(16)
+
+    def record() -> None:
+        barrier.wait(JOIN_S)
+        for _ in range(1000):
+            tracker.record(0.03)
+
+    threads = [threading.Thread(target=record) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert tracker.recorded == 16_000 and tracker.median() == 0.03
+
+
+def test_the_runner_times_each_single_request_and_no_listing_or_batch(tmp_path):
+    remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
+    latency = remote.runner.latency
+    before = latency.recorded
+    names = [entry_name(b"k%d" % n) for n in range(3)]
+    for name in names:
+        remote.write_entry(name, b"\x7fELF" + bytes(100))
+    for name in names:
+        remote.read_entry(name)
+    with pytest.raises(KeyError):
+        remote.read_entry(entry_name(b"absent"))  # a miss is an answer: one round trip too
+    assert latency.recorded - before == 7
+    list(remote.iter_entries())
+    remote.read_many(names)
+    remote.write_many({name: b"\x7fELF" for name in names})
+    assert latency.recorded - before == 7  # a listing and two batches are not one round trip each
+    assert remote.round_trip_s == latency.median() and remote.round_trip_s > 0
+
+
+def test_compile_times_are_an_exponentially_weighted_mean_per_code_and_target_type():
+    times = CompileTimes(weight=0.5)
+    assert times.estimate("c++", "cubin") is None
+    times.record("c++", "cubin", 1.0)
+    assert times.estimate("C++", "CUBIN") == 1.0  # the first sample is the estimate
+    times.record("c++", "cubin", 0.2)
+    times.record("c++", "cubin", 0.2)
+    assert times.estimate("c++", "cubin") == pytest.approx(0.4)  # 1.0 -> 0.6 -> 0.4
+    assert times.estimate("c++", "ptx") is None and times.estimate("nvvm", "cubin") is None
+    times.record("c++", "cubin", -1.0)
+    assert times.estimate("c++", "cubin") == pytest.approx(0.4)
+
+
+def test_compile_records_each_successful_compile_time(tmp_path, fresh_compile_times, events):
+    with TieredProgramCache(tmp_path) as cache:
+        tpc.compile(kernel(301), "c++", options(), cache=cache)
+    (event,) = events
+    assert fresh_compile_times.estimate("c++", "cubin") == event.seconds
+
+
+# -- the arithmetic --------------------------------------------------------------------------------
+
+
+def test_the_lease_is_taken_exactly_from_k_round_trips():
+    policy = FlightPolicy(lease_min_compile_rtts=4.0)
+    assert policy.takes_lease(0.2, 0.05)  # 0.2 s = 4 x 50 ms
+    assert not policy.takes_lease(0.1999, 0.05)
+    assert policy.takes_lease(0.0001, None)  # no request timed yet: free
+    assert policy.takes_lease(None, 10.0) and not policy.races(None, 10.0)  # unknown compile: protect it
+    assert policy.races(0.1999, 0.05) and not policy.races(0.2, 0.05)
+    assert FlightPolicy(lease_min_compile_rtts=0.0).takes_lease(0.0, 10.0)  # 0: always
+    admitting = FlightPolicy(lease_min_compile_rtts=0.0, min_upload_compile_s=0.5)
+    assert not admitting.takes_lease(0.49, 0.0)  # would not be uploaded: nobody could wait for it
+    assert admitting.takes_lease(0.5, 0.0)
+
+
+def test_no_prior_decides_an_unknown_compile_takes_the_lease_whatever_the_prior_says():
+    for prior in (DEFAULT_COMPILE_TIME_PRIOR_S, 0.0001, 3.0):
+        policy = FlightPolicy(compile_time_prior_s=prior)
+        assert policy.takes_lease(None, 0.05) and not policy.races(None, 0.05)
+    assert not FlightPolicy(min_upload_compile_s=0.5).takes_lease(None, 0.05)  # would not be uploaded
+
+
+def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
+    """A real remote whose runner has timed exactly these round trips (seconds)."""
+    remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
+    remote.runner.latency = LatencyTracker()  # forget the probe at construction
+    for seconds in round_trips:
+        remote.runner.latency.record(seconds)
+    return remote
+
+
+def test_a_waiters_plan_polls_every_round_trip_and_waits_the_holders_compile_plus_the_landing(tmp_path):
+    store = _store_at(tmp_path, 0.03, 0.05, 0.04)
+    plan = FlightPolicy(wait_patience=1.0).wait_plan(store)
+    assert plan.poll_period() == pytest.approx(0.04)
+    assert plan.patience(None) is None  # no evidence about this kernel: wait while the holder lives
+    assert plan.patience(0.3) == pytest.approx(0.3 + LANDING_RTTS * 0.04 + 0.04)  # the holder's
+    assert FlightPolicy(wait_patience=2.0).wait_plan(store).patience(0.3) == pytest.approx(0.6 + 0.2)
+    assert FlightPolicy(wait_patience=None).wait_plan(store).patience(0.3) is None
+    assert FlightPolicy().wait_plan(store).patience(0.3) is None  # the default: patience is opt-in
+    clamped = FlightPolicy(wait_patience=1.0).wait_plan(store, lease_ttl_s=60.0)
+    assert clamped.patience(1e6) == pytest.approx(60.0 + LANDING_RTTS * 0.04 + 0.04)  # a lease's claim, clamped
+
+
+def test_the_poll_period_has_a_floor(tmp_path):
+    plan = FlightPolicy().wait_plan(_store_at(tmp_path, 0.0002))
+    assert plan.poll_period() == POLL_FLOOR_S
+
+
+def test_the_policy_comes_from_the_settings(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIERED_PROGCACHE_LEASE_MIN_COMPILE_RTTS", "2.5")
+    monkeypatch.setenv("TIERED_PROGCACHE_WAIT_PATIENCE", "none")
+    monkeypatch.setenv("TIERED_PROGCACHE_COMPILE_TIME_PRIOR_S", "0.25")
+    monkeypatch.setenv("TIERED_PROGCACHE_MIN_UPLOAD_COMPILE_S", "0.1")
+    monkeypatch.setenv("TIERED_PROGCACHE_DIR", str(tmp_path))
+    with TieredProgramCache.from_env() as cache:
+        assert cache.flight_policy == FlightPolicy(2.5, None, 0.25, 0.1)
+    with TieredProgramCache(tmp_path) as cache:
+        assert cache.flight_policy.lease_min_compile_rtts == DEFAULT_LEASE_MIN_COMPILE_RTTS
+    for bad, error in (({"lease_min_compile_rtts": -1}, ValueError), ({"wait_patience": "1"}, TypeError),
+                       ({"compile_time_prior_s": 0}, ValueError)):
+        with pytest.raises(error, match=next(iter(bad))):
+            TieredProgramCache(tmp_path, **bad)
+
+
+# -- compile() following the policy, on real remotes ------------------------------------------------
+
+
+def _released(name: str) -> None:
+    """Join the holder's background release of lease ``name`` (its thread is named after it), if any."""
+    for thread in threading.enumerate():
+        if thread.name == f"tiered-progcache-lease-{name[:8]}":
+            thread.join(JOIN_S)
+            assert not thread.is_alive(), "the lease was never released"
+
+
+@pytest.fixture
+def slow_s3(s3_bucket):
+    """moto S3 behind a 50 ms delay proxy that keeps connections alive and counts HTTP requests."""
+    from tiered_progcache.testing.delayproxy import DelayProxy
+
+    host, port = s3_bucket.storage_options["endpoint_url"].split("//")[1].split(":")
+    with DelayProxy(host, int(port), rtt_s=0.05, keep_alive=True) as proxy:
+        yield proxy, {**s3_bucket.storage_options, "endpoint_url": proxy.endpoint_url}, s3_bucket.url
+
+
+def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
+    """Make ``times`` predict ``seconds`` for a header-less c++ -> cubin compile of ``source``."""
+    times.record("c++", "cubin", seconds, compile_size(len(source), 0))
+
+
+@pytest.mark.parametrize("predicted, choice, requests", [(0.01, "raced", 3), (10.0, "held", 7), (None, "held", 8)])
+def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
+    tmp_path, slow_s3, decisions, fresh_compile_times, predicted, choice, requests
+):
+    """At a 50 ms round trip, 0.01 s is under the default one round trip, 10 s over, and a never-timed
+    compile is unknown. Requests on the wire: raced: the look (beside the compile), the uploads of the
+    manifest and the cubin (3); held (long): look, lease create, look under the lease, the two uploads,
+    lease read and delete by the release (7); held (unknown): the look, the manifest read (to learn
+    from a hit) and the lease create together, the look under the lease beside the compile, the two
+    uploads, the release's read and delete (8)."""
+    proxy, storage_options, url = slow_s3
+    if predicted is not None:
+        _predicting(fresh_compile_times, kernel(310), predicted)
+    with TieredProgramCache(tmp_path, remote=url, remote_options=storage_options) as cache:
+        cache.get(b"a first request, so the round trip is known")
+        before = proxy.requests
+        obj = tpc.compile(kernel(310), "c++", options(), cache=cache)
+        (decision,) = decisions
+        assert cache.flush(JOIN_S)
+        _released(decision.name)
+        hit_lessons.wait(("c++", "cubin"), JOIN_S)
+        seen = proxy.requests - before
+        assert cache.shared_store.leases().read(decision.name) is None
+    assert bytes(obj.code)[:4] == b"\x7fELF"
+    assert (decision.choice, decision.estimate_s) == (choice, pytest.approx(predicted) if predicted else None)
+    assert decision.round_trip_s >= 0.05
+    assert seen == requests
+
+
+def test_a_waiter_gives_up_on_a_stuck_holder_after_its_patience_and_compiles_itself(
+    tmp_path, decisions, fresh_compile_times
+):
+    """Opt-in patience: node A holds the lease and its compile is held until node B is done. A's lease
+    says 0.2 s for this kernel: B (wait_patience=1) waits about that long, compiles itself, and reports
+    it; A's lease stays A's."""
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    _predicting(fresh_compile_times, kernel(320), 0.2)
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, lease_min_compile_rtts=0.0, wait_patience=1.0)
+    a_compiling, b_done = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def hold_node_a(event: tpc.CompileEvent) -> None:
+        runs.append(threading.current_thread().name)
+        if threading.current_thread().name == "node-a":
+            a_compiling.set()
+            assert b_done.wait(JOIN_S)
+
+    stop = tpc.on_compile(hold_node_a)
+    node_a_thread = threading.Thread(
+        target=tpc.compile, args=(kernel(320), "c++", options()), kwargs={"cache": node_a}, name="node-a"
+    )
+    try:
+        node_a_thread.start()
+        assert a_compiling.wait(JOIN_S)
+        started = time.monotonic()
+        tpc.compile(kernel(320), "c++", options(), cache=node_b)
+        took = time.monotonic() - started
+        b_done.set()
+        node_a_thread.join(JOIN_S)
+    finally:
+        b_done.set()
+        stop()
+        node_a.close()
+        node_b.close()
+    assert runs == ["node-a", "MainThread"], decisions
+    by_choice = {d.choice: d for d in decisions}
+    assert set(by_choice) == {"held", "gave up"}
+    gave_up = by_choice["gave up"]
+    assert gave_up.holder_estimate_s == pytest.approx(0.2)  # A's lease said so
+    assert 0.2 <= gave_up.waited_s < took  # at least the holder's estimate; then it compiled
+
+
+def test_without_patience_the_waiter_waits_for_the_holder(tmp_path, decisions, fresh_compile_times):
+    """The default (no patience), the same stuck holder let go once B is seen waiting: one compile.
+
+    Deterministic under any load: B starts only once A holds the lease and is compiling, A is let go
+    only once B is inside its wait (its lease read), and A releases only once its entry is up, so B,
+    seeing the release, finds the entry behind it ("waited"), never a lease of its own ("found")."""
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    node_a = TieredProgramCache(tmp_path / "a", remote=url)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url)
+    a_compiling, let_go = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def hold_node_a(event: tpc.CompileEvent) -> None:
+        runs.append(threading.current_thread().name)
+        if threading.current_thread().name == "node-a":
+            a_compiling.set()
+            assert let_go.wait(JOIN_S)
+
+    stop = tpc.on_compile(hold_node_a)
+    node_a_thread = threading.Thread(
+        target=tpc.compile, args=(kernel(321), "c++", options()), kwargs={"cache": node_a}, name="node-a"
+    )
+    out = []
+    node_b_thread = threading.Thread(
+        target=lambda: out.append(tpc.compile(kernel(321), "c++", options(), cache=node_b)), name="node-b"
+    )
+    try:
+        node_a_thread.start()
+        assert a_compiling.wait(JOIN_S)
+        node_b_thread.start()
+        (held,) = decisions  # A's, reported before it compiled
+        assert _waiting(node_b, held.name)
+        node_b_thread.join(2.0)  # longer than any patience a prior gave (1 s + 4R + P): B still waits
+        assert node_b_thread.is_alive()
+        let_go.set()
+        node_b_thread.join(JOIN_S)
+        node_a_thread.join(JOIN_S)
+    finally:
+        let_go.set()
+        stop()
+        node_a.close()
+        node_b.close()
+    assert sorted(d.choice for d in decisions) == ["held", "waited"], decisions
+    assert runs == ["node-a"] and len(out) == 1
+
+
+def _waiting(cache: TieredProgramCache, name: str) -> bool:
+    """Block until some thread has read lease ``name`` through ``cache``'s lease store at least twice."""
+    leases = cache.shared_store.leases()
+    reads = threading.Semaphore(0)
+    original = leases.read
+
+    def counting_read(lease_name: str):
+        data = original(lease_name)
+        if lease_name == name:
+            reads.release()
+        return data
+
+    leases.read = counting_read  # type: ignore[method-assign]
+    try:
+        return reads.acquire(timeout=JOIN_S) and reads.acquire(timeout=JOIN_S)
+    finally:
+        leases.read = original  # type: ignore[method-assign]
+
+
+# -- the small parts, each pinned ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [0, -0.1, 1.0001, 2])
+def test_compile_times_refuse_a_weight_outside_0_exclusive_to_1(weight):
+    with pytest.raises(ValueError, match="weight must be in"):
+        CompileTimes(weight=weight)
+
+
+def test_a_weight_of_one_keeps_the_newest_compile_only():
+    times = CompileTimes(weight=1)
+    times.record("c++", "cubin", 5.0)
+    times.record("c++", "cubin", 0.5)
+    assert times.estimate("c++", "cubin") == 0.5
+
+
+def test_with_no_round_trip_timed_the_plan_adds_no_network_time(tmp_path):
+    """A store that has timed nothing (round_trip_s None): poll at the floor, patience = C + the floor."""
+    plan = FlightPolicy(wait_patience=1.0).wait_plan(_store_at(tmp_path))
+    assert plan.poll_period() == POLL_FLOOR_S
+    assert plan.patience(0.9) == pytest.approx(0.9 + POLL_FLOOR_S)
+
+
+def test_a_decision_is_logged_at_info_when_a_waiter_gave_up_and_debug_otherwise(caplog):
+    from tiered_progcache.cluster.flightpolicy import FlightDecision, report
+
+    caplog.set_level(logging.DEBUG, logger="tiered_progcache.cluster.flightpolicy")
+    report(FlightDecision("ab" * 32, "gave up", 0.25, 0.0305, waited_s=0.5))
+    report(FlightDecision("cd" * 32, "held", 1.5, None))
+    report(FlightDecision("cd" * 32, "held", None, None))
+    report(FlightDecision("cd" * 32, "held", None, 0.0999))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "entry abababababababab: gave up (estimate 0.250 s, round trip 30.5 ms, waited 0.500 s)"),
+        (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate 1.500 s, round trip unknown, waited 0.000 s)"),
+        (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate unknown, round trip unknown, waited 0.000 s)"),
+        (logging.DEBUG, "entry cdcdcdcdcdcdcdcd: held (estimate unknown, round trip 99.9 ms, waited 0.000 s)"),
+    ]
+
+
+def test_a_hook_gets_each_decision_until_unsubscribed_and_a_failing_hook_is_logged(caplog):
+    from tiered_progcache.cluster.flightpolicy import FlightDecision, report
+
+    seen: list[FlightDecision] = []
+    stop = on_flight(seen.append)
+
+    def broken(decision: FlightDecision) -> None:
+        raise RuntimeError("hook bug")
+
+    stop_broken = on_flight(broken)
+    first = FlightDecision("ef" * 32, "short", 0.01, 0.05)
+    report(first)
+    stop()
+    stop()  # twice: harmless
+    stop_broken()
+    report(FlightDecision("ef" * 32, "held", 2.0, 0.05))
+    assert seen == [first]
+    assert first.as_dict() == {"name": "ef" * 32, "choice": "short", "estimate_s": 0.01, "round_trip_s": 0.05,
+                               "waited_s": 0.0, "holder_estimate_s": None}  # what bench_fleet --decisions writes
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"on_flight hook {broken!r} failed"]
+
+
+@pytest.mark.parametrize("window", [0, -1, True, 1.5, "4"])
+def test_latency_tracker_refuses_a_window_that_is_not_a_positive_int(window):
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        LatencyTracker(window=window)
+
+
+def test_a_zero_duration_counts_and_an_infinite_one_does_not():
+    tracker = LatencyTracker(window=1)
+    tracker.record(0.0)
+    assert (tracker.recorded, tracker.median()) == (1, 0.0)
+    times = CompileTimes(weight=1)
+    times.record("c++", "cubin", 0.0)
+    assert times.estimate("c++", "cubin") == 0.0
+    for bad in (float("inf"), float("nan"), -0.5):
+        times.record("c++", "cubin", bad)
+    assert times.estimate("c++", "cubin") == 0.0
+
+
+# -- issue 17: races, persisted compile times, failures once per cluster, clamped leases ----------
+
+
+def _race_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-race-")]
+
+
+def test_a_short_compile_races_and_the_lookup_that_answers_first_wins_and_the_compile_is_dropped(
+    tmp_path, slow_s3, decisions, events
+):
+    """Node W fills the remote; node Y predicts the kernel short (0.01 s against 50 ms): its compile runs
+    beside the lookup, held (its hook) until the lookup has answered. Y returns W's entry, and its own
+    compile, once let go, stores nothing: one request on the wire, the look."""
+    proxy, storage_options, url = slow_s3
+    with TieredProgramCache(tmp_path / "w", remote=url, remote_options=storage_options) as node_w:
+        tpc.compile(kernel(330), "c++", options(), cache=node_w)
+        assert node_w.flush(JOIN_S)
+        _released(decisions[0].name)  # W's lease read and delete are off the wire before Y starts
+    compile_times.clear()
+    _predicting(compile_times, kernel(330), 0.01)
+    del decisions[:]
+    lookup_won = threading.Event()
+    stop_flight = on_flight(lambda d: lookup_won.set() if d.choice == "raced, found" else None)
+    stop_hook = tpc.on_compile(lambda e: lookup_won.wait(JOIN_S))
+    try:
+        with TieredProgramCache(tmp_path / "y", remote=url, remote_options=storage_options) as node_y:
+            node_y.get(b"a first request, so the round trip is known")
+            before, compiled_before = proxy.requests, len(events)
+            obj = tpc.compile(kernel(330), "c++", options(), cache=node_y)
+            for thread in _race_threads():
+                thread.join(JOIN_S)
+            assert node_y.flush(JOIN_S)
+            seen = proxy.requests - before
+    finally:
+        stop_flight()
+        stop_hook()
+    assert bytes(obj.code)[:4] == b"\x7fELF"
+    assert [d.choice for d in decisions] == ["raced, found"]
+    assert len(events) - compiled_before == 1  # the race did run the compiler
+    assert seen == 1  # the look; the dropped compile uploaded nothing
+
+
+def test_a_raced_compile_that_answers_first_is_stored_and_uploaded_and_takes_no_lease(tmp_path, decisions, events):
+    """Every compile predicted short (k = 1e9 round trips): a miss on the remote, the compile's result
+    is the answer, stored locally and uploaded as usual, and no lease object is ever written."""
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    _predicting(compile_times, kernel(331), 0.05)
+    with TieredProgramCache(tmp_path / "a", remote=url, lease_min_compile_rtts=1e9) as node_a:
+        node_a.get(b"a first request, so the round trip is known")
+        obj = tpc.compile(kernel(331), "c++", options(), cache=node_a)
+        assert node_a.flush(JOIN_S)
+    with TieredProgramCache(tmp_path / "b", remote=url) as node_b:  # a node that never compiles it
+        again = tpc.compile(kernel(331), "c++", options(), cache=node_b)
+    assert [d.choice for d in decisions] == ["raced"] and len(events) == 1
+    assert bytes(again.code) == bytes(obj.code)  # node B got node A's upload
+    leases_dir = tmp_path / "remote" / "leases"
+    assert not leases_dir.exists() or not any(leases_dir.iterdir())
+
+
+def test_a_raced_compile_that_answers_first_is_returned_while_the_lookup_is_still_under_way(tmp_path, decisions, events):
+    """The race's lookup is held mid-read; the compile (predicted short) answers, and compile() returns
+    then, not when the lookup comes back: a race costs the faster of the two, never the slower."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, make_program_cache_key
+
+    (tmp_path / "remote").mkdir()
+    remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
+    source = kernel(332)
+    held = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
+    lookup = remote.hold("read_entry", name=entry_name(held), timeout=JOIN_S)  # "still under way" as a state
+    _predicting(compile_times, source, 0.001)
+    node = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                              lease_min_compile_rtts=1e9)  # fmt: skip
+    node.get(b"a first request, so the round trip is known")
+    returned: list[object] = []
+    caller = threading.Thread(target=lambda: returned.append(tpc.compile(source, "c++", options(), cache=node)))
+    caller.start()
+    try:
+        caller.join(JOIN_S)
+        assert returned, "compile() waited for the lookup although its compile had answered"
+        assert lookup.arrived.is_set() and not lookup.is_open  # the lookup was under way all along
+    finally:
+        lookup.open()
+        caller.join(JOIN_S)
+        node.close()
+    assert [d.choice for d in decisions] == ["raced"] and len(events) == 1
+    assert bytes(returned[0].code)[:4] == b"\x7fELF"
+
+
+def test_the_prediction_scales_with_the_source_and_the_headers_it_reads():
+    times = CompileTimes()
+    assert times.predict("c++", "cubin", 1000) is None  # nothing timed: unknown, so the lease protects it
+    times.record("c++", "cubin", 0.02, compile_size(2000, 0))
+    assert times.predict("C++", "CUBIN", compile_size(2000, 0)) == pytest.approx(0.02)
+    assert times.predict("c++", "cubin", compile_size(4000, 0)) == pytest.approx(0.04)
+    heavy = compile_size(500, 1000)  # a CUB kernel: a short source reading a thousand headers
+    assert heavy == 500 + 1000 * HEADER_BYTES and times.predict("c++", "cubin", heavy) > 1.0
+    assert times.predict("ptx", "cubin", 1000) is None
+    assert compile_size(0, -3) == 1  # never zero, never negative
+
+
+def test_a_fresh_process_on_a_node_that_compiled_before_predicts_from_its_local_directory(tmp_path):
+    """The node's compile times persist in its local directory: a new process (a real one) predicts
+    the same; a corrupt or absurd file predicts nothing."""
+    import json as _json
+    import subprocess
+    import sys
+
+    with TieredProgramCache(tmp_path / "node") as cache:
+        tpc.compile(kernel(332), "c++", options(), cache=cache)
+    size = compile_size(len(kernel(333)), 0)
+    here = compile_times.predict("c++", "cubin", size)
+    assert here is not None
+    script = ("import sys; from tiered_progcache import TieredProgramCache; import importlib; "
+              "c = importlib.import_module('tiered_progcache.compiling.compile'); "
+              "print(repr(c._predict(TieredProgramCache(sys.argv[1]), 'c++', 'cubin', int(sys.argv[2]))))")
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "node"), str(size)], capture_output=True,
+                         text=True, timeout=JOIN_S, check=True)
+    assert float(run.stdout.strip()) == pytest.approx(here)
+    times_file = tmp_path / "node" / COMPILE_TIMES_FILE
+    for bad in ("{", _json.dumps({"format": "tiered-progcache/compile-times", "version": 1,
+                                   "kinds": {"c++/cubin": {"mean_s": 1e9, "s_per_byte": -1.0}}}),
+                _json.dumps({"format": "other", "kinds": {}})):
+        times_file.write_text(bad)
+        fresh = CompileTimes()
+        fresh.load(tmp_path / "node")
+        assert fresh.predict("c++", "cubin", size) is None and fresh.estimate("c++", "cubin") is None
+
+
+def _hold_until_waiting(waiter: TieredProgramCache):
+    """An on_compile hook that holds the compiling thread until ``waiter`` is inside its wait for the lease."""
+
+    def hook(event: tpc.CompileEvent) -> None:
+        if threading.current_thread().name == "node-a":
+            assert _waiting(waiter, entry_name(event.key))
+
+    return hook
+
+
+@pytest.mark.parametrize("same_key", [True, False])
+def test_a_failed_holder_publishes_its_error_and_its_waiter_raises_the_same_error(
+    tmp_path, decisions, events, same_key
+):
+    """Node A's compile of a broken kernel fails while node B waits for A's lease. Signed with one key,
+    B raises the same exception type and message (the compiler log) without compiling: one run. With
+    another key B cannot verify A's record, so it does not trust it: it compiles itself once the record's
+    short life (here the 1 s lease TTL) is over, and gets its own error."""
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    from test_singleflight import BROKEN
+
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, signing_key=b"k" * 32)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, signing_key=b"k" * 32 if same_key else b"j" * 32)
+    stop = tpc.on_compile(_hold_until_waiting(node_b))
+    errors: dict[str, BaseException] = {}
+
+    def node(name: str, cache: TieredProgramCache) -> None:
+        try:
+            tpc.compile(BROKEN, "c++", options(), cache=cache, lease_ttl=1.0)
+        except Exception as exc:
+            errors[name] = exc
+
+    a = threading.Thread(target=node, args=("a", node_a), name="node-a")
+    try:
+        a.start()
+        while not decisions:  # A reports "held" before it compiles; B starts once A holds the lease
+            assert a.is_alive() or decisions
+            threading.Event().wait(0.005)
+        node("b", node_b)
+        a.join(JOIN_S)
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert type(errors["a"]) is NVRTCError and type(errors["b"]) is NVRTCError
+    assert "undeclared_symbol" in str(errors["b"])
+    if same_key:
+        assert str(errors["b"]) == str(errors["a"])
+        assert [e.ok for e in events] == [False]  # the cluster ran the compiler once
+        assert sorted(d.choice for d in decisions) == ["failed", "held"]
+    else:
+        assert [e.ok for e in events] == [False, False]
+        assert sorted(d.choice for d in decisions) == ["held", "held"]
+
+
+def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease_ttl(tmp_path, decisions, events):
+    """A lease nobody renews claiming a 1e6 s compile and an expiry in 33658 AD: a default waiter breaks
+    it one lease TTL (here 1 s) after it saw it, and compiles once; its wait_timeout (300 s) is not spent.
+    (An opted-in patience is clamped to the lease TTL too: test_a_waiters_plan_...)"""
+    import json as _json
+    import socket
+
+    from tiered_progcache.compiling.keys import compile_key
+
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    key = compile_key(kernel(334), "c++", options(), "cubin", (), None).key
+    planted = {"format": "tiered-progcache/lease", "version": 1, "holder": "another-node:1", "token": "planted",
+               "acquired_at": time.time(), "expires_at": 1e12, "compile_estimate_s": 1e6}
+    with TieredProgramCache(tmp_path / "node", remote=url) as cache:
+        assert cache.shared_store.leases().create(entry_name(key), _json.dumps(planted).encode(), 60)
+        obj = tpc.compile(kernel(334), "c++", options(), cache=cache, lease_ttl=1.0)
+    assert bytes(obj.code)[:4] == b"ELF" and len(events) == 1
+    (decision,) = decisions
+    assert decision.choice == "held" and 1.0 <= decision.waited_s < 300
+
+
+def test_compile_times_saved_are_loaded_back_exactly_and_never_over_what_this_process_timed(tmp_path):
+    import json as _json
+
+    times = CompileTimes()
+    times.record("c++", "cubin", 0.5, 1000)
+    times.record("ptx", "cubin", 0.2)  # no size: a mean and no rate
+    times.save(tmp_path)
+    doc = _json.loads((tmp_path / COMPILE_TIMES_FILE).read_text())
+    assert doc == {"format": "tiered-progcache/compile-times", "version": 1,
+                   "kinds": {"c++/cubin": {"mean_s": 0.5, "s_per_byte": 0.0005},
+                             "ptx/cubin": {"mean_s": 0.2, "s_per_byte": None}}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [COMPILE_TIMES_FILE]  # nothing staged left behind
+    fresh = CompileTimes()
+    fresh.record("ptx", "cubin", 0.9)
+    fresh.load(tmp_path)
+    assert fresh.estimate("c++", "cubin") == 0.5 and fresh.predict("c++", "cubin", 2000) == pytest.approx(1.0)
+    assert fresh.estimate("ptx", "cubin") == 0.9 and fresh.predict("ptx", "cubin", 10) is None  # its own wins
+    with pytest.raises(OSError):
+        times.save(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("entry, mean, rate", [
+    ({"mean_s": 0.0, "s_per_byte": 0.0}, 0.0, 0.0),
+    ({"mean_s": 3600.0, "s_per_byte": 3600}, 3600.0, 3600.0),
+    ({"mean_s": 3600.5, "s_per_byte": 1.0}, None, None),
+    ({"mean_s": 1.0, "s_per_byte": True}, 1.0, None),
+    ({"mean_s": True, "s_per_byte": 1.0}, None, None),
+    ({"mean_s": float("nan"), "s_per_byte": 1.0}, None, None),
+    ({"mean_s": "1", "s_per_byte": 1.0}, None, None),
+    ({"mean_s": 1.0, "s_per_byte": -0.001}, 1.0, None),
+])
+def test_a_persisted_value_loads_only_if_it_is_a_plausible_number(tmp_path, entry, mean, rate):
+    import json as _json
+
+    doc = {"format": "tiered-progcache/compile-times", "version": 1,  # the bad kinds first: each is skipped
+           "kinds": {"noslash": {"mean_s": 1.0}, "ptx/cubin": "not a dict", "c++/cubin": entry}}
+    (tmp_path / COMPILE_TIMES_FILE).write_text(_json.dumps(doc))
+    times = CompileTimes()
+    times.load(tmp_path)
+    assert times.estimate("c++", "cubin") == mean
+    assert times.predict("c++", "cubin", 1) == rate
+    assert times.estimate("ptx", "cubin") is None and times.estimate("noslash", "") is None
+    for unread in (_json.dumps({**doc, "kinds": ["c++/cubin"]}), _json.dumps({**doc, "format": "other"}),
+                   " " * 65536 + _json.dumps(doc)):  # a list, another format, over the 64 KiB read
+        (tmp_path / COMPILE_TIMES_FILE).write_text(unread)
+        other = CompileTimes()
+        other.load(tmp_path)
+        assert other.estimate("c++", "cubin") is None
+
+
+def test_a_save_that_cannot_rename_raises_oserror_and_leaves_nothing_staged(tmp_path):
+    (tmp_path / COMPILE_TIMES_FILE).mkdir()  # the rename onto a directory fails
+    times = CompileTimes()
+    times.record("c++", "cubin", 0.1, 10)
+    with pytest.raises(OSError):
+        times.save(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [COMPILE_TIMES_FILE]
+
+
+def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
+    times = CompileTimes(weight=0.5)
+    times.record("C++", "CUBIN", 1.0, 100)
+    times.record("c++", "cubin", 3.0, 100)
+    assert times.estimate("c++", "cubin") == pytest.approx(2.0)
+    assert times.predict("c++", "cubin", 100) == pytest.approx(2.0)
+    times.record("c++", "cubin", 5.0)  # no size: the mean moves, the rate does not
+    times.record("c++", "cubin", 5.0, 0)
+    assert times.predict("c++", "cubin", 100) == pytest.approx(2.0)
+    times.record("c++", "cubin", 0.0, 1)  # the smallest size there is does count
+    times.record("c++", "cubin", 5.0, 0)
+    assert times.estimate("c++", "cubin") == pytest.approx(3.5625)
+    assert times.predict("c++", "cubin", 100) == pytest.approx(1.0)
+    times.clear()
+    assert times.predict("c++", "cubin", 100) is None and times.estimate("c++", "cubin") is None

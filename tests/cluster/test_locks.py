@@ -1,0 +1,352 @@
+"""The in-host primitives on their own: the per-key file lock and thread flights (the lease: test_lease.py)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tiered_progcache.cluster.locks import ThreadSingleFlight, node_lock
+
+SPAWN = mp.get_context("spawn")
+JOIN_S = 30
+
+
+def _hold_node_lock(locks_dir: str, name: str, taken, release) -> None:
+    with node_lock(locks_dir, name, timeout=10) as held:
+        assert held
+        taken.set()
+        release.wait(JOIN_S)
+
+
+# -- node lock -------------------------------------------------------------------------------------
+
+
+def test_node_lock_excludes_another_process_and_a_waiter_gives_up_in_time(tmp_path):
+    taken, release = SPAWN.Event(), SPAWN.Event()
+    child = SPAWN.Process(target=_hold_node_lock, args=(str(tmp_path), "k1", taken, release))
+    child.start()
+    try:
+        assert taken.wait(JOIN_S)
+        started = time.monotonic()
+        with node_lock(tmp_path, "k1", timeout=0.3) as held:
+            assert not held
+        assert 0.3 <= time.monotonic() - started < 5
+        with node_lock(tmp_path, "other-key", timeout=0.3) as held:
+            assert held  # per key: another key is free
+    finally:
+        release.set()
+        child.join(JOIN_S)
+    assert child.exitcode == 0
+    with node_lock(tmp_path, "k1", timeout=5) as held:
+        assert held
+
+
+def test_node_lock_of_a_killed_holder_is_free_at_once(tmp_path):
+    taken, release = SPAWN.Event(), SPAWN.Event()
+    child = SPAWN.Process(target=_hold_node_lock, args=(str(tmp_path), "k2", taken, release))
+    child.start()
+    assert taken.wait(JOIN_S)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(JOIN_S)
+    started = time.monotonic()
+    with node_lock(tmp_path, "k2", timeout=10) as held:
+        assert held
+    assert time.monotonic() - started < 2
+
+
+def test_node_lock_is_mutually_exclusive_between_threads_and_leaves_no_files(tmp_path):
+    inside = 0
+    most = 0
+    guard = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def work() -> None:
+        nonlocal inside, most
+        barrier.wait()
+        for _ in range(20):
+            with node_lock(tmp_path, "shared", timeout=30) as held:
+                assert held
+                with guard:
+                    inside += 1
+                    most = max(most, inside)
+                with guard:
+                    inside -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+        assert not t.is_alive()
+    assert most == 1
+    assert os.listdir(tmp_path) == []  # each holder unlinks its file before unlocking
+
+
+# -- thread flights ----------------------------------------------------------------------------------
+
+
+def test_thread_single_flight_shares_the_result_and_the_exception():
+    flights: ThreadSingleFlight[str] = ThreadSingleFlight()
+    entered, go = threading.Event(), threading.Event()
+    runs = []
+    results = []
+
+    def leader() -> None:
+        with flights.lead("k") as seat:
+            assert seat.leader
+            entered.set()
+            go.wait(JOIN_S)
+            runs.append(1)
+            seat.result = "value"
+
+    def follower() -> None:
+        with flights.lead("k") as seat:
+            results.append(seat.leader or seat.wait(JOIN_S))
+
+    t = threading.Thread(target=leader)
+    t.start()
+    assert entered.wait(JOIN_S)
+    followers = [threading.Thread(target=follower) for _ in range(4)]
+    for f in followers:
+        f.start()
+    deadline = time.monotonic() + JOIN_S
+    while flights.followers("k") < 4 and time.monotonic() < deadline:
+        threading.Event().wait(0.001)  # polling a condition, not timing a race
+    go.set()
+    for th in [t, *followers]:
+        th.join(JOIN_S)
+    assert runs == [1] and results == ["value"] * 4
+    assert flights.in_flight() == 0
+
+    def failing() -> None:
+        with flights.lead("bad") as seat:
+            assert seat.leader
+            entered2.set()
+            go2.wait(JOIN_S)
+            raise RuntimeError("compile failed")
+
+    entered2, go2 = threading.Event(), threading.Event()
+    errors = []
+
+    def waiter() -> None:
+        try:
+            with flights.lead("bad") as seat:
+                assert not seat.leader
+                go2.set()
+                seat.wait(JOIN_S)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=lambda: pytest.raises(RuntimeError, failing))
+    t.start()
+    assert entered2.wait(JOIN_S)
+    w = threading.Thread(target=waiter)
+    w.start()
+    t.join(JOIN_S)
+    w.join(JOIN_S)
+    assert errors == ["compile failed"]
+
+
+# -- fork, and a hostile locks directory --------------------------------------------------------------
+
+
+def _try_flock(path: str) -> bool:
+    """From a separate open file description: could another process take the lock now?"""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _fork_child_that_waits() -> tuple[int, int]:
+    """A real forked child that stays alive until the returned pipe's write end is closed."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: inherits every descriptor, then blocks
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    return pid, w
+
+
+def _end_child(pid: int, w: int) -> None:
+    os.close(w)
+    os.waitpid(pid, 0)
+
+
+def _lock_fds(path: str) -> list[int]:
+    return [int(fd) for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == path]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _hold_then_fork_then_die(locks_dir: str, name: str, out) -> None:
+    with node_lock(locks_dir, name, timeout=10) as held:
+        assert held
+        pid = os.fork()
+        if pid == 0:  # the child outlives its parent, until the test kills it
+            signal.pause()
+            os._exit(0)
+        out.put(pid)
+        threading.Event().wait(JOIN_S)  # until SIGKILLed
+
+
+def test_a_forked_child_does_not_keep_the_node_lock_after_its_parent_dies(tmp_path):
+    """The parent is SIGKILLed while holding the lock; its forked child lives on: the lock is free at once."""
+    out = SPAWN.Queue()
+    parent = SPAWN.Process(target=_hold_then_fork_then_die, args=(str(tmp_path), "kf", out))
+    parent.start()
+    child_pid = out.get(timeout=JOIN_S)
+    path = os.path.join(tmp_path, "kf.lock")
+    try:
+        assert not _try_flock(path)  # held by the parent
+        os.kill(parent.pid, signal.SIGKILL)
+        os.waitpid(parent.pid, 0)  # (not join: the child holds a copy of the process sentinel too)
+        assert _alive(child_pid)  # the forked child is still alive ...
+        assert _try_flock(path)  # ... and does not hold the lock
+    finally:
+        os.kill(child_pid, signal.SIGKILL)
+        parent.join(JOIN_S)
+
+
+def test_releasing_the_node_lock_frees_it_though_another_process_inherited_the_descriptor(tmp_path):
+    """A process that got the descriptor without our fork handler (here: passed to a spawned program)."""
+    import subprocess
+
+    path = os.path.realpath(os.path.join(tmp_path, "kp.lock"))
+    with node_lock(tmp_path, "kp", timeout=10) as held:
+        assert held
+        (fd,) = _lock_fds(path)
+        os.set_inheritable(fd, True)
+        inheritor = subprocess.Popen(["sleep", "600"], pass_fds=[fd])
+        waiter_fd = os.open(path, os.O_RDWR)  # a waiter that opened the file before the release
+    try:
+        import fcntl
+
+        fcntl.flock(waiter_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+        assert inheritor.poll() is None  # while the inheritor still lives
+    finally:
+        os.close(waiter_fd)
+        inheritor.kill()
+        inheritor.wait()
+
+
+def test_a_child_forked_while_the_lock_is_held_closes_its_copy_and_leaves_the_file_alone(tmp_path):
+    path = os.path.realpath(os.path.join(tmp_path, "kc.lock"))
+    with node_lock(tmp_path, "kc", timeout=10) as held:
+        assert held
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            # the child leaves the with-block too: it must neither unlink nor unlock the parent's file
+            code = 0 if not _lock_fds(path) else 1
+            os.write(w, bytes([code]))
+            os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"  # no lock descriptor in the child
+        os.waitpid(pid, 0)
+        os.close(r)
+        assert os.path.exists(path) and not _try_flock(path)  # still ours
+
+
+def test_a_planted_symlink_in_the_locks_directory_is_not_written_through(tmp_path):
+    """locks/ks.lock -> a path that does not exist yet: opening it with O_CREAT would create the target."""
+    target = tmp_path / "created-through-the-link"
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    (locks / "ks.lock").symlink_to(target)
+    with node_lock(locks, "ks", timeout=5) as held:
+        assert held  # on a lock file of its own
+    assert not target.exists()
+    assert os.listdir(locks) == []  # the planted link is gone with the lock file
+
+
+def test_a_symlinked_locks_directory_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "locks").symlink_to(elsewhere)
+    with node_lock(tmp_path / "locks", "kd", timeout=5) as held:
+        assert not held
+    assert os.listdir(elsewhere) == []
+
+
+def test_the_lock_file_is_private_to_its_owner(tmp_path):
+    old = os.umask(0)
+    try:
+        with node_lock(tmp_path, "km", timeout=5) as held:
+            assert held
+            assert oct(os.stat(tmp_path / "km.lock").st_mode & 0o777) == "0o600"
+    finally:
+        os.umask(old)
+
+
+def test_a_child_forked_after_the_release_keeps_a_descriptor_that_reused_the_number(tmp_path):
+    """Only descriptors held now are dropped at fork: a number the lock used before is someone else's now."""
+    with node_lock(tmp_path, "kr", timeout=5) as held:
+        assert held
+        (lock_fd,) = _lock_fds(os.path.realpath(os.path.join(tmp_path, "kr.lock")))
+    opened = [os.open(os.devnull, os.O_RDONLY)]
+    while opened[-1] < lock_fd:  # until one of them gets the lock's old number
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+    other = opened[-1]
+    try:
+        assert other == lock_fd
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.fstat(other)
+                os.write(w, b"\0")
+            except OSError:
+                os.write(w, b"\1")
+            os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"
+        os.waitpid(pid, 0)
+        os.close(r)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def test_followers_are_counted_exactly():
+    flights = ThreadSingleFlight()
+    assert flights.followers("k") == 0
+    joined, release = threading.Barrier(3), threading.Event()
+
+    def follow() -> None:
+        with flights.lead("k") as seat:
+            assert not seat.leader
+            joined.wait(JOIN_S)
+            release.wait(JOIN_S)
+
+    with flights.lead("k") as seat:
+        assert seat.leader and flights.followers("k") == 0
+        threads = [threading.Thread(target=follow) for _ in range(2)]
+        for t in threads:
+            t.start()
+        joined.wait(JOIN_S)
+        assert flights.followers("k") == 2
+        release.set()
+        seat.result = "done"
+    for t in threads:
+        t.join(JOIN_S)
+    assert flights.followers("k") == 0

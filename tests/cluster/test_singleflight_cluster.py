@@ -1,0 +1,336 @@
+"""Single-flight across nodes: separate local directories, one shared remote (file:// and moto S3).
+
+Each "node" is a process with its own local cache directory, so node-level locks cannot
+help: only the remote lease keeps the compiles at one per kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache, TierPolicy
+from tiered_progcache.cluster.lease import LeaseInfo, RemoteLease, wait_for_lease
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.store import entry_name
+from tiered_progcache.testing import WrapperEntryStore
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+from test_compile import RemoteWithoutAtomicCreate
+from test_singleflight import BROKEN, collect_outcomes, kernel, options
+
+SPAWN = mp.get_context("spawn")
+JOIN_S = 90
+LEASE_TTL_S = 2.0
+#: The policy under which these tests check the mechanism: every compile takes the lease and every
+#: waiter waits for the holder (up to wait_timeout). The default policy compiles short kernels
+#: without a lease and stops waiting after about a compile's time (test_flight_policy.py), which on
+#: a loaded test machine would let a waiter compile a kernel its holder was still compiling.
+WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
+
+
+@pytest.fixture(params=["file", "s3"])
+def remote(request, tmp_path):
+    """(url, storage_options) of an empty shared remote."""
+    if request.param == "file":
+        (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+        return f"file://{tmp_path / 'remote'}", None
+    bucket = request.getfixturevalue("s3_bucket")
+    return bucket.url, bucket.storage_options
+
+
+def _log_compiles(log_path: str) -> None:
+    def hook(event: tpc.CompileEvent) -> None:
+        started = time.time() - event.seconds
+        line = f"{os.getpid()} {event.key.hex()} {int(event.ok)} {started:.6f}\n"
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    tpc.on_compile(hook)
+
+
+def _read_log(log_path: Path) -> list[tuple[str, str, bool, float]]:
+    if not log_path.exists():
+        return []
+    rows = (line.split() for line in log_path.read_text().splitlines())
+    return [(p, k, ok == "1", float(t)) for p, k, ok, t in rows]
+
+
+def _node(local_dir, url, storage_options, log_path, sources, seed, ready, go, results) -> None:
+    try:
+        _log_compiles(log_path)
+        order = list(sources)
+        random.Random(seed).shuffle(order)
+        with TieredProgramCache(local_dir, remote=url, remote_options=storage_options, **WAIT_FOR_HOLDER) as cache:
+            ready.wait(JOIN_S)  # every node at the line (a node still importing would start late)
+            go.wait(JOIN_S)
+            outcomes = []
+            for src in order:
+                called = time.time()
+                try:
+                    obj = tpc.compile(src, "c++", options(), cache=cache, lease_ttl=LEASE_TTL_S, wait_timeout=60)
+                    outcomes.append(("ok", bytes(obj.code)[:4] == b"\x7fELF", called, time.time()))
+                except Exception as exc:
+                    outcomes.append(("error", str(exc)[-300:], called, time.time()))
+        results.put(outcomes)
+    except BaseException:
+        results.put([("crash", traceback.format_exc(), 0.0, 0.0)])
+
+
+def _start_nodes(n, tmp_path, url, storage_options, log, sources, go):
+    """n node processes, each with its cache open and waiting for ``go`` when this returns."""
+    results, ready = SPAWN.Queue(), SPAWN.Barrier(n + 1)
+    procs = [
+        SPAWN.Process(
+            target=_node,
+            args=(str(tmp_path / f"node{i}"), url, storage_options, str(log), sources, i, ready, go, results),
+        )
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    ready.wait(JOIN_S)
+    return procs, results
+
+
+def _lease_holder(local_dir, url, storage_options, key_source, taken, ttl=LEASE_TTL_S) -> None:
+    """Take the lease for one kernel the way a compiling node would, then hang until SIGKILLed."""
+    from cuda.core.utils import make_program_cache_key
+
+    with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
+        key = make_program_cache_key(code=key_source, code_type="c++", options=options(), target_type="cubin")
+        lease = RemoteLease(cache.shared_store.leases(), entry_name(key), ttl)
+        assert lease.try_acquire()
+        # Renewals before the SIGKILL only move the expiry, which the test reads after it.
+        taken.set()
+        threading.Event().wait(JOIN_S)
+
+
+def _lease_paths(url: str, storage_options) -> list[str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    fs.invalidate_cache()
+    try:
+        return fs.ls(f"{root.rstrip('/')}/leases")
+    except FileNotFoundError:
+        return []
+
+
+def test_four_nodes_compile_each_kernel_once_in_total(tmp_path, remote):
+    url, storage_options = remote
+    sources = [kernel(i) for i in range(6)]
+    log = tmp_path / "compiles.log"
+    go = SPAWN.Event()
+    procs, results = _start_nodes(4, tmp_path, url, storage_options, log, sources, go)
+    go.set()
+    collected = collect_outcomes(procs, results)
+    assert all(o[:2] == ("ok", True) for outcomes in collected for o in outcomes)
+    runs = _read_log(log)
+    assert len(runs) == 6, f"{len(runs)} compiles across 4 nodes for 6 kernels"
+    assert len({key for _, key, _, _ in runs}) == 6
+    assert _lease_paths(url, storage_options) == []  # every lease released
+
+
+def test_a_killed_lease_holder_delays_the_others_by_at_most_the_lease_ttl(tmp_path, remote):
+    url, storage_options = remote
+    log = tmp_path / "compiles.log"
+    go = SPAWN.Event()
+    procs, results = _start_nodes(3, tmp_path, url, storage_options, log, [kernel(42)], go)
+    taken = SPAWN.Event()
+    holder = SPAWN.Process(target=_lease_holder, args=(str(tmp_path / "holder"), url, storage_options, kernel(42), taken))
+    holder.start()
+    assert taken.wait(JOIN_S)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(JOIN_S)
+    (lease_path,) = _lease_paths(url, storage_options)
+    leases = RemoteProgramCache.from_url(url, storage_options=storage_options).leases()
+    name = os.path.basename(lease_path)
+    lease = RemoteLease(leases, name, LEASE_TTL_S).read()
+    assert isinstance(lease, LeaseInfo)
+    # As if the holder ran on another node: here its dead PID would end the wait at once
+    # (test_lease.py), there only the TTL can.
+    doc = json.loads(lease.raw)
+    doc["process"]["host"] = "another-node"
+    leases.replace(name, json.dumps(doc).encode(), LEASE_TTL_S)
+    go.set()
+    collected = collect_outcomes(procs, results)
+
+    runs = _read_log(log)
+    assert len(runs) == 1, "one node compiles once the dead holder's lease expires"
+    (_, _, ok, compile_started) = runs[0]
+    assert ok and compile_started >= lease.expires_at - 0.05  # it did wait for the lease
+    for ((status, good, called, done),) in collected:
+        assert status == "ok" and good
+        assert called < lease.expires_at  # each node asked while the dead lease still stood
+        # held up by the dead lease until it expired, then one compile and one poll interval
+        # (wait_timeout is 60 s: a node that ignored the expiry would finish a minute late)
+        assert done - lease.expires_at < 5.0, f"finished {done - lease.expires_at:.2f} s after the lease expired"
+    assert _lease_paths(url, storage_options) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_lease_holder_killed_on_this_host_does_not_hold_up_the_next_compile(tmp_path):
+    """Its PID is gone, so the lease (an hour's TTL) is broken at once: one compile, no wait for the TTL."""
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    taken = SPAWN.Event()
+    holder = SPAWN.Process(target=_lease_holder, args=(str(tmp_path / "holder"), url, None, kernel(43), taken, 3600.0))
+    holder.start()
+    assert taken.wait(JOIN_S)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(JOIN_S)
+    assert len(_lease_paths(url, None)) == 1
+    start = tpc.compile_count()
+    with TieredProgramCache(tmp_path / "waiter", remote=url, **WAIT_FOR_HOLDER) as cache:
+        obj = tpc.compile(kernel(43), "c++", options(), cache=cache, lease_ttl=3600, wait_timeout=3600)
+    assert bytes(obj.code)[:4] == b"\x7fELF" and tpc.compile_count() - start == 1
+
+
+def test_a_compile_error_on_the_lease_holder_reaches_every_node(tmp_path, remote):
+    url, storage_options = remote
+    log = tmp_path / "compiles.log"
+    go = SPAWN.Event()
+    procs, results = _start_nodes(3, tmp_path, url, storage_options, log, [BROKEN], go)
+    go.set()
+    collected = collect_outcomes(procs, results)
+    for ((status, message, _, _),) in collected:
+        assert status == "error" and "undeclared_symbol" in message
+    runs = _read_log(log)
+    # The holder publishes its failure in place of its lease: the cluster compiles the broken kernel once,
+    # and every node raises the same error, with the compiler's log.
+    assert len(runs) == 1 and not runs[0][2]
+    messages = {message for ((_, message, _, _),) in collected}
+    assert len(messages) == 1, messages
+
+
+def test_a_shared_store_without_atomic_create_gets_node_level_single_flight_only(tmp_path):
+    """Two nodes, two caches per node, two threads per cache: one compile per node, at the same time."""
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    remotes = []
+
+    def chain(node: str) -> TieredProgramCache:
+        remote = RemoteWithoutAtomicCreate.from_url(url)
+        remotes.append(remote)
+        return TieredProgramCache(tiers=[
+            InMemoryProgramCache(),
+            (FileStreamProgramCache(tmp_path / node), TierPolicy("local")),
+            (remote, TierPolicy("remote", shared=True)),
+        ])
+
+    caches = {node: [chain(node), chain(node)] for node in ("node0", "node1")}
+    both_compiling = threading.Barrier(2, timeout=30)
+    compiled_on: list[str] = []
+
+    def hold(event: tpc.CompileEvent) -> None:
+        compiled_on.append(threading.current_thread().name.split("-")[0])
+        both_compiling.wait()  # passes only if the two nodes compile at once: no lease serialises them
+
+    stop = tpc.on_compile(hold)
+    start = threading.Barrier(8)
+    out: list[bytes] = []
+
+    def work(cache: TieredProgramCache) -> None:
+        start.wait(JOIN_S)
+        out.append(bytes(tpc.compile(kernel(77), "c++", options(), cache=cache).code))
+
+    threads = [
+        threading.Thread(target=work, args=(cache,), name=f"{node}-{i}-{j}")
+        for node, pair in caches.items() for i, cache in enumerate(pair) for j in range(2)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+            assert not t.is_alive(), "a thread hung"
+    finally:
+        stop()
+        for pair in caches.values():
+            for cache in pair:
+                cache.close()
+    assert sorted(compiled_on) == ["node0", "node1"]  # one compile per node
+    assert len(out) == 8 and len(set(out)) == 1
+    assert all(remote.lease_calls == [] for remote in remotes)
+    assert _lease_paths(url, None) == []  # no lease object written
+
+
+def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
+    """Node A compiles; its upload is held. Node B, polling, must see the lease held the whole time
+    and get A's entry, never the lease while the entry is not up (which would make it compile)."""
+    from cuda.core.utils import make_program_cache_key
+
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
+    remote_a = WrapperEntryStore(RemoteProgramCache.from_url(url))
+    upload = remote_a.hold("write_entry", timeout=JOIN_S)  # "the upload has not landed yet" as a state
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a],
+                                **WAIT_FOR_HOLDER)
+    start = tpc.compile_count()
+    tpc.compile(kernel(55), "c++", options(), cache=node_a, lease_ttl=600)  # returns; the upload waits
+    key = make_program_cache_key(code=kernel(55), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+
+    node_b = TieredProgramCache(tmp_path / "b", remote=url)
+    looks = []
+
+    def pause(seconds: float) -> None:  # B's pauses: short, and A's upload is let go on B's third look
+        looks.append(seconds)
+        if len(looks) == 3:
+            upload.open()
+        time.sleep(min(seconds, 0.02))
+
+    try:
+        lease_b = RemoteLease(node_b.shared_store.leases(), name, 600)
+        waited = wait_for_lease(lease_b, lambda: node_b.get(key), timeout=JOIN_S, sleep=pause)
+        found, held = waited.found, waited.held
+        if held:  # what run_once does next: look again under the lease
+            found = node_b.get(key)
+            lease_b.release()
+        assert found is not None, "B got the lease while A's upload had not landed: B would compile again"
+        assert len(looks) >= 3 and tpc.compile_count() - start == 1
+    finally:
+        upload.open()
+        node_a.close()
+        node_b.close()
+
+
+def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one(tmp_path):
+    """A's entry is uploaded while an upload queued after it is stuck: A's lease goes at once."""
+    from cuda.core.utils import make_program_cache_key
+
+    key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+    remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
+    gates = {k: remote.hold("write_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                                **WAIT_FOR_HOLDER)
+    try:
+        tpc.compile(kernel(56), "c++", options(), cache=node_a, lease_ttl=600)  # its upload waits
+        node_a[b"stuck"] = b"\x7fELF" + bytes(64)  # queued after it, and stuck
+        (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
+        assert isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)  # held while not up
+        gates[key].open()
+        releaser.join(10)  # the release used to wait for the whole queue: 30 s here
+        assert not releaser.is_alive(), "the lease waited for an upload queued after its own"
+        assert RemoteLease(remote.leases(), name, 600).read() is None
+        assert not node_a.flush(timeout=0)  # the later upload is still stuck
+    finally:
+        for gate in gates.values():
+            gate.open()
+        node_a.close()

@@ -1,0 +1,115 @@
+"""prune(): one code path over the EntryStore protocol, run in process on the local directory and on a file:// remote.
+
+The command's output for the same runs is checked in test_cli.py (local) and test_cli_remote.py (S3).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tiered_progcache.stores.localdir import LocalDir
+from tiered_progcache.ops.prune import plan_prune, prune
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.store import EntryStore, StoredEntry, entry_name
+
+DAY = 86400.0
+AGES = {entry_name(b"old"): 40 * DAY, entry_name(b"mid"): 10 * DAY, entry_name(b"new"): 0.0}
+
+
+def _local(root: Path) -> EntryStore:
+    return LocalDir(root)
+
+
+def _file_remote(root: Path) -> EntryStore:
+    return RemoteProgramCache.from_url(root.as_uri(), strict=True)
+
+
+@pytest.fixture(params=[_local, _file_remote], ids=["local", "file-remote"])
+def store(request, tmp_path) -> Iterator[EntryStore]:
+    """Three 1000-byte payloads, 40, 10 and 0 days old. Both stores keep entries at ``<root>/entries/xx/yy...``."""
+    root = tmp_path / "store"
+    root.mkdir()
+    made = request.param(root)
+    now = time.time()
+    for name, age in AGES.items():
+        made.write_entry(name, bytes(1000))
+        os.utime(root / "entries" / name[:2] / name[2:], (now - age, now - age))
+    yield made
+    if isinstance(made, RemoteProgramCache):
+        made.close()
+
+
+def test_prune_plans_and_removes_the_same_way_on_every_store(store):
+    names = {e.name for e in store.iter_entries()}
+    assert names == set(AGES)
+
+    dry = prune(store, older_than=30 * DAY)
+    assert dry.dry_run and [c.entry.name for c in dry.doomed] == [entry_name(b"old")]
+    assert dry.listed == 3 and dry.doomed[0].age == pytest.approx(40 * DAY, abs=60)
+    assert {e.name for e in store.iter_entries()} == names  # a dry run deletes nothing
+
+    # Room for one entry (of any stored size): the two oldest go, oldest first.
+    one = max(e.size for e in store.iter_entries())
+    capped = prune(store, max_bytes=one)
+    assert [c.entry.name for c in capped.doomed] == [entry_name(b"old"), entry_name(b"mid")]
+    assert capped.doomed_bytes == capped.listed_bytes - one
+
+    done = prune(store, older_than=30 * DAY, dry_run=False)
+    assert (done.removed, done.changed, done.failed) == (1, 0, ())
+    assert {e.name for e in store.iter_entries()} == names - {entry_name(b"old")}
+
+
+def test_prune_leaves_an_entry_that_went_since_it_was_listed(store, monkeypatch):
+    listed = list(store.iter_entries())
+    for entry in listed:  # someone else deletes every entry right after the listing
+        store.delete_entry(entry.name)
+    monkeypatch.setattr(store, "iter_entries", lambda: iter(listed))
+    report = prune(store, older_than=0.0, now=time.time() + DAY, dry_run=False)
+    assert (report.removed, report.changed, report.failed) == (0, 3, ())
+
+
+def test_prune_leaves_an_entry_a_writer_replaced_since_it_was_listed(store, monkeypatch):
+    """The stat guard: an entry rewritten after the listing (a fresh compile landed) is not pruned."""
+    listed = list(store.iter_entries())
+    for entry in listed:
+        store.write_entry(entry.name, bytes(1000))  # replaced: staged and renamed, a new file
+    monkeypatch.setattr(store, "iter_entries", lambda: iter(listed))
+    report = prune(store, older_than=0.0, now=time.time() + DAY, dry_run=False)
+    assert (report.removed, report.changed, report.failed) == (0, 3, ())
+    monkeypatch.undo()
+    assert {e.name for e in store.iter_entries()} == set(AGES)
+
+
+def test_prune_reports_each_failed_delete_and_goes_on(store, monkeypatch):
+    delete_listed = store.delete_listed
+
+    def failing_for_old(entry: StoredEntry) -> bool:
+        if entry.name == entry_name(b"old"):
+            raise PermissionError("denied")
+        return delete_listed(entry)
+
+    monkeypatch.setattr(store, "delete_listed", failing_for_old)
+    report = prune(store, max_bytes=1, dry_run=False)
+    assert report.removed == 2 and report.failed == ((entry_name(b"old"), "denied"),)
+    assert [e.name for e in store.iter_entries()] == [entry_name(b"old")]
+
+
+def test_a_read_only_store_is_refused_before_anything_is_listed(tmp_path):
+    (tmp_path / "ro").mkdir()
+    remote = RemoteProgramCache.from_url((tmp_path / "ro").as_uri(), read_only=True, strict=True)
+    assert prune(remote, older_than=0.0).dry_run  # a dry run is fine
+    with pytest.raises(PermissionError, match="read-only"):
+        prune(remote, older_than=0.0, dry_run=False)
+    remote.close()
+
+
+def test_plan_prune_puts_entries_of_unknown_age_last():
+    entries = [StoredEntry("a" * 64, 10, None), StoredEntry("b" * 64, 10, 100.0), StoredEntry("c" * 64, 10, 50.0)]
+    doomed = plan_prune(entries, now=200.0, older_than=60.0, max_bytes=5)
+    assert [(c.entry.name[0], c.age) for c in doomed] == [("c", 150.0), ("b", 100.0), ("a", None)]
+    assert plan_prune(entries, now=200.0, older_than=1000.0) == []

@@ -1,0 +1,70 @@
+"""runstats: the exit report behind `stats --run`, in process (the subprocess path is in test_cli.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.ops import runstats
+from tiered_progcache.ops.runstats import STATS_FILE_ENV
+
+
+@pytest.fixture
+def stats_file(tmp_path, monkeypatch):
+    path = tmp_path / "stats.jsonl"
+    monkeypatch.setenv(STATS_FILE_ENV, str(path))
+    monkeypatch.setattr(runstats, "_records", [])
+    return path
+
+
+def test_each_cache_reports_one_line_with_its_counters(tmp_path, stats_file):
+    with TieredProgramCache(tmp_path / "a") as first:
+        first[b"k"] = b"12345"
+        first.get(b"k")
+    second = TieredProgramCache(tmp_path / "a")
+    second.get(b"k")
+    del second  # a cache dropped before exit still reports
+    runstats._report_at_exit()
+
+    reports = runstats.read_reports(stats_file)
+    assert len(reports) == 2
+    assert all(r["pid"] == os.getpid() for r in reports)
+    assert reports[0]["tiers"]["memory"]["hits"] == 1 and reports[0]["tiers"]["local"]["writes"] == 1
+    assert reports[1]["tiers"]["local"]["hits"] == 1 and reports[1]["tiers"]["memory"]["promotions"] == 1
+
+    total = runstats.sum_reports(reports)
+    assert (total["memory"].hits, total["memory"].misses, total["local"].hits) == (1, 1, 1)
+    assert total["memory"].get_p50_ms is None  # gauges do not add up across processes
+
+    runstats._report_at_exit()  # reported once: a second exit hook call adds nothing
+    assert len(runstats.read_reports(stats_file)) == 2
+
+
+def test_no_variable_no_registration(tmp_path, monkeypatch):
+    monkeypatch.delenv(STATS_FILE_ENV, raising=False)
+    monkeypatch.setattr(runstats, "_records", [])
+    TieredProgramCache(tmp_path / "a")
+    assert runstats._records == []
+
+
+def test_records_of_another_process_are_not_reported(tmp_path, stats_file):
+    """A forked child inherits its parent's records; only the process that registered them reports."""
+    cache = TieredProgramCache(tmp_path / "a")
+    cache.get(b"x")
+    pid, tiers, tally = runstats._records[0]
+    runstats._records[0] = (pid + 1, tiers, tally)
+    runstats._report_at_exit()
+    assert not stats_file.exists()
+
+
+def test_reading_skips_lines_that_are_not_reports(tmp_path):
+    path = tmp_path / "stats.jsonl"
+    good = {"pid": 7, "tiers": {"memory": {"hits": 2, "misses": 1}}}
+    path.write_text("not json\n" + json.dumps([1]) + "\n" + json.dumps(good) + "\n" + '{"pid": 8, "tiers": {"mem')
+    reports = runstats.read_reports(path)
+    assert reports == [good]
+    assert runstats.sum_reports(reports)["memory"].hits == 2
+    assert runstats.read_reports(tmp_path / "missing") == []

@@ -1,0 +1,104 @@
+"""A Redis server that dies (SIGKILL) or hangs (SIGSTOP): compiles go on, the breaker opens, reads resume when it is back."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.stores.breaker import CircuitBreaker
+from tiered_progcache.stores.store import entry_name
+from tiered_progcache.testing.redis_server import RedisServer
+
+pytest.importorskip("redis")
+
+from tiered_progcache.stores.redis_store import RedisProgramCache  # noqa: E402
+from support import FakeClock  # noqa: E402
+from support import compile_matmul as _compile  # noqa: E402
+
+
+def _chain(tmp_path, tier):
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "node"), tier])
+
+
+def test_a_killed_server_compiles_go_on_the_breaker_opens_and_reads_resume(tmp_path):
+    clock = FakeClock()
+    with RedisServer() as server:
+        breaker = CircuitBreaker(3, 30.0, name="redis", clock=clock)
+        tier = RedisProgramCache.from_url(server.url, timeout=2, strict=True, breaker=breaker)
+        chain = _chain(tmp_path, tier)
+        first = _compile(chain, 16)
+        assert chain.flush(timeout=30) and chain.stats()["remote"].writes == 1
+
+        server.kill()  # SIGKILL: connections reset, the port refuses
+        started = time.monotonic()
+        compiled = []
+        for tile, epilogue in ((32, "identity"), (16, "relu"), (32, "relu")):
+            compiled.append(_compile(chain, tile, epilogue))
+            assert chain.flush(timeout=30)  # one request at a time: the counts below are exact
+        assert all(c.startswith(b"\x7fELF") for c in compiled)  # NVRTC ran; the dead tier cost misses
+        assert time.monotonic() - started < 30  # refused connections fail at once, no deadline waits
+        redis_stats = chain.stats()["remote"]
+        assert redis_stats.hits == 0 and redis_stats.writes == 1
+        assert redis_stats.errors == 3, redis_stats  # three failures open the breaker...
+        assert redis_stats.skipped == 3, redis_stats  # ...and the rest are skipped without a request
+        assert breaker.state == "open" and tier.available is False
+        assert chain.get(b"never written") is None  # a lookup while it is down: skipped, no error
+        assert chain.stats()["remote"].skipped == 4
+
+        server.start()  # back on the same port, empty (no persistence)
+        RedisProgramCache.from_url(server.url, strict=True).write_entry(entry_name(b"seeded"), b"from CI")
+        assert chain.get(b"seeded") is None  # still cooling down: not asked
+        clock.now += 30.0
+        assert breaker.state == "half-open"
+        assert chain.get(b"seeded") == b"from CI"  # the probe reads, the breaker closes
+        assert breaker.state == "closed" and tier.available is True
+        assert chain.stats()["remote"].hits == 1
+        _compile(chain, 16, "relu")  # in memory already
+        chain[b"after"] = b"written again"
+        assert chain.flush(timeout=30)
+        assert tier.read_entry(entry_name(b"after")) == b"written again"
+        chain.close()
+        assert first.startswith(b"\x7fELF")
+
+
+def test_a_hung_server_costs_one_deadline_per_request_until_the_breaker_opens(tmp_path):
+    clock = FakeClock()
+    with RedisServer() as server:
+        breaker = CircuitBreaker(3, 30.0, name="redis", clock=clock)
+        # 1 s: the write before the stop and the read after it must not run out of time on a loaded machine.
+        tier = RedisProgramCache.from_url(server.url, timeout=1.0, strict=True, breaker=breaker)
+        tier.write_entry(entry_name(b"k"), b"v")
+        chain = _chain(tmp_path, tier)
+        server.process.send_signal(signal.SIGSTOP)  # alive, accepting, never answering
+        try:
+            started = time.monotonic()
+            for n in range(5):
+                assert chain.get(b"k%d" % n) is None
+            elapsed = time.monotonic() - started
+            stats = chain.stats()["remote"]
+            assert (stats.timeouts, stats.skipped) == (3, 2), stats
+            assert 3 * 1.0 <= elapsed < 3 * 1.0 + 5, elapsed  # three deadlines, then nothing waits
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        clock.now += 30.0
+        assert chain.get(b"k") == b"v"  # the probe finds the server answering again
+        assert breaker.state == "closed"
+        chain.close()
+
+
+def test_an_unreachable_server_at_start_runs_the_chain_without_it(tmp_path):
+    from tiered_progcache.testing.redis_server import free_port
+
+    tier = RedisProgramCache.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=1)
+    assert tier.available is False
+    chain = _chain(tmp_path, tier)
+    cubin = _compile(chain, 16)
+    assert cubin.startswith(b"\x7fELF")
+    assert chain.flush(timeout=30)
+    stats = chain.stats()["remote"]
+    assert (stats.skipped, stats.errors, stats.hits) == (2, 0, 0)  # the read and the write, both skipped
+    chain.close()

@@ -1,0 +1,1 @@
+"""The chain: tiers in order, what each tier's policy is, write-back, counters."""

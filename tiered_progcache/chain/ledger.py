@@ -1,0 +1,203 @@
+"""The cumulative counters of one local directory (what ``tiered-progcache stats`` shows, like ``ccache -s``).
+
+Every :class:`~tiered_progcache.TieredProgramCache` with a local directory registers
+here; at interpreter exit (and at ``close()``) it appends what it did since its last
+report, one JSON line, to ``<local dir>/stats.jsonl``: lookups, hits per tier, misses,
+errors, and the compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and
+saved. Nothing runs on a lookup: the counters are the tiers' own. Each report is one
+``write`` on an ``O_APPEND`` descriptor, so concurrent processes never lose or mix
+lines. ``stats`` sums the lines; ``stats --zero`` replaces the file (stage and rename)
+with one holding only the time it was zeroed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..stores import fsutil
+from .stats import CompileTally, CompileTotals, TierCounters
+
+if TYPE_CHECKING:
+    from .tiered import TieredProgramCache
+
+__all__ = ["LEDGER_FILE", "Totals", "append_line", "read_totals", "register", "report", "zero"]
+
+logger = logging.getLogger(__name__)
+
+#: The file in the local directory's root that holds the reports (never listed as an entry).
+LEDGER_FILE = "stats.jsonl"
+#: Reports larger than this are not read back (a file that is not ours).
+_MAX_LINE = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """The sums of a directory's reports since ``zeroed_at`` (seconds since the epoch; None: never zeroed)."""
+
+    lookups: int = 0
+    hits: tuple[tuple[str, int], ...] = ()
+    misses: int = 0
+    errors: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    reports: int = 0
+    zeroed_at: float | None = None
+
+    @property
+    def hit_count(self) -> int:
+        return sum(n for _, n in self.hits)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["hits"] = dict(self.hits)
+        return out
+
+
+class _Book:
+    """One cache's counters and what it reported last (so each report adds only what is new)."""
+
+    def __init__(self, path: Path, tiers: list[tuple[str, TierCounters]], tally: CompileTally) -> None:
+        self.path = path
+        self.tiers = tiers
+        self.tally = tally
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._sent = self._now()
+
+    def _now(self) -> tuple[dict[str, tuple[int, int, int]], CompileTotals]:
+        return {name: (c.hits, c.misses, c.errors) for name, c in self.tiers}, self.tally.snapshot()
+
+    def report(self) -> None:
+        with self._lock:
+            if self.pid != os.getpid():  # a forked child inherited it: the parent reports its own
+                return
+            tiers, totals = self._now()
+            sent_tiers, sent_totals = self._sent
+            self._sent = (tiers, totals)
+        delta = {name: tuple(a - b for a, b in zip(now, sent_tiers[name])) for name, now in tiers.items()}
+        done = totals - sent_totals
+        if not tiers:
+            return
+        first = next(iter(delta.values()))
+        lookups = first[0] + first[1]
+        if not lookups and not done.compiles:
+            return
+        line = {
+            "pid": self.pid,
+            "time": round(time.time(), 3),
+            "lookups": lookups,
+            "hits": {name: d[0] for name, d in delta.items()},
+            "misses": list(delta.values())[-1][1],
+            "errors": sum(d[2] for d in delta.values()),
+            "compiles": done.compiles,
+            "compile_seconds": round(done.compile_seconds, 6),
+            "saved_seconds": round(done.saved_seconds, 6),
+        }
+        append_line(self.path, json.dumps(line, separators=(",", ":")) + "\n")
+
+
+_books: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
+_all: list[_Book] = []  # the books of caches already gone still report at exit
+_lock = threading.Lock()
+_hooked = False
+
+
+def register(cache: TieredProgramCache, local_root: str | os.PathLike[str]) -> None:
+    """Report ``cache``'s counters to ``<local_root>/stats.jsonl`` at exit and at ``close()``."""
+    global _hooked
+    book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
+    with _lock:
+        _books[cache] = book
+        _all.append(book)
+        if not _hooked:
+            atexit.register(_report_all)
+            _hooked = True
+
+
+def report(cache: TieredProgramCache) -> None:
+    """Append what ``cache`` did since its last report (a no-op for a cache never registered)."""
+    with _lock:
+        book = _books.get(cache)
+    if book is not None:
+        book.report()
+
+
+def _report_all() -> None:
+    with _lock:
+        books = list(_all)
+    for book in books:
+        try:
+            book.report()
+        except Exception as exc:  # never fail an interpreter's exit
+            logger.debug("could not report cache stats to %s: %r", book.path, exc)
+
+
+def append_line(path: str | os.PathLike[str], text: str) -> bool:
+    """One ``write`` of ``text`` on an ``O_APPEND`` descriptor (lines of concurrent processes never interleave).
+
+    Never creates a directory. False, with a DEBUG line, where it cannot (a read-only or gone directory).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        logger.debug("could not write cache stats to %s: %s", path, exc)
+        return False
+    return True
+
+
+def read_totals(local_root: str | os.PathLike[str]) -> Totals:
+    """The sums of every report in ``<local_root>/stats.jsonl`` (lines that do not parse are skipped)."""
+    hits: dict[str, int] = {}
+    sums = dict.fromkeys(("lookups", "misses", "errors", "compiles"), 0)
+    seconds = dict.fromkeys(("compile_seconds", "saved_seconds"), 0.0)
+    reports, zeroed_at = 0, None
+    try:
+        with open(Path(local_root) / LEDGER_FILE, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if len(line) > _MAX_LINE:
+                    continue
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(doc, dict):
+                    continue
+                if isinstance(doc.get("zeroed_at"), (int, float)):
+                    zeroed_at = float(doc["zeroed_at"])
+                    continue
+                if not isinstance(doc.get("hits"), dict):
+                    continue
+                reports += 1
+                for name, n in doc["hits"].items():
+                    if isinstance(n, int):
+                        hits[name] = hits.get(name, 0) + n
+                for field in sums:
+                    if isinstance(doc.get(field), int):
+                        sums[field] += doc[field]
+                for field in seconds:
+                    if isinstance(doc.get(field), (int, float)):
+                        seconds[field] += float(doc[field])
+    except FileNotFoundError:
+        pass
+    return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at, **sums, **seconds)
+
+
+def zero(local_root: str | os.PathLike[str], *, now: float | None = None) -> None:
+    """Start the counters over: the file replaced whole by one line saying when (reports racing it may go either way)."""
+    stamp = time.time() if now is None else now
+    root = Path(local_root)
+    fsutil.write_atomic(root / LEDGER_FILE, (json.dumps({"zeroed_at": stamp}) + "\n").encode(), staging_dir=root)

@@ -1,0 +1,645 @@
+"""TieredProgramCache: the chain of tiers, its read-through and promotion, and its write policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Union
+
+from cuda.core import ObjectCode
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
+
+from . import ledger
+from . import exitbudget
+from .._cudacore import as_key_bytes, extract_bytes
+from ..configvalues import ConfigValues
+from ..errors import DeleteFailed, one_line
+from ..cluster.flightpolicy import FlightPolicy
+from ..stores.localdir import LocalDir, default_local_dir
+from .policy import TierPolicy
+from ..stores.redis_store import RedisProgramCache, is_redis_url
+from ..settings import STATS_FILE_ENV, by_name, remote_urls
+from .stats import GIL_DISABLED, CacheStats, CompileTally
+from ..stores.ratelimit import RateLimitedLogger
+from ..stores.store import EntryStore
+from .tier import Tier, bare_policy, default_policy
+
+if TYPE_CHECKING:
+    from ..ops.transfer import TransferReport
+
+__all__ = ["CacheStores", "TieredProgramCache", "as_chain", "default_chain", "require_chain", "shared_tier", "stores_of"]
+
+logger = logging.getLogger(__name__)
+
+_TIME_ONE_HIT_IN_MASK = 63
+
+TierSpec = Union[ProgramCacheResource, "tuple[ProgramCacheResource, TierPolicy]"]
+
+
+class TieredProgramCache(ProgramCacheResource):
+    """A ``ProgramCacheResource`` that chains tiers, fastest first.
+
+    >>> with TieredProgramCache() as cache:          # memory LRU -> cuda-core's local dir
+    ...     obj = Program(src, "c++", opts).compile("cubin", cache=cache)
+
+    Settings are keyword arguments named as in :data:`tiered_progcache.settings.SETTINGS`
+    (``max_memory_bytes``, ``remote``, ``signing_key``, ...; ``path`` is ``local_dir``),
+    checked like ``from_env`` checks its variables: an unknown name is a ``TypeError``,
+    a bad value a ``TypeError``/``ValueError`` naming it. ``tiers=[...]`` builds the
+    chain from the given resources instead; settings that shape the default chain are
+    then a ``ValueError``, chain-wide ones (those without ``builds_tiers`` in the table)
+    still apply. :attr:`settings` holds every value, for the code that uses them.
+
+    Reads try each tier in order; the first hit is returned and copied into every
+    faster tier whose policy promotes. Writes go to every writable tier: ``"sync"``
+    tiers before ``__setitem__`` returns, ``"background"`` tiers (the remote) through
+    a bounded write-back queue. No tier failure ever raises out of ``get`` or
+    ``__setitem__``: a failed read is a miss, a failed write is dropped, both
+    counted in :meth:`stats` and logged (rate-limited). Bad key or value types
+    raise ``TypeError``.
+
+    ``len()`` is the entry count of the largest non-shared tier (what this node
+    holds); shared tiers are not listed. ``clear()`` clears non-shared tiers only:
+    one process never wipes a cluster's remote.
+
+    Concurrency: every method is safe to call from many threads (the chain holds no
+    lock of its own; each tier is thread-safe and the counters are exact). Across
+    processes the local file tier is cuda-core's ``FileStreamProgramCache``:
+    writers stage and rename, so readers on one directory see whole entries or none.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        tiers: Sequence[TierSpec] | None = None,
+        **settings: Any,
+    ) -> None:
+        if path is not None:
+            if "local_dir" in settings:
+                raise TypeError("path and local_dir are one setting: give it once")
+            settings["local_dir"] = path
+        config = ConfigValues(**settings)
+        if tiers is None:
+            specs = default_chain(config)
+        else:
+            table = by_name()
+            shaping = [name for name in settings if table[name].builds_tiers]
+            if shaping:
+                named = ", ".join("path" if name == "local_dir" and path is not None else name for name in shaping)
+                raise ValueError(
+                    f"pass either tiers=[...] or the settings that build the default chain ({named}), not both"
+                )
+            specs = list(tiers)
+            if not specs:
+                raise ValueError("tiers must name at least one tier")
+        self._assemble(
+            _build_tiers(specs, config.max_pending_uploads, config.max_pending_upload_bytes),
+            min_upload_compile_s=config.min_upload_compile_s,
+            explain_misses=config.explain_misses,
+            flight_policy=FlightPolicy(
+                lease_min_compile_rtts=config.lease_min_compile_rtts,
+                wait_patience=config.wait_patience,
+                compile_time_prior_s=config.compile_time_prior_s,
+                min_upload_compile_s=config.min_upload_compile_s,
+            ),
+            identity=self,
+            settings=config,
+        )
+        if self._local_store is not None:  # `tiered-progcache stats`: the directory's counters, reported at exit
+            ledger.register(self, self._local_store.root)
+        if config.exit_timeout is not None:
+            exitbudget.PROCESS.allow(config.exit_timeout)  # one deadline for the process's exit work
+        if os.environ.get(STATS_FILE_ENV):
+            from ..ops.runstats import register  # `tiered-progcache stats --run`: report at exit
+
+            register(self)
+
+    def _assemble(
+        self,
+        tiers: tuple[Tier, ...],
+        *,
+        min_upload_compile_s: float | None,
+        explain_misses: bool,
+        flight_policy: FlightPolicy,
+        identity: object,
+        settings: ConfigValues,
+    ) -> None:
+        """Set up the chain's state from its built tiers (the constructor's and :func:`as_chain`'s common part)."""
+        self._tiers = tiers
+        self._local_store = next((t.local for t in tiers if t.local is not None), None)
+        self._first = tiers[0]
+        self._first_resource = self._first.resource
+        self._first_counters = self._first.counters
+        self._untimed_mask = _untimed_mask()
+        self._rest = tiers[1:]
+        #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
+        self._first_shared = next((i for i, t in enumerate(tiers) if t.policy.shared), len(tiers))
+        self._closed = False
+        self._min_upload_compile_s = min_upload_compile_s
+        self._explain_misses = explain_misses
+        self._flight_policy = flight_policy
+        self._compile_tally = CompileTally()
+        self._identity = identity
+        self._settings = settings
+
+    @classmethod
+    def _around(cls, resource: ProgramCacheResource) -> TieredProgramCache:
+        """A chain of one tier around a bare ``resource`` (see :func:`as_chain`); no setting, no registration."""
+        chain = cls.__new__(cls)
+        tier = Tier(resource, bare_policy(resource), warn=_BARE_WARNINGS)
+        chain._assemble((tier,), min_upload_compile_s=None, explain_misses=False, flight_policy=_BARE_FLIGHT_POLICY,
+                        identity=resource, settings=ConfigValues())  # fmt: skip
+        return chain
+
+    # -- introspection -----------------------------------------------------------
+
+    @property
+    def settings(self) -> ConfigValues:
+        """Every setting's value for this chain (``compile()`` reads its defaults here): ``cache.settings.lease_ttl``."""
+        return self._settings
+
+    @property
+    def identity(self) -> object:
+        """What this chain stands for: itself, or the bare resource :func:`as_chain` wrapped it around.
+
+        ``compile()``'s per-cache state (thread flights, the saved-seconds memo) is keyed by
+        it, so every call given one bare resource shares that state, as calls on one chain do.
+        """
+        return self._identity
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """The chain, fastest first."""
+        return self._tiers
+
+    def tier(self, name: str) -> Tier:
+        for t in self._tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tier named {name!r}; tiers are {[t.name for t in self._tiers]}")
+
+    @property
+    def local_store(self) -> LocalDir | None:
+        """The first local directory tier seen by entry name (where node locks and header scans live), or None."""
+        return self._local_store
+
+    @property
+    def shared_stores(self) -> tuple[EntryStore, ...]:
+        """Every shared tier that is an entry store, fastest first."""
+        return tuple(t.entries for t in self._tiers if t.policy.shared and t.entries is not None)
+
+    @property
+    def shared_store(self) -> EntryStore | None:
+        """The first shared entry store (the cluster's remote), or None for a local-only chain."""
+        stores = self.shared_stores
+        return stores[0] if stores else None
+
+    @property
+    def explain_misses(self) -> bool:
+        """True if ``compile()`` logs why each of its misses on this cache missed (the ``explain_misses`` setting)."""
+        return self._explain_misses
+
+    @property
+    def flight_policy(self) -> FlightPolicy:
+        """When ``compile()`` takes a cluster lease and how long it waits for another node's (the settings)."""
+        return self._flight_policy
+
+    @property
+    def compile_tally(self) -> CompileTally:
+        """The compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and saved through this cache."""
+        return self._compile_tally
+
+    def stats(self) -> CacheStats:
+        """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
+        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers))
+
+    def __repr__(self) -> str:
+        chain = " -> ".join(f"{t.name}:{type(t.resource).__name__}" for t in self._tiers)
+        return f"TieredProgramCache({chain})"
+
+    # -- reads ---------------------------------------------------------------------
+
+    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
+        k = key if type(key) is bytes else as_key_bytes(key)
+        counters = self._first_counters
+        if counters.hits & self._untimed_mask:
+            # Fast path for the fastest tier: a memory hit costs under a microsecond, so
+            # it is timed only one time in 64 (the branch below) and counted inline, as
+            # TierCounters.count_hit would (its call adds ~25 ns, 4% of a hit). Off without a GIL.
+            try:
+                data = self._first_resource[k]
+            except Exception as exc:
+                self._first.record_read_failure(exc)
+                return self._get_from_slower_tiers(k, default)
+            size = len(data)  # before the +=, so no call splits its read and write
+            counters.hits += 1
+            counters.bytes_read += size
+            return data
+        data = self._first.lookup(k)
+        if data is not None:
+            self._untimed_mask = _untimed_mask()  # re-read one hit in 64: DEBUG logging turns the fast path off
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("lookup %s: %s hit (%d bytes)", k[:8].hex(), self._first.name, len(data))
+            return data
+        return self._get_from_slower_tiers(k, default)
+
+    def get_nearby(self, key: bytes | str) -> bytes | None:
+        """The entry from the tiers in front of the first shared one (memory, local directory), or None.
+
+        With :meth:`get_shared` it is one :meth:`get` in two halves, counted and promoted the
+        same way: ``compile()`` looks nearby first, then races the shared lookup with a compile.
+        """
+        k = key if type(key) is bytes else as_key_bytes(key)
+        for depth, tier in enumerate(self._tiers[: self._first_shared]):
+            data = tier.lookup(k)
+            if data is not None:
+                self._promote(k, data, depth)
+                return data
+        return None
+
+    def get_shared(self, key: bytes | str) -> bytes | None:
+        """The entry from the first shared tier on (promoted into the faster tiers), or None."""
+        k = key if type(key) is bytes else as_key_bytes(key)
+        return self._get_from_slower_tiers(k, None, start=max(1, self._first_shared)) if self._first_shared else (
+            self.get(k))
+
+    def _get_from_slower_tiers(self, k: bytes, default: bytes | None, start: int = 1) -> bytes | None:
+        for depth, tier in enumerate(self._tiers[start:], start=start):
+            data = tier.lookup(k)
+            if data is not None:
+                self._promote(k, data, depth)
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug("lookup %s: %s hit (%d bytes)", k[:8].hex(), tier.name, len(data))
+                return data
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("lookup %s: miss in every tier", k[:8].hex())
+        return default
+
+    def _promote(self, k: bytes, data: bytes, depth: int) -> None:
+        for faster in self._tiers[:depth]:
+            if faster.policy.promote:
+                faster.store(k, data, promotion=True)
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        data = self.get(key)
+        if data is None:
+            raise KeyError(key)
+        return data
+
+    # -- writes --------------------------------------------------------------------
+
+    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
+        k = as_key_bytes(key)
+        data = extract_bytes(value)
+        for tier in self._tiers:
+            tier.store(k, data)
+
+    def put(
+        self,
+        key: bytes | str,
+        value: bytes | bytearray | memoryview | ObjectCode,
+        *,
+        compile_seconds: float | None = None,
+    ) -> None:
+        """``cache[key] = value``, with admission: ``compile()`` says how long the compile took.
+
+        An entry whose ``compile_seconds`` is under the ``min_upload_compile_s`` setting
+        is written to the non-shared tiers only (memory, local directory): cheaper to
+        compile again elsewhere than to upload. ``None`` (not known) writes every tier.
+        """
+        if compile_seconds is not None and (
+            isinstance(compile_seconds, bool) or not isinstance(compile_seconds, (int, float))
+        ):
+            raise TypeError(f"compile_seconds must be a number of seconds or None, got {type(compile_seconds).__name__}")
+        if compile_seconds is not None and not 0 <= compile_seconds < float("inf"):
+            raise ValueError(f"compile_seconds must be a non-negative, finite number, got {compile_seconds!r}")
+        k = as_key_bytes(key)
+        data = extract_bytes(value)
+        threshold = self._min_upload_compile_s
+        local_only = threshold is not None and compile_seconds is not None and compile_seconds < threshold
+        for tier in self._tiers:
+            if not (local_only and tier.policy.shared):
+                tier.store(k, data)
+
+    def __delitem__(self, key: bytes | str) -> None:
+        """Remove ``key`` from every writable tier (a writable remote too); KeyError if none held it.
+
+        A queued upload of ``key`` is cancelled. If a tier fails to delete (a remote
+        during an outage), every other tier still deletes and then
+        :class:`~tiered_progcache.errors.DeleteFailed` names the failing tiers: a
+        delete logged and forgotten would let the entry come back from the remote.
+        """
+        k = as_key_bytes(key)
+        held = False
+        failed: list[tuple[str, Exception]] = []
+        for tier in self._tiers:
+            try:
+                held = tier.delete(k) or held
+            except Exception as exc:
+                failed.append((tier.name, exc))
+        if failed:
+            named = "; ".join(f"tier {name}: {one_line(exc)}" for name, exc in failed)
+            raise DeleteFailed(
+                f"the entry may still be served: {named}", tuple(name for name, _ in failed)
+            ) from failed[0][1]
+        if not held:
+            raise KeyError(key)
+
+    def update(
+        self,
+        items: Mapping[bytes | str, Any] | Iterable[tuple[bytes | str, Any]],
+        /,
+    ) -> None:
+        if isinstance(items, Mapping):
+            items = items.items()
+        for key, value in items:
+            self[key] = value
+
+    def __len__(self) -> int:
+        counts = [tier.count() for tier in self._tiers if not tier.policy.shared]
+        return max((n for n in counts if n is not None), default=0)
+
+    def clear(self) -> None:
+        """Empty every non-shared, writable tier. A shared remote is never wiped from here."""
+        for tier in self._tiers:
+            if not (tier.policy.shared or tier.policy.read_only):
+                tier.clear()
+
+    # -- background writes -------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for queued background writes; False if ``timeout`` (seconds, all tiers) ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = True
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = tier.writeback.flush(remaining) and done
+        return done
+
+    def wait_uploaded(self, key: bytes | str, timeout: float | None = None) -> bool:
+        """Wait until no background write of ``key`` is queued or under way; False if ``timeout`` ran out.
+
+        Writes queued after it do not hold it up (``flush`` waits for those too).
+        """
+        k = as_key_bytes(key)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = True
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = tier.writeback.wait_for(k, remaining) and done
+        return done
+
+    def expedite_uploads(self, since: int) -> None:
+        """Send the background writes submitted after ``since`` (``writeback.submission_mark()``) first."""
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                tier.writeback.expedite(since)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Drain background writes (within ``timeout`` seconds) and release every tier. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        ledger.report(self)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for tier in self._tiers:
+            if tier.writeback is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                tier.writeback.close(remaining)
+        for tier in self._tiers:
+            tier.close()
+
+    def __enter__(self) -> TieredProgramCache:
+        return self
+
+    # -- bulk transfer with the remote ---------------------------------------------------
+
+    def warm(
+        self, names: Iterable[str] | None = None, *, max_bytes: int | None = None, progress: Any = None
+    ) -> TransferReport:
+        """Prefetch the nearest shared tier's entries into the local directory (see ``transfer.warm``).
+
+        >>> cache.warm(max_bytes=20 << 30)  # at node start-up: the newest 20 GB, one listing, batched reads
+
+        After it, ``compile()`` of anything it fetched asks the remote nothing.
+        """
+        from ..ops import transfer
+
+        remote, local = self._remote_and_local("warm")
+        return transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
+
+    def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
+        """Upload local entries the nearest shared tier lacks (see ``transfer.push``); e.g. at the end of a CI job.
+
+        >>> cache.push().entries
+        """
+        from ..ops import transfer
+
+        remote, local = self._remote_and_local("push")
+        return transfer.push(local, remote, names, progress=progress)
+
+    def _remote_and_local(self, what: str) -> tuple[EntryStore, LocalDir]:
+        """The nearest shared tier and the local directory (``warm``/``push`` of one chain)."""
+        remote = self.shared_store
+        local = self.local_store
+        if remote is None or local is None:
+            raise ValueError(f"{what} needs a remote (shared) tier and a local directory tier; the chain is {self!r}")
+        return remote, local
+
+    # -- construction from the environment ---------------------------------------------
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> TieredProgramCache:
+        """Build the cache from ``TIERED_PROGCACHE_*`` variables (see docs/configuration.md)."""
+        return cls.from_config(ConfigValues.from_env(environ, **overrides))
+
+    @classmethod
+    def from_config(cls, config: ConfigValues, *, tiers: Sequence[TierSpec] | None = None) -> TieredProgramCache:
+        """The chain ``config`` describes (``tiers``: those, with ``config``'s chain-wide settings); ``settings`` is ``config``."""
+        cache = cls(tiers=default_chain(config) if tiers is None else tiers, **config.chain_wide())
+        cache._settings = config  # the same chain-wide values, and the rest with where each came from
+        return cache
+
+
+#: The flight policy of a bare resource's chain: the settings' defaults (a bare resource has no settings).
+_BARE_FLIGHT_POLICY = FlightPolicy()
+#: One rate limit for every bare resource's warnings: a chain around one is built per call.
+_BARE_WARNINGS = RateLimitedLogger(logging.getLogger(Tier.__module__))
+
+
+def as_chain(cache: ProgramCacheResource) -> TieredProgramCache:
+    """``cache`` itself if it is a chain, else a chain of one tier around the bare resource.
+
+    >>> chain = as_chain(InMemoryProgramCache())     # what compile(), explain() and single-flight work on
+
+    The public entry points call it, so only chains travel inward. A bare resource's tier
+    is named and shaped as in ``tiers=[...]`` (``memory``, ``local``, a shared ``remote``,
+    else ``cache``) but written synchronously, with no admission threshold, no
+    ``explain_misses`` and the default flight policy; its failures follow the chain's
+    failure policy (docs/architecture.md, "A bare resource"). Cheap: no settings are read,
+    nothing is registered, no thread is started.
+    """
+    if isinstance(cache, TieredProgramCache):
+        return cache
+    if not isinstance(cache, ProgramCacheResource):
+        raise TypeError(f"cache must be a cuda.core ProgramCacheResource, got {type(cache).__name__}")
+    return TieredProgramCache._around(cache)
+
+
+def require_chain(cache: object, what: str = "cache", *, none_ok: bool = False) -> None:
+    """A ``TypeError`` saying ``what`` must be a :class:`TieredProgramCache` (or None, with ``none_ok``) unless it is.
+
+    For the APIs that hold a chain beyond one call (``metrics.register``, ``triton.use_shared_cache``),
+    where a chain built around a bare resource would be dropped with its counters.
+    """
+    if not (isinstance(cache, TieredProgramCache) or (none_ok and cache is None)):
+        raise TypeError(f"{what} must be a TieredProgramCache{' or None' if none_ok else ''}, "
+                        f"got {type(cache).__name__}")  # fmt: skip
+
+
+def _untimed_mask() -> int:
+    """Mask for the untimed, unlogged fast path of first-tier hits; 0 turns that path off.
+
+    Off where plain int increments are not exact (no GIL) and while DEBUG logging is on,
+    so that every lookup logs the tier that answered.
+    """
+    if GIL_DISABLED or logger.isEnabledFor(logging.DEBUG):
+        return 0
+    return _TIME_ONE_HIT_IN_MASK
+
+
+def default_chain(config: ConfigValues) -> list[TierSpec]:
+    """The chain ``config`` describes: memory -> the local directory -> each shared tier named, in order.
+
+    ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
+    every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
+    A local directory that cannot be created or opened is left out with a warning.
+    """
+    shared = shared_chain(config)  # first: a bad signing key file is raised before any directory is made
+    specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
+    local_root = config.local_dir if config.local_dir is not None else default_local_dir()
+    try:
+        local = FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes)
+    except OSError as exc:
+        # A directory that cannot be made (read-only home, a path under a file) is an
+        # outage of one tier, not a reason to fail every compile: the others still work.
+        logger.warning(
+            "local cache directory %s is unusable, running without the local tier: %s", local_root, one_line(exc)
+        )
+    else:
+        specs.append((local, TierPolicy("local")))
+    return specs + shared
+
+
+def shared_chain(config: ConfigValues, *, namespace: str = "entries") -> list[TierSpec]:
+    """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`), on entries of ``namespace``.
+
+    ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
+    every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
+    Each is written in the background. :mod:`tiered_progcache.triton` builds its chain
+    from this alone (``namespace="triton"``): the same tiers, settings and envelope, and
+    no local directory.
+    """
+    signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
+    specs: list[TierSpec] = []
+    names: set[str] = set()
+    for url in remote_urls(config.remote):
+        shared, kind = shared_tier(config, url, signing_key=signing_key, namespace=namespace)
+        name, n = kind, 2
+        while name in names:
+            name, n = f"{kind}{n}", n + 1
+        names.add(name)
+        policy = TierPolicy(name, read_only=config.remote_read_only, write="background", shared=True)
+        specs.append((shared, policy))
+    return specs
+
+
+def shared_tier(
+    config: ConfigValues,
+    url: str,
+    *,
+    signing_key: bytes | str | None = None,
+    create_root: bool | None = None,
+    namespace: str = "entries",
+) -> tuple[ProgramCacheResource, str]:
+    """The shared tier ``url`` names, built as ``config`` says, and its kind (``"redis"`` or ``"remote"``).
+
+    ``create_root`` overrides the ``create_remote_root`` setting (the command's reading
+    commands pass False: they never create anything); ``namespace`` picks the entries it
+    holds (``"triton"`` for Triton's files).
+    """
+    common = dict(
+        read_only=config.remote_read_only,
+        signing_key=signing_key,
+        compression=config.compression,
+        timeout=config.remote_timeout,
+        strict=config.strict,
+        transfer_concurrency=config.transfer_concurrency,
+        namespace=namespace,
+    )
+    if is_redis_url(url):
+        return RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common), "redis"
+    from ..stores.remote import RemoteProgramCache
+
+    create = config.create_remote_root if create_root is None else create_root
+    remote = RemoteProgramCache.from_url(url, storage_options=config.remote_options, create_root=create, **common)
+    return remote, "remote"
+
+
+def _build_tiers(
+    specs: Sequence[TierSpec], max_pending_uploads: int, max_pending_upload_bytes: int | None
+) -> tuple[Tier, ...]:
+    built: list[Tier] = []
+    names: set[str] = set()
+    for index, spec in enumerate(specs):
+        if isinstance(spec, tuple):
+            if len(spec) != 2 or not isinstance(spec[1], TierPolicy):
+                raise TypeError("a tier given as a tuple must be (ProgramCacheResource, TierPolicy)")
+            resource, policy = spec
+        else:
+            resource, policy = spec, None
+        if not isinstance(resource, ProgramCacheResource):
+            raise TypeError(f"tier {index} must be a cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}")
+        if policy is None:
+            policy = default_policy(resource, f"tier{index}")
+            base, n = policy.name, 2
+            while policy.name in names:
+                policy = TierPolicy(f"{base}{n}", policy.read_only, policy.promote, policy.write, policy.shared)
+                n += 1
+        if policy.name in names:
+            raise ValueError(f"two tiers are named {policy.name!r}")
+        names.add(policy.name)
+        built.append(
+            Tier(
+                resource,
+                policy,
+                max_pending_writes=max_pending_uploads,
+                max_pending_write_bytes=max_pending_upload_bytes,
+            )
+        )
+    return tuple(built)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStores:
+    """The entry stores behind a cache: its local directory and its shared store, where it has them."""
+
+    local: LocalDir | None
+    shared: EntryStore | None
+
+
+def stores_of(cache: ProgramCacheResource) -> CacheStores:
+    """The local directory and shared store of any cache ``compile()`` or the command is given.
+
+    What :func:`as_chain` of it holds: a chain answers from its tiers; cuda-core's file
+    tier is a local directory; a bare shared store (a remote) is the shared store;
+    anything else has neither.
+    """
+    chain = as_chain(cache)
+    return CacheStores(chain.local_store, chain.shared_store)

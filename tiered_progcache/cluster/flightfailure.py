@@ -1,0 +1,98 @@
+"""A failed compile's record, so the cluster fails once: the holder publishes it, its waiters raise it.
+
+When the node holding an entry's lease fails to compile it (a syntax error, a missing
+header), it replaces its lease by a record of the failure (:meth:`~.lease.RemoteLease.publish_failure`):
+the exception's type and message (NVRTC's message carries the compiler log), bounded to
+:data:`MAX_MESSAGE_BYTES`, sealed in the shared store's envelope under a name derived from
+the entry's (signed when the store has a signing key; never under the entry's own name, so a
+record can never be served as an entry). Its waiters read it beside their looks and raise
+the same exception type with the same message. The record lives :data:`~.lease.FAILURE_TTL_S`,
+then the next caller compiles again.
+
+Only exception types of the modules a compile raises from are rebuilt (cuda-core's, Python's
+built-ins); anything else, or a record that does not open, is raised as
+:class:`CompileFailedElsewhere` or ignored (a record that does not verify is never trusted).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+
+from .._cudacore import ERROR_MODULE
+from ..stores.store import EntryStore, entry_name
+
+__all__ = ["MAX_MESSAGE_BYTES", "CompileFailedElsewhere", "FailureRecord", "failure_record_name"]
+
+logger = logging.getLogger(__name__)
+
+#: The most of the failure's message (and so of the compiler log) a record carries.
+MAX_MESSAGE_BYTES = 64 * 1024
+_FORMAT = "tiered-progcache/compile-failure"
+#: Modules whose exception classes a waiter rebuilds (what ``Program.compile`` raises from).
+_REBUILT_MODULES = ("builtins", ERROR_MODULE, "cuda.core")
+
+
+class CompileFailedElsewhere(RuntimeError):
+    """Another node's compile of this entry failed with an exception type that is not rebuilt here."""
+
+
+def failure_record_name(name: str) -> str:
+    """The name a failure record of entry ``name`` is sealed under (never an entry's own name)."""
+    return entry_name(f"{_FORMAT}:{name}")
+
+
+class FailureRecord:
+    """What one failed compile tells its waiters: the exception's type and message. Immutable.
+
+    >>> sealed = FailureRecord.of(exc).seal(store, name); FailureRecord.open(store, name, sealed).raise_it()
+    """
+
+    __slots__ = ("module", "qualname", "message")
+
+    def __init__(self, module: str, qualname: str, message: str) -> None:
+        self.module, self.qualname, self.message = module, qualname, message
+
+    @classmethod
+    def of(cls, exc: BaseException) -> FailureRecord:
+        message = str(exc)
+        encoded = message.encode("utf-8", "replace")
+        if len(encoded) > MAX_MESSAGE_BYTES:
+            message = encoded[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + "\n[... cut at 64 KiB]"
+        return cls(type(exc).__module__, type(exc).__qualname__, message)
+
+    def seal(self, store: EntryStore, name: str) -> bytes:
+        doc = {"format": _FORMAT, "version": 1, "entry": name, "module": self.module, "qualname": self.qualname,
+               "message": self.message}
+        return store.seal_record(failure_record_name(name), json.dumps(doc, sort_keys=True).encode())
+
+    @classmethod
+    def open(cls, store: EntryStore, name: str, sealed: bytes) -> FailureRecord | None:
+        """The record sealed for entry ``name``; None (logged) for one that does not verify or parse."""
+        try:
+            doc = json.loads(store.open_record(failure_record_name(name), sealed))
+            if not (isinstance(doc, dict) and doc.get("format") == _FORMAT and doc.get("entry") == name):
+                raise ValueError("not a failure record of this entry")
+            module, qualname, message = doc["module"], doc["qualname"], doc["message"]
+            if not all(isinstance(v, str) for v in (module, qualname, message)):
+                raise ValueError("fields are not strings")
+        except Exception as exc:
+            logger.warning("ignoring the failure record on lease %s: %s", name[:16], exc)
+            return None
+        return cls(module, qualname, message[: MAX_MESSAGE_BYTES + 64])
+
+    def exception(self) -> Exception:
+        """The exception to raise: the holder's type where it is one a compile raises, with its message."""
+        kind: object = None
+        if self.module in _REBUILT_MODULES and "." not in self.qualname:
+            try:
+                kind = getattr(importlib.import_module(self.module), self.qualname, None)
+            except ImportError:
+                kind = None
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            try:
+                return kind(self.message)
+            except Exception:
+                pass
+        return CompileFailedElsewhere(f"{self.module}.{self.qualname}: {self.message}")

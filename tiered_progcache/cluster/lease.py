@@ -1,0 +1,649 @@
+"""The cluster lease on one cache entry: a small object in a shared store that one node holds while it compiles.
+
+:class:`RemoteLease` is created only if absent (through a :class:`~tiered_progcache.stores.store.LeaseStore`
+whose ``atomic_create`` is True: S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``,
+``link(2)`` on a local or NFS path) and holds its expiry. The holder renews it every
+third of its TTL while it works; a waiter that finds it expired breaks it
+(:func:`wait_for_lease`). Every request goes through the store, which bounds it by its
+own deadline and circuit breaker, so nothing here can hang on a dead endpoint.
+
+A duplicate compile is the worst outcome of any race here, never a wrong entry or a
+hang. Lease expiry compares wall clocks of different hosts: keep them within a few
+seconds of each other (NTP), or make the TTL comfortably larger than the skew.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import concurrent.futures
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import json
+import math
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Callable, Generic, Protocol, TypeVar
+
+from ..stores.ratelimit import log_once
+from ..stores.store import LeaseStore
+
+__all__ = [
+    "DEFAULT_POLL_S",
+    "FAILURE_TTL_S",
+    "LEASE_FORMAT",
+    "LEASE_RECHECK_S",
+    "FixedWait",
+    "HolderProcess",
+    "LeaseInfo",
+    "LeaseWait",
+    "RemoteLease",
+    "WaitOutcome",
+    "WaitPlan",
+    "wait_for_lease",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LEASE_FORMAT = "tiered-progcache/lease"
+#: Seconds between a waiter's looks for the holder's result when no plan says otherwise.
+DEFAULT_POLL_S = 0.05
+#: A waiter re-reads a taken lease this often (and at its expiry): it matters only for a crashed or failed holder.
+LEASE_RECHECK_S = 1.0
+#: How long after a lease's stated expiry a waiter looks again (so the lease has expired when it looks).
+EXPIRY_MARGIN_S = 0.01
+#: Retries without a pause (the lease was just released or broken) before pausing anyway.
+QUICK_RETRIES = 3
+#: How long a failed holder's failure record stands in place of its lease (waiters raise it meanwhile).
+FAILURE_TTL_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HolderProcess:
+    """The process that wrote a lease, precisely enough for a waiter on its host to see it died. Immutable.
+
+    ``boot_id`` and ``pid_ns`` keep a waiter from judging a PID of another boot or PID
+    namespace (a container with the same host name); ``start`` (clock ticks after boot,
+    ``/proc/<pid>/stat`` field 22) tells a reused PID from the holder.
+    """
+
+    host: str
+    boot_id: str
+    pid_ns: str
+    pid: int
+    start: int | None
+
+    @classmethod
+    def current(cls) -> HolderProcess:
+        """This process."""
+        pid = os.getpid()
+        return cls(*_this_host(), pid, _start_ticks(pid))
+
+    def as_json(self) -> dict[str, object]:
+        return {"host": self.host, "boot_id": self.boot_id, "pid_ns": self.pid_ns, "pid": self.pid,
+                "start": self.start}
+
+    @classmethod
+    def from_json(cls, doc: object) -> HolderProcess | None:
+        if not isinstance(doc, dict):
+            return None
+        host, boot_id, pid_ns, pid, start = (doc.get(k) for k in ("host", "boot_id", "pid_ns", "pid", "start"))
+        if not (isinstance(host, str) and isinstance(boot_id, str) and isinstance(pid_ns, str)):
+            return None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
+            return None
+        return cls(host, boot_id, pid_ns, pid, start)
+
+    def is_gone(self) -> bool:
+        """True only when this host can tell for sure that the process no longer runs.
+
+        False for a process of another host, boot or PID namespace (the TTL decides there).
+        """
+        if (self.host, self.boot_id, self.pid_ns) != _this_host():
+            return False
+        if not self.boot_id or not self.pid_ns:
+            return False  # no /proc: cannot tell a PID of this namespace from another's
+        try:
+            stat = _read_text(f"/proc/{self.pid}/stat", missing=None)
+        except OSError:
+            return False
+        if stat is None:
+            return True  # no such process
+        fields = stat.rsplit(")", 1)[-1].split()
+        if fields and fields[0] in ("Z", "X"):
+            return True  # dead, not yet reaped
+        if self.start is not None and len(fields) > 19 and fields[19] != str(self.start):
+            return True  # the PID now belongs to another process
+        return False
+
+
+def _this_host() -> tuple[str, str, str]:
+    """(host name, boot id, PID namespace) of this process."""
+    return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id") or "", _pid_namespace()
+
+
+def _read_text(path: str, missing: str | None = "") -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except FileNotFoundError:
+        return missing
+    except OSError:
+        if missing is None:
+            raise
+        return missing
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _read_text(f"/proc/{pid}/stat")
+    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseInfo:
+    """What a lease object says: who holds it and until when (holder's wall clock). Immutable.
+
+    ``compile_estimate_s`` is how long the holder expected its compile to take when it took
+    the lease (None in documents written before holders wrote it, or with a bad value).
+    ``failure`` is the sealed failure record of a holder whose work failed
+    (:meth:`RemoteLease.publish_failure`; None while it works), still to be opened and checked.
+    """
+
+    holder: str
+    token: str
+    acquired_at: float
+    expires_at: float
+    raw: bytes
+    process: HolderProcess | None = None
+    compile_estimate_s: float | None = None
+    failure: bytes | None = None
+
+    def expired(self, now: float | None = None) -> bool:
+        """True once ``now`` (seconds since the epoch; default: this host's clock) reaches the expiry."""
+        return (time.time() if now is None else now) >= self.expires_at
+
+    def holder_gone(self) -> bool:
+        """True when the holder ran on this host and its process is known to be dead."""
+        return self.process is not None and self.process.is_gone()
+
+
+def _parse_lease(raw: bytes) -> LeaseInfo | None:
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("format") != LEASE_FORMAT:
+            return None
+        holder, token = doc["holder"], doc["token"]
+        acquired_at, expires_at = float(doc["acquired_at"]), float(doc["expires_at"])
+        if not isinstance(holder, str) or not isinstance(token, str):
+            return None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return LeaseInfo(holder, token, acquired_at, expires_at, raw, HolderProcess.from_json(doc.get("process")),
+                     _seconds_or_none(doc.get("compile_estimate_s")), _failure_or_none(doc.get("failure")))
+
+
+def _failure_or_none(value: object) -> bytes | None:
+    """The sealed failure record a lease document carries (base64), or None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (ValueError, binascii.Error):
+        return None
+
+
+def _seconds_or_none(value: object) -> float | None:
+    """A non-negative, finite number of seconds from a lease document; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value < math.inf else None
+
+
+class RemoteLease:
+    """One holder's attempt at the lease ``name`` in ``leases``.
+
+    >>> lease = RemoteLease(shared.leases(), entry_name(key), ttl_s=60, compile_estimate_s=0.8)
+    >>> if lease.try_acquire():
+    ...     try: compile_and_upload()
+    ...     finally: lease.release()
+
+    Safe across threads, processes and hosts when ``leases.atomic_create`` is True;
+    one instance is one attempt by one holder. ``clock`` is the wall clock the
+    expiry is written and judged by (injectable so tests can step it).
+    ``compile_estimate_s`` goes into the document for waiters to size their patience by.
+    """
+
+    def __init__(
+        self,
+        leases: LeaseStore,
+        name: str,
+        ttl_s: float,
+        *,
+        clock: Callable[[], float] = time.time,
+        compile_estimate_s: float | None = None,
+    ) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        if compile_estimate_s is not None and _seconds_or_none(compile_estimate_s) is None:
+            raise ValueError(f"compile_estimate_s must be a non-negative, finite number or None, "
+                             f"got {compile_estimate_s!r}")
+        self.leases = leases
+        self.name = name
+        self.ttl_s = float(ttl_s)
+        self.clock = clock
+        self.compile_estimate_s = compile_estimate_s
+        self.token = uuid.uuid4().hex
+        self.holder = f"{socket.gethostname()}:{os.getpid()}"
+        self.process = HolderProcess.current()
+        self.held = False
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @property
+    def location(self) -> str:
+        """Where the lease object lives, for messages."""
+        return f"{self.leases.location.rstrip('/')}/{self.name}"
+
+    def _document(self, ttl_s: float | None = None, failure: bytes | None = None) -> bytes:
+        now = self.clock()
+        doc: dict[str, object] = {
+            "format": LEASE_FORMAT,
+            "version": 1,
+            "holder": self.holder,
+            "token": self.token,
+            "acquired_at": now,
+            "expires_at": now + (self.ttl_s if ttl_s is None else ttl_s),
+            "process": self.process.as_json(),
+        }
+        if self.compile_estimate_s is not None:
+            doc["compile_estimate_s"] = self.compile_estimate_s  # readers that predate it ignore it
+        if failure is not None:
+            doc["failure"] = base64.b64encode(failure).decode("ascii")
+        return json.dumps(doc, sort_keys=True).encode()
+
+    def read(self) -> LeaseInfo | None | bytes:
+        """The current lease; None if there is none; the raw bytes if they are not a lease."""
+        raw = self.leases.read(self.name)
+        if raw is None:
+            return None
+        return _parse_lease(raw) or raw
+
+    def try_acquire(self) -> bool:
+        """Create the lease if absent; True if this instance now holds it. Raises on store errors."""
+        if self.held:
+            return True
+        if not self.leases.create(self.name, self._document(), self.ttl_s):
+            return False
+        self.held = True
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew_loop, name="tiered-progcache-lease", daemon=True)
+        self._renewer.start()
+        return True
+
+    def renew(self) -> bool:
+        """Push the expiry one TTL past now if the lease is still ours; False if someone took it over.
+
+        The holder's background thread calls this every third of the TTL. Raises on store errors.
+        """
+        info = self.read()
+        if not isinstance(info, LeaseInfo) or info.token != self.token:
+            return False
+        self.leases.replace(self.name, self._document(), self.ttl_s)
+        return True
+
+    def break_if_unchanged(self, seen: bytes) -> bool:
+        """Delete an expired lease, unless it changed since it was read as ``seen``; True if this call did.
+
+        Exactly one waiter breaks a given lease. Each first creates the marker
+        ``<name>.break-<digest of seen>`` with the store's atomic create; only the one that
+        created it re-reads the lease and deletes it, then removes the marker. Without it,
+        two waiters could both see the old lease, one delete it and take a new one, and
+        the other delete that new lease: two holders, two compiles. A waiter that sees
+        the marker after it was removed re-reads a lease that is no longer ``seen`` and
+        leaves it. A marker left by a waiter that died mid-break is removed after one TTL.
+        """
+        marker = f"{self.name}.break-{hashlib.sha256(seen, usedforsecurity=False).hexdigest()[:32]}"
+        now = self.clock()
+        if not self.leases.create(marker, _break_marker(now + self.ttl_s), self.ttl_s):
+            left = self.leases.read(marker)
+            if left is not None and _break_marker_expired(left, now):
+                self.leases.delete(marker)  # its breaker died mid-break: the next waiter may try
+            return False
+        try:
+            if self.leases.read(self.name) != seen:
+                return False
+            self.leases.delete(self.name)
+            return True
+        finally:
+            self.leases.delete(marker)
+
+    def _renew_loop(self) -> None:
+        interval = self.ttl_s / 3
+        while not self._stop.wait(interval):
+            try:
+                if not self.renew():
+                    logger.warning("lease %s was taken over while held; carrying on without it", self.location)
+                    return
+            except Exception as exc:
+                logger.warning("could not renew lease %s: %r", self.location, exc)
+
+    def _stop_renewing(self) -> None:
+        self.held = False
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join(timeout=5)
+
+    def publish_failure(self, record: bytes, ttl_s: float = FAILURE_TTL_S) -> bool:
+        """Replace the held lease by ``record`` (sealed by the caller), for ``ttl_s``; stop holding it.
+
+        Waiters that read it within ``ttl_s`` (and within their own TTL of seeing it) get
+        the failure instead of compiling again; once it expires the next caller takes the
+        lease and tries again. False (and the lease released instead) if the lease is no
+        longer ours or the store failed. Never raises.
+        """
+        if not self.held:
+            return False
+        self._stop_renewing()
+        try:
+            info = self.read()
+            if isinstance(info, LeaseInfo) and info.token == self.token:
+                self.leases.replace(self.name, self._document(min(ttl_s, self.ttl_s), record), min(ttl_s, self.ttl_s))
+                return True
+        except Exception as exc:
+            logger.warning("could not publish the failure on lease %s: %r", self.location, exc)
+        self.held = True
+        self.release()
+        return False
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours. Never raises."""
+        if not self.held:
+            return
+        self._stop_renewing()
+        try:
+            info = self.read()
+            if isinstance(info, LeaseInfo) and info.token == self.token:
+                self.leases.delete(self.name)
+        except Exception as exc:
+            logger.warning("could not release lease %s (it expires by itself): %r", self.location, exc)
+
+
+class WaitPlan(Protocol):
+    """How a waiter waits (:mod:`.flightpolicy` makes the real one from the remote's latency and compile times)."""
+
+    def poll_period(self) -> float:
+        """Seconds from the start of one look for the holder's result to the start of the next."""
+
+    def patience(self, holder_estimate_s: float | None) -> float | None:
+        """Seconds to wait for a holder before doing the work without the lease; None: only the timeout.
+
+        ``holder_estimate_s`` is the compile time the holder wrote into its lease (None if it wrote none).
+        """
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedWait:
+    """A plan with a fixed poll period and patience (None: wait up to the timeout). Immutable."""
+
+    poll_s: float = DEFAULT_POLL_S
+    patience_s: float | None = None
+
+    def poll_period(self) -> float:
+        return self.poll_s
+
+    def patience(self, holder_estimate_s: float | None) -> float | None:
+        return self.patience_s
+
+
+class WaitOutcome(str, enum.Enum):
+    """How :func:`wait_for_lease` ended."""
+
+    HELD = "held"  # the caller holds the lease: do the work, then release it
+    FOUND = "found"  # poll() returned the holder's result
+    FAILED = "failed"  # the holder published its failure: raise it (``LeaseWait.failure``)
+    PATIENCE = "patience"  # waited the plan's patience: do the work without the lease
+    TIMEOUT = "timeout"  # the caller's timeout ran out: do the work without the lease
+    STORE_FAILED = "store failed"  # the lease store raised: do the work without the lease
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseWait(Generic[T]):
+    """What :func:`wait_for_lease` found: the holder's result, the lease, its failure, or none of them. Immutable.
+
+    ``waited_s`` is measured on the wait's clock; ``holder_estimate_s`` is what the last
+    holder seen wrote into its lease (None if none was seen or it wrote none);
+    ``failure`` what ``open_failure`` made of the holder's failure record (outcome FAILED only).
+    """
+
+    found: T | None
+    held: bool
+    outcome: WaitOutcome
+    waited_s: float
+    holder_estimate_s: float | None = None
+    failure: object | None = None
+
+
+def wait_for_lease(
+    lease: RemoteLease,
+    poll: Callable[[], T | None],
+    timeout: float,
+    *,
+    plan: WaitPlan | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], object] = time.sleep,
+    open_failure: Callable[[bytes], object | None] | None = None,
+    taken: bool = False,
+) -> LeaseWait[T]:
+    """Take ``lease``, or wait for whoever holds it to produce the result.
+
+    >>> waited = wait_for_lease(lease, lambda: cache.get(key), timeout=300, plan=policy_plan)
+    >>> waited.held, waited.found, waited.outcome
+
+    ``held`` True: this caller now holds the lease (do the work, then ``lease.release()``).
+    ``found`` not None: ``poll()`` found the holder's result. Outcome FAILED: the holder
+    published its failure and ``failure`` holds what ``open_failure`` made of it (raise it).
+    Otherwise the plan's patience or the timeout ran out, or the store failed (do the work
+    without a lease). ``taken``: the caller's own create of ``lease`` just found it taken
+    (it sent it beside its lookup), so the wait starts there, without a create of its own.
+
+    A waiter looks for the result once right after finding the lease taken (reading the
+    lease on a helper thread meanwhile: one round trip for both), then every
+    ``plan.poll_period()`` seconds (start to start: one look in flight at a time), so it
+    learns the result landed within about one period and one request. Without
+    ``open_failure`` the lease is re-read only every ``LEASE_RECHECK_S`` and at its expiry
+    (it matters only for a holder that crashed or failed); with it, beside every look, so a
+    published failure is seen within one period too (two requests a period).
+
+    A holder is live while its lease is renewed: a lease whose bytes have not changed for
+    ``lease.ttl_s`` (this waiter's TTL, on ``clock``) counts as expired whatever it says,
+    as does one past its stated expiry or whose holder ran on this host and is gone. An
+    expired lease is broken and retaken, so a crash costs the others at most the TTL; a
+    released one is looked behind once (its holder releases once its result is up), then
+    retaken; bytes that are not a lease (a partial write, garbage) are given one TTL, then
+    broken. No value in a lease can make a wait longer than one TTL past the last renewal
+    seen, or longer than ``timeout``. The patience (None: wait while the holder lives) runs
+    from the start of the wait for the first holder seen, and starts again for a new one.
+
+    ``timeout`` and the patience are measured on ``clock`` (monotonic) and the pauses
+    taken with ``sleep``; the stated expiry is judged on the lease's own wall clock. Both
+    are injectable so tests can step time. Any number of threads, processes and hosts may
+    wait on one lease at once, each with its own :class:`RemoteLease`; ``poll`` is called
+    from the calling thread only.
+    """
+    plan = plan if plan is not None else FixedWait()
+    started = clock()
+    deadline = started + timeout
+
+    def ended(outcome: WaitOutcome, found: T | None = None, estimate: float | None = None,
+              failure: object | None = None) -> LeaseWait[T]:
+        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, estimate, failure)
+
+    try:
+        if not taken and lease.try_acquire():
+            return ended(WaitOutcome.HELD)
+    except Exception as exc:
+        _log_store_failure(exc)
+        return ended(WaitOutcome.STORE_FAILED)
+    # Taken. Look for the holder's result (it may have just published, and then there is no
+    # point waiting) and read its lease side by side: one round trip for both.
+    pending_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
+    found = poll()
+    if found is not None:
+        return ended(WaitOutcome.FOUND, found)
+    first_patience = plan.patience(None)
+    patience_end = None if first_patience is None else started + first_patience
+    holder_token: str | None = None
+    holder_estimate: float | None = None
+    seen_raw: bytes | None = None  # the lease's bytes as last read, and when they last changed
+    seen_since = started
+    unreadable_since: float | None = None
+    quick_retries = 0  # retries without a pause (the lease was just released or broken); capped
+    recheck_at = clock()
+    next_poll = started + plan.poll_period()
+    while True:
+        now = clock()
+        if now >= recheck_at:
+            try:
+                info = lease.read() if pending_read is None else pending_read.result()  # bounded by the store
+            except Exception as exc:
+                _log_store_failure(exc)
+                return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+            pending_read = None
+            wall = lease.clock()
+            raw = info.raw if isinstance(info, LeaseInfo) else info
+            if raw != seen_raw:
+                seen_raw, seen_since = raw, now  # renewed, replaced, or new: the holder is alive
+            unrenewed_for = now - seen_since
+            retake = False
+            if info is None:
+                # Released: the holder is done (its result is up: look once more) or failed.
+                found = poll()
+                if found is not None:
+                    return ended(WaitOutcome.FOUND, found, holder_estimate)
+                retake = True
+            elif isinstance(info, LeaseInfo):
+                unreadable_since = None
+                stale = unrenewed_for >= lease.ttl_s + EXPIRY_MARGIN_S / 2  # an honest expiry comes first
+                live = not (info.expired(wall) or stale)
+                if live and info.failure is not None and open_failure is not None:
+                    failure = open_failure(info.failure)  # its holder is done (and may be gone): it failed
+                    if failure is not None:
+                        return ended(WaitOutcome.FAILED, estimate=info.compile_estimate_s, failure=failure)
+                if not live or info.holder_gone():
+                    reason = ("expired" if info.expired(wall) else
+                              f"not renewed for {unrenewed_for:.3g} s" if stale else
+                              "is gone (its process died on this host)")
+                    logger.info("lease %s held by %s %s; breaking it", lease.location, info.holder, reason)
+                    with contextlib.suppress(Exception):
+                        lease.break_if_unchanged(info.raw)
+                    retake = True
+                else:
+                    if info.token != holder_token:
+                        # A holder (a new one: the last one failed or died): its estimate, and patience for it.
+                        since = started if holder_token is None else now
+                        holder_token, holder_estimate = info.token, info.compile_estimate_s
+                        patience = plan.patience(holder_estimate)
+                        patience_end = None if patience is None else since + patience
+                    recheck_at = now + min(LEASE_RECHECK_S, max(0.0, info.expires_at - wall) + EXPIRY_MARGIN_S,
+                                           lease.ttl_s - unrenewed_for + EXPIRY_MARGIN_S)
+            else:
+                # Not a lease document (a partial write, or garbage): give it one TTL.
+                if unreadable_since is None:
+                    unreadable_since = wall
+                until_expiry = unreadable_since + lease.ttl_s - wall
+                if until_expiry <= 0:
+                    with contextlib.suppress(Exception):
+                        lease.break_if_unchanged(info)
+                    unreadable_since = None
+                    retake = True
+                else:
+                    recheck_at = now + min(LEASE_RECHECK_S, until_expiry + EXPIRY_MARGIN_S)
+            if retake:
+                try:
+                    if lease.try_acquire():
+                        return ended(WaitOutcome.HELD, estimate=holder_estimate)
+                except Exception as exc:
+                    _log_store_failure(exc)
+                    return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+                quick_retries += 1  # someone else took it: read it again to learn the new holder
+                if quick_retries <= QUICK_RETRIES:
+                    recheck_at = now
+                else:  # a store that keeps answering "taken" and "gone": slow down
+                    quick_retries = 0
+                    recheck_at = now + plan.poll_period()
+            else:
+                quick_retries = 0
+        if now >= deadline:
+            logger.info("waited %.3g s for lease %s; going ahead without it", timeout, lease.location)
+            return ended(WaitOutcome.TIMEOUT, estimate=holder_estimate)
+        if patience_end is not None and now >= patience_end:
+            logger.info("waited %.3g s (the patience for an estimated %s s compile) for lease %s; compiling here",
+                        now - started, "?" if holder_estimate is None else f"{holder_estimate:.3g}", lease.location)
+            return ended(WaitOutcome.PATIENCE, estimate=holder_estimate)
+        if recheck_at <= now:
+            continue
+        if now >= next_poll:
+            next_poll = now + plan.poll_period()
+            if open_failure is not None:
+                pending_read = _read_aside(lease)  # the lease beside the look: a failure is seen as soon
+            found = poll()
+            if found is not None:
+                return ended(WaitOutcome.FOUND, found, holder_estimate)
+            if pending_read is not None:
+                recheck_at = now
+            continue
+        wake = min(next_poll, recheck_at, deadline, patience_end if patience_end is not None else deadline)
+        sleep(max(0.0, wake - now))
+
+
+def _read_aside(lease: RemoteLease) -> concurrent.futures.Future[LeaseInfo | None | bytes]:
+    """``lease.read()`` on a daemon thread; every request it makes has the store's own deadline."""
+    future: concurrent.futures.Future[LeaseInfo | None | bytes] = concurrent.futures.Future()
+
+    def read() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(lease.read())
+            except BaseException as exc:  # handed to the waiter
+                future.set_exception(exc)
+
+    threading.Thread(target=read, name="tiered-progcache-lease-read", daemon=True).start()
+    return future
+
+
+def _log_store_failure(exc: BaseException) -> None:
+    log_once(logger, f"lease-io:{type(exc).__name__}", logging.WARNING,
+             "lease store failed (%r): going ahead without a lease", exc)
+
+
+def _break_marker(expires_at: float) -> bytes:
+    return json.dumps({"format": LEASE_FORMAT + "/break", "expires_at": expires_at}).encode()
+
+
+def _break_marker_expired(raw: bytes, now: float) -> bool:
+    """True if a break marker's time is up; unreadable bytes count as expired (they are not ours)."""
+    try:
+        return float(json.loads(raw)["expires_at"]) <= now
+    except (ValueError, KeyError, TypeError):
+        return True

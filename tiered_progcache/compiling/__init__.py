@@ -1,0 +1,1 @@
+"""One compile: its key, the headers it reads, manifests, explain, symbol maps."""

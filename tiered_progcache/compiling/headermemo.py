@@ -1,0 +1,430 @@
+"""What this process remembers of header scans, and when a stat or inotify vouches for it.
+
+:mod:`.headerscan` walks the include graph; this module keeps what the walk found so a warm
+call reads nothing. File digests are memoized by ``(path, inode, size, mtime_ns,
+ctime_ns)`` (:func:`signature`), and a whole scan (:class:`ScanResult`) with the list of
+paths it probed. A warm call asks :mod:`.headerwatch` whether inotify saw anything the scan
+depends on change (one ``poll(2)``, no stat); where inotify is unavailable or not trusted
+(a network filesystem) it re-stats those paths instead (about a microsecond each). Either
+way it hashes nothing. Before inotify vouches for a scan it is validated by stat once: at
+its second use in the process, after an event on something it depends on, and when it is
+loaded from disk (then by stat alone). A file modified in the last ``RACY_NS`` is hashed
+on every call: two edits within one coarse clock tick can leave its stat unchanged.
+
+Across processes: with ``memo_dir`` (``compile()`` passes the local cache directory's
+``header-scans/``) a scan is persisted by :mod:`.scanmemo`, and a new process loads and
+validates it instead of scanning again.
+
+Thread-safe: the memos change under one lock (made anew in a forked child); the counters
+behind :func:`validation_counts` and :func:`files_hashed` are read without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, Union
+
+from .. import forks
+from . import headerwatch, scanmemo
+from .headerwatch import Subscription
+
+__all__ = [
+    "MAX_MEMO_FILES",
+    "MAX_MEMO_SCANS",
+    "RACY_NS",
+    "FileInfo",
+    "ScanResult",
+    "Signature",
+    "ValidationCounts",
+    "ViewMemo",
+    "clear_memo",
+    "files_hashed",
+    "is_racy",
+    "known_file",
+    "memoize",
+    "memoized",
+    "remember_file",
+    "signature",
+    "signature_of_stat",
+    "validation_counts",
+]
+
+
+#: Files whose digest this process remembers; past this the memo is dropped and rebuilt.
+MAX_MEMO_FILES = 200_000
+#: Whole scans remembered (one per distinct source and search configuration).
+MAX_MEMO_SCANS = 4096
+
+Signature = Union[tuple[Any, ...], None]
+
+#: A file changed this recently (ns) may change again within one coarse clock tick
+#: without its signature changing ("racy git"): it is hashed again on every call.
+RACY_NS = 2_000_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """A file's sha256 and the includes :func:`.headerlex.parse_includes` found in it (none if not parsed)."""
+
+    digest: bytes
+    includes: tuple[tuple[int, str], ...]
+
+
+@dataclasses.dataclass
+class ScanResult:
+    """One scan: persisted field by field (scanmemo), except the fields marked per-process."""
+
+    digest: bytes
+    read_anything: bool
+    checks: tuple[tuple[str, Signature], ...]
+    real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
+    checked_at: float = dataclasses.field(metadata=scanmemo.PER_PROCESS)  # time.monotonic() of the last full re-stat
+    headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
+    missing: tuple[str, ...]  # include spellings found nowhere, sorted
+    path_free: bool  # the digest and every file's name are free of absolute paths
+    declined: Union[str, None]  # why the compile cannot be keyed (HeaderScan.declined), or None
+    #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
+    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
+                                                   metadata=scanmemo.PER_PROCESS)
+    #: validations by stat in this process (the scan itself counts one): watched from the second on
+    validations: int = dataclasses.field(default=1, compare=False, kw_only=True, metadata=scanmemo.PER_PROCESS)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationCounts:
+    """How this process's warm ``header_digest`` calls were validated (tests and benchmarks prove a path with it).
+
+    ``by_stat``: memos validated by a stat of every path they probed (the first
+    validation of a memo, one after an event on something it depends on, every call
+    where no watch can be had); ``by_watch``: calls answered on inotify's word;
+    ``paths_statted``: paths those validations stat'ed in all.
+    """
+
+    by_stat: int
+    by_watch: int
+    paths_statted: int
+
+
+_file_memo: dict[str, tuple[Signature, FileInfo, bool]] = {}  # path -> (signature, info, parsed)
+_scan_memo: dict[tuple[Any, ...], ScanResult] = {}
+_memo_lock = threading.Lock()
+_files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
+_by_stat = _by_watch = _paths_statted = 0  # see ValidationCounts
+_memo_stores: dict[str, scanmemo.ScanMemoStore] = {}
+
+
+def signature(path: str) -> Signature:
+    """What a later stat must match for a memoized answer about ``path`` to stand."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return ("error", type(exc).__name__)
+    return signature_of_stat(st)
+
+
+def signature_of_stat(st: os.stat_result) -> Signature:
+    if stat.S_ISREG(st.st_mode):
+        return ("f", st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if stat.S_ISDIR(st.st_mode):
+        # ctime too: ``cp -p``, ``rsync -t`` and ``tar x`` put a directory's mtime back after adding a file
+        return ("d", st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+    return ("o", st.st_mode)
+
+
+def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
+    """True if every path still stats as it did: the hot loop of a warm call, kept tight."""
+    global _paths_statted
+    _paths_statted += len(checks)
+    stat_ = os.stat
+    for path, sig in checks:
+        if sig is not None and sig[0] == "f":
+            try:
+                st = stat_(path)
+            except OSError:
+                return False
+            if (st.st_mtime_ns != sig[3] or st.st_size != sig[2] or st.st_ino != sig[1]
+                    or st.st_ctime_ns != sig[4] or not stat.S_ISREG(st.st_mode)):
+                return False
+        elif signature(path) != sig:
+            return False
+    return True
+
+
+
+def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
+    """True if every directory still resolves where it did (no symlink on the way was retargeted).
+
+    Exactly ``os.path.realpath(directory) == real`` for each, but a directory recorded as its own
+    real path (the common case) is checked by an ``lstat`` of each of its components, each
+    component shared by several directories looked at once: ``realpath`` of a normalized absolute
+    path with no symbolic link on the way is that path. Where a link is found, ``realpath`` decides.
+    """
+    realpath = os.path.realpath
+    no_link: dict[str, bool] = {"/": True}  # directory -> no component of it is a symbolic link
+    for directory, real in real_checks:
+        if directory != real or not _is_plain_absolute(directory) or not _no_link_on_the_way(directory, no_link):
+            if realpath(directory) != real:
+                return False
+    return True
+
+
+def _is_plain_absolute(path: str) -> bool:
+    """Absolute, normalized, and not ``//``-rooted: what ``realpath`` returns unchanged when nothing is a link."""
+    return path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path
+
+
+def _no_link_on_the_way(path: str, no_link: dict[str, bool]) -> bool:
+    """No component of ``path`` (absolute, normalized) is a symbolic link: one ``lstat`` per new component."""
+    found = no_link.get(path)
+    if found is None:
+        parent = path.rpartition("/")[0] or "/"
+        found = _no_link_on_the_way(parent, no_link)
+        if found:
+            try:
+                found = not stat.S_ISLNK(os.lstat(path).st_mode)
+            except OSError:
+                found = True  # as realpath: a component it cannot lstat is taken as it is
+        no_link[path] = found
+    return found
+
+
+def is_racy(sig: Signature) -> bool:
+    """Modified within RACY_NS of now (by mtime, as git does): a stat cannot vouch for it yet."""
+    if sig is None:
+        return False
+    if sig[0] == "f":
+        return sig[3] > time.time_ns() - RACY_NS
+    if sig[0] == "d":
+        return sig[2] > time.time_ns() - RACY_NS
+    return False
+
+
+def known_file(path: str, sig: Signature, *, parse: bool) -> FileInfo | None:
+    """The memoized digest of ``path`` if ``sig`` is still its signature (with its includes, if ``parse``)."""
+    cached = _file_memo.get(path)
+    if cached is not None and cached[0] == sig and (cached[2] or not parse):
+        return cached[1]
+    return None
+
+
+def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> None:
+    """A file just read and hashed: counted (:func:`files_hashed`), and memoized if it settled.
+
+    Settled: not rewritten while it was read (a stat after still gives ``sig``) and not modified
+    within ``RACY_NS``. ``parse`` False: ``info`` has no includes; a later parse reads it again.
+    """
+    global _files_hashed
+    _files_hashed += 1
+    after = signature(path)
+    if after == sig and not is_racy(sig):  # settled and not rewritten while we read it
+        with _memo_lock:
+            if len(_file_memo) >= MAX_MEMO_FILES:
+                _file_memo.clear()
+            _file_memo[path] = (sig, info, parse)
+
+
+_View = TypeVar("_View")
+
+
+class ViewMemo(Generic[_View]):
+    """What a caller made of a memoized scan (:class:`.headerscan.HeaderScan`), by the scan's identity.
+
+    Made once per scan result, so a warm call builds nothing; cleared with the memo
+    (:func:`clear_memo`), at most ``MAX_MEMO_SCANS`` kept. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._views: dict[int, tuple[ScanResult, _View]] = {}  # by id(result); the result kept alive here
+        _view_memos.append(self)
+
+    def get(self, result: ScanResult) -> _View | None:
+        """The view remembered for ``result``, or None."""
+        hit = self._views.get(id(result))
+        if hit is not None and hit[0] is result:
+            return hit[1]
+        return None
+
+    def put(self, result: ScanResult, view: _View) -> None:
+        """Remember ``view`` for ``result``."""
+        with _memo_lock:
+            if len(self._views) >= MAX_MEMO_SCANS:
+                self._views.clear()
+            self._views[id(result)] = (result, view)
+
+    def clear(self) -> None:
+        """Forget every view (the memo lock held: :func:`clear_memo`)."""
+        self._views.clear()
+
+
+_view_memos: list[ViewMemo[Any]] = []
+
+
+def memoized(
+    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None,
+    scanner_id: Callable[[], bytes | None],
+) -> ScanResult | None:
+    """The scan memoized for ``memo_key`` if it still stands, else None (scan again).
+
+    In this process: on inotify's word (plus a stat of what no watch covers), within
+    ``recheck_s`` of its last validation, or after validating it again. Else, from
+    ``memo_dir``: a scan an earlier process persisted under ``scanner_id()`` (the scanner's
+    code, asked only then; None: nothing is persisted), validated by stat before use.
+    """
+    global _by_watch
+    cached = _scan_memo.get(memo_key)
+    if cached is not None:
+        watch = cached.watch
+        if watch is not None and watch.current() and _unwatched_unchanged(watch):
+            _by_watch += 1
+            return cached
+        if watch is not None and watch.rescan:
+            return None  # a file appeared or went in a directory walked whole: scan it again
+        if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
+            return cached
+        return None
+    found = _persisted(memo_key, memo_dir, scanner_id)
+    if found is None:
+        return None
+    store, name = found
+    loaded = store.load(name, ScanResult, checked_at=0.0, validations=0)
+    if loaded is None or not _revalidate(loaded):
+        return None
+    _remember(memo_key, loaded)
+    return loaded
+
+
+def memoize(
+    memo_key: tuple[Any, ...], result: ScanResult | None, memo_dir: str | os.PathLike[str] | None,
+    scanner_id: Callable[[], bytes | None],
+) -> None:
+    """Remember a fresh scan here and in ``memo_dir``; None (a racy scan) forgets ``memo_key`` instead."""
+    if result is None:
+        _forget(memo_key)
+        return
+    _remember(memo_key, result)
+    found = _persisted(memo_key, memo_dir, scanner_id)
+    if found is not None:
+        store, name = found
+        store.save(name, result)
+
+
+def _persisted(
+    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None, scanner_id: Callable[[], bytes | None]
+) -> tuple[scanmemo.ScanMemoStore, str] | None:
+    """The store and file name ``memo_key`` persists under, or None (no ``memo_dir``, or no scanner id)."""
+    if memo_dir is None:
+        return None
+    code_id = scanner_id()
+    if code_id is None:
+        return None
+    key = os.fspath(memo_dir)
+    store = _memo_stores.get(key)
+    if store is None:
+        store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
+    return store, scanmemo.memo_name(memo_key, code_id)
+
+
+def _unwatched_unchanged(watch: Subscription) -> bool:
+    """The paths no watch covers (an untrusted filesystem, a refused watch), re-stat'ed as before."""
+    return (not watch.stat_checks or _unchanged(watch.stat_checks)) and (
+        not watch.stat_real_checks or _same_realpaths(watch.stat_real_checks)
+    )
+
+
+def _revalidate(result: ScanResult) -> bool:
+    """Validate ``result`` by stat; from its second use on, where inotify can be had, watch first,
+    so that this stat is the last one.
+
+    False if anything differs, or if a header is too fresh to vouch for by stat (RACY_NS).
+    """
+    global _by_stat, _paths_statted
+    previous, result.watch = result.watch, None
+    if previous is not None:
+        previous.release()
+    with _memo_lock:
+        _by_stat += 1
+    deadline = time.time_ns() - RACY_NS
+    for _, sig in result.checks:
+        if sig is not None and sig[0] in ("f", "d") and sig[3 if sig[0] == "f" else 2] > deadline:
+            return False
+    # Watched from the second use on: a process that uses a scan once (a script compiling
+    # each kernel once, the first call after a load) pays one stat pass, not a watch setup.
+    watcher = headerwatch.watcher() if result.validations > 0 else None
+    result.validations += 1
+    if watcher is None:
+        valid = _unchanged(result.checks) and _same_realpaths(result.real_checks)
+    else:
+        _paths_statted += len(result.checks)
+        sub = watcher.subscribe(result.checks, result.real_checks,
+                                signature=signature, signature_of_stat=signature_of_stat)
+        valid = sub.valid
+        if valid:
+            with _memo_lock:
+                raced, result.watch = result.watch, sub  # another thread validating the same scan at once
+            if raced is not None:
+                raced.release()
+    if valid:
+        result.checked_at = time.monotonic()
+    return valid
+
+
+def _remember(memo_key: tuple[Any, ...], result: ScanResult) -> None:
+    with _memo_lock:
+        if len(_scan_memo) >= MAX_MEMO_SCANS:
+            _release_all()
+        previous = _scan_memo.get(memo_key)
+        _scan_memo[memo_key] = result
+    if previous is not None and previous is not result and previous.watch is not None:
+        previous.watch.release()
+
+
+def _forget(memo_key: tuple[Any, ...]) -> None:
+    with _memo_lock:
+        previous = _scan_memo.pop(memo_key, None)
+    if previous is not None and previous.watch is not None:
+        previous.watch.release()
+
+
+def _release_all() -> None:
+    """Drop every scan (memo lock held) and release their watches."""
+    for result in _scan_memo.values():
+        if result.watch is not None:
+            result.watch.release()
+    _scan_memo.clear()
+
+
+def _new_lock_after_fork() -> None:
+    global _memo_lock
+    _memo_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+forks.register(_new_lock_after_fork)
+
+
+def validation_counts() -> ValidationCounts:
+    """This process's validations of warm header memos so far (see :class:`ValidationCounts`)."""
+    return ValidationCounts(_by_stat, _by_watch, _paths_statted)
+
+
+def files_hashed() -> int:
+    """Header files this process has read and hashed so far (each memo miss counts one).
+
+    Per process; read without a lock (a racing thread's count may show up a call late).
+    """
+    return _files_hashed
+
+
+def clear_memo() -> None:
+    """Forget every memoized file and scan (tests, or after remounting a header tree). Thread-safe."""
+    with _memo_lock:
+        _file_memo.clear()
+        for views in _view_memos:
+            views.clear()
+        _release_all()

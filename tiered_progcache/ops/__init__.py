@@ -1,0 +1,1 @@
+"""What operators run: the command line, transfer, bundles, prune, metrics, run statistics."""

@@ -1,0 +1,175 @@
+"""Writes to a local or NFS path that no reader can see half-done: stage, fsync, rename or link.
+
+One place for the primitives the package uses on POSIX paths: replace a file
+atomically (stage in a private directory on the same filesystem, then ``os.replace``),
+create a file only if absent (stage, then ``link(2)``, atomic on NFS too), make
+directories with explicit modes that never follow a planted symbolic link, and open a
+file for reading only if it is a regular file within a byte cap (:func:`open_regular`).
+
+Modes: staging directories are ``0o700`` (no one else can read or swap a file being
+written); every other directory is created ``0o775`` less the umask, so never
+world-writable even under ``umask 000``, while a group that shares a cache (cuda-core's
+design) keeps group write under ``umask 002``. Existing directories are left as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+from typing import Callable
+
+from ..errors import EntryRejected
+
+__all__ = ["DIR_MODE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "open_regular", "write_atomic"]
+
+#: Mode of the directories we create (before the umask; never world-writable).
+DIR_MODE = 0o775
+#: Mode of staging directories (``tmp/``).
+STAGING_DIR_MODE = 0o700
+
+# Read-only, the last component never followed, non-blocking (a FIFO cannot hang the open;
+# no effect on a regular file's reads), closed across exec.
+_READ_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def open_regular(
+    path: str | os.PathLike[str],
+    max_bytes: int | None = None,
+    *,
+    refuse: Callable[[str], BaseException] = EntryRejected,
+) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat``, if it is a regular file of at most ``max_bytes``.
+
+    The one safe open of a file that something else may have planted: a symbolic link
+    (to ``/dev/zero``, or outside the tree) is not followed, a FIFO or device is refused
+    without blocking, and a file stated over ``max_bytes`` is refused unread. Each
+    refusal raises ``refuse(reason)`` (default :class:`~tiered_progcache.errors.EntryRejected`);
+    a missing file raises ``FileNotFoundError`` as ``os.open`` does. The caller closes the
+    descriptor; what it reads past the ``fstat`` is still its to bound (a file may grow).
+    """
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise refuse("a symbolic link, not an entry (not followed)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse("not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise refuse(f"{st.st_size} bytes, over the {max_bytes}-byte limit")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def make_dirs(path: str | os.PathLike[str], mode: int = DIR_MODE, *, below: str | os.PathLike[str] | None = None) -> None:
+    """Create ``path`` and its missing parents, each with ``mode`` (never world-writable, whatever the umask).
+
+    With ``below``, every component of ``path`` under ``below`` that exists must be a real
+    directory: a symbolic link there (a planted ``entries/ab -> /elsewhere``) raises
+    ``PermissionError`` instead of being written through.
+    """
+    mode &= ~stat.S_IWOTH
+    path = os.path.abspath(os.fspath(path))
+    parts: list[str] = []
+    head = path
+    while True:
+        parts.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    guard = os.path.abspath(os.fspath(below)) if below is not None else None
+    for component in reversed(parts):
+        checked = guard is not None and component != guard and component.startswith(guard.rstrip(os.sep) + os.sep)
+        try:
+            st = os.lstat(component)
+        except FileNotFoundError:
+            try:
+                os.mkdir(component, mode)
+            except FileExistsError:  # a racing creator
+                st = os.lstat(component)
+            else:
+                continue
+        if stat.S_ISLNK(st.st_mode) and checked:
+            raise PermissionError(f"refusing to write through the symbolic link {component}")
+
+
+def _stage(directory: str | os.PathLike[str], data: bytes, *, fsync: bool, mode: int | None = None) -> str:
+    make_dirs(directory, STAGING_DIR_MODE)
+    fd, staged = tempfile.mkstemp(prefix="stage-", dir=directory)
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+    return staged
+
+
+def write_atomic(
+    target: str | os.PathLike[str],
+    data: bytes,
+    *,
+    staging_dir: str | os.PathLike[str],
+    fsync: bool = True,
+    mode: int | None = None,
+) -> None:
+    """Make ``target`` hold ``data``: readers see the old file or the whole new one, never part.
+
+    ``staging_dir`` must be on the same filesystem as ``target`` (a rename cannot cross one).
+    ``mode``: the file's permission bits (default ``0o600``, ``mkstemp``'s).
+    """
+    make_dirs(os.path.dirname(os.fspath(target)))
+    staged = _stage(staging_dir, data, fsync=fsync, mode=mode)
+    try:
+        os.replace(staged, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+
+
+def create_exclusive(
+    target: str | os.PathLike[str], data: bytes, *, staging_dir: str | os.PathLike[str] | None = None
+) -> bool:
+    """Create ``target`` holding ``data`` only if absent; False if it exists. Atomic, NFS included.
+
+    Stages the whole file, then ``link(2)``s it into place, so the file appears complete
+    or not at all. Where hard links are unsupported, falls back to ``O_EXCL`` and a
+    write (a reader may then briefly see it empty).
+    """
+    target = os.fspath(target)
+    directory = os.path.dirname(target)
+    make_dirs(directory)
+    staged = _stage(staging_dir if staging_dir is not None else directory, data, fsync=False)
+    try:
+        try:
+            os.link(staged, target)
+        except FileExistsError:
+            return False
+        except OSError:
+            try:
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)

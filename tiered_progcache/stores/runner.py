@@ -1,0 +1,544 @@
+"""The one door for requests to a remote store: a deadline on each, one circuit breaker over all.
+
+Single reads and writes, listings, bulk transfers and lease operations of one remote
+all go through its :class:`RequestRunner`, so they share one failure policy: the
+breaker refuses requests while the remote is known to be down, and every request's
+outcome (a bulk batch's included, a half-open probe's always) is recorded on it.
+
+Deadlines are enforced two ways, picked per filesystem:
+
+- async filesystems (s3fs, gcsfs, adlfs): the coroutine runs on the filesystem's own
+  event loop under ``asyncio.wait_for`` (``fsspec.asyn.sync(..., timeout=)``), so a
+  request that runs out of time is *cancelled*, not abandoned;
+- blocking filesystems (local/NFS paths, memory://, sftp): the call runs on a small pool
+  of daemon threads and the caller waits on its future with a timeout. A call made with
+  ``stoppable=True`` gets a stop flag (a ``threading.Event``) as its first argument, set
+  when its caller stops waiting, so a long read checks it between chunks and ends at
+  its deadline. A call that never returns keeps its thread (Python cannot cancel a
+  blocked thread) but not its caller; the pool is bounded, so a remote that hangs every call fills it, the next
+  calls time out waiting for a thread, and the breaker opens. Daemon threads never
+  hold up interpreter exit.
+
+A request is written once, as a coroutine function over fsspec's coroutine methods
+(``_cat_file``, ``_pipe_file``...): :meth:`RequestRunner.request` runs it on an async
+filesystem's loop, and on a blocking one drives it to its end on a pool thread over
+:class:`BlockingCalls`, the same names answered by the blocking methods (awaits that
+never suspend). So there is no second, blocking twin of any request to keep in step.
+
+The filesystem itself is built through the runner where a :class:`FilesystemFactory` is
+given: on first use, under the request deadline and the breaker (ftp:// and sftp
+connect in their constructor, gcsfs looks for credentials), so a remote that cannot
+even be constructed costs one deadline, not 30 s.
+
+Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
+loop and sessions (s3fs is not fork-safe). The fork registry (:mod:`.forks`) marks every runner;
+in the child its thread pool starts empty and its filesystem is rebuilt on first use,
+a new instance outside fsspec's instance cache (a blocking filesystem handed in by the
+caller is kept: it holds no threads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import math
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, Callable, TypeVar
+
+from .. import forks
+from .breaker import CircuitBreaker
+from ..errors import EntryRejected
+from .latency import LatencyTracker
+
+__all__ = ["ANSWERS", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
+
+T = TypeVar("T")
+
+#: Exceptions that are the remote's answer (a miss, an object already there, an object refused
+#: while read), not its failure.
+ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, EntryRejected)
+#: Requests of one batch that a connection pool is assumed to run side by side.
+BATCH_PARALLELISM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class FilesystemFactory:
+    """How to build one fsspec filesystem: its class and keyword arguments. Immutable.
+
+    ``build(fresh=True)`` makes a new instance (``skip_instance_cache``): after a fork
+    the parent's cached instance holds a dead event loop and sessions. Otherwise fsspec
+    may hand back an equal instance it already holds (warm sessions, as ``url_to_fs``).
+    """
+
+    cls: type
+    kwargs: Mapping[str, Any]
+
+    @classmethod
+    def like(cls, fs: Any) -> FilesystemFactory:
+        """A factory that rebuilds ``fs`` from the options it was made with."""
+        return cls(type(fs), dict(getattr(fs, "storage_options", {})))
+
+    @property
+    def is_async(self) -> bool:
+        from fsspec.asyn import AsyncFileSystem
+
+        return issubclass(self.cls, AsyncFileSystem)
+
+    def build(self, fresh: bool = False) -> Any:
+        return self.cls(**{**self.kwargs, "skip_instance_cache": True}) if fresh else self.cls(**self.kwargs)
+
+
+class RequestRunner:
+    """Runs every request to one fsspec filesystem under a deadline and the remote's circuit breaker.
+
+    >>> runner = RequestRunner(fs, timeout=5.0, breaker=CircuitBreaker(), name="remote cache s3://b/k")
+    >>> blob = runner.call("read", fs.cat_file, fs._cat_file, path)
+
+    Thread-safe. Blocking calls go to at most ``max_threads`` daemon threads, started on
+    demand and reused; coroutines go to the filesystem's own loop (see module docstring).
+    A timed-out request raises the builtin ``TimeoutError``; an open breaker raises
+    :class:`~tiered_progcache.errors.TierUnavailable` without making the request.
+    """
+
+    def __init__(
+        self,
+        fs: Any | None,
+        *,
+        timeout: float,
+        breaker: CircuitBreaker,
+        name: str,
+        max_threads: int = 8,
+        factory: FilesystemFactory | None = None,
+    ) -> None:
+        if fs is None and factory is None:
+            raise ValueError("RequestRunner needs a filesystem or a factory to build one")
+        if factory is None:
+            factory = FilesystemFactory.like(fs)
+            self._rebuild_after_fork = factory.is_async  # a blocking one handed in is kept
+        else:
+            self._rebuild_after_fork = True
+        self._factory = factory
+        self._fs = fs
+        self._async = factory.is_async
+        self.timeout = timeout
+        self.breaker = breaker
+        self.name = name
+        self._max_threads = max_threads
+        self._threads = _DaemonThreads(max_threads, name=f"remote {name}")
+        self._connect_lock = threading.Lock()
+        self._forked = False
+        #: Durations of single requests run under the per-request deadline (see :mod:`.latency`).
+        self.latency = LatencyTracker()
+        _RUNNERS.add(self)
+
+    @property
+    def is_async(self) -> bool:
+        """True if requests run as coroutines on the filesystem's loop (cancelled at their deadline)."""
+        return self._async
+
+    @property
+    def filesystem_class(self) -> type:
+        """The filesystem's class, known before it is built (``root_marker``, ``_strip_protocol``)."""
+        return self._factory.cls
+
+    @property
+    def fs(self) -> Any:
+        """The filesystem, built on first use under the deadline and the breaker.
+
+        Raises ``TimeoutError`` (construction took past ``timeout``), ``TierUnavailable``
+        (breaker open) or what the constructor raised (recorded on the breaker).
+        """
+        fs = self._fs
+        if fs is not None:
+            return fs
+        self.breaker.before_call()
+        try:
+            fs = self._build()
+        except BaseException as exc:
+            self.breaker.record_failure(exc)
+            raise
+        self.breaker.record_success()  # built; a half-open probe's outcome is always recorded
+        return fs
+
+    def _build(self) -> Any:
+        """The filesystem, built now if it is not yet (under the deadline); the caller keeps the breaker's books."""
+        with self._connect_lock:
+            if self._fs is None:
+                build = functools.partial(self._factory.build, fresh=self._forked)
+                self._fs = _in_daemon_thread(build, self.timeout, f"connecting to {self.name}")
+            return self._fs
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: no parent threads, and a filesystem rebuilt on first use where it cannot cross a fork."""
+        self._threads = _DaemonThreads(self._max_threads, name=f"remote {self.name}")
+        self._connect_lock = threading.Lock()
+        if self._rebuild_after_fork:
+            self._fs = None
+            self._forked = True
+
+    def batch_timeout(self, requests: int) -> float:
+        """The deadline for ``requests`` run side by side, allowing for a connection pool smaller than the batch."""
+        return self.timeout * max(2, math.ceil(requests / BATCH_PARALLELISM))
+
+    def call(
+        self,
+        what: str,
+        sync_fn: Callable[..., T],
+        async_fn: Callable[..., Awaitable[T]] | None,
+        *args: Any,
+        timeout: float | None = None,
+        stoppable: bool = False,
+    ) -> T:
+        """One request: ``async_fn(*args)`` on an async filesystem (when given), else ``sync_fn(*args)``.
+
+        ``timeout`` defaults to the runner's per-request timeout. With ``stoppable``, each
+        is called with a stop flag first, ``fn(stop, *args)`` (see the module docstring; on
+        the loop it is never set, as the deadline cancels the coroutine). Raises
+        what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
+        ``EntryRejected`` counts as an answer.
+        """
+        self.breaker.before_call()
+        limit = self.timeout if timeout is None else timeout
+        what = f"{what} on {self.name}"
+        started = time.monotonic()
+        try:
+            if self._fs is None:
+                self._build()
+                started = time.monotonic()
+            if self._async and async_fn is not None:
+                result = _run_async(self.fs.loop, async_fn, _with_stop(args, stoppable), limit, what)
+            else:
+                result = self._run_sync(sync_fn, args, limit, what, stoppable)
+        except ANSWERS:
+            if timeout is None:
+                self.latency.record(time.monotonic() - started)
+            self.breaker.record_success()  # an answer: the remote works
+            raise
+        except BaseException as exc:  # a half-open probe's outcome is always recorded
+            self.breaker.record_failure(exc)
+            raise
+        if timeout is None:  # one round trip (listings and bulk calls pass their own deadline)
+            self.latency.record(time.monotonic() - started)
+        self.breaker.record_success()
+        return result
+
+    def call_many(
+        self,
+        what: str,
+        sync_fn: Callable[..., Any],
+        async_fn: Callable[..., Awaitable[Any]] | None,
+        calls: Sequence[tuple[Any, ...]],
+        *,
+        timeout: float | None = None,
+        stoppable: bool = False,
+    ) -> list[Any]:
+        """Many requests side by side, one per argument tuple in ``calls``, under one deadline.
+
+        Returns one item per call, in order: its result, or the exception it raised (a
+        refused or timed-out batch gives every item the same exception). Never raises an
+        ``Exception``. The batch is one pass through the breaker: if any request was
+        answered the remote works (success, which closes a half-open breaker);
+        if none was, each failed request counts as a failure. ``timeout`` defaults to
+        :meth:`batch_timeout`; ``stoppable`` as for :meth:`call` (one stop flag for the batch).
+        """
+        if not calls:
+            return []
+        try:
+            self.breaker.before_call()
+        except Exception as exc:
+            return [exc] * len(calls)
+        limit = self.batch_timeout(len(calls)) if timeout is None else timeout
+        what = f"{what} on {self.name}"
+        try:
+            if self._fs is None:
+                self._build()
+        except Exception as exc:  # could not even build the filesystem: the batch failed
+            self.breaker.record_failure(exc)
+            return [exc] * len(calls)
+        try:
+            if self._async and async_fn is not None:
+                results = self._many_async(async_fn, [_with_stop(args, stoppable) for args in calls], limit, what)
+            else:
+                results = self._many_sync(sync_fn, calls, limit, what, stoppable)
+        except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
+            self.breaker.record_failure(exc)
+            raise
+        if any(not isinstance(r, BaseException) or isinstance(r, ANSWERS) for r in results):
+            self.breaker.record_success()
+        else:
+            for error in results:
+                self.breaker.record_failure(error)
+        return results
+
+    def request(
+        self,
+        what: str,
+        op: Callable[..., Awaitable[T]],
+        *args: Any,
+        timeout: float | None = None,
+        stoppable: bool = False,
+    ) -> T:
+        """One request written once, as a coroutine function ``op(*args)``: :meth:`call` with ``op`` as both ways.
+
+        On an async filesystem ``op`` runs on its loop, cancelled at the deadline; on a
+        blocking one it is driven to its end on a pool thread, where it must await only
+        :class:`BlockingCalls` (``RuntimeError`` if it suspends).
+        """
+        return self.call(what, functools.partial(_run_to_end, op), op, *args, timeout=timeout, stoppable=stoppable)
+
+    def request_many(
+        self,
+        what: str,
+        op: Callable[..., Awaitable[Any]],
+        calls: Sequence[tuple[Any, ...]],
+        *,
+        timeout: float | None = None,
+        stoppable: bool = False,
+    ) -> list[Any]:
+        """:meth:`call_many` of one request written once (as :meth:`request`)."""
+        return self.call_many(what, functools.partial(_run_to_end, op), op, calls, timeout=timeout, stoppable=stoppable)
+
+    @property
+    def calls(self) -> Any:
+        """The filesystem's coroutine methods a :meth:`request` awaits: its own on an async filesystem,
+        else :class:`BlockingCalls` over it."""
+        fs = self.fs
+        return fs if self._async else BlockingCalls(fs)
+
+    def close(self) -> None:
+        """Let the idle threads go; a later request starts fresh ones."""
+        self._threads.close()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _run_sync(
+        self, fn: Callable[..., T], args: tuple[Any, ...], timeout: float, what: str, stoppable: bool = False
+    ) -> T:
+        stop = threading.Event()
+        future = self._threads.submit(fn, *((stop, *args) if stoppable else args))
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:  # the builtin TimeoutError only from Python 3.11
+            if future.done() and not future.cancelled():
+                raise  # fn's own TimeoutError (a socket timeout), not our deadline
+            stop.set()  # a stoppable call ends at its next check
+            future.cancel()  # still queued: never runs. Running: its thread finishes on its own.
+            raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+    def _many_sync(
+        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str, stoppable: bool = False
+    ) -> list[Any]:
+        stop = threading.Event()
+        futures = [self._threads.submit(fn, *((stop, *args) if stoppable else args)) for args in calls]
+        deadline = time.monotonic() + timeout
+        results: list[Any] = []
+        try:
+            for future in futures:
+                try:
+                    results.append(future.result(max(0.0, deadline - time.monotonic())))
+                except concurrent.futures.TimeoutError as exc:
+                    if future.done() and not future.cancelled():
+                        results.append(exc)  # the request's own TimeoutError
+                    else:
+                        stop.set()
+                        future.cancel()
+                        results.append(TimeoutError(f"{what} took longer than {timeout:g} s"))
+                except Exception as exc:
+                    results.append(exc)
+        finally:
+            if len(results) < len(futures):
+                stop.set()
+            for future in futures[len(results) :]:
+                future.cancel()
+        return results
+
+    def _many_async(
+        self, fn: Callable[..., Awaitable[Any]], calls: Sequence[tuple[Any, ...]], timeout: float, what: str
+    ) -> list[Any]:
+        async def run_all() -> list[Any]:
+            return await asyncio.gather(*(fn(*args) for args in calls), return_exceptions=True)
+
+        try:
+            return list(_run_async(self.fs.loop, run_all, (), timeout, what))
+        except Exception as exc:  # the whole batch: timed out, or the loop is gone
+            return [exc] * len(calls)
+
+
+def _with_stop(args: tuple[Any, ...], stoppable: bool) -> tuple[Any, ...]:
+    """``args`` with a stop flag first for a stoppable call on the loop (never set: its deadline cancels it)."""
+    return (threading.Event(), *args) if stoppable else args
+
+
+def _run_to_end(op: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``op(*args)`` run to its end on this thread: a request over :class:`BlockingCalls`, whose awaits never suspend."""
+    coroutine = op(*args)
+    try:
+        coroutine.send(None)  # type: ignore[attr-defined]
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()  # type: ignore[attr-defined]
+    raise RuntimeError(f"{_name_of(op)} suspended: a request over a blocking filesystem awaits only BlockingCalls")
+
+
+def _name_of(op: Callable[..., Any]) -> str:
+    return getattr(op, "__qualname__", repr(op))
+
+
+class BlockingCalls:
+    """A blocking fsspec filesystem's methods under the coroutine names of ``AsyncFileSystem``.
+
+    Each awaits nothing: it calls the blocking method and returns, so a request written
+    over fsspec's coroutine methods runs unchanged on a blocking filesystem (driven to its
+    end on a runner thread). Only the methods the remote tier's requests use.
+    """
+
+    def __init__(self, fs: Any) -> None:
+        self._fs = fs
+
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        return self._fs.cat_file(path, start=start, end=end)
+
+    async def _pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
+        self._fs.pipe_file(path, value, **kwargs)
+
+    async def _info(self, path: str) -> dict[str, Any]:
+        return self._fs.info(path)
+
+    async def _exists(self, path: str) -> bool:
+        return self._fs.exists(path)
+
+    async def _isdir(self, path: str) -> bool:
+        return self._fs.isdir(path)
+
+    async def _ls(self, path: str, detail: bool = True) -> list[Any]:
+        return self._fs.ls(path, detail=detail)
+
+    async def _find(self, path: str, detail: bool = False) -> Any:
+        return self._fs.find(path, detail=detail)
+
+    async def _makedirs(self, path: str, exist_ok: bool = False) -> None:
+        self._fs.makedirs(path, exist_ok=exist_ok)
+
+    async def _mv(self, source: str, target: str) -> None:
+        self._fs.mv(source, target)
+
+    async def _rm_file(self, path: str) -> None:
+        self._fs.rm_file(path)
+
+    async def _rm(self, paths: list[str]) -> None:
+        self._fs.rm(paths)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self._fs.invalidate_cache(path)
+
+
+def _run_async(
+    loop: Any, coro_fn: Callable[..., Awaitable[T]], args: tuple[Any, ...], timeout: float, what: str
+) -> T:
+    """``await coro_fn(*args)`` on ``loop`` (a running loop in another thread), cancelled at ``timeout``."""
+    from fsspec.asyn import sync
+    from fsspec.exceptions import FSTimeoutError
+
+    try:
+        return sync(loop, coro_fn, *args, timeout=timeout)
+    except FSTimeoutError:  # an asyncio.TimeoutError, not the builtin one before Python 3.11
+        raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+def _in_daemon_thread(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """``fn()`` on a new daemon thread, waited for at most ``timeout`` s (a hung constructor keeps only its thread)."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name="tiered-progcache-connect", daemon=True).start()
+    try:
+        return future.result(timeout)
+    except concurrent.futures.TimeoutError:
+        if future.done():
+            raise
+        raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+_RUNNERS: weakref.WeakSet[RequestRunner] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for runner in list(_RUNNERS):
+        runner._after_fork_in_child()
+
+
+forks.register(_after_fork_in_child)
+
+
+class _DaemonThreads:
+    """At most ``max_threads`` daemon threads that run submitted calls; started on demand, reused."""
+
+    def __init__(self, max_threads: int, *, name: str) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads!r}")
+        self._max_threads = max_threads
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[concurrent.futures.Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._lock:
+            self._jobs.put((future, fn, args))
+            if self._idle == 0 and self._threads < self._max_threads:
+                self._threads += 1
+                threading.Thread(
+                    target=self._work,
+                    args=(self._jobs,),
+                    name=f"tiered-progcache-{self._name}-{self._threads}",
+                    daemon=True,
+                ).start()
+            elif self._idle:
+                self._idle -= 1
+        return future
+
+    def close(self) -> None:
+        """Let the threads go; a thread stuck in a call exits when the call returns.
+
+        A later call starts fresh threads, so a closed runner still works (as cuda-core's
+        tiers do after ``close()``).
+        """
+        with self._lock:
+            jobs, threads = self._jobs, self._threads
+            self._jobs = queue.SimpleQueue()
+            self._threads = self._idle = 0
+        for _ in range(threads):
+            jobs.put(None)
+
+    def _work(self, jobs: queue.SimpleQueue[Any]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args)
+                except BaseException as exc:  # handed to the waiting caller
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            with self._lock:
+                if jobs is self._jobs:
+                    self._idle += 1

@@ -1,0 +1,231 @@
+"""What every shared tier has in common: its state, the mapping API over entry names and the declared capabilities.
+
+The fsspec remote and the Redis tier differ in how they move bytes. They share how they
+are configured (read-only, signing key, compression, the request deadline, the breaker,
+the byte cap, the transfer batch, the namespace), the one request door, how a cache key
+becomes an entry name, what ``cache[key]`` means, how fetched envelopes are verified,
+how a read-only tier refuses, and how a URL is shown without its password. Both
+subclass :class:`SharedEntryStore`, whose ``__init__`` holds all of that.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+from cuda.core import ObjectCode
+from cuda.core.utils import ProgramCacheResource
+
+from .. import _cudacore, settings
+from .breaker import CircuitBreaker
+from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
+from ..redact import mask_url
+from .runner import FilesystemFactory, RequestRunner
+from .store import EntryStore, check_namespace, entry_name
+
+__all__ = ["MIN_LIST_TIMEOUT_S", "SharedEntryStore", "checked_seconds", "without_password"]
+
+#: A listing reads the whole prefix (or keyspace) page by page, so it gets at least this long.
+MIN_LIST_TIMEOUT_S = 120.0
+
+#: ``url`` with its passwords and secret query parameters masked (:func:`tiered_progcache.redact.mask_url`).
+without_password = mask_url
+
+
+def checked_seconds(setting: str, what: str, value: Any) -> float | None:
+    """``value`` checked as the settings row ``setting`` checks it (errors name ``what``); None gives the row's default."""
+    row = settings.by_name()[setting]
+    try:
+        checked = row.parse(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{what} {exc}") from None
+    return row.default if checked is None else checked
+
+
+class SharedEntryStore(ProgramCacheResource, EntryStore):
+    """A shared tier: a ``ProgramCacheResource`` by key and an :class:`EntryStore` by name.
+
+    ``__init__`` checks and keeps what every shared store is configured with, and builds
+    its one :class:`~tiered_progcache.stores.runner.RequestRunner` over ``connection`` (an
+    fsspec filesystem, a Redis client) or ``factory``. Subclasses name themselves in
+    ``_kind`` for messages, fetch envelopes (:meth:`_fetch_envelope`,
+    :meth:`_fetch_envelopes`) and implement the other ``EntryStore`` methods that move
+    bytes, each request through :attr:`runner`. Thread safety is theirs.
+    """
+
+    _kind = "shared cache"
+
+    def __init__(
+        self,
+        connection: Any | None,
+        *,
+        url: str,
+        read_only: bool = False,
+        signing_key: bytes | str | None = None,
+        compression: str | None = None,
+        timeout: float | None = None,
+        breaker: CircuitBreaker | None = None,
+        transfer_concurrency: int | None = None,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+        namespace: str = "entries",
+        factory: FilesystemFactory | None = None,
+    ) -> None:
+        """``timeout``: seconds per request, None for the ``remote_timeout`` setting's default; listings get
+        at least ``MIN_LIST_TIMEOUT_S``. ``transfer_concurrency``: requests (Redis: entries per pipeline) in
+        flight at once during a bulk transfer, None for the setting's default. ``breaker``: shared with
+        other stores, or one of its own."""
+        self._location = without_password(url)
+        self._read_only = bool(read_only)
+        self.timeout: float = checked_seconds("remote_timeout", "timeout", timeout)  # type: ignore[assignment]
+        if transfer_concurrency is None:
+            transfer_concurrency = settings.by_name()["transfer_concurrency"].default
+        if isinstance(transfer_concurrency, bool) or not isinstance(transfer_concurrency, int) or transfer_concurrency < 1:
+            raise ValueError(f"transfer_concurrency must be a positive int, got {transfer_concurrency!r}")
+        self.transfer_concurrency = transfer_concurrency
+        self._namespace = check_namespace(namespace)
+        self._codec = EnvelopeCodec(signing_key, compression, max_entry_bytes=max_entry_bytes)
+        self._max_entry_bytes = max_entry_bytes
+        self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"{self._kind} {self._location}")
+        self._runner = RequestRunner(
+            connection, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
+        )
+
+    # -- what the store is -----------------------------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        """``entries`` or ``triton``: the folder (or key space) this store's entries live in."""
+        return self._namespace
+
+    @property
+    def location(self) -> str:
+        """The URL, with any password in it removed."""
+        return self._location
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    @property
+    def shared(self) -> bool:
+        return True
+
+    @property
+    def available(self) -> bool:
+        """False while the breaker is open (the store failed repeatedly and is cooling down)."""
+        return self._breaker.state != "open"
+
+    @property
+    def round_trip_s(self) -> float | None:
+        """The median of this store's recent single requests (its runner times each), in seconds."""
+        return self._runner.latency.median()
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._max_entry_bytes
+
+    @property
+    def breaker(self) -> CircuitBreaker:
+        return self._breaker
+
+    @property
+    def runner(self) -> RequestRunner:
+        """The one door every request to this store goes through (deadline and breaker)."""
+        return self._runner
+
+    @property
+    def transfer_batch(self) -> int:
+        """Entries per bulk request batch (per pipeline on Redis): ``transfer_concurrency``."""
+        return self.transfer_concurrency
+
+    # -- the mapping API -------------------------------------------------------------
+
+    def __getitem__(self, key: bytes | str) -> bytes:
+        name = entry_name(_cudacore.as_key_bytes(key))
+        try:
+            return self.read_entry(name)
+        except InvalidEnvelope:
+            raise
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
+        name = entry_name(_cudacore.as_key_bytes(key))
+        self.write_entry(name, _cudacore.extract_bytes(value))
+
+    def __delitem__(self, key: bytes | str) -> None:
+        name = entry_name(_cudacore.as_key_bytes(key))
+        try:
+            self.delete_entry(name)
+        except KeyError:
+            raise KeyError(key) from None
+
+    def __len__(self) -> int:
+        """Entries in the store: one whole listing (the chain never asks a shared tier)."""
+        return sum(1 for _ in self.iter_entries())
+
+    def clear(self) -> None:
+        """Delete every entry. Only ever called on purpose (the CLI's ``clear --remote --yes``)."""
+        self.delete_entries(list(self.iter_entries()))
+
+    def read_entry(self, name: str) -> bytes:
+        """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
+        return self._opened(name, self._fetch_envelope(name))
+
+    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
+        """Verified payloads of ``names``, fetched in one batch under one deadline (``KeyError``/``EntryRejected``/...
+        per failed one)."""
+        results: dict[str, bytes | Exception] = {}
+        for name, fetched in self._fetch_envelopes(list(names)).items():
+            try:
+                results[name] = self._opened(name, fetched)
+            except Exception as exc:
+                results[name] = exc
+        return results
+
+    def verify_entry(self, name: str) -> str | None:
+        """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""
+        try:
+            self.read_entry(name)
+        except InvalidEnvelope as exc:
+            return exc.reason
+        except KeyError:
+            return "missing"
+        return None
+
+    def seal_record(self, name: str, payload: bytes) -> bytes:
+        """``payload`` in this store's envelope (its signing key and compression) for ``name``."""
+        return self._codec.seal(name, payload)
+
+    def open_record(self, name: str, blob: bytes) -> bytes:
+        """The payload of a record sealed for ``name``; :class:`InvalidEnvelope` if forged, altered or unsigned."""
+        return self._codec.open(name, blob)
+
+    # -- what subclasses fetch -------------------------------------------------------
+
+    @abc.abstractmethod
+    def _fetch_envelope(self, name: str) -> bytes | memoryview | BaseException | None:
+        """Entry ``name``'s raw envelope in one request: None (or ``FileNotFoundError``) if absent, an
+        exception (returned or raised) if it failed or was refused while read."""
+
+    @abc.abstractmethod
+    def _fetch_envelopes(self, names: list[str]) -> Mapping[str, bytes | memoryview | BaseException | None]:
+        """Raw envelopes of ``names`` in one batch under one deadline, each as :meth:`_fetch_envelope` gives it;
+        never raises an ``Exception``."""
+
+    def _opened(self, name: str, fetched: bytes | memoryview | BaseException | None) -> bytes:
+        """The verified payload of a fetched envelope: ``KeyError`` if it was absent, else what failed, else opened."""
+        if fetched is None or isinstance(fetched, FileNotFoundError):
+            raise KeyError(name)
+        if isinstance(fetched, BaseException):
+            raise fetched
+        return self._codec.open(name, fetched)
+
+    @property
+    def _list_timeout(self) -> float:
+        return max(self.timeout, MIN_LIST_TIMEOUT_S)
+
+    def _require_writable(self, what: str) -> None:
+        if self._read_only:
+            raise PermissionError(f"{self._kind} {self._location} is read-only; refusing to {what}")

@@ -1,0 +1,336 @@
+"""The declared interface between the cache's parts: stores of entries addressed by name.
+
+cuda-core's tiers are addressed by *key*; everything that works on a whole cache
+(warm, push, prune, verify, ls, single-flight leases) sees entry *names* instead,
+``sha256(key)`` as 64 lowercase hex digits, since that is all a directory or bucket
+listing gives. :class:`EntryStore` is that view. The local directory
+(:class:`~tiered_progcache.stores.localdir.LocalDir`) and every shared tier implement it;
+callers ask a store what it can do through these members and never probe attributes.
+
+:class:`LeaseStore` is the small-object namespace a shared store offers for the
+cluster lease (``<root>/leases/<name>``), with a declared ``atomic_create``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import _cudacore
+from .envelope import MAX_ENTRY_BYTES
+from ..errors import EntryRejected
+
+__all__ = [
+    "ENTRY_NAMESPACES",
+    "ENTRY_NAME_LENGTH",
+    "STALE_STAGED_AGE_S",
+    "EntryStore",
+    "LeaseStore",
+    "NodeDirStore",
+    "StoredEntry",
+    "check_entry_name",
+    "check_namespace",
+    "entry_name",
+    "is_entry_name",
+]
+
+ENTRY_NAME_LENGTH = 64
+#: Where a shared store keeps entries: ``entries`` (the program cache's) or ``triton``
+#: (Triton's files, :mod:`tiered_progcache.triton`), side by side in one bucket or Redis.
+ENTRY_NAMESPACES = ("entries", "triton")
+#: Age after which a file staged for an upload is debris of a writer that died (cuda-core's own threshold).
+STALE_STAGED_AGE_S = 3600.0
+_HEX = frozenset("0123456789abcdef")
+
+
+def entry_name(key: bytes | str) -> str:
+    """The 64-hex name cuda-core's file tier (and every store here) keeps ``key`` under."""
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    return hashlib.sha256(key, usedforsecurity=False).hexdigest()
+
+
+def is_entry_name(name: object) -> bool:
+    """True for 64 lowercase hex digits: the only names a store reads, writes or lists."""
+    return isinstance(name, str) and len(name) == ENTRY_NAME_LENGTH and _HEX.issuperset(name)
+
+
+def check_entry_name(name: object) -> str:
+    """``name`` if it is an entry name, else ``ValueError`` saying what one looks like."""
+    if not is_entry_name(name):
+        raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
+    assert isinstance(name, str)
+    return name
+
+
+def check_namespace(namespace: object) -> str:
+    """``namespace`` if it is one of :data:`ENTRY_NAMESPACES`, else ``ValueError`` naming them."""
+    if not isinstance(namespace, str) or namespace not in ENTRY_NAMESPACES:
+        raise ValueError(f"namespace must be one of {', '.join(ENTRY_NAMESPACES)}, got {namespace!r}")
+    return namespace
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredEntry:
+    """One entry as a listing saw it. Immutable.
+
+    ``size`` is the stored size (an envelope on a shared store), ``mtime``/``atime``
+    are seconds since the epoch where the store says (``atime`` only locally).
+    ``version`` is the store's opaque identity of exactly this object (cuda-core's
+    ``(inode, size, mtime_ns)`` locally), so :meth:`EntryStore.delete_listed` can
+    refuse to delete an entry a writer replaced since it was listed.
+    """
+
+    name: str
+    size: int
+    mtime: float | None
+    atime: float | None = None
+    version: Any = None
+
+    @property
+    def last_used(self) -> float | None:
+        """The later of the last read and the last write, where the store knows either."""
+        return max((t for t in (self.mtime, self.atime) if t is not None), default=None)
+
+
+class EntryStore(abc.ABC):
+    """A store of cache entries addressed by entry name.
+
+    Reads return the entry's verified payload (the bytes cuda-core would hold) or raise
+    ``KeyError`` on a miss and :class:`~tiered_progcache.errors.EntryRejected` for an entry
+    that fails its checks; a store never returns bytes it cannot vouch for. Other
+    failures (``OSError``, ``TimeoutError``, ``TierUnavailable``) propagate: the chain's
+    failure policy (:mod:`tiered_progcache.chain.tier`) decides what they mean.
+
+    Implementations state their concurrency guarantees; every one shipped here is safe
+    across threads, processes and hosts for whole-entry reads and writes.
+    """
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the entries live, for messages (a URL or a directory); never holds credentials."""
+
+    @property
+    @abc.abstractmethod
+    def read_only(self) -> bool:
+        """True if this process must not write, create or delete here."""
+
+    @property
+    @abc.abstractmethod
+    def shared(self) -> bool:
+        """True if other nodes read and write this store too (never wiped by ``clear()``)."""
+
+    @property
+    def atomic_create(self) -> bool:
+        """True if :meth:`create_entry` is one atomic create-if-absent (a real lock primitive)."""
+        return False
+
+    @property
+    def namespace(self) -> str:
+        """What the entries here are: ``"entries"`` (the program cache's) or ``"triton"`` (Triton's files)."""
+        return "entries"
+
+    @property
+    def available(self) -> bool:
+        """False while the store is known to be down (its circuit breaker is open)."""
+        return True
+
+    @property
+    def round_trip_s(self) -> float | None:
+        """The median time one request to this store took lately, in seconds; None where unknown (or local)."""
+        return None
+
+    @property
+    @abc.abstractmethod
+    def max_entry_bytes(self) -> int:
+        """The largest payload this store reads or writes; larger objects are refused while read."""
+
+    @abc.abstractmethod
+    def read_entry(self, name: str) -> bytes:
+        """The verified payload of ``name``; ``KeyError`` if absent, ``EntryRejected`` if bad."""
+
+    @abc.abstractmethod
+    def write_entry(self, name: str, payload: bytes) -> None:
+        """Store ``payload`` under ``name`` whole (readers see all of it or none), replacing any."""
+
+    @abc.abstractmethod
+    def create_entry(self, name: str, payload: bytes) -> bool:
+        """Store ``payload`` under ``name`` only if absent; False if something was there."""
+
+    @abc.abstractmethod
+    def delete_entry(self, name: str) -> None:
+        """Remove ``name``; ``KeyError`` if it is not there."""
+
+    @abc.abstractmethod
+    def iter_entries(self) -> Iterator[StoredEntry]:
+        """Every entry (one listing; nothing cached)."""
+
+    def delete_listed(self, entry: StoredEntry) -> bool:
+        """Remove ``entry`` unless it changed or went since it was listed; True if removed."""
+        try:
+            self.delete_entry(entry.name)
+        except KeyError:
+            return False
+        return True
+
+    def delete_entries(self, entries: Iterable[StoredEntry]) -> int:
+        """Remove many listed entries (``clear``); the count removed. Stores batch this where they can."""
+        return sum(1 for entry in entries if self.delete_listed(entry))
+
+    def verify_entry(self, name: str) -> str | None:
+        """None if ``name`` passes this store's checks, else a one-line reason (``"missing"`` if absent)."""
+        try:
+            self.read_entry(name)
+        except EntryRejected as exc:
+            return str(exc)
+        except KeyError:
+            return "missing"
+        return None
+
+    # -- bulk: what warm and push use (tiered_progcache.ops.transfer) --------------------------
+
+    @property
+    def transfer_batch(self) -> int:
+        """Entries per :meth:`read_many`/:meth:`write_many` call in a bulk transfer."""
+        return 64
+
+    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
+        """The verified payload of each name, or the exception its read raised (``KeyError`` if absent).
+
+        Never raises an ``Exception`` for one entry's failure. This default reads one by
+        one; a store with a batched read (fsspec's ``cat``, a Redis pipeline) overrides it.
+        """
+        results: dict[str, bytes | Exception] = {}
+        for name in names:
+            try:
+                results[name] = self.read_entry(name)
+            except Exception as exc:
+                results[name] = exc
+        return results
+
+    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
+        """Store each payload under its name: ``None`` per success, else the exception it raised.
+
+        ``PermissionError`` at once on a read-only store. This default writes one by one.
+        """
+        if self.read_only:
+            raise PermissionError(f"{self.location} is read-only; refusing to write")
+        results: dict[str, Exception | None] = {}
+        for name, payload in items.items():
+            try:
+                self.write_entry(name, payload)
+            except Exception as exc:
+                results[name] = exc
+            else:
+                results[name] = None
+        return results
+
+    def seal_record(self, name: str, payload: bytes) -> bytes:
+        """``payload`` in this store's envelope for entry-like name ``name`` (signed when it has a key).
+
+        For small records kept beside entries, such as a failed compile's (:mod:`.flightfailure`).
+        The default (a store without an envelope, e.g. a local directory) refuses.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no envelope")
+
+    def open_record(self, name: str, blob: bytes) -> bytes:
+        """The verified payload of a record :meth:`seal_record` made for ``name``; raises on a bad one."""
+        raise NotImplementedError(f"{type(self).__name__} has no envelope")
+
+    def leases(self) -> LeaseStore | None:
+        """The namespace for cluster leases on this store, or None if it cannot hold them."""
+        return None
+
+    def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
+        """Remove files staged by writers that died (killed, failed) over ``older_than`` seconds ago; the count.
+
+        Runs only when called (``prune`` and ``clear`` call it), never on the write path:
+        a younger staged file may be a live upload. Stores that stage nothing return 0.
+        """
+        return 0
+
+
+class NodeDirStore(EntryStore):
+    """An entry store in a directory on this node: its root is its location, it is never read-only
+    nor shared, and it holds entries of at most ``max_entry_bytes``. Subclasses say how entries are laid out.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
+        self.root = Path(root)
+        self._max_entry_bytes = max_entry_bytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    @property
+    def read_only(self) -> bool:
+        return False
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    @property
+    def max_entry_bytes(self) -> int:
+        return self._max_entry_bytes
+
+    @staticmethod
+    def _unlink_if_listed_as(path: str | os.PathLike[str], version: Any) -> bool:
+        """Unlink ``path`` unless a writer replaced it since it was listed with stat identity ``version``
+        (cuda-core's guard; None: unguarded). False if it was replaced or is gone."""
+        try:
+            if version is not None and _cudacore.stat_identity(os.stat(path, follow_symlinks=False)) != version:
+                return False
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+class LeaseStore(abc.ABC):
+    """Small lease objects by name (``<root>/leases/<name>``) in a shared store.
+
+    Every request goes through the owning store's one request runner (deadline and
+    circuit breaker). ``atomic_create`` says whether :meth:`create` is a real
+    conditional create; a lease on a store without one would be a race, so callers
+    fall back to node-level single-flight.
+    """
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the leases live, for messages."""
+
+    @property
+    @abc.abstractmethod
+    def atomic_create(self) -> bool:
+        """True if :meth:`create` is one atomic create-if-absent."""
+
+    @abc.abstractmethod
+    def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+        """Create lease ``name`` holding ``document`` if absent; False if one exists.
+
+        ``ttl_s`` lets a store that can expire objects (Redis ``PX``) do so; others ignore it.
+        """
+
+    @abc.abstractmethod
+    def read(self, name: str) -> bytes | None:
+        """The lease's bytes, or None if there is none."""
+
+    @abc.abstractmethod
+    def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+        """Overwrite lease ``name`` (a renewal)."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove lease ``name``; no error if it is already gone."""
