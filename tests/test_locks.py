@@ -525,3 +525,38 @@ def test_a_follower_waits_no_longer_than_its_timeout():
         assert not follower.is_alive()
         seat.result = "late"
     assert got == [None]
+
+
+def test_a_child_forked_while_a_flight_is_under_way_starts_with_none_and_leads_at_once():
+    """The parent's leader thread does not exist in the child: its flight would never finish there."""
+    flights: ThreadSingleFlight[str] = ThreadSingleFlight()
+    entered, release = threading.Event(), threading.Event()
+
+    def lead() -> None:
+        with flights.lead("k") as seat:
+            assert seat.leader
+            entered.set()
+            release.wait(JOIN_S)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    try:
+        assert entered.wait(JOIN_S) and flights.in_flight() == 1
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                with flights.lead("k") as seat:
+                    code = 0 if seat.leader and flights.in_flight() == 1 else 1
+            finally:
+                os.write(w, bytes([code]))
+                os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"
+        os.waitpid(pid, 0)
+        os.close(r)
+        assert flights.in_flight() == 1  # the parent's flight goes on
+    finally:
+        release.set()
+        leader.join(JOIN_S)
