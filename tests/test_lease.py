@@ -950,3 +950,31 @@ def test_a_store_that_fails_the_first_create_ends_the_wait_at_once_as_store_fail
     waited = clock.wait_for(RemoteLease(FailingLeases(), NAME, ttl_s=30, clock=clock.time), 300)
     assert (waited.outcome, waited.held, waited.found, waited.waited_s) == (WaitOutcome.STORE_FAILED, False, None, 0)
     assert clock.sleeps == []
+
+
+def test_a_failing_lease_store_is_said_once_per_kind_of_failure(caplog):
+    """Every wait against a dead store fails the same way: one warning per exception type, naming it."""
+
+    class LeaseStoreDown(OSError):
+        pass
+
+    class LeaseStoreSlow(TimeoutError):
+        pass
+
+    class Failing(DictLeases):
+        def __init__(self, error: BaseException) -> None:
+            super().__init__()
+            self.error = error
+
+        def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+            raise self.error
+
+    caplog.set_level("WARNING", logger="tiered_progcache.lease")
+    clock = SteppedClock()
+    for error in (LeaseStoreDown("down"), LeaseStoreDown("still down"), LeaseStoreSlow("took 10 s")):
+        waited = clock.wait_for(RemoteLease(Failing(error), NAME, ttl_s=30, clock=clock.time), 300)
+        assert waited.outcome is WaitOutcome.STORE_FAILED
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "lease store failed (LeaseStoreDown('down')): going ahead without a lease"),
+        ("WARNING", "lease store failed (LeaseStoreSlow('took 10 s')): going ahead without a lease"),
+    ]
