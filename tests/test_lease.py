@@ -978,3 +978,27 @@ def test_a_failing_lease_store_is_said_once_per_kind_of_failure(caplog):
         ("WARNING", "lease store failed (LeaseStoreDown('down')): going ahead without a lease"),
         ("WARNING", "lease store failed (LeaseStoreSlow('took 10 s')): going ahead without a lease"),
     ]
+
+
+def test_a_break_writes_its_marker_word_for_word_and_removes_it():
+    """The marker a breaker creates: named from the bytes it saw, marked as a break, valid one TTL."""
+
+    class Recording(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.created: list[tuple[str, bytes, float]] = []
+
+        def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+            self.created.append((name, document, ttl_s))
+            return super().create(name, document, ttl_s)
+
+    clock, store = SteppedClock(), Recording()
+    stale = _stale_document(expires_at=clock.time() - 60)
+    assert store.create(NAME, stale, 30)
+    waiter = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    assert waiter.break_if_unchanged(stale) is True
+    marker = f"{NAME}.break-{hashlib.sha256(stale).hexdigest()[:32]}"
+    (name, document, ttl), = store.created[1:]
+    assert (name, ttl) == (marker, 30)
+    assert document == json.dumps({"format": "tiered-progcache/lease/break", "expires_at": clock.time() + 30}).encode()
+    assert store.objects == {}
