@@ -261,3 +261,19 @@ def test_a_thread_waiting_on_a_stuck_leader_gives_up_after_wait_timeout_and_comp
         leader.join(JOIN_S)
         stop()
     assert out["leader"] == out["follower"]
+
+
+def test_a_race_without_a_produce_unless_runs_produce():
+    """``Work.produce_unless`` defaults to ``produce``: a raced miss returns what ``produce`` made."""
+    from tiered_progcache.singleflight import Work, run_once
+
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    looked = threading.Event()
+
+    def find() -> None:
+        looked.set()
+        return None
+
+    work = Work(find=find, produce=lambda: ("made", "shared"), adopt=lambda shared: shared)
+    assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, race=True) == "made"
+    assert looked.wait(JOIN_S)

@@ -352,3 +352,37 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
         for gate in remote.gates.values():
             gate.set()
         node_a.close()
+
+
+class UnsealingRemote(RemoteProgramCache):
+    """A real file:// remote that cannot seal a record, as a store without an envelope."""
+
+    def seal_record(self, name: str, payload: bytes) -> bytes:
+        raise RuntimeError("no envelope here")
+
+
+def test_a_failure_that_cannot_be_sealed_releases_the_lease_and_says_why(tmp_path, caplog):
+    """The holder's work fails and its record cannot be sealed: the error reaches the caller, the lease is
+    deleted (its waiters retry rather than wait out its TTL), and the warning names the entry and the cause."""
+    from tiered_progcache.singleflight import Work, run_once
+
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir()
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"),
+                                      UnsealingRemote.from_url(url)], **WAIT_FOR_HOLDER)
+    key = b"the failing kernel's key"
+
+    def produce() -> tuple[object, object]:
+        assert len(_lease_paths(url, None)) == 1  # held while it works
+        raise ValueError("the compile failed")
+
+    caplog.set_level("WARNING", logger="tiered_progcache.singleflight")
+    try:
+        with pytest.raises(ValueError, match="^the compile failed$"):
+            run_once(cache, key, Work(find=lambda: None, produce=produce, adopt=lambda shared: shared),
+                     wait_timeout=30, lease_ttl=600)
+    finally:
+        cache.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.singleflight"] == [
+        f"could not seal the failure of {entry_name(key)[:16]}: RuntimeError('no envelope here')"]
+    assert _lease_paths(url, None) == []
