@@ -264,16 +264,28 @@ def test_a_thread_waiting_on_a_stuck_leader_gives_up_after_wait_timeout_and_comp
 
 
 def test_a_race_without_a_produce_unless_runs_produce():
-    """``Work.produce_unless`` defaults to ``produce``: a raced miss returns what ``produce`` made."""
+    """``Work.produce_unless`` defaults to ``produce``: a raced miss returns what ``produce`` made.
+
+    Each side runs on a thread named for what it does and the entry (what a thread dump shows)."""
     from tiered_progcache.singleflight import Work, run_once
+    from tiered_progcache.store import entry_name
 
     cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
     looked = threading.Event()
+    threads = {}
 
     def find() -> None:
+        threads["find"] = threading.current_thread()
         looked.set()
         return None
 
-    work = Work(find=find, produce=lambda: ("made", "shared"), adopt=lambda shared: shared)
+    def produce() -> tuple[str, str]:
+        threads["produce"] = threading.current_thread()
+        return "made", "shared"
+
+    work = Work(find=find, produce=produce, adopt=lambda shared: shared)
     assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, race=True) == "made"
     assert looked.wait(JOIN_S)
+    short = entry_name(b"raced key")[:8]
+    assert (threads["produce"].name, threads["produce"].daemon) == (f"tiered-progcache-race-{short}", False)
+    assert (threads["find"].name, threads["find"].daemon) == (f"tiered-progcache-look-{short}", True)
