@@ -386,3 +386,33 @@ def test_a_failure_that_cannot_be_sealed_releases_the_lease_and_says_why(tmp_pat
     assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.singleflight"] == [
         f"could not seal the failure of {entry_name(key)[:16]}: RuntimeError('no envelope here')"]
     assert _lease_paths(url, None) == []
+
+
+def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout_and_says_so(
+        tmp_path, monkeypatch, caplog):
+    """The holder's upload is stuck: its lease is released after ``UPLOAD_FLUSH_TIMEOUT_S`` anyway (waiters
+    then compile: slower, never wrong), with a warning naming the entry and the timeout."""
+    from cuda.core.utils import make_program_cache_key
+
+    from tiered_progcache import singleflight
+
+    monkeypatch.setattr(singleflight, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
+    key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+    remote = GatedByKeyRemote.from_url(f"file://{tmp_path / 'remote'}")
+    remote.gates = {key: threading.Event()}
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                                **WAIT_FOR_HOLDER)
+    caplog.set_level("WARNING", logger="tiered_progcache.singleflight")
+    try:
+        tpc.compile(kernel(57), "c++", options(), cache=node_a, lease_ttl=600)  # its upload never lands
+        (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
+        releaser.join(20)
+        assert not releaser.is_alive(), "the lease waited past the flush timeout for an upload that never lands"
+        assert RemoteLease(remote.leases(), name, 600).read() is None
+        assert not node_a.wait_uploaded(key, 0)  # released while the upload is still stuck
+    finally:
+        remote.gates[key].set()
+        node_a.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.singleflight"] == [
+        f"upload of {name[:16]} did not land within 1 s of the compile"]
