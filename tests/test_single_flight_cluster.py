@@ -394,8 +394,21 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
     then compile: slower, never wrong), with a warning naming the entry and the timeout."""
     from cuda.core.utils import make_program_cache_key
 
-    from tiered_progcache import singleflight
+    from tiered_progcache import exitbudget, singleflight
 
+    class RecordingBudget(exitbudget.ExitBudget):
+        """An exit budget of its own, recording each thread it is asked to wait for."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.joined: list[tuple[str, bool]] = []
+
+        def join(self, thread: threading.Thread) -> bool:
+            self.joined.append((thread.name, thread.daemon))
+            return super().join(thread)
+
+    budget = RecordingBudget()
+    monkeypatch.setattr(exitbudget, "PROCESS", budget)
     monkeypatch.setattr(singleflight, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
     key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
@@ -411,6 +424,8 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
         assert not releaser.is_alive(), "the lease waited past the flush timeout for an upload that never lands"
         assert RemoteLease(remote.leases(), name, 600).read() is None
         assert not node_a.wait_uploaded(key, 0)  # released while the upload is still stuck
+        # the release ran on a daemon thread that exit waits for only within the exit budget
+        assert budget.joined == [(f"tiered-progcache-release-{name[:8]}", True)]
     finally:
         remote.gates[key].set()
         node_a.close()
