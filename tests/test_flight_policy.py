@@ -22,6 +22,7 @@ from tiered_progcache.flightpolicy import (
     LANDING_RTTS,
     POLL_FLOOR_S,
     CompileTimes,
+    FlightDecision,
     FlightPolicy,
     compile_size,
     compile_times,
@@ -745,3 +746,57 @@ def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
     assert times.predict("c++", "cubin", 100) == pytest.approx(1.0)
     times.clear()
     assert times.predict("c++", "cubin", 100) is None and times.estimate("c++", "cubin") is None
+
+
+def _cache_at(tmp_path, round_trip_s: float) -> TieredProgramCache:
+    """A chain in front of a real file:// remote whose round trip is timed at ``round_trip_s``."""
+    from cuda.core.utils import InMemoryProgramCache
+
+    (tmp_path / "remote").mkdir(exist_ok=True)
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, round_trip_s)])
+
+
+def test_a_short_compile_with_nothing_left_to_race_compiles_without_a_lease_and_reports_its_figures(
+        tmp_path, decisions):
+    """run_once without ``race`` for a compile predicted short: one look, then the work; no lease."""
+    from tiered_progcache.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    looks, made = [], []
+
+    def produce() -> tuple[str, str]:
+        made.append(1)
+        return "made", "shared"
+
+    try:
+        work = Work(find=lambda: looks.append(1), produce=produce, adopt=lambda shared: shared)
+        assert run_once(cache, b"short key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01) == "made"
+        assert (looks, made) == ([1], [1])
+        assert decisions == [FlightDecision(entry_name(b"short key"), "short", 0.01, 0.05)]
+        found = Work(find=lambda: ("found", "shared"), produce=produce, adopt=lambda shared: shared)
+        assert run_once(cache, b"short key", found, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01) == "found"
+        assert made == [1] and len(decisions) == 1  # a hit under the node lock: no work, nothing to report
+    finally:
+        cache.close()
+
+
+def test_a_raced_lookup_that_answers_first_is_reported_with_the_estimate_and_round_trip(tmp_path, decisions):
+    from tiered_progcache.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    dropped_seen = threading.Event()
+
+    def produce_unless(dropped: threading.Event) -> tuple[str, str]:
+        assert dropped.wait(JOIN_S)  # the lookup answers first: this compile is dropped
+        dropped_seen.set()
+        return "made", "shared"
+
+    try:
+        work = Work(find=lambda: ("found", "shared"), produce=lambda: ("made", "shared"),
+                    adopt=lambda shared: shared, produce_unless=produce_unless)
+        assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01,
+                        race=True) == "found"
+        assert dropped_seen.wait(JOIN_S)
+        assert decisions == [FlightDecision(entry_name(b"raced key"), "raced, found", 0.01, 0.05)]
+    finally:
+        cache.close()
