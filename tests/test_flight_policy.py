@@ -800,3 +800,48 @@ def test_a_raced_lookup_that_answers_first_is_reported_with_the_estimate_and_rou
         assert decisions == [FlightDecision(entry_name(b"raced key"), "raced, found", 0.01, 0.05)]
     finally:
         cache.close()
+
+
+def test_a_hit_right_after_taking_the_lease_is_reported_found_with_the_time_it_took(tmp_path, decisions):
+    """Another process of this node stored the entry just before this one took the lease: no work."""
+    from tiered_progcache.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    try:
+        work = Work(find=lambda: ("found", "shared"), produce=lambda: pytest.fail("no work after a hit"),
+                    adopt=lambda shared: shared)
+        assert run_once(cache, b"found key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=5.0) == "found"
+    finally:
+        cache.close()
+    (decision,) = decisions
+    assert (decision.name, decision.choice, decision.estimate_s, decision.round_trip_s) == (
+        entry_name(b"found key"), "found", 5.0, 0.05)
+    assert 0 < decision.waited_s < 30
+
+
+def test_a_waiter_that_gets_the_holders_entry_reports_waited_with_both_estimates(tmp_path, decisions):
+    from tiered_progcache.lease import RemoteLease
+    from tiered_progcache.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    name = entry_name(b"waited key")
+    another_node = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")  # (its requests are not timed here)
+    holder = RemoteLease(another_node.leases(), name, 60, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    looks = []
+
+    def find() -> tuple[str, str] | None:  # the holder's entry is up at the waiter's second look
+        looks.append(1)
+        return ("theirs", "shared") if len(looks) >= 2 else None
+
+    try:
+        work = Work(find=find, produce=lambda: pytest.fail("a waiter that got the entry does no work"),
+                    adopt=lambda shared: shared)
+        assert run_once(cache, b"waited key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=5.0) == "theirs"
+    finally:
+        holder.release()
+        cache.close()
+    (decision,) = decisions
+    assert (decision.name, decision.choice, decision.estimate_s, decision.round_trip_s,
+            decision.holder_estimate_s) == (name, "waited", 5.0, 0.05, 7.0)
+    assert 0 < decision.waited_s < 30
