@@ -431,3 +431,34 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
         node_a.close()
     assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.singleflight"] == [
         f"upload of {name[:16]} did not land within 1 s of the compile"]
+
+
+class RemoteWithoutLeases(RemoteProgramCache):
+    """A real file:// remote that declares it holds no leases."""
+
+    def leases(self):
+        return None
+
+
+@pytest.mark.parametrize("remote_class, says", [
+    (RemoteWithoutLeases, "shared store {} holds no leases: node-level single-flight only"),
+    (RemoteWithoutAtomicCreate, "shared store {}/leases has no atomic create-if-absent: node-level single-flight only"),
+])
+def test_a_store_that_cannot_hold_leases_is_said_once_per_store(tmp_path, caplog, remote_class, says):
+    """Node-level single-flight only, and a warning naming each such store once (not once per compile)."""
+    from tiered_progcache.singleflight import Work, run_once
+
+    caplog.set_level("WARNING", logger="tiered_progcache.singleflight")
+    locations = []
+    for store in ("one", "two", "one"):
+        (tmp_path / store).mkdir(exist_ok=True)
+        remote = remote_class.from_url(f"file://{tmp_path / store}")
+        cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), remote])
+        try:
+            work = Work(find=lambda: None, produce=lambda: ("made", "shared"), adopt=lambda shared: shared)
+            assert run_once(cache, b"key", work, wait_timeout=30, lease_ttl=60) == "made"
+        finally:
+            cache.close()
+        locations.append(remote.location)
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.singleflight"] == [
+        says.format(location) for location in locations[:2]]
