@@ -952,8 +952,11 @@ def test_a_store_that_fails_the_first_create_ends_the_wait_at_once_as_store_fail
     assert clock.sleeps == []
 
 
-def test_a_failing_lease_store_is_said_once_per_kind_of_failure(caplog):
+def test_a_failing_lease_store_is_said_once_per_kind_of_failure(caplog, monkeypatch):
     """Every wait against a dead store fails the same way: one warning per exception type, naming it."""
+    from tiered_progcache import ratelimit
+
+    monkeypatch.setattr(ratelimit, "_logged_once", set())  # as in a fresh process, whatever ran before here
 
     class LeaseStoreDown(OSError):
         pass
