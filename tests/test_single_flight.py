@@ -289,3 +289,45 @@ def test_a_race_without_a_produce_unless_runs_produce():
     short = entry_name(b"raced key")[:8]
     assert (threads["produce"].name, threads["produce"].daemon) == (f"tiered-progcache-race-{short}", False)
     assert (threads["find"].name, threads["find"].daemon) == (f"tiered-progcache-look-{short}", True)
+
+
+def test_a_follower_whose_leader_was_interrupted_takes_its_own_turn():
+    """The leader stops on a BaseException (as KeyboardInterrupt would): its follower does the work itself."""
+    from tiered_progcache.singleflight import Work, followers, run_once
+
+    class Interrupted(BaseException):
+        pass
+
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    key = b"interrupted key"
+    entered, go = threading.Event(), threading.Event()
+    outcomes = {}
+
+    def interrupted() -> tuple[str, str]:
+        entered.set()
+        assert go.wait(JOIN_S)
+        raise Interrupted()
+
+    def leader() -> None:
+        try:
+            run_once(cache, key, Work(find=lambda: None, produce=interrupted, adopt=lambda s: s),
+                     wait_timeout=JOIN_S, lease_ttl=60)
+        except Interrupted:
+            outcomes["leader"] = "interrupted"
+
+    def follower() -> None:
+        outcomes["follower"] = run_once(cache, key, Work(find=lambda: None, produce=lambda: ("mine", "shared"),
+                                                         adopt=lambda s: s), wait_timeout=JOIN_S, lease_ttl=60)
+
+    lead = threading.Thread(target=leader)
+    lead.start()
+    assert entered.wait(JOIN_S)
+    follow = threading.Thread(target=follower)
+    follow.start()
+    deadline = time.monotonic() + JOIN_S
+    while followers(cache, key) < 1 and time.monotonic() < deadline:
+        threading.Event().wait(0.001)  # polling a condition, not timing a race
+    go.set()
+    for t in (lead, follow):
+        t.join(JOIN_S)
+    assert outcomes == {"leader": "interrupted", "follower": "mine"}
