@@ -1005,3 +1005,57 @@ def test_a_break_writes_its_marker_word_for_word_and_removes_it():
     assert (name, ttl) == (marker, 30)
     assert document == json.dumps({"format": "tiered-progcache/lease/break", "expires_at": clock.time() + 30}).encode()
     assert store.objects == {}
+
+
+class _FailingReadsAfter(DictLeases):
+    """Reads of the lease itself fail once ``ok_reads`` of them went through; records which thread read."""
+
+    def __init__(self, ok_reads: int) -> None:
+        super().__init__()
+        self.ok_reads = ok_reads
+        self.readers: list[str] = []
+
+    def read(self, name: str) -> bytes | None:
+        if name == NAME:
+            self.readers.append(threading.current_thread().name)
+            if len(self.readers) > self.ok_reads:
+                raise OSError("read failed")
+        return super().read(name)
+
+
+@pytest.mark.parametrize("ok_reads, holder_estimate, waited_s", [(0, None, 0.0), (1, 7.0, LEASE_RECHECK_S)])
+def test_a_lease_read_that_fails_ends_the_wait_as_store_failed_with_the_holders_estimate_if_seen(
+        ok_reads, holder_estimate, waited_s):
+    """The first read runs beside the first look, on a thread of its own; a failing read ends the wait at once."""
+    leases, clock = _FailingReadsAfter(ok_reads), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    try:
+        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30)
+    finally:
+        holder.release()
+    assert (waited.outcome, waited.held, waited.found) == (WaitOutcome.STORE_FAILED, False, None)
+    assert waited.holder_estimate_s == holder_estimate
+    assert waited.waited_s == pytest.approx(waited_s)
+    assert leases.readers[0] == "tiered-progcache-lease-read"
+
+
+def test_a_break_of_a_lease_that_changed_since_it_was_seen_leaves_it_alone():
+    clock, store = SteppedClock(), DictLeases()
+    stale = _stale_document(expires_at=clock.time() - 60)
+    renewed = _stale_document(expires_at=clock.time() + 60)
+    assert store.create(NAME, renewed, 30)
+    waiter = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    assert waiter.break_if_unchanged(stale) is False
+    assert store.objects == {NAME: renewed}  # the new lease stands, and the marker is gone
+
+
+def test_a_release_the_store_refuses_is_logged_with_where_and_why(caplog):
+    leases = _FailingReadsAfter(ok_reads=0)
+    holder = RemoteLease(leases, NAME, ttl_s=30)
+    assert holder.try_acquire()
+    caplog.set_level("WARNING", logger="tiered_progcache.lease")
+    holder.release()
+    assert not holder.held
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not release lease dict://leases/{NAME} (it expires by itself): OSError('read failed')"]
