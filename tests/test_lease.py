@@ -1059,3 +1059,46 @@ def test_a_release_the_store_refuses_is_logged_with_where_and_why(caplog):
     assert not holder.held
     assert [r.getMessage() for r in caplog.records] == [
         f"could not release lease dict://leases/{NAME} (it expires by itself): OSError('read failed')"]
+
+
+def _breaks(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.lease" and "breaking it" in r.getMessage()]
+
+
+def test_each_break_says_whose_lease_and_why(caplog):
+    """Expired, not renewed for a TTL, or its holder's process gone from this host: the log says which."""
+    caplog.set_level("INFO", logger="tiered_progcache.lease")
+    where = f"dict://leases/{NAME}"
+
+    leases, clock = DictLeases(), SteppedClock()
+    assert leases.create(NAME, _stale_document(expires_at=clock.time() - 60), 30)
+    assert clock.wait(RemoteLease(leases, NAME, ttl_s=30, clock=clock.time), 300)[1]
+    assert _breaks(caplog) == [f"lease {where} held by gone:1 expired; breaking it"]
+
+    caplog.clear()
+    leases, clock = DictLeases(), SteppedClock()
+    _planted(leases, clock, expires_at=1e12)
+    assert clock.wait(RemoteLease(leases, NAME, ttl_s=5, clock=clock.time), 300)[1]
+    assert _breaks(caplog) == [f"lease {where} held by elsewhere:1 not renewed for 5.01 s; breaking it"]
+
+    caplog.clear()
+    leases, clock = DictLeases(), SteppedClock()
+    me = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    doc = json.loads(me._document())
+    doc["process"]["start"] = (me.process.start or 0) + 1  # this PID, another start time: that holder is gone
+    assert leases.create(NAME, json.dumps(doc).encode(), 60)
+    assert clock.wait(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 300)[1]
+    assert _breaks(caplog) == [f"lease {where} held by {me.holder} is gone (its process died on this host); breaking it"]
+
+
+def test_a_holder_that_releases_between_rereads_is_looked_behind_once_and_its_estimate_reported():
+    """The holder releases; the waiter's next lease read finds none and looks once more: the entry is up."""
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    clock.on_sleep.append(holder.release)  # during the waiter's first pause, before any poll
+    waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30,
+                            poll=lambda: "entry" if leases.read(NAME) is None else None,
+                            plan=FixedWait(poll_s=10.0))
+    assert (waited.outcome, waited.found, waited.holder_estimate_s) == (WaitOutcome.FOUND, "entry", 7.0)
+    assert clock.sleeps == [LEASE_RECHECK_S]
