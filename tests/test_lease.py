@@ -1102,3 +1102,31 @@ def test_a_holder_that_releases_between_rereads_is_looked_behind_once_and_its_es
                             plan=FixedWait(poll_s=10.0))
     assert (waited.outcome, waited.found, waited.holder_estimate_s) == (WaitOutcome.FOUND, "entry", 7.0)
     assert clock.sleeps == [LEASE_RECHECK_S]
+
+
+@pytest.mark.parametrize("estimate, said", [(None, "?"), (7.0, "7")])
+def test_a_waiter_out_of_patience_says_how_long_for_which_estimate_and_lease(caplog, estimate, said):
+    caplog.set_level("INFO", logger="tiered_progcache.lease")
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=estimate)
+    assert holder.try_acquire()
+    try:
+        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 300,
+                                plan=FixedWait(poll_s=0.5, patience_s=2.0))
+    finally:
+        holder.release()
+    assert waited.outcome is WaitOutcome.PATIENCE
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.lease"] == [
+        f"waited 2 s (the patience for an estimated {said} s compile) for lease dict://leases/{NAME}; compiling here"]
+
+
+def test_a_waiter_that_runs_out_of_time_says_timeout():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    try:
+        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 2.0, plan=FixedWait(poll_s=0.5))
+    finally:
+        holder.release()
+    assert (waited.outcome, waited.held, waited.found, waited.holder_estimate_s) == (WaitOutcome.TIMEOUT, False, None, 7.0)
+    assert waited.waited_s == pytest.approx(2.0)
