@@ -1130,3 +1130,59 @@ def test_a_waiter_that_runs_out_of_time_says_timeout():
         holder.release()
     assert (waited.outcome, waited.held, waited.found, waited.holder_estimate_s) == (WaitOutcome.TIMEOUT, False, None, 7.0)
     assert waited.waited_s == pytest.approx(2.0)
+
+
+def test_a_holder_whose_name_has_a_parenthesis_and_non_ascii_letters_is_judged_by_its_own_start_time(tmp_path):
+    """/proc/<pid>/stat carries the program's name: ``)`` and UTF-8 in it move no field and raise nothing."""
+    import subprocess
+
+    from tiered_progcache import lease as lease_module
+
+    program = tmp_path / "sl) ëp"
+    program.symlink_to("/bin/sleep")
+    child = subprocess.Popen([str(program), "600"])
+    try:
+        with open(f"/proc/{child.pid}/stat", "rb") as fh:
+            start = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        assert lease_module._start_ticks(child.pid) == start
+        process = lease_module.HolderProcess(*lease_module._this_host(), child.pid, start)
+        assert not process.is_gone()
+    finally:
+        child.kill()
+        child.wait()
+    assert process.is_gone()
+
+
+def test_a_holder_whose_lease_is_taken_over_stops_renewing_and_says_so(caplog):
+    caplog.set_level("WARNING", logger="tiered_progcache.lease")
+    leases = DictLeases()
+    holder = RemoteLease(leases, NAME, ttl_s=0.3)
+    assert holder.try_acquire()
+    thief = RemoteLease(leases, NAME, ttl_s=60)
+    leases.replace(NAME, thief._document(), 60)
+    holder._renewer.join(JOIN_S)  # its next renewal (a tenth of a second on) sees another token and stops
+    assert not holder._renewer.is_alive() and leases.read(NAME) == leases.objects[NAME]
+    assert json.loads(leases.read(NAME))["token"] == thief.token
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lease dict://leases/{NAME} was taken over while held; carrying on without it"]
+
+
+def test_a_renewal_the_store_refuses_is_logged_and_the_holder_keeps_trying(caplog):
+    class RefusingReplace(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refused = threading.Event()
+
+        def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+            self.refused.set()
+            raise OSError("bucket says no")
+
+    caplog.set_level("WARNING", logger="tiered_progcache.lease")
+    leases = RefusingReplace()
+    holder = RemoteLease(leases, NAME, ttl_s=0.3)
+    assert holder.try_acquire()
+    assert leases.refused.wait(JOIN_S)
+    holder.release()  # joins the renewer
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages and set(messages) == {f"could not renew lease dict://leases/{NAME}: OSError('bucket says no')"}
+    assert leases.read(NAME) is None  # released
