@@ -412,8 +412,17 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
     monkeypatch.setattr(singleflight, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
     key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
-    remote = GatedByKeyRemote.from_url(f"file://{tmp_path / 'remote'}")
-    remote.gates = {key: threading.Event()}
+    stuck = threading.Event()
+
+    class StuckUploadRemote(RemoteProgramCache):
+        """A real file:// remote whose upload of ``key`` waits until the test ends: it never lands meanwhile."""
+
+        def __setitem__(self, k, value) -> None:
+            if bytes(k) == key:
+                assert stuck.wait(JOIN_S)
+            super().__setitem__(k, value)
+
+    remote = StuckUploadRemote.from_url(f"file://{tmp_path / 'remote'}")
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
                                 **WAIT_FOR_HOLDER)
     caplog.set_level("WARNING", logger="tiered_progcache.singleflight")
@@ -427,7 +436,7 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
         # the release ran on a daemon thread that exit waits for only within the exit budget
         assert budget.joined == [(f"tiered-progcache-release-{name[:8]}", True)]
     finally:
-        remote.gates[key].set()
+        stuck.set()
         node_a.close()
     assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.singleflight"] == [
         f"upload of {name[:16]} did not land within 1 s of the compile"]
