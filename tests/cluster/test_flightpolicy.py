@@ -22,6 +22,7 @@ from tiered_progcache.cluster.flightpolicy import (
     LANDING_RTTS,
     POLL_FLOOR_S,
     CompileTimes,
+    FlightDecision,
     FlightPolicy,
     compile_size,
     compile_times,
@@ -736,3 +737,102 @@ def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
     assert times.predict("c++", "cubin", 100) == pytest.approx(1.0)
     times.clear()
     assert times.predict("c++", "cubin", 100) is None and times.estimate("c++", "cubin") is None
+
+
+def _cache_at(tmp_path, round_trip_s: float) -> TieredProgramCache:
+    """A chain in front of a real file:// remote whose round trip is timed at ``round_trip_s``."""
+    from cuda.core.utils import InMemoryProgramCache
+
+    (tmp_path / "remote").mkdir(exist_ok=True)
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, round_trip_s)])
+
+
+def test_a_short_compile_with_nothing_left_to_race_compiles_without_a_lease_and_reports_its_figures(
+        tmp_path, decisions):
+    """run_once without ``race`` for a compile predicted short: one look, then the work; no lease."""
+    from tiered_progcache.cluster.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    looks, made = [], []
+
+    def produce() -> tuple[str, str]:
+        made.append(1)
+        return "made", "shared"
+
+    try:
+        work = Work(find=lambda: looks.append(1), produce=produce, adopt=lambda shared: shared)
+        assert run_once(cache, b"short key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01) == "made"
+        assert (looks, made) == ([1], [1])
+        assert decisions == [FlightDecision(entry_name(b"short key"), "short", 0.01, 0.05)]
+        found = Work(find=lambda: ("found", "shared"), produce=produce, adopt=lambda shared: shared)
+        assert run_once(cache, b"short key", found, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01) == "found"
+        assert made == [1] and len(decisions) == 1  # a hit under the node lock: no work, nothing to report
+    finally:
+        cache.close()
+
+
+def test_a_raced_lookup_that_answers_first_is_reported_with_the_estimate_and_round_trip(tmp_path, decisions):
+    from tiered_progcache.cluster.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    dropped_seen = threading.Event()
+
+    def produce_unless(dropped: threading.Event) -> tuple[str, str]:
+        assert dropped.wait(JOIN_S)  # the lookup answers first: this compile is dropped
+        dropped_seen.set()
+        return "made", "shared"
+
+    try:
+        work = Work(find=lambda: ("found", "shared"), produce=lambda: ("made", "shared"),
+                    adopt=lambda shared: shared, produce_unless=produce_unless)
+        assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01,
+                        race=True) == "found"
+        assert dropped_seen.wait(JOIN_S)
+        assert decisions == [FlightDecision(entry_name(b"raced key"), "raced, found", 0.01, 0.05)]
+    finally:
+        cache.close()
+
+
+def test_a_hit_right_after_taking_the_lease_is_reported_found_with_the_time_it_took(tmp_path, decisions):
+    """Another process of this node stored the entry just before this one took the lease: no work."""
+    from tiered_progcache.cluster.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    try:
+        work = Work(find=lambda: ("found", "shared"), produce=lambda: pytest.fail("no work after a hit"),
+                    adopt=lambda shared: shared)
+        assert run_once(cache, b"found key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=5.0) == "found"
+    finally:
+        cache.close()
+    (decision,) = decisions
+    assert (decision.name, decision.choice, decision.estimate_s, decision.round_trip_s) == (
+        entry_name(b"found key"), "found", 5.0, 0.05)
+    assert 0 < decision.waited_s < 30
+
+
+def test_a_waiter_that_gets_the_holders_entry_reports_waited_with_both_estimates(tmp_path, decisions):
+    from tiered_progcache.cluster.lease import RemoteLease
+    from tiered_progcache.cluster.singleflight import Work, run_once
+
+    cache = _cache_at(tmp_path, 0.05)
+    name = entry_name(b"waited key")
+    another_node = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")  # (its requests are not timed here)
+    holder = RemoteLease(another_node.leases(), name, 60, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    looks = []
+
+    def find() -> tuple[str, str] | None:  # the holder's entry is up at the waiter's second look
+        looks.append(1)
+        return ("theirs", "shared") if len(looks) >= 2 else None
+
+    try:
+        work = Work(find=find, produce=lambda: pytest.fail("a waiter that got the entry does no work"),
+                    adopt=lambda shared: shared)
+        assert run_once(cache, b"waited key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=5.0) == "theirs"
+    finally:
+        holder.release()
+        cache.close()
+    (decision,) = decisions
+    assert (decision.name, decision.choice, decision.estimate_s, decision.round_trip_s,
+            decision.holder_estimate_s) == (name, "waited", 5.0, 0.05, 7.0)
+    assert 0 < decision.waited_s < 30

@@ -950,3 +950,239 @@ def test_a_store_that_fails_the_first_create_ends_the_wait_at_once_as_store_fail
     waited = clock.wait_for(RemoteLease(FailingLeases(), NAME, ttl_s=30, clock=clock.time), 300)
     assert (waited.outcome, waited.held, waited.found, waited.waited_s) == (WaitOutcome.STORE_FAILED, False, None, 0)
     assert clock.sleeps == []
+
+
+def test_a_failing_lease_store_is_said_once_per_kind_of_failure(caplog, monkeypatch):
+    """Every wait against a dead store fails the same way: one warning per exception type, naming it."""
+    from tiered_progcache.stores import ratelimit
+
+    monkeypatch.setattr(ratelimit, "_logged_once", set())  # as in a fresh process, whatever ran before here
+
+    class LeaseStoreDown(OSError):
+        pass
+
+    class LeaseStoreSlow(TimeoutError):
+        pass
+
+    class Failing(DictLeases):
+        def __init__(self, error: BaseException) -> None:
+            super().__init__()
+            self.error = error
+
+        def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+            raise self.error
+
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.lease")
+    clock = SteppedClock()
+    for error in (LeaseStoreDown("down"), LeaseStoreDown("still down"), LeaseStoreSlow("took 10 s")):
+        waited = clock.wait_for(RemoteLease(Failing(error), NAME, ttl_s=30, clock=clock.time), 300)
+        assert waited.outcome is WaitOutcome.STORE_FAILED
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "lease store failed (LeaseStoreDown('down')): going ahead without a lease"),
+        ("WARNING", "lease store failed (LeaseStoreSlow('took 10 s')): going ahead without a lease"),
+    ]
+
+
+def test_a_break_writes_its_marker_word_for_word_and_removes_it():
+    """The marker a breaker creates: named from the bytes it saw, marked as a break, valid one TTL."""
+
+    class Recording(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.created: list[tuple[str, bytes, float]] = []
+
+        def create(self, name: str, document: bytes, ttl_s: float) -> bool:
+            self.created.append((name, document, ttl_s))
+            return super().create(name, document, ttl_s)
+
+    clock, store = SteppedClock(), Recording()
+    stale = _stale_document(expires_at=clock.time() - 60)
+    assert store.create(NAME, stale, 30)
+    waiter = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    assert waiter.break_if_unchanged(stale) is True
+    marker = f"{NAME}.break-{hashlib.sha256(stale).hexdigest()[:32]}"
+    (name, document, ttl), = store.created[1:]
+    assert (name, ttl) == (marker, 30)
+    assert document == json.dumps({"format": "tiered-progcache/lease/break", "expires_at": clock.time() + 30}).encode()
+    assert store.objects == {}
+
+
+class _FailingReadsAfter(DictLeases):
+    """Reads of the lease itself fail once ``ok_reads`` of them went through; records which thread read."""
+
+    def __init__(self, ok_reads: int) -> None:
+        super().__init__()
+        self.ok_reads = ok_reads
+        self.readers: list[str] = []
+
+    def read(self, name: str) -> bytes | None:
+        if name == NAME:
+            self.readers.append(threading.current_thread().name)
+            if len(self.readers) > self.ok_reads:
+                raise OSError("read failed")
+        return super().read(name)
+
+
+@pytest.mark.parametrize("ok_reads, holder_estimate, waited_s", [(0, None, 0.0), (1, 7.0, LEASE_RECHECK_S)])
+def test_a_lease_read_that_fails_ends_the_wait_as_store_failed_with_the_holders_estimate_if_seen(
+        ok_reads, holder_estimate, waited_s):
+    """The first read runs beside the first look, on a thread of its own; a failing read ends the wait at once."""
+    leases, clock = _FailingReadsAfter(ok_reads), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    try:
+        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30)
+    finally:
+        holder.release()
+    assert (waited.outcome, waited.held, waited.found) == (WaitOutcome.STORE_FAILED, False, None)
+    assert waited.holder_estimate_s == holder_estimate
+    assert waited.waited_s == pytest.approx(waited_s)
+    assert leases.readers[0] == "tiered-progcache-lease-read"
+
+
+def test_a_break_of_a_lease_that_changed_since_it_was_seen_leaves_it_alone():
+    clock, store = SteppedClock(), DictLeases()
+    stale = _stale_document(expires_at=clock.time() - 60)
+    renewed = _stale_document(expires_at=clock.time() + 60)
+    assert store.create(NAME, renewed, 30)
+    waiter = RemoteLease(store, NAME, ttl_s=30, clock=clock.time)
+    assert waiter.break_if_unchanged(stale) is False
+    assert store.objects == {NAME: renewed}  # the new lease stands, and the marker is gone
+
+
+def test_a_release_the_store_refuses_is_logged_with_where_and_why(caplog):
+    leases = _FailingReadsAfter(ok_reads=0)
+    holder = RemoteLease(leases, NAME, ttl_s=30)
+    assert holder.try_acquire()
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.lease")
+    holder.release()
+    assert not holder.held
+    assert [r.getMessage() for r in caplog.records] == [
+        f"could not release lease dict://leases/{NAME} (it expires by itself): OSError('read failed')"]
+
+
+def _breaks(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.lease" and "breaking it" in r.getMessage()]
+
+
+def test_each_break_says_whose_lease_and_why(caplog):
+    """Expired, not renewed for a TTL, or its holder's process gone from this host: the log says which."""
+    caplog.set_level("INFO", logger="tiered_progcache.cluster.lease")
+    where = f"dict://leases/{NAME}"
+
+    leases, clock = DictLeases(), SteppedClock()
+    assert leases.create(NAME, _stale_document(expires_at=clock.time() - 60), 30)
+    assert clock.wait(RemoteLease(leases, NAME, ttl_s=30, clock=clock.time), 300)[1]
+    assert _breaks(caplog) == [f"lease {where} held by gone:1 expired; breaking it"]
+
+    caplog.clear()
+    leases, clock = DictLeases(), SteppedClock()
+    _planted(leases, clock, expires_at=1e12)
+    assert clock.wait(RemoteLease(leases, NAME, ttl_s=5, clock=clock.time), 300)[1]
+    assert _breaks(caplog) == [f"lease {where} held by elsewhere:1 not renewed for 5.01 s; breaking it"]
+
+    caplog.clear()
+    leases, clock = DictLeases(), SteppedClock()
+    me = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
+    doc = json.loads(me._document())
+    doc["process"]["start"] = (me.process.start or 0) + 1  # this PID, another start time: that holder is gone
+    assert leases.create(NAME, json.dumps(doc).encode(), 60)
+    assert clock.wait(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 300)[1]
+    assert _breaks(caplog) == [f"lease {where} held by {me.holder} is gone (its process died on this host); breaking it"]
+
+
+def test_a_holder_that_releases_between_rereads_is_looked_behind_once_and_its_estimate_reported():
+    """The holder releases; the waiter's next lease read finds none and looks once more: the entry is up."""
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    clock.on_sleep.append(holder.release)  # during the waiter's first pause, before any poll
+    waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30,
+                            poll=lambda: "entry" if leases.read(NAME) is None else None,
+                            plan=FixedWait(poll_s=10.0))
+    assert (waited.outcome, waited.found, waited.holder_estimate_s) == (WaitOutcome.FOUND, "entry", 7.0)
+    assert clock.sleeps == [LEASE_RECHECK_S]
+
+
+@pytest.mark.parametrize("estimate, said", [(None, "?"), (7.0, "7")])
+def test_a_waiter_out_of_patience_says_how_long_for_which_estimate_and_lease(caplog, estimate, said):
+    caplog.set_level("INFO", logger="tiered_progcache.cluster.lease")
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=estimate)
+    assert holder.try_acquire()
+    try:
+        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 300,
+                                plan=FixedWait(poll_s=0.5, patience_s=2.0))
+    finally:
+        holder.release()
+    assert waited.outcome is WaitOutcome.PATIENCE
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.lease"] == [
+        f"waited 2 s (the patience for an estimated {said} s compile) for lease dict://leases/{NAME}; compiling here"]
+
+
+def test_a_waiter_that_runs_out_of_time_says_timeout():
+    leases, clock = DictLeases(), SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    assert holder.try_acquire()
+    try:
+        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 2.0, plan=FixedWait(poll_s=0.5))
+    finally:
+        holder.release()
+    assert (waited.outcome, waited.held, waited.found, waited.holder_estimate_s) == (WaitOutcome.TIMEOUT, False, None, 7.0)
+    assert waited.waited_s == pytest.approx(2.0)
+
+
+def test_a_holder_whose_name_has_a_parenthesis_and_non_ascii_letters_is_judged_by_its_own_start_time(tmp_path):
+    """/proc/<pid>/stat carries the program's name: ``)`` and UTF-8 in it move no field and raise nothing."""
+    import subprocess
+
+    from tiered_progcache.cluster import lease as lease_module
+
+    program = tmp_path / "sl) ëp"
+    program.symlink_to("/bin/sleep")
+    child = subprocess.Popen([str(program), "600"])
+    try:
+        with open(f"/proc/{child.pid}/stat", "rb") as fh:
+            start = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        assert lease_module._start_ticks(child.pid) == start
+        process = lease_module.HolderProcess(*lease_module._this_host(), child.pid, start)
+        assert not process.is_gone()
+    finally:
+        child.kill()
+        child.wait()
+    assert process.is_gone()
+
+
+def test_a_holder_whose_lease_is_taken_over_stops_renewing_and_says_so(caplog):
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.lease")
+    leases = DictLeases()
+    holder = RemoteLease(leases, NAME, ttl_s=0.3)
+    assert holder.try_acquire()
+    thief = RemoteLease(leases, NAME, ttl_s=60)
+    leases.replace(NAME, thief._document(), 60)
+    holder._renewer.join(JOIN_S)  # its next renewal (a tenth of a second on) sees another token and stops
+    assert not holder._renewer.is_alive() and leases.read(NAME) == leases.objects[NAME]
+    assert json.loads(leases.read(NAME))["token"] == thief.token
+    assert [r.getMessage() for r in caplog.records] == [
+        f"lease dict://leases/{NAME} was taken over while held; carrying on without it"]
+
+
+def test_a_renewal_the_store_refuses_is_logged_and_the_holder_keeps_trying(caplog):
+    class RefusingReplace(DictLeases):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refused = threading.Event()
+
+        def replace(self, name: str, document: bytes, ttl_s: float) -> None:
+            self.refused.set()
+            raise OSError("bucket says no")
+
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.lease")
+    leases = RefusingReplace()
+    holder = RemoteLease(leases, NAME, ttl_s=0.3)
+    assert holder.try_acquire()
+    assert leases.refused.wait(JOIN_S)
+    holder.release()  # joins the renewer
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages and set(messages) == {f"could not renew lease dict://leases/{NAME}: OSError('bucket says no')"}
+    assert leases.read(NAME) is None  # released

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -10,6 +14,7 @@ import time
 
 import pytest
 
+from tiered_progcache.cluster import locks
 from tiered_progcache.cluster.locks import ThreadSingleFlight, node_lock
 
 SPAWN = mp.get_context("spawn")
@@ -256,8 +261,12 @@ def test_a_child_forked_while_the_lock_is_held_closes_its_copy_and_leaves_the_fi
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            # the child leaves the with-block too: it must neither unlink nor unlock the parent's file
-            code = 0 if not _lock_fds(path) else 1
+            # the child leaves the with-block too: it must neither unlink nor unlock the parent's file;
+            # and it can take a node lock of its own at once
+            code = 1
+            with contextlib.suppress(BaseException):
+                with node_lock(tmp_path, "kc-child", timeout=5) as child_held:
+                    code = 0 if child_held and not _lock_fds(path) else 1
             os.write(w, bytes([code]))
             os._exit(0)
         os.close(w)
@@ -350,3 +359,209 @@ def test_followers_are_counted_exactly():
     for t in threads:
         t.join(JOIN_S)
     assert flights.followers("k") == 0
+
+
+# -- the waiter's pauses and starts-over, on a stepped clock; hostile and lock-less filesystems ----------
+
+
+class _LockClock:
+    """Stands in for ``locks.time``: time moves only when the waiter pauses, and each pause can run a step."""
+
+    def __init__(self, steps=()) -> None:
+        self.now = 1000.0  # large against every pause, so ``now + (deadline - now)`` lands on the deadline exactly
+        self.sleeps: list[float] = []
+        self.steps = list(steps)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        if len(self.sleeps) > 500:
+            raise AssertionError("the waiter never gave up")
+        self.now += seconds
+        if self.steps:
+            self.steps.pop(0)()
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.locks"]
+
+
+def test_a_waiter_backs_off_by_half_again_up_to_the_cap_and_gives_up_exactly_at_its_deadline(
+        tmp_path, monkeypatch, caplog):
+    clock = _LockClock()
+    monkeypatch.setattr(locks, "time", clock)
+    caplog.set_level(logging.INFO, logger="tiered_progcache.cluster.locks")
+    with node_lock(tmp_path, "kb", timeout=5) as held:
+        assert held
+        with node_lock(tmp_path, "kb", timeout=0.1) as waited:
+            assert not waited
+    expected, delay, left = [], 0.001, 0.1  # NODE_POLL_S: from 1 ms, times 1.5 a pause, at most 20 ms
+    while left > 1e-12:
+        expected.append(min(delay, left))
+        left -= expected[-1]
+        delay = min(delay * 1.5, 0.02)
+    assert clock.sleeps == pytest.approx(expected, abs=1e-9)
+    assert clock.now == 1000.0 + 0.1  # not one pause past the deadline
+    assert _messages(caplog) == [f"waited too long for {os.path.join(tmp_path, 'kb.lock')}; going ahead without it"]
+
+
+def test_a_waiter_that_locked_a_file_its_holder_unlinked_starts_over_on_the_file_at_the_path(tmp_path, monkeypatch):
+    """Two holders come and go while the waiter pauses: it ends up holding the file at the path, and only it."""
+    first = node_lock(tmp_path, "ku", timeout=5)
+    second = node_lock(tmp_path, "ku", timeout=5)
+
+    def first_leaves_and_second_takes_a_fresh_file() -> None:  # the waiter's file is unlinked and replaced
+        first.__exit__(None, None, None)
+        assert second.__enter__()
+
+    def second_leaves() -> None:  # the waiter's (second) file is unlinked and nothing replaces it
+        second.__exit__(None, None, None)
+
+    clock = _LockClock(steps=[first_leaves_and_second_takes_a_fresh_file, second_leaves])
+    monkeypatch.setattr(locks, "time", clock)
+    assert first.__enter__()
+    path = os.path.join(tmp_path, "ku.lock")
+    with node_lock(tmp_path, "ku", timeout=5) as held:
+        assert held
+        assert len(clock.sleeps) == 2
+        assert os.listdir(tmp_path) == ["ku.lock"] and not _try_flock(path)  # the file at the path is ours
+        (fd,) = _lock_fds(os.path.realpath(path))
+        assert os.fstat(fd).st_ino == os.stat(path).st_ino
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_symlink_replanted_as_fast_as_it_is_removed_is_removed_three_times_then_the_lock_is_given_up(
+        tmp_path, monkeypatch, caplog):
+    locks_dir, target = tmp_path / "locks", tmp_path / "target"
+    locks_dir.mkdir()
+    (locks_dir / "kz.lock").symlink_to(target)
+    real_unlink, removed = os.unlink, []
+
+    def unlink_and_replant(path, *, dir_fd=None):  # a hostile neighbour, until it tires after ten
+        real_unlink(path, dir_fd=dir_fd)
+        removed.append(path)
+        if len(removed) < 10:
+            os.symlink(target, path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", unlink_and_replant)
+    caplog.set_level(logging.WARNING, logger="tiered_progcache.cluster.locks")
+    with node_lock(locks_dir, "kz", timeout=5) as held:
+        assert not held
+    monkeypatch.undo()
+    assert removed == ["kz.lock"] * 3  # locks._MAX_PLANTED
+    assert not target.exists()
+    path = os.path.join(locks_dir, "kz.lock")
+    loop = repr(OSError(errno.ELOOP, os.strerror(errno.ELOOP)))
+    assert _messages(caplog) == [f"removing a symlink planted at lock file {path}"] * 3 + [
+        f"cannot open lock file {path} ({loop}): no inter-process single-flight"]
+
+
+def test_a_planted_symlink_someone_else_removed_first_is_no_error(tmp_path, monkeypatch):
+    (tmp_path / "kg.lock").symlink_to(tmp_path / "target")
+    real_unlink = os.unlink
+
+    def removed_just_before(path, *, dir_fd=None):  # another waiter removed the link a moment before us
+        monkeypatch.undo()
+        real_unlink(path, dir_fd=dir_fd)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+    monkeypatch.setattr(os, "unlink", removed_just_before)
+    with node_lock(tmp_path, "kg", timeout=5) as held:
+        assert held
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_lock_file_that_cannot_be_opened_means_no_lock_and_one_warning_per_directory(tmp_path, caplog):
+    """A directory squats the lock file's name (EISDIR): no lock, nothing removed, said once per directory."""
+    caplog.set_level(logging.WARNING, logger="tiered_progcache.cluster.locks")
+    paths = []
+    for d in ("a", "b", "a"):
+        (tmp_path / d / "kd.lock").mkdir(parents=True, exist_ok=True)
+        with node_lock(tmp_path / d, "kd", timeout=5) as held:
+            assert not held
+        assert (tmp_path / d / "kd.lock").is_dir()
+        paths.append(os.path.join(tmp_path / d, "kd.lock"))
+    isdir = repr(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    assert _messages(caplog) == [f"cannot open lock file {p} ({isdir}): no inter-process single-flight"
+                                 for p in paths[:2]]
+
+
+class _NoLocksFcntl:
+    """``fcntl`` on a filesystem without locks (NFS without lockd): every flock fails with ENOLCK."""
+
+    LOCK_EX, LOCK_NB, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_NB, fcntl.LOCK_UN
+
+    @staticmethod
+    def flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+
+def test_a_filesystem_without_flock_means_no_lock_no_leaked_descriptor_and_one_warning_per_directory(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(locks, "fcntl", _NoLocksFcntl)
+    caplog.set_level(logging.WARNING, logger="tiered_progcache.cluster.locks")
+    before = len(os.listdir("/proc/self/fd"))
+    paths = []
+    for d in ("a", "b", "a"):
+        with node_lock(tmp_path / d, "kn", timeout=5) as held:
+            assert not held
+        paths.append(os.path.join(tmp_path / d, "kn.lock"))
+    assert len(os.listdir("/proc/self/fd")) == before and not locks._held_fds
+    nolck = repr(OSError(errno.ENOLCK, os.strerror(errno.ENOLCK)))
+    assert _messages(caplog) == [f"flock failed on {p} ({nolck}): no inter-process single-flight" for p in paths[:2]]
+
+
+def test_a_follower_waits_no_longer_than_its_timeout():
+    flights: ThreadSingleFlight[str] = ThreadSingleFlight()
+    got = []
+
+    def follow() -> None:
+        with flights.lead("k") as seat:
+            assert not seat.leader
+            got.append(seat.wait(timeout=0.01))
+
+    with flights.lead("k") as seat:
+        assert seat.leader
+        follower = threading.Thread(target=follow)
+        follower.start()
+        follower.join(10)  # the leader is still at work: the follower's wait ends by its own timeout
+        assert not follower.is_alive()
+        seat.result = "late"
+    assert got == [None]
+
+
+def test_a_child_forked_while_a_flight_is_under_way_starts_with_none_and_leads_at_once():
+    """The parent's leader thread does not exist in the child: its flight would never finish there."""
+    flights: ThreadSingleFlight[str] = ThreadSingleFlight()
+    entered, release = threading.Event(), threading.Event()
+
+    def lead() -> None:
+        with flights.lead("k") as seat:
+            assert seat.leader
+            entered.set()
+            release.wait(JOIN_S)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    try:
+        assert entered.wait(JOIN_S) and flights.in_flight() == 1
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                with flights.lead("k") as seat:
+                    code = 0 if seat.leader and flights.in_flight() == 1 else 1
+            finally:
+                os.write(w, bytes([code]))
+                os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"\0"
+        os.waitpid(pid, 0)
+        os.close(r)
+        assert flights.in_flight() == 1  # the parent's flight goes on
+    finally:
+        release.set()
+        leader.join(JOIN_S)

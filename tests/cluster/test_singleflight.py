@@ -261,3 +261,73 @@ def test_a_thread_waiting_on_a_stuck_leader_gives_up_after_wait_timeout_and_comp
         leader.join(JOIN_S)
         stop()
     assert out["leader"] == out["follower"]
+
+
+def test_a_race_without_a_produce_unless_runs_produce():
+    """``Work.produce_unless`` defaults to ``produce``: a raced miss returns what ``produce`` made.
+
+    Each side runs on a thread named for what it does and the entry (what a thread dump shows)."""
+    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.stores.store import entry_name
+
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    looked = threading.Event()
+    threads = {}
+
+    def find() -> None:
+        threads["find"] = threading.current_thread()
+        looked.set()
+        return None
+
+    def produce() -> tuple[str, str]:
+        threads["produce"] = threading.current_thread()
+        return "made", "shared"
+
+    work = Work(find=find, produce=produce, adopt=lambda shared: shared)
+    assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, race=True) == "made"
+    assert looked.wait(JOIN_S)
+    short = entry_name(b"raced key")[:8]
+    assert (threads["produce"].name, threads["produce"].daemon) == (f"tiered-progcache-race-{short}", False)
+    assert (threads["find"].name, threads["find"].daemon) == (f"tiered-progcache-look-{short}", True)
+
+
+def test_a_follower_whose_leader_was_interrupted_takes_its_own_turn():
+    """The leader stops on a BaseException (as KeyboardInterrupt would): its follower does the work itself."""
+    from tiered_progcache.cluster.singleflight import Work, followers, run_once
+
+    class Interrupted(BaseException):
+        pass
+
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    key = b"interrupted key"
+    entered, go = threading.Event(), threading.Event()
+    outcomes = {}
+
+    def interrupted() -> tuple[str, str]:
+        entered.set()
+        assert go.wait(JOIN_S)
+        raise Interrupted()
+
+    def leader() -> None:
+        try:
+            run_once(cache, key, Work(find=lambda: None, produce=interrupted, adopt=lambda s: s),
+                     wait_timeout=JOIN_S, lease_ttl=60)
+        except Interrupted:
+            outcomes["leader"] = "interrupted"
+
+    def follower() -> None:
+        outcomes["follower"] = run_once(cache, key, Work(find=lambda: None, produce=lambda: ("mine", "shared"),
+                                                         adopt=lambda s: s), wait_timeout=JOIN_S, lease_ttl=60)
+
+    lead = threading.Thread(target=leader)
+    lead.start()
+    assert entered.wait(JOIN_S)
+    follow = threading.Thread(target=follower)
+    follow.start()
+    deadline = time.monotonic() + JOIN_S
+    while followers(cache, key) < 1 and time.monotonic() < deadline:
+        threading.Event().wait(0.001)  # polling a condition, not timing a race
+    go.set()
+    for t in (lead, follow):
+        t.join(JOIN_S)
+    assert outcomes == {"leader": "interrupted", "follower": "mine"}

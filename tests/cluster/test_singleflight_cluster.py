@@ -334,3 +334,123 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
         for gate in gates.values():
             gate.open()
         node_a.close()
+
+
+class UnsealingRemote(RemoteProgramCache):
+    """A real file:// remote that cannot seal a record, as a store without an envelope."""
+
+    def seal_record(self, name: str, payload: bytes) -> bytes:
+        raise RuntimeError("no envelope here")
+
+
+def test_a_failure_that_cannot_be_sealed_releases_the_lease_and_says_why(tmp_path, caplog):
+    """The holder's work fails and its record cannot be sealed: the error reaches the caller, the lease is
+    deleted (its waiters retry rather than wait out its TTL), and the warning names the entry and the cause."""
+    from tiered_progcache.cluster.singleflight import Work, run_once
+
+    url = f"file://{tmp_path / 'remote'}"
+    (tmp_path / "remote").mkdir()
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"),
+                                      UnsealingRemote.from_url(url)], **WAIT_FOR_HOLDER)
+    key = b"the failing kernel's key"
+
+    def produce() -> tuple[object, object]:
+        assert len(_lease_paths(url, None)) == 1  # held while it works
+        raise ValueError("the compile failed")
+
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.singleflight")
+    try:
+        with pytest.raises(ValueError, match="^the compile failed$"):
+            run_once(cache, key, Work(find=lambda: None, produce=produce, adopt=lambda shared: shared),
+                     wait_timeout=30, lease_ttl=600)
+    finally:
+        cache.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.singleflight"] == [
+        f"could not seal the failure of {entry_name(key)[:16]}: RuntimeError('no envelope here')"]
+    assert _lease_paths(url, None) == []
+
+
+def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout_and_says_so(
+        tmp_path, monkeypatch, caplog):
+    """The holder's upload is stuck: its lease is released after ``UPLOAD_FLUSH_TIMEOUT_S`` anyway (waiters
+    then compile: slower, never wrong), with a warning naming the entry and the timeout."""
+    from cuda.core.utils import make_program_cache_key
+
+    from tiered_progcache.chain import exitbudget
+    from tiered_progcache.cluster import singleflight
+
+    class RecordingBudget(exitbudget.ExitBudget):
+        """An exit budget of its own, recording each thread it is asked to wait for."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.joined: list[tuple[str, bool]] = []
+
+        def join(self, thread: threading.Thread) -> bool:
+            self.joined.append((thread.name, thread.daemon))
+            return super().join(thread)
+
+    budget = RecordingBudget()
+    monkeypatch.setattr(exitbudget, "PROCESS", budget)
+    monkeypatch.setattr(singleflight, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
+    key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+    stuck = threading.Event()
+
+    class StuckUploadRemote(RemoteProgramCache):
+        """A real file:// remote whose upload of ``key`` waits until the test ends: it never lands meanwhile."""
+
+        def __setitem__(self, k, value) -> None:
+            if bytes(k) == key:
+                assert stuck.wait(JOIN_S)
+            super().__setitem__(k, value)
+
+    remote = StuckUploadRemote.from_url(f"file://{tmp_path / 'remote'}")
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                                **WAIT_FOR_HOLDER)
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.singleflight")
+    try:
+        tpc.compile(kernel(57), "c++", options(), cache=node_a, lease_ttl=600)  # its upload never lands
+        (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
+        releaser.join(20)
+        assert not releaser.is_alive(), "the lease waited past the flush timeout for an upload that never lands"
+        assert RemoteLease(remote.leases(), name, 600).read() is None
+        assert not node_a.wait_uploaded(key, 0)  # released while the upload is still stuck
+        # the release ran on a daemon thread that exit waits for only within the exit budget
+        assert budget.joined == [(f"tiered-progcache-release-{name[:8]}", True)]
+    finally:
+        stuck.set()
+        node_a.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.singleflight"] == [
+        f"upload of {name[:16]} did not land within 1 s of the compile"]
+
+
+class RemoteWithoutLeases(RemoteProgramCache):
+    """A real file:// remote that declares it holds no leases."""
+
+    def leases(self):
+        return None
+
+
+@pytest.mark.parametrize("remote_class, says", [
+    (RemoteWithoutLeases, "shared store {} holds no leases: node-level single-flight only"),
+    (RemoteWithoutAtomicCreate, "shared store {}/leases has no atomic create-if-absent: node-level single-flight only"),
+])
+def test_a_store_that_cannot_hold_leases_is_said_once_per_store(tmp_path, caplog, remote_class, says):
+    """Node-level single-flight only, and a warning naming each such store once (not once per compile)."""
+    from tiered_progcache.cluster.singleflight import Work, run_once
+
+    caplog.set_level("WARNING", logger="tiered_progcache.cluster.singleflight")
+    locations = []
+    for store in ("one", "two", "one"):
+        (tmp_path / store).mkdir(exist_ok=True)
+        remote = remote_class.from_url(f"file://{tmp_path / store}")
+        cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), remote])
+        try:
+            work = Work(find=lambda: None, produce=lambda: ("made", "shared"), adopt=lambda shared: shared)
+            assert run_once(cache, b"key", work, wait_timeout=30, lease_ttl=60) == "made"
+        finally:
+            cache.close()
+        locations.append(remote.location)
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.singleflight"] == [
+        says.format(location) for location in locations[:2]]
