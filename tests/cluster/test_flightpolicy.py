@@ -17,6 +17,7 @@ from cuda.core import ProgramOptions
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.cluster.flightpolicy import (
+    untimed_estimate,
     COMPILE_TIMES_FILE,
     HEADER_BYTES,
     LANDING_RTTS,
@@ -234,23 +235,32 @@ def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
     times.record("c++", "cubin", seconds, compile_size(len(source), 0))
 
 
-@pytest.mark.parametrize("predicted, choice, requests", [(0.01, "raced", 3), (10.0, "held", 7), (None, "held", 8)])
+@pytest.mark.parametrize("predicted, headers, choice, requests", [
+    (0.01, 0, "raced", 3), (10.0, 0, "held", 7), (None, 0, "raced", 3), (None, 8, "held", 8),
+])
 def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
-    tmp_path, slow_s3, decisions, fresh_compile_times, predicted, choice, requests
+    tmp_path, slow_s3, decisions, fresh_compile_times, predicted, headers, choice, requests
 ):
-    """At a 50 ms round trip, 0.01 s is under the default one round trip, 10 s over, and a never-timed
-    compile is unknown. Requests on the wire: raced: the look (beside the compile), the uploads of the
-    manifest and the cubin (3); held (long): look, lease create, look under the lease, the two uploads,
-    lease read and delete by the release (7); held (unknown): the look, the manifest read (to learn
-    from a hit) and the lease create together, the look under the lease beside the compile, the two
-    uploads, the release's read and delete (8)."""
+    """At a 50 ms round trip, 0.01 s is under the default one round trip, 10 s over; a never-timed
+    compile is predicted from its size: header-less, 22 ms (short, it races); reading 8 headers,
+    150 ms (long: unknown, it takes the lease). Requests on the wire: raced: the look (beside the
+    compile), the uploads of the manifest and the cubin (3); held (long): look, lease create, look
+    under the lease, the two uploads, lease read and delete by the release (7); held (unknown): the
+    look, the manifest read (to learn from a hit) and the lease create together, the look under the
+    lease beside the compile, the two uploads, the release's read and delete (8)."""
     proxy, storage_options, url = slow_s3
+    include = tmp_path / "include"
+    include.mkdir()
+    for i in range(headers):
+        (include / f"h{i}.h").write_text(f"#define H{i} {i}\n")
+    source = "".join(f'#include "h{i}.h"\n' for i in range(headers)) + kernel(310)
+    opts = ProgramOptions(arch="sm_90", include_path=[str(include)]) if headers else options()
     if predicted is not None:
-        _predicting(fresh_compile_times, kernel(310), predicted)
-    with TieredProgramCache(tmp_path, remote=url, remote_options=storage_options) as cache:
+        _predicting(fresh_compile_times, source, predicted)
+    with TieredProgramCache(tmp_path / "cache", remote=url, remote_options=storage_options) as cache:
         cache.get(b"a first request, so the round trip is known")
         before = proxy.requests
-        obj = tpc.compile(kernel(310), "c++", options(), cache=cache)
+        obj = tpc.compile(source, "c++", opts, cache=cache)
         (decision,) = decisions
         assert cache.flush(JOIN_S)
         _released(decision.name)
@@ -258,7 +268,9 @@ def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_le
         seen = proxy.requests - before
         assert cache.shared_store.leases().read(decision.name) is None
     assert bytes(obj.code)[:4] == b"\x7fELF"
-    assert (decision.choice, decision.estimate_s) == (choice, pytest.approx(predicted) if predicted else None)
+    expected = predicted if predicted is not None else (
+        untimed_estimate(compile_size(len(source), 0)) if not headers else None)
+    assert (decision.choice, decision.estimate_s) == (choice, pytest.approx(expected) if expected else None)
     assert decision.round_trip_s >= 0.05
     assert seen == requests
 

@@ -50,11 +50,14 @@ __all__ = [
     "FlightPolicy",
     "FlightWait",
     "HitLessons",
+    "UNTIMED_FIXED_S",
+    "UNTIMED_SECONDS_PER_BYTE",
     "compile_size",
     "compile_times",
     "hit_lessons",
     "on_flight",
     "report",
+    "untimed_estimate",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,9 +82,32 @@ _TIMES_FORMAT = "tiered-progcache/compile-times"
 _MAX_PERSISTED_S = 3600.0
 
 
+#: A compile of a kind this node has timed none of (and no hit has taught) is predicted at
+#: this much, plus :data:`UNTIMED_SECONDS_PER_BYTE` per byte of its size: NVRTC's fixed cost
+#: for a small kernel on one core (the sample matmul, 1 KiB and no header: 25 ms on an H200
+#: host's core), and each header weighing 16 ms. Only whether it is short against the round
+#: trip is asked of it: a kernel that reads no headers races a store 30 ms away; one that
+#: reads a library's headers (CCCL: hundreds) is long, so it takes the lease and compiles once.
+UNTIMED_FIXED_S = 0.02
+#: See :data:`UNTIMED_FIXED_S`: seconds per byte of :func:`compile_size` for a kind never timed.
+UNTIMED_SECONDS_PER_BYTE = 2e-6
+
+
 def compile_size(source_bytes: int, header_count: int) -> int:
     """A compile's size, in bytes of source: the source plus :data:`HEADER_BYTES` per header it reads."""
     return max(1, source_bytes) + HEADER_BYTES * max(0, header_count)
+
+
+def untimed_estimate(size: int) -> float:
+    """What a compile of ``size`` (:func:`compile_size`) is predicted to take where nothing of its kind was timed.
+
+    >>> untimed_estimate(compile_size(1143, 0)), untimed_estimate(compile_size(300, 400)) > 6
+    (0.022286, True)
+
+    From what the compile reads alone, never from another kernel's time; used only to let a
+    small kernel race the shared lookup (:meth:`FlightPolicy.races`), never to stop waiting.
+    """
+    return UNTIMED_FIXED_S + UNTIMED_SECONDS_PER_BYTE * max(1, size)
 
 
 class CompileTimes:

@@ -38,7 +38,14 @@ from cuda.core.utils import ProgramCacheResource
 from .compileargs import check_arguments, knobs_for
 from ..chain.defaultcache import default_cache
 from .explain import explain_key
-from ..cluster.flightpolicy import LESSON_WAIT_RTTS, POLL_FLOOR_S, compile_size, compile_times, hit_lessons
+from ..cluster.flightpolicy import (
+    LESSON_WAIT_RTTS,
+    POLL_FLOOR_S,
+    compile_size,
+    compile_times,
+    hit_lessons,
+    untimed_estimate,
+)
 from ..hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from .manifest import (
@@ -300,10 +307,12 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     size = compile_size(len(source), len(compiled.headers))
     estimate = _predict(cache, code_type, target, size)
-    # A compile predicted short against the round trip races the shared lookup, and one of
-    # unknown length sends the shared lookup beside its lease create: both look nearby first.
-    race = single_flight and _races(cache, estimate)
-    unknown = single_flight and estimate is None and takes_cluster_leases(cache)
+    # A compile predicted short against the round trip races the shared lookup (a kind never
+    # timed: predicted from its size), and one of unknown length sends the shared lookup
+    # beside its lease create: both look nearby first.
+    planned = untimed_estimate(size) if estimate is None else estimate
+    race = single_flight and _races(cache, planned)
+    unknown = single_flight and not race and estimate is None and takes_cluster_leases(cache)
     found = _find(cache, key, target, options, names, nearby_only=race or unknown)
     if found is not None:
         _record_hit(cache, key)
@@ -338,7 +347,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         look = functools.partial(_find_after_waiting, cache, key, target, options, names, shared_only=True)
         _learn_from_hit(cache, key, code_type, target, size)  # the manifest read goes out beside the lookup
     obj = run_once(cache, key, Work(find, produce, adopt, produce_unless, found, look), wait_timeout=wait_timeout,
-                   lease_ttl=lease_ttl, compile_estimate_s=estimate, race=race)
+                   lease_ttl=lease_ttl, compile_estimate_s=planned if race else estimate, race=race)
     if estimate is None:
         _learn_from_hit(cache, key, code_type, target, size)  # served another's entry: what did it take?
     return obj
