@@ -66,9 +66,16 @@ def check_arguments(
     if extra_digest is not None and not isinstance(extra_digest, (bytes, bytearray, memoryview)):
         raise TypeError(f"extra_digest must be bytes or None, got {type(extra_digest).__name__}")
     knobs = (single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
-    if not all(knob is None for knob in knobs):  # a call that gives none (the usual one) skips the table
-        settings.check({name: value for name, value in zip(KNOBS, knobs) if value is not None})
+    for name, value in zip(KNOBS, knobs):  # a knob left out (the usual call) costs nothing
+        if value is not None and value is not True and value is not False:
+            settings.check({name: value})  # a number (or a mistake): its row's check, naming the knob
+        elif value is not None and name not in _SWITCHES:
+            settings.check({name: value})  # a bool given for a number is refused by the row
     return names
+
+
+#: The knobs that are switches: True and False pass their rows' check as they are (a hit's fast path).
+_SWITCHES = frozenset({"single_flight", "portable_keys"})
 
 
 def knobs_for(
