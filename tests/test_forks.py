@@ -6,6 +6,7 @@ The child reports over a pipe what ran, so the parent's assertions see the child
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -124,3 +125,52 @@ def test_no_module_but_forks_calls_register_at_fork():
         if "os.register_at_fork(" in path.read_text(encoding="utf-8")
     )
     assert callers == ["forks.py"]
+
+
+class _NamelessReset:
+    """A callable without ``__qualname__``: the log names it by its repr."""
+
+    def __call__(self) -> None:
+        raise RuntimeError("a nameless reset that fails")
+
+    def __repr__(self) -> str:
+        return "<the nameless reset>"
+
+
+def test_a_failing_reset_is_logged_in_the_child_by_name_with_its_traceback_and_the_rest_run(monkeypatch):
+    records: list[tuple[str, str, bool]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((record.levelname, record.getMessage(), record.exc_info is not None))
+
+    def failing() -> None:
+        raise RuntimeError("a reset that fails")
+
+    ran: list[str] = []
+    monkeypatch.setattr(forks, "_resets", [])
+    forks.register(failing)
+    forks.register(_NamelessReset())
+    forks.register(lambda: ran.append("after"))
+    handler = Collect()
+    logging.getLogger("tiered_progcache.forks").addHandler(handler)
+    try:
+        seen = _in_child(lambda: [records, ran])
+    finally:
+        logging.getLogger("tiered_progcache.forks").removeHandler(handler)
+    assert seen == [
+        [
+            ["ERROR", f"fork reset {failing.__qualname__} failed in the child", True],
+            ["ERROR", "fork reset <the nameless reset> failed in the child", True],
+        ],
+        ["after"],
+    ]
+
+
+def test_a_forked_child_can_register_resets_of_its_own():
+    assert _in_child(lambda: forks.register(print) is print and forks.registered()[-1] is print) is True
+
+
+def test_registering_what_cannot_be_called_is_a_type_error_naming_its_type():
+    with pytest.raises(TypeError, match=r"^a fork reset must be callable, got int$"):
+        forks.register(3)
