@@ -12,7 +12,7 @@ from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache, explain
-from tiered_progcache.compiling.compileargs import KNOBS, knob_for, knobs_for
+from tiered_progcache.compiling.compileargs import KNOBS, check_arguments, knob_for, knobs_for
 from tiered_progcache.compiling.keys import compile_key
 from tiered_progcache.settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S, by_name
 from tiered_progcache.stores.store import entry_name
@@ -152,3 +152,46 @@ def test_portable_keys_off_in_the_settings_keys_by_path_for_compile_and_explain(
     finally:
         stop()
     assert keys == [by_path, by_role]
+
+
+_GOOD_ARGS = {"source": "x", "code_type": "c++", "options": None, "target_type": "cubin", "cache": None,
+              "name_expressions": (), "extra_digest": None}
+
+
+@pytest.mark.parametrize(("bad", "error", "message"), [
+    ({"cache": {}}, TypeError, "cache must be a cuda.core ProgramCacheResource or None, got dict"),
+    ({"source": 42}, TypeError, "source must be a str for code_type='c++', got int"),
+    ({"source": b"b"}, TypeError, "source must be a str for code_type='c++', got bytes"),
+    ({"code_type": "nvvm", "source": 42}, TypeError, "source must be str or bytes for code_type='nvvm', got int"),
+    ({"code_type": 3}, TypeError, "code_type must be a str, got int"),
+    ({"code_type": "fortran"}, ValueError, "code_type must be one of c++, ptx, nvvm, got 'fortran'"),
+    ({"options": {"arch": "sm_90"}}, TypeError, "options must be a cuda.core ProgramOptions or None, got dict"),
+    ({"target_type": "exe"}, ValueError, "target_type must be one of cubin, ptx, ltoir, got 'exe'"),
+    ({"target_type": b"cubin"}, TypeError, "target_type must be a str, got bytes"),
+    ({"name_expressions": "f<int>"}, TypeError,
+     "name_expressions must be a sequence of str or bytes (not one string), got str"),
+    ({"name_expressions": 5}, TypeError,
+     "name_expressions must be a sequence of str or bytes (not one string), got int"),
+    ({"name_expressions": [b"ok", 1, 2]}, TypeError, "name_expressions must hold str or bytes, got ['bytes', 'int', 'int']"),
+    ({"extra_digest": "abc"}, TypeError, "extra_digest must be bytes or None, got str"),
+    ({"wait_timeout": -1}, ValueError, "wait_timeout: must be zero or more seconds, got -1"),
+    ({"wait_timeout": True}, TypeError, "wait_timeout: must be a number of seconds, got bool"),
+    ({"single_flight": "false"}, TypeError, "single_flight: must be True or False, got str"),
+    ({"portable_keys": 1}, TypeError, "portable_keys: must be True or False, got int"),
+])
+def test_each_bad_argument_is_refused_word_for_word(bad, error, message):
+    with pytest.raises(error) as raised:
+        check_arguments(**{**_GOOD_ARGS, **bad})
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("good", [
+    {"code_type": "C++", "target_type": "CUBIN", "name_expressions": ["f<int>", b"g"]},
+    {"code_type": "PTX", "target_type": "ptx", "options": ProgramOptions(arch="sm_90")},
+    {"code_type": "NVVM", "source": b"\x42\x43", "target_type": "LTOIR", "extra_digest": memoryview(b"x")},
+    {"code_type": "nvvm", "source": bytearray(b"ir"), "extra_digest": bytearray(b"y"), "cache": InMemoryProgramCache()},
+    {"single_flight": False, "portable_keys": True, "wait_timeout": 0, "lease_ttl": 1.5, "header_recheck_s": 0.0},
+])
+def test_good_arguments_pass_and_the_name_expressions_come_back_as_a_tuple(good):
+    names = check_arguments(**{**_GOOD_ARGS, **good})
+    assert names == tuple(good.get("name_expressions", ()))

@@ -67,10 +67,9 @@ def check_arguments(
         raise TypeError(f"extra_digest must be bytes or None, got {type(extra_digest).__name__}")
     knobs = (single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     for name, value in zip(KNOBS, knobs):  # a knob left out (the usual call) costs nothing
-        if value is not None and value is not True and value is not False:
-            settings.check({name: value})  # a number (or a mistake): its row's check, naming the knob
-        elif value is not None and name not in _SWITCHES:
-            settings.check({name: value})  # a bool given for a number is refused by the row
+        if value is None or (name in _SWITCHES and (value is True or value is False)):
+            continue  # a switch given as a bool passes its row's check as it is (a hit's fast path)
+        settings.check({name: value})  # its row's check, naming the knob
     return names
 
 
