@@ -851,3 +851,11 @@ def test_a_waiter_that_gets_the_holders_entry_reports_waited_with_both_estimates
     assert (decision.name, decision.choice, decision.estimate_s, decision.round_trip_s,
             decision.holder_estimate_s) == (name, "waited", 5.0, 0.05, 7.0)
     assert 0 < decision.waited_s < 30
+
+
+def test_a_kind_never_timed_is_predicted_at_20_ms_plus_2_us_per_byte_of_its_size():
+    """The bounds docs/cluster.md states: the 1,143-byte header-less matmul 22.3 ms; each header 16.4 ms."""
+    assert untimed_estimate(compile_size(1143, 0)) == pytest.approx(0.020 + 2e-6 * 1143)
+    assert untimed_estimate(compile_size(300, 1)) - untimed_estimate(compile_size(300, 0)) == pytest.approx(0.016384)
+    assert untimed_estimate(0) == pytest.approx(0.020002)  # a size is at least one byte
+    assert compile_times.predict("c++", "cubin", 1143) is None  # used only where nothing of the kind was timed
