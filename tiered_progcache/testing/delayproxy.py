@@ -15,8 +15,10 @@ counts accepted connections: what a client's connection reuse looks like from th
 moto's server (werkzeug) closes the connection after every response, which a real object
 store does not: behind it every request would pay a handshake. ``keep_alive=True`` makes
 the proxy speak HTTP/1.1 keep-alive to the client itself and send each request upstream
-on a fresh loopback connection (free), so the client sees the connection reuse it would
-get from S3. fake-gcs-server keeps connections alive by itself and needs no such help.
+on a fresh loopback connection (free, sent with ``Connection: close`` so any server ends
+it after its answer), so the client sees the connection reuse it would get from S3 and
+``requests`` counts them. fake-gcs-server keeps connections alive by itself: it needs
+``keep_alive`` only for the count.
 
 For in-process filesystems with no socket, use :mod:`.slowfs` instead.
 """
@@ -319,6 +321,8 @@ async def _read_request(
         if lname == b"expect" and value.strip().lower() == b"100-continue":
             expect_continue = True
             continue
+        if lname == b"connection":  # upstream: one request per connection (below), whatever the client asked
+            continue
         if lname == b"content-length":
             length = int(value.strip())
         elif lname == b"transfer-encoding" and b"chunked" in value.lower():
@@ -344,6 +348,9 @@ async def _read_request(
         data = bytes(body)
     else:
         data = await reader.readexactly(length) if length else b""
+    while kept[-1] == b"":  # the head's closing empty line, restored after the header added
+        kept.pop()
+    kept += [b"Connection: close", b"", b""]
     return b"\r\n".join(kept), data, method
 
 
