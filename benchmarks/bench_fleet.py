@@ -7,7 +7,7 @@
 
 What it measures is what users run. Each node is a real fresh process (spawn) with its own
 empty local directory; before the start signal (a barrier) it has imported Python modules
-and nothing else: no cache built, no request sent, nothing compiled, NVRTC not loaded (the
+(the store's client library too: s3fs, gcsfs, redis-py) and nothing else: no cache built, no request sent, nothing compiled, NVRTC not loaded (the
 ``nvrtc`` column says how many nodes had ``libnvrtc`` mapped at the signal; 0 unless
 ``--preload``). After the signal it builds its cache with ``TieredProgramCache.from_env``
 (``TIERED_PROGCACHE_*`` variables apply; the constructor's probe of the store is on the
@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -57,6 +58,7 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -66,6 +68,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 ARCH = "sm_90"
@@ -136,6 +139,15 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         warmup.compile("cubin")
         warmup.close()
         del warmup
+    url = spec["remote"].get("remote")
+    if url:  # the store's client library, imported as the application's own imports would have
+        scheme = url.split("://", 1)[0]
+        if scheme.startswith("redis"):
+            import redis  # noqa: F401
+        else:
+            import fsspec
+
+            fsspec.get_filesystem_class(scheme)
     order = list(spec["sources"])
     if spec["seed"] is not None:
         random.Random(spec["seed"]).shuffle(order)
@@ -152,7 +164,11 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
             logging.getLogger("bench_fleet").error("compile failed: %r", exc)
     done = time.time()
     flight = getattr(cache.stats(), "flight", None)  # the agreed counters, where this library has them
-    decisions = {name: int(n) for name, n in dict(flight).items() if n} if flight is not None else dict(choices)
+    if flight is not None:  # a mapping decision -> count (agreed); a dataclass of counts read the same
+        counts = flight if isinstance(flight, Mapping) else dataclasses.asdict(flight)
+        decisions = {name: int(n) for name, n in counts.items() if n}
+    else:
+        decisions = dict(choices)
     results.put({"started": started, "done": done, "compiles": tpc.compile_count(), "decisions": decisions,
                  "errors": errors, "nvrtc_before": nvrtc_before})
     cache.close()  # uploads drain here, after the clock; the driver counts the store once every node exited
@@ -167,8 +183,8 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         results = ctx.Queue()
         procs = [ctx.Process(target=_node, args=({
             "local_dir": os.path.join(tmp, f"node{i}"), "remote": remote, "sources": sources,
-            "seed": i if shuffled else None, "preload": preload, "include": include}, barrier, results))
-            for i in range(n)]  # fmt: skip
+            "seed": i if shuffled else None, "preload": preload, "include": include}, barrier, results),
+            daemon=True) for i in range(n)]  # fmt: skip; daemon: a stopped driver takes its nodes along
         for p in procs:
             p.start()
         barrier.wait(300)
@@ -534,6 +550,7 @@ def main() -> None:
     p.add_argument("--json", metavar="FILE", help="write every row as JSON here")
     args = p.parse_args()
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # the nodes inherit it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the rows so far still reach --json
     nodes = [int(x) for x in args.nodes.split(",")]
     rtts = [float(x) for x in args.rtt_ms.split(",")]
     workloads = args.workloads.split(",")
