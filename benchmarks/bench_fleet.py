@@ -518,20 +518,20 @@ def _decisions_text(decisions: dict[str, int]) -> str:
 
 def _row_text(row: dict[str, Any]) -> str:
     if row.get("skipped"):
-        return (f"{row['nodes']:>3} {row['workload']:<6} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
+        return (f"{row['nodes']:>3} {row['workload']:<9} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
                 f"{row['row']:<24} skipped: {row['skipped']}")
     puts = "" if row["puts_max"] is None else f"{row['puts_max']}" + (f" !{row['twice']}" if row["twice"] else "")
     per = "" if row["req_per_compile"] is None else f"{row['req_per_compile']:.2f}"
     ratio = "" if row["vs_alone"] is None else f"{row['vs_alone']:.2f}x"
-    return (f"{row['nodes']:>3} {row['workload']:<6} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
+    return (f"{row['nodes']:>3} {row['workload']:<9} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
             f"{row['row']:<24} {row['wall_s']:>7.2f} {ratio:>8} {row['nvrtc_runs']:>5} {puts:>7} {per:>8} "
             f"{row['nvrtc_loaded_before']:>5}  {_decisions_text(row['decisions'])}"
             + (f"  ({row['errors']} compile errors)" if row["errors"] else ""))
 
 
-HEADER = (f"{'N':>3} {'work':<6} {'order':<9} {'store':<5} {'RTT':>6} {'row':<24} {'wall s':>7} {'vs alone':>8} "
+HEADER = (f"{'N':>3} {'work':<9} {'order':<9} {'store':<5} {'RTT':>6} {'row':<24} {'wall s':>7} {'vs alone':>8} "
           f"{'nvrtc':>5} {'PUT/key':>7} {'req/comp':>8} {'nvrtc':>5}  flight decisions (count)")
-SUBHEADER = f"{'':>76}{'runs':>5} {'max':>7} {'':>8} {'pre':>5}"
+SUBHEADER = f"{'':>79}{'runs':>5} {'max':>7} {'':>8} {'pre':>5}"
 
 
 def main() -> None:
