@@ -30,7 +30,10 @@ No other server is warmed.
 
 Rows per (nodes, workload, order, store, RTT): ``alone`` (no remote; measured once per
 nodes/workload/order/preload, at the start of the group), ``cold`` (an empty store: a fresh
-prefix), ``warm`` (new nodes, empty local directories, on the store the cold row filled).
+prefix), ``warm`` (new nodes, empty local directories, on the store the cold row filled);
+with ``--prefetch``, ``warm, warm() first``: the same, each node calling ``cache.warm()`` (one
+listing, one concurrent batch of reads) before its first compile, the batch a fresh node can
+ask for today.
 
 Columns: ``wall``: seconds from the start signal to the last node holding all its kernels;
 ``vs alone``: wall / the alone row's wall in this run; ``nvrtc``: compiler runs in the fleet
@@ -155,6 +158,8 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
     barrier.wait()
     started = time.time()
     cache = TieredProgramCache.from_env(local_dir=spec["local_dir"], **spec["remote"])
+    if spec["prefetch"]:  # the explicit batch a fresh node can ask for today: one listing, one batch of reads
+        cache.warm()
     errors = 0
     for source, heavy in order:
         try:
@@ -175,7 +180,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
 
 
 def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *, shuffled: bool, preload: bool,
-              include: str | None) -> dict[str, Any]:
+              include: str | None, prefetch: bool = False) -> dict[str, Any]:
     """Start n fresh node processes, release them together; what they did, timed from the release."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
@@ -183,7 +188,8 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         results = ctx.Queue()
         procs = [ctx.Process(target=_node, args=({
             "local_dir": os.path.join(tmp, f"node{i}"), "remote": remote, "sources": sources,
-            "seed": i if shuffled else None, "preload": preload, "include": include}, barrier, results),
+            "seed": i if shuffled else None, "preload": preload, "include": include, "prefetch": prefetch},
+            barrier, results),
             daemon=True) for i in range(n)]  # fmt: skip; daemon: a stopped driver takes its nodes along
         for p in procs:
             p.start()
@@ -545,6 +551,8 @@ def main() -> None:
     p.add_argument("--heavy", type=int, default=1, help="heavy kernels per node in the heavy workload")
     p.add_argument("--mixed-heavy", type=int, default=2, help="heavy kernels per node in the mixed workload")
     p.add_argument("--preload", action="store_true", help="also the rows with NVRTC preloaded in each node")
+    p.add_argument("--prefetch", action="store_true",
+                   help="also a 'warm, warm() first' row: each new node calls cache.warm() before compiling")
     p.add_argument("--repeat", type=int, default=1, help="runs per row; the median wall is shown")
     p.add_argument("--budget-s", type=float, default=None, help="skip (and list) the rows not started by then")
     p.add_argument("--json", metavar="FILE", help="write every row as JSON here")
@@ -597,17 +605,17 @@ def main() -> None:
                                 cold_rows = ["cold"]
                                 if store.name == "s3" and not store.warmed:
                                     cold_rows = ["cold, moto unwarmed", "cold"]
-                                for name in cold_rows + ["warm"]:
+                                for name in cold_rows + ["warm"] + (["warm, warm() first"] if args.prefetch else []):
                                     if over_budget():
                                         emit({**where, "row": name, "skipped": "budget"})
                                         continue
                                     runs = []
                                     for _ in range(args.repeat):
-                                        if name != "warm":
+                                        if name.startswith("cold"):
                                             remote = store.new_prefix()
                                         store.start_counting()
                                         run = run_fleet(n, sources, remote, shuffled=shuffled, preload=preload,
-                                                        include=include)
+                                                        include=include, prefetch=name == "warm, warm() first")
                                         runs.append((run, *store.stop_counting()))
                                     run, writes, requests = sorted(runs, key=lambda r: r[0]["wall_s"])[len(runs) // 2]
                                     emit({**where, "row": name, **run, "vs_alone": run["wall_s"] / alone["wall_s"],

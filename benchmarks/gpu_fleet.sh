@@ -35,6 +35,7 @@ block heavy8 --nodes 8 --workloads heavy --heavy 1 --stores $ALL --rtt-ms 0,30
 block mixed8 --nodes 8 --workloads mixed --kernels 12 --mixed-heavy 2 --orders shuffled,identical --stores $ALL --rtt-ms 30
 block cheap16 --nodes 16 --workloads cheap --kernels 12 --stores $ALL --rtt-ms 0,30
 block preload8 --nodes 8 --workloads cheap --kernels 12 --preload --stores file,s3,redis --rtt-ms 30
+block prefetch8 --nodes 8 --workloads cheap --kernels 12 --prefetch --stores file,s3,gcs,redis --rtt-ms 30
 block heavy16 --nodes 16 --workloads heavy --heavy 1 --stores $ALL --rtt-ms 30
 block mixed16 --nodes 16 --workloads mixed --kernels 12 --mixed-heavy 2 --stores $ALL --rtt-ms 30
 echo "# total $(( $(date +%s) - START )) s" >> "$TABLE"
