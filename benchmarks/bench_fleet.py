@@ -44,7 +44,8 @@ by the store itself (S3 and GCS: bucket versioning, one version per write; Redis
 ``set`` events; file: inotify create/rename events in ``entries/``), with ``!N`` where N
 entries were written twice or more; ``req/compile``: requests the store received during the
 row (uploads, leases and polls included, until every node exited), per ``compile()`` call
-(HTTP requests for S3/GCS, commands for Redis, blank for file).
+(HTTP requests for S3/GCS, commands for Redis, blank for file); ``shared hits``: lookups the
+shared tier answered (``cache.stats()``, the tiers after memory and local), summed over nodes.
 No asserts: it reports.
 """
 
@@ -168,14 +169,17 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
             errors += 1
             logging.getLogger("bench_fleet").error("compile failed: %r", exc)
     done = time.time()
-    flight = getattr(cache.stats(), "flight", None)  # the agreed counters, where this library has them
+    stats = cache.stats()
+    shared = [stats[name] for name in stats if name not in ("memory", "local")]  # the tiers after this node's own
+    flight = getattr(stats, "flight", None)  # the agreed counters, where this library has them
     if flight is not None:  # a mapping decision -> count (agreed); a dataclass of counts read the same
         counts = flight if isinstance(flight, Mapping) else dataclasses.asdict(flight)
         decisions = {name: int(n) for name, n in counts.items() if n}
     else:
         decisions = dict(choices)
     results.put({"started": started, "done": done, "compiles": tpc.compile_count(), "decisions": decisions,
-                 "errors": errors, "nvrtc_before": nvrtc_before})
+                 "errors": errors, "nvrtc_before": nvrtc_before, "shared_hits": sum(t.hits for t in shared),
+                 "shared_failures": sum(t.errors + t.timeouts for t in shared)})
     cache.close()  # uploads drain here, after the clock; the driver counts the store once every node exited
 
 
@@ -208,6 +212,8 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         "decisions": dict(sorted(decisions.items())),
         "errors": sum(d["errors"] for d in done),
         "nvrtc_loaded_before": sum(bool(d["nvrtc_before"]) for d in done),
+        "shared_hits": sum(d["shared_hits"] for d in done),
+        "shared_failures": sum(d["shared_failures"] for d in done),
     }
 
 
@@ -531,13 +537,14 @@ def _row_text(row: dict[str, Any]) -> str:
     ratio = "" if row["vs_alone"] is None else f"{row['vs_alone']:.2f}x"
     return (f"{row['nodes']:>3} {row['workload']:<9} {row['order']:<9} {row['store']:<5} {row['rtt_ms']:>4.0f}ms "
             f"{row['row']:<24} {row['wall_s']:>7.2f} {ratio:>8} {row['nvrtc_runs']:>5} {puts:>7} {per:>8} "
-            f"{row['nvrtc_loaded_before']:>5}  {_decisions_text(row['decisions'])}"
-            + (f"  ({row['errors']} compile errors)" if row["errors"] else ""))
+            f"{row['nvrtc_loaded_before']:>5} {row['shared_hits']:>6}  {_decisions_text(row['decisions'])}"
+            + (f"  ({row['errors']} compile errors)" if row["errors"] else "")
+            + (f"  ({row['shared_failures']} shared-tier errors/timeouts)" if row["shared_failures"] else ""))
 
 
 HEADER = (f"{'N':>3} {'work':<9} {'order':<9} {'store':<5} {'RTT':>6} {'row':<24} {'wall s':>7} {'vs alone':>8} "
-          f"{'nvrtc':>5} {'PUT/key':>7} {'req/comp':>8} {'nvrtc':>5}  flight decisions (count)")
-SUBHEADER = f"{'':>79}{'runs':>5} {'max':>7} {'':>8} {'pre':>5}"
+          f"{'nvrtc':>5} {'PUT/key':>7} {'req/comp':>8} {'nvrtc':>5} {'shared':>6}  flight decisions (count)")
+SUBHEADER = f"{'':>79}{'runs':>5} {'max':>7} {'':>8} {'pre':>5} {'hits':>6}"
 
 
 def main() -> None:
