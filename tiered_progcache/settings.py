@@ -24,11 +24,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 from .units import parse_size
+from .redact import mask_url
 from .urls import check_redis_url, check_url, is_redis_url
 
 __all__ = [
@@ -302,8 +304,10 @@ def _check_url(value: Any) -> str | tuple[str, ...] | None:
         urls = tuple(value)
         if not urls:
             raise ValueError("must name at least one URL (or be None for no shared tier)")
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"names one URL twice: {list(urls)!r}")
+        for n, url in enumerate(urls):
+            if url in urls[:n]:  # shown once and masked: a list echoed whole would show every password
+                raise ValueError(f"names the URL {mask_url(url)!r} twice (as URLs {urls.index(url) + 1} and {n + 1}); "
+                                 "give each shared tier once")
         for url in urls:
             _check_one_url(url)
         return urls[0] if len(urls) == 1 else urls
@@ -330,10 +334,17 @@ def _urls_from_text(text: str) -> str | list[str]:
         if not isinstance(value, list):
             raise ValueError(f"must be a JSON list of URLs, got {type(value).__name__}")
         return value
-    urls = [part.strip() for part in text.split(",")]
+    urls = [part.strip() for part in _URL_SEPARATOR.split(text)]
     if any(not url for url in urls):
-        raise ValueError(f"an empty URL in the comma-separated list {text!r}")
+        # Never the text itself: it holds every URL's password.
+        raise ValueError(f"an empty URL in the comma-separated list of {len(urls)} (a comma with no URL after it, "
+                         "or two commas in a row): remove the extra comma")
     return urls[0] if len(urls) == 1 else urls
+
+
+#: Where a comma-separated list of URLs is cut: before a comma that a scheme follows (``,s3://``), so a
+#: comma inside a password or a query (``redis://:ab,cd@h/0``, ``?password=ab,cd``) stays in its URL.
+_URL_SEPARATOR = re.compile(r",(?=\s*(?:[A-Za-z][A-Za-z0-9+.\-]*(?:::|://)|,|$))")
 
 
 def _urls_to_text(value: str | tuple[str, ...] | None) -> str:
