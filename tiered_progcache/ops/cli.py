@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import settings
@@ -112,7 +113,8 @@ def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None
                        help="act on the remote tier; with URL, use that remote (s3://bucket/prefix, gs://..., "
                        "file:///...) [TIERED_PROGCACHE_REMOTE]")  # fmt: skip
     group.add_argument("--triton", action="store_true", default=argparse.SUPPRESS,
-                       help="act on Triton's cache: TRITON_CACHE_DIR (or --dir) and the remote's triton/ namespace")
+                       help="act on Triton's cache: TRITON_CACHE_DIR (or --dir; never TIERED_PROGCACHE_DIR) and the remote's "
+                       "triton/ namespace")
     out = parser.add_argument_group("output")
     out.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v: info, -vv: every lookup)")
 
@@ -254,11 +256,28 @@ def _local(args: argparse.Namespace) -> LocalDir:
 
     config = load_config(args)
     if vars(args).get("triton"):
-        from ..triton.tritondir import TritonDir, default_triton_dir
-
-        return TritonDir(config.local_dir or default_triton_dir())  # type: ignore[return-value]  # an EntryStore
+        return _triton_dir(args, config)  # type: ignore[return-value]  # an EntryStore
     root = config.local_dir
     return LocalDir(root if root is not None else default_local_dir())
+
+
+def _triton_dir(args: argparse.Namespace, config: CacheConfig) -> EntryStore:
+    """``--triton``'s directory: ``--dir`` when given on the command line, else Triton's own (``TRITON_CACHE_DIR``).
+
+    Never the program cache's directory (``TIERED_PROGCACHE_DIR``, which a CI job sets for the whole job, or its
+    default): listing, pruning or clearing that as Triton's would touch the program cache's files.
+    """
+    from ..stores.localdir import default_local_dir
+    from ..triton.tritondir import TritonDir, default_triton_dir
+
+    given = vars(args).get("local_dir")
+    root = Path(given) if given is not None else default_triton_dir()
+    program_cache = config.local_dir if given is None and config.local_dir is not None else None
+    for where, path in (("TIERED_PROGCACHE_DIR", program_cache), ("the program cache's default directory", default_local_dir())):
+        if path is not None and os.path.realpath(path) == os.path.realpath(root):
+            raise UsageError(f"--triton would act on {root}, which is {where}, not Triton's cache: "
+                             "set TRITON_CACHE_DIR or pass --dir with Triton's directory")  # fmt: skip
+    return TritonDir(root)
 
 
 @contextlib.contextmanager
