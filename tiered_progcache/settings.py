@@ -357,9 +357,10 @@ def _urls_from_text(text: str) -> str | list[str]:
     return urls[0] if len(urls) == 1 else urls
 
 
-#: Where a comma-separated list of URLs is cut: before a comma that a scheme follows (``,s3://``), so a
-#: comma inside a password or a query (``redis://:ab,cd@h/0``, ``?password=ab,cd``) stays in its URL.
-_URL_SEPARATOR = re.compile(r",(?=\s*(?:[A-Za-z][A-Za-z0-9+.\-]*(?:::|://)|,|$))")
+#: Where a comma-separated list of URLs is cut: before a comma that a scheme follows (``,s3://``, or a
+#: mistyped ``,redis:/``, which is then refused as such), or another comma, or the end; so a comma inside
+#: a password or a query (``redis://:ab,cd@h/0``, ``?password=ab,cd``) stays in its URL.
+_URL_SEPARATOR = re.compile(r",(?=\s*(?:[A-Za-z][A-Za-z0-9+.\-]*(?:::|:/)|,|$))")
 
 
 def _urls_to_text(value: str | tuple[str, ...] | None) -> str:
