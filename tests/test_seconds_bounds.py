@@ -129,3 +129,25 @@ def test_a_lease_with_the_longest_ttl_is_renewed_by_a_live_thread(tmp_path):
     finally:
         holder.release()
         remote.close()
+
+
+def test_redis_takes_the_longest_timeout_expiry_and_lease(tmp_path):
+    """redis-py's socket timeouts, ``SET ... PX`` of the expiry and of a lease, all at the bound."""
+    pytest.importorskip("redis")
+    from tiered_progcache.stores.redis_store import RedisProgramCache
+    from tiered_progcache.testing.redis_server import RedisServer
+
+    with RedisServer() as server:
+        tier = RedisProgramCache.from_url(server.url, timeout=MAX, expire_s=MAX, strict=True)
+        try:
+            tier[b"k"] = b"v" * 10
+            assert tier[b"k"] == b"v" * 10
+            holder = RemoteLease(tier.leases(), "cd" * 32, MAX)
+            assert holder.try_acquire()
+            try:
+                assert [t for t in threading.enumerate() if t.name == "tiered-progcache-lease" and t.is_alive()]
+                assert holder.renew()
+            finally:
+                holder.release()
+        finally:
+            tier.close()
