@@ -8,16 +8,24 @@ requests under that timeout, and a lease renewed by a live thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
-from support import ARCH, run_cli
+from support import ARCH, run_cli_here
 
 import tiered_progcache
 from tiered_progcache import CacheConfig, TieredProgramCache, settings
 from tiered_progcache.cluster.lease import RemoteLease
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import BATCH_PARALLELISM
+
+
+@pytest.fixture
+def cli(capsys):
+    """The command's main in this process (tests/support.py, run_cli_here): no interpreter start per run."""
+    return functools.partial(run_cli_here, capsys)
+
 
 MAX = settings.MAX_SECONDS
 TOO_LONG = [float("inf"), 1e10, 1e300, MAX + 1]
@@ -59,8 +67,8 @@ def test_every_seconds_row_takes_the_bound_itself(row):
 
 
 @pytest.mark.parametrize("flag", ["--wait-timeout", "--remote-timeout", "--lease-ttl", "--exit-timeout"])
-def test_the_command_refuses_a_flag_above_the_bound_at_once(flag):
-    result = run_cli("config", flag, "1e10")
+def test_the_command_refuses_a_flag_above_the_bound_at_once(cli, flag):
+    result = cli("config", flag, "1e10")
     assert result.returncode == 2 and "at most 31536000 seconds" in result.stderr and "Traceback" not in result.stderr
 
 

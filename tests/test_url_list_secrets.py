@@ -7,12 +7,20 @@ the list; the same through the variable, the command and ``TieredProgramCache(re
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
-from support import run_cli
+from support import run_cli_here
 
 from tiered_progcache import CacheConfig, TieredProgramCache
+
+
+@pytest.fixture
+def cli(capsys):
+    """The command's main in this process (tests/support.py, run_cli_here): no interpreter start per run."""
+    return functools.partial(run_cli_here, capsys)
+
 
 PW = "PLANTEDab,cdPW0017"  # a comma inside the password
 PIECES = ("PLANTEDab", "cdPW0017", PW)
@@ -65,9 +73,9 @@ def test_a_url_given_twice_to_the_constructor_is_refused_without_its_password(tm
 
 @pytest.mark.parametrize("text", [*MALFORMED.values(), f"{USERINFO},{S3}"],
                          ids=[*MALFORMED.keys(), "good list"])  # fmt: skip
-def test_the_command_prints_no_password_of_any_list(tmp_path, text):
-    for args in (["config", "--json"], ["ls", "-vv"]):  # -vv: with a bad value's traceback
-        result = run_cli(*args, env={"TIERED_PROGCACHE_REMOTE": text, "TIERED_PROGCACHE_DIR": str(tmp_path)})
+def test_the_command_prints_no_password_of_any_list(cli, tmp_path, text):
+    for args in (["config", "--json"], ["ls", "-v"]):
+        result = cli(*args, env={"TIERED_PROGCACHE_REMOTE": text, "TIERED_PROGCACHE_DIR": str(tmp_path)})
         assert _leaks(result.stdout + result.stderr) == [], (args, result.stdout, result.stderr)
 
 

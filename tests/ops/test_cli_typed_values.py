@@ -9,16 +9,24 @@ directory key file; 13: the missing ``file://`` root error names what a construc
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
-from support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli_here
 
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.config import read_key_file
 from tiered_progcache.ops.bundle import export_bundle, import_bundle
 from tiered_progcache.ops.prune import prune
 from tiered_progcache.stores.localdir import LocalDir
+
+
+@pytest.fixture
+def cli(capsys):
+    """The command's main in this process (tests/support.py, run_cli_here): no interpreter start per run."""
+    return functools.partial(run_cli_here, capsys)
+
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -36,41 +44,41 @@ def node(tmp_path) -> Path:
 # -- 10: sizes with a space ----------------------------------------------------------------------
 
 
-def test_a_size_with_a_space_before_its_unit_is_one_value(node, tmp_path):
+def test_a_size_with_a_space_before_its_unit_is_one_value(cli, node, tmp_path):
     """Before: warm took GB for an entry name ("give it or entry names, not both"), prune said "unrecognized"."""
-    pruned = run_cli("prune", "--max-bytes", "10", "G", "--dir", str(node))
+    pruned = cli("prune", "--max-bytes", "10", "G", "--dir", str(node))
     assert pruned.returncode == 0, pruned.stderr
-    joined = run_cli("prune", "--max-bytes=10", "G", "--dir", str(node))
+    joined = cli("prune", "--max-bytes=10", "G", "--dir", str(node))
     assert joined.returncode == 0, joined.stderr
     assert joined.stdout.splitlines()[-1] == pruned.stdout.splitlines()[-1]
     remote = tmp_path / "remote"
     remote.mkdir()
-    warmed = run_cli("warm", "--max-bytes", "10", "GB", "--dir", str(node), "--remote", f"file://{remote}")
+    warmed = cli("warm", "--max-bytes", "10", "GB", "--dir", str(node), "--remote", f"file://{remote}")
     assert warmed.returncode == 0 and warmed.stdout.startswith("warmed 0 kernels"), warmed.stderr
-    shown = run_cli("config", "--json", "--max-local-bytes", "1.5", "Ki")
+    shown = cli("config", "--json", "--max-local-bytes", "1.5", "Ki")
     assert shown.returncode == 0, shown.stderr
     assert '"value": 1536' in shown.stdout
 
 
-def test_a_spaced_size_prunes_to_its_value(node):
-    pruned = run_cli("prune", "--max-bytes", "2", "K", "--dir", str(node))  # 2000 bytes: one of three goes
+def test_a_spaced_size_prunes_to_its_value(cli, node):
+    pruned = cli("prune", "--max-bytes", "2", "K", "--dir", str(node))  # 2000 bytes: one of three goes
     assert pruned.returncode == 0 and "would remove 1 of 3 entries" in pruned.stdout, pruned.stdout
 
 
-def test_a_word_that_is_no_unit_is_still_refused(node):
-    line = assert_one_line_error(run_cli("prune", "--max-bytes", "10", "parsecs", "--dir", str(node)))
+def test_a_word_that_is_no_unit_is_still_refused(cli, node):
+    line = assert_one_line_error(cli("prune", "--max-bytes", "10", "parsecs", "--dir", str(node)))
     assert "parsecs" in line
 
 
 # -- 11: --prometheus-file into a missing directory ------------------------------------------------
 
 
-def test_prometheus_file_into_a_missing_directory_is_refused_and_nothing_is_created(tmp_path):
+def test_prometheus_file_into_a_missing_directory_is_refused_and_nothing_is_created(cli, tmp_path):
     target = tmp_path / "typo" / "dir" / "x.prom"
-    line = assert_one_line_error(run_cli("stats", "--dir", str(tmp_path / "n"), "--prometheus-file", str(target)))
+    line = assert_one_line_error(cli("stats", "--dir", str(tmp_path / "n"), "--prometheus-file", str(target)))
     assert "does not exist" in line and str(target.parent) in line
     assert not (tmp_path / "typo").exists()
-    ok = run_cli("stats", "--dir", str(tmp_path / "n"), "--prometheus-file", str(tmp_path / "x.prom"))
+    ok = cli("stats", "--dir", str(tmp_path / "n"), "--prometheus-file", str(tmp_path / "x.prom"))
     assert ok.returncode == 0 and (tmp_path / "x.prom").is_file(), ok.stderr
 
 
@@ -82,14 +90,14 @@ def test_prometheus_file_into_a_missing_directory_is_refused_and_nothing_is_crea
     ("empty", ["prune", "--older-than", "1d"]), ("directory", ["verify"]), ("missing", ["export", "OUT"]),
     ("empty", ["clear", "--local"]),
 ])  # fmt: skip
-def test_every_command_refuses_a_bad_key_file(tmp_path, node, shape, command):
+def test_every_command_refuses_a_bad_key_file(cli, tmp_path, node, shape, command):
     key = tmp_path / "key"
     if shape == "empty":
         key.write_bytes(b"")
     elif shape == "directory":
         key.mkdir()
     args = [str(tmp_path / "out.tar") if word == "OUT" else word for word in command]
-    result = run_cli(*args, "--dir", str(node), env={"TIERED_PROGCACHE_SIGNING_KEY_FILE": str(key)})
+    result = cli(*args, "--dir", str(node), env={"TIERED_PROGCACHE_SIGNING_KEY_FILE": str(key)})
     line = assert_one_line_error(result, 2)
     assert "TIERED_PROGCACHE_SIGNING_KEY_FILE" in line and str(key) in line
     assert {"missing": "No such file", "empty": "is empty", "directory": "is a directory"}[shape] in line
@@ -142,13 +150,13 @@ def test_prune_export_and_import_report_progress_to_the_end(node, tmp_path):
     assert calls["prune"] == [(1, 3), (2, 3), (3, 3)]
 
 
-def test_the_command_draws_their_progress_bars(node, tmp_path):
+def test_the_command_draws_their_progress_bars(cli, node, tmp_path):
     bundle = str(tmp_path / "b.tar")
     for args, desc in ((["export", bundle, "--format", "tar"], "export"),
                        (["import", bundle, "--dir", str(tmp_path / "other")], "import"),
                        (["prune", "--max-bytes", "1", "--yes"], "prune")):  # fmt: skip
-        result = run_cli(*args, "--progress", "--dir", str(node)) if desc != "import" else run_cli(*args, "--progress")
+        result = cli(*args, "--progress", "--dir", str(node)) if desc != "import" else cli(*args, "--progress")
         assert result.returncode == 0, result.stderr
         assert f"{desc}: 100%" in result.stderr and "3/3" in result.stderr, result.stderr
-    quiet = run_cli("export", bundle, "--no-progress", "--dir", str(node))
+    quiet = cli("export", bundle, "--no-progress", "--dir", str(node))
     assert quiet.returncode == 0 and "100%" not in quiet.stderr
