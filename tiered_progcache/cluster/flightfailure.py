@@ -9,7 +9,9 @@ the entry's own name, so a record can never be served as an entry). Its waiters 
 their looks and raise the same exception type with the same message. The record lives
 :data:`~.lease.FAILURE_TTL_S`, then the next caller compiles again. The expiry is inside what is
 signed, not only in the (unsigned) lease document, so a record captured from the bucket and
-replayed with a fresh lease is refused once its own expiry has passed.
+replayed with a fresh lease is refused once its own expiry has passed. The expiry is the holder's
+wall clock: a waiter whose clock runs more than the record's lifetime ahead ignores the record and
+compiles itself once the lease ends (a compile, never a wrong answer).
 
 Only exception types of the modules a compile raises from are rebuilt (cuda-core's, Python's
 built-ins); anything else, or a record that does not open, is raised as
