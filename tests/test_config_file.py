@@ -98,6 +98,8 @@ def test_a_bad_set_is_refused_and_leaves_the_file_as_it_was(cli, tmp_path):
     path = tmp_path / "config"
     env = _env(path, tmp_path / "node")
     assert cli("config", "--set", "max_local_bytes=10 G", env=env).returncode == 0  # a spaced size, one value
+    assert cli("config", "--set", "max_local_bytes=10", "G", env=env).returncode == 0  # also as two words
+    assert CacheConfig.from_env({"TIERED_PROGCACHE_CONFIG": str(path)}).max_local_bytes == 10**10
     before = path.read_text()
     for bad, says in ((["--set", "max_local_bytes=lots"], "--set max_local_bytes: not a size"),
                       (["--set", "nosuch=1"], "unknown setting 'nosuch'"),
