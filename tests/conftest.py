@@ -17,8 +17,12 @@ from tiered_progcache.compiling.compile import CompileEvent
 
 @pytest.fixture(autouse=True)
 def _isolated_user_cache(tmp_path_factory, monkeypatch):
-    """No test may read or write the real ~/.cache: cuda-core's default dir goes to a temp dir."""
+    """No test may read or write the real ~/.cache: cuda-core's default dir goes to a temp dir.
+
+    Nor the user's config file (~/.config/tiered-progcache/config): XDG_CONFIG_HOME goes to a temp dir too.
+    """
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
     for name in list(__import__("os").environ):
         if name.startswith("TIERED_PROGCACHE_"):
             monkeypatch.delenv(name)

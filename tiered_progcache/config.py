@@ -1,7 +1,7 @@
 """CacheConfig: the settings of one cache, resolved from arguments, ``TIERED_PROGCACHE_*`` variables and defaults, and the chain they describe.
 
 Precedence: a keyword argument (``from_env(remote=...)``, a CLI flag) beats the
-environment, which beats the default; an empty variable counts as unset; a value that
+environment, which beats the config file (:mod:`tiered_progcache.configfile`), which beats the default; an empty variable counts as unset; a value that
 does not parse is a ``ValueError`` naming the variable, raised before anything is
 built (:class:`~tiered_progcache.configvalues.ConfigValues` holds the values).
 What the settings are is :data:`tiered_progcache.settings.SETTINGS`.

@@ -1,7 +1,7 @@
 """ConfigValues: every setting's value for one cache, checked, with where each came from; it builds nothing.
 
 Precedence: a keyword argument (``from_env(remote=...)``, a CLI flag) beats the
-environment, which beats the default. An empty variable counts as unset. A value that
+environment, which beats the config file (:mod:`tiered_progcache.configfile`), which beats the default. An empty variable counts as unset. A value that
 does not parse is a ``ValueError`` that names the variable, raised before anything is
 built, so a typo in a job's environment fails the job instead of silently running
 without a cache. What the settings are is :data:`tiered_progcache.settings.SETTINGS`.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import settings
+from .configfile import read_config_file
 from .redact import MASK, masked
 
 __all__ = ["ConfigValues", "read_key_file"]
@@ -65,6 +66,11 @@ class ConfigValues:
             except ValueError as exc:
                 raise ValueError(f"{variable}: {exc}") from None
             sources[setting.name] = f"env {variable}"
+        path, from_file = read_config_file(environ)  # below the environment, above the defaults
+        for name, (_, value) in from_file.items():
+            if name not in values:
+                values[name] = value
+                sources[name] = f"file {path}"
         config = cls.__new__(cls)
         config._init(values, sources)
         return config
@@ -132,14 +138,15 @@ class ConfigValues:
         }
 
     def sources(self) -> dict[str, str]:
-        """Setting name -> ``"default"``, ``"env TIERED_PROGCACHE_X"`` or ``"argument"``."""
+        """Setting name -> ``"default"``, ``"env TIERED_PROGCACHE_X"``, ``"file PATH"`` (the config file) or ``"argument"``."""
         return {name: self._sources.get(name, "default") for name in self._values}
 
-    def read_signing_key(self) -> bytes | str | None:
+    def read_signing_key(self, *, warn: bool = True) -> bytes | str | None:
         """``signing_key``, or ``signing_key_file`` read by :func:`read_key_file`; None if neither.
 
-        A problem with the file is a ``ValueError`` naming where its path came from; a
-        file that group or others can read is warned about.
+        A problem with the file (missing, a directory, empty, unreadable) is a ``ValueError``
+        naming where its path came from and the fix; a file that group or others can read is
+        warned about (``warn``: the command checks the file up front without the warning).
         """
         if self.signing_key is not None:
             return self.signing_key
@@ -147,14 +154,17 @@ class ConfigValues:
         if path is None:
             return None
         where = _where("signing_key_file", self.sources()["signing_key_file"])
+        fix = f"write the key into it (openssl rand -hex 32 > {path}) or point {where} at the key file"
         try:
+            if path.is_dir():
+                raise ValueError(f"the signing key file {path} is a directory; {fix}")
             key = read_key_file(path)
             mode = path.stat().st_mode
         except OSError as exc:
-            raise ValueError(f"{where}: cannot read the signing key file: {exc}") from None
+            raise ValueError(f"{where}: cannot read the signing key file: {exc}; {fix}") from None
         except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ValueError(f"{where}: {exc}" + ("" if "is a directory" in str(exc) else f"; {fix}")) from None
+        if warn and mode & (stat.S_IRWXG | stat.S_IRWXO):
             logger.warning(
                 "signing key file %s is readable by others (mode %o); anyone who reads it can sign entries",
                 path, stat.S_IMODE(mode),

@@ -24,11 +24,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 from .units import parse_size
+from .redact import mask_url
 from .urls import check_redis_url, check_url, is_redis_url
 
 __all__ = [
@@ -44,6 +46,7 @@ __all__ = [
     "DEFAULT_WAIT_PATIENCE",
     "DEFAULT_WAIT_TIMEOUT_S",
     "ENV_PREFIX",
+    "MAX_SECONDS",
     "SETTINGS",
     "STATS_FILE_ENV",
     "Kind",
@@ -88,6 +91,12 @@ DEFAULT_TRANSFER_CONCURRENCY = 64
 DEFAULT_WAIT_TIMEOUT_S = 300.0
 #: How long a remote lease lives without renewal (the holder renews it every third of this).
 DEFAULT_LEASE_TTL_S = 60.0
+
+#: The most seconds any seconds setting takes (365 days). Every wait, timer and deadline the library
+#: schedules from one (``Event.wait``, a lease's renewal, a socket timeout, Redis's ``PX``) takes this
+#: on every platform: ``threading.TIMEOUT_MAX`` is about 292 years, and ``inf`` or ``1e10`` overflow
+#: (``OverflowError: timestamp out of range``), so a larger value is refused as it is read.
+MAX_SECONDS = 365 * 86400.0
 
 #: Seconds one request to a shared tier (fsspec remote or Redis) may take before it counts as a failure.
 DEFAULT_REMOTE_TIMEOUT_S = 5.0
@@ -229,6 +238,14 @@ def _check_seconds(value: Any) -> float | None:
         raise TypeError(f"must be a number of seconds or None, got {type(value).__name__}")
     if not 0 < value < math.inf:
         raise ValueError(f"must be a positive, finite number of seconds, got {value!r}")
+    return _at_most_max(value)
+
+
+def _at_most_max(value: int | float) -> float:
+    """``value`` as seconds, refused above :data:`MAX_SECONDS` (what every wait, timer and deadline can take)."""
+    if value > MAX_SECONDS:
+        raise ValueError(f"must be at most {MAX_SECONDS:.0f} seconds (a year, the longest wait the library "
+                         f"schedules), got {value!r}; give {MAX_SECONDS:.0f} for no practical limit")
     return float(value)
 
 
@@ -239,12 +256,12 @@ def _check_positive_seconds(value: Any) -> float:
 
 
 def _check_wait_seconds(value: Any) -> float:
-    """Zero or more seconds (0: do not wait; ``inf``: no bound)."""
+    """Zero or more seconds, at most :data:`MAX_SECONDS` (0: do not wait)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"must be a number of seconds, got {type(value).__name__}")
     if not value >= 0:  # NaN too
         raise ValueError(f"must be zero or more seconds, got {value!r}")
-    return float(value)
+    return _at_most_max(value)
 
 
 def _seconds_from_text(text: str) -> float:
@@ -302,8 +319,10 @@ def _check_url(value: Any) -> str | tuple[str, ...] | None:
         urls = tuple(value)
         if not urls:
             raise ValueError("must name at least one URL (or be None for no shared tier)")
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"names one URL twice: {list(urls)!r}")
+        for n, url in enumerate(urls):
+            if url in urls[:n]:  # shown once and masked: a list echoed whole would show every password
+                raise ValueError(f"names one URL twice ({mask_url(url)!r}, as URLs {urls.index(url) + 1} and {n + 1}); "
+                                 "give each shared tier once")
         for url in urls:
             _check_one_url(url)
         return urls[0] if len(urls) == 1 else urls
@@ -330,10 +349,18 @@ def _urls_from_text(text: str) -> str | list[str]:
         if not isinstance(value, list):
             raise ValueError(f"must be a JSON list of URLs, got {type(value).__name__}")
         return value
-    urls = [part.strip() for part in text.split(",")]
+    urls = [part.strip() for part in _URL_SEPARATOR.split(text)]
     if any(not url for url in urls):
-        raise ValueError(f"an empty URL in the comma-separated list {text!r}")
+        # Never the text itself: it holds every URL's password.
+        raise ValueError(f"an empty URL in the comma-separated list of {len(urls)} (a comma with no URL after it, "
+                         "or two commas in a row): remove the extra comma")
     return urls[0] if len(urls) == 1 else urls
+
+
+#: Where a comma-separated list of URLs is cut: before a comma that a scheme follows (``,s3://``, or a
+#: mistyped ``,redis:/``, which is then refused as such), or another comma, or the end; so a comma inside
+#: a password or a query (``redis://:ab,cd@h/0``, ``?password=ab,cd``) stays in its URL.
+_URL_SEPARATOR = re.compile(r",(?=\s*(?:[A-Za-z][A-Za-z0-9+.\-]*(?:::|:/)|,|$))")
 
 
 def _urls_to_text(value: str | tuple[str, ...] | None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_age", "format_size", "parse_duration", "parse_size"]
+__all__ = ["format_age", "format_size", "is_size_unit", "parse_duration", "parse_size"]
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -24,6 +24,11 @@ def parse_size(text: str) -> int:
     if not match or unit not in _SIZE_UNITS:
         raise ValueError(f"not a size: {text!r} (examples: 256M, 10G, 10Gi, 4096)")
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def is_size_unit(text: str) -> bool:
+    """True for a unit :func:`parse_size` reads after a number (``G``, ``GB``, ``GiB``, ``b``), any case."""
+    return bool(text) and text.lower() in _SIZE_UNITS
 
 
 def parse_duration(text: str) -> float:

@@ -75,12 +75,13 @@ def check_url(url: str) -> None:
     shown = mask_url(url)
     *outer, last = url.split("::")
     if "://" not in last:
+        shown = _mask_schemeless(shown)
         hint = ""
         scheme, sep, rest = last.partition(":")
         if sep and scheme.isalnum():
-            hint = f"; did you mean {scheme}://{rest.lstrip('/')}?"
+            hint = f"; did you mean {scheme}://{_mask_schemeless(rest.lstrip('/'))}?"
         elif last.startswith("/"):
-            hint = f"; for a local or NFS directory write file://{last}"
+            hint = f"; for a local or NFS directory write file://{_mask_schemeless(last)}"
         raise RemoteURLError(
             f"remote URL {shown!r} has no scheme (give s3://bucket/prefix, gs://..., file:///abs/path, memory://...){hint}"
         )
@@ -88,3 +89,9 @@ def check_url(url: str) -> None:
     for scheme in [*outer, last.split("://", 1)[0]]:
         if scheme not in known:
             raise RemoteURLError(f"unknown URL scheme {scheme!r} in {shown!r} (fsspec knows e.g. s3, gs, file, memory)")
+
+
+def _mask_schemeless(text: str) -> str:
+    """A URL missing its ``://`` (``redis:/:PW@host``) may still carry a password: everything before its last ``@`` is hidden."""
+    _, at, tail = text.rpartition("@")
+    return f"***@{tail}" if at else text

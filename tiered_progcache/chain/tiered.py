@@ -25,6 +25,10 @@ from ..settings import STATS_FILE_ENV, by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats, CompileTally
 from ..stores.ratelimit import RateLimitedLogger
 from ..stores.store import EntryStore
+from ..stores.breaker import CircuitBreaker
+from ..stores.sharedstore import SharedEntryStore
+from ..redact import mask_url
+from .downmemo import DOWN_MEMO_S, DownMemo, RemoteDown
 from .tier import Tier, bare_policy, default_policy
 
 if TYPE_CHECKING:
@@ -521,9 +525,10 @@ def default_chain(config: ConfigValues) -> list[TierSpec]:
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     A local directory that cannot be created or opened is left out with a warning.
     """
-    shared = shared_chain(config)  # first: a bad signing key file is raised before any directory is made
-    specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
     local_root = config.local_dir if config.local_dir is not None else default_local_dir()
+    # first: a bad signing key file is raised before any directory is made
+    shared = shared_chain(config, down_memo=DownMemo(local_root))
+    specs: list[TierSpec] = [(InMemoryProgramCache(max_size_bytes=config.max_memory_bytes), TierPolicy("memory"))]
     try:
         local = FileStreamProgramCache(local_root, max_size_bytes=config.max_local_bytes)
     except OSError as exc:
@@ -537,20 +542,23 @@ def default_chain(config: ConfigValues) -> list[TierSpec]:
     return specs + shared
 
 
-def shared_chain(config: ConfigValues, *, namespace: str = "entries") -> list[TierSpec]:
+def shared_chain(
+    config: ConfigValues, *, namespace: str = "entries", down_memo: DownMemo | None = None
+) -> list[TierSpec]:
     """The shared tiers ``config`` names, in order (the tail of :func:`default_chain`), on entries of ``namespace``.
 
     ``redis://``, ``rediss://`` and ``unix://`` URLs are Redis tiers (named ``redis``),
     every other URL an fsspec remote (named ``remote``); a second of a kind gets ``2``.
     Each is written in the background. :mod:`tiered_progcache.triton` builds its chain
     from this alone (``namespace="triton"``): the same tiers, settings and envelope, and
-    no local directory.
+    no local directory. ``down_memo``: where failed probes are remembered for the next process
+    (:mod:`~tiered_progcache.chain.downmemo`; the default chain's local directory).
     """
     signing_key = config.read_signing_key()  # read (and its problems raised) even without a remote
     specs: list[TierSpec] = []
     names: set[str] = set()
     for url in remote_urls(config.remote):
-        shared, kind = shared_tier(config, url, signing_key=signing_key, namespace=namespace)
+        shared, kind = shared_tier(config, url, signing_key=signing_key, namespace=namespace, down_memo=down_memo)
         name, n = kind, 2
         while name in names:
             name, n = f"{kind}{n}", n + 1
@@ -567,14 +575,17 @@ def shared_tier(
     signing_key: bytes | str | None = None,
     create_root: bool | None = None,
     namespace: str = "entries",
+    down_memo: DownMemo | None = None,
 ) -> tuple[ProgramCacheResource, str]:
     """The shared tier ``url`` names, built as ``config`` says, and its kind (``"redis"`` or ``"remote"``).
 
     ``create_root`` overrides the ``create_remote_root`` setting (the command's reading
     commands pass False: they never create anything); ``namespace`` picks the entries it
-    holds (``"triton"`` for Triton's files).
+    holds (``"triton"`` for Triton's files). With ``down_memo`` (and not ``strict``), a probe
+    that failed in another process within :data:`~.downmemo.DOWN_MEMO_S` is not repeated: the
+    tier starts with its breaker open; a probe made here is remembered there, failed or not.
     """
-    common = dict(
+    common: dict[str, Any] = dict(
         read_only=config.remote_read_only,
         signing_key=signing_key,
         compression=config.compression,
@@ -583,13 +594,28 @@ def shared_tier(
         transfer_concurrency=config.transfer_concurrency,
         namespace=namespace,
     )
+    recalled = None if down_memo is None or config.strict else down_memo.recall(url)
+    if recalled is not None:
+        message, left = recalled
+        breaker = CircuitBreaker(name=f"{'redis' if is_redis_url(url) else 'remote'} cache {mask_url(url)}")
+        breaker.trip(RemoteDown(f"found down {DOWN_MEMO_S - left:.0f} s ago on this node (remove "
+                                f"{down_memo.path(url)} to probe now): {message}"))  # fmt: skip
+        common["breaker"] = breaker
     if is_redis_url(url):
-        return RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common), "redis"
-    from ..stores.remote import RemoteProgramCache
+        shared: SharedEntryStore = RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common)
+        kind = "redis"
+    else:
+        from ..stores.remote import RemoteProgramCache
 
-    create = config.create_remote_root if create_root is None else create_root
-    remote = RemoteProgramCache.from_url(url, storage_options=config.remote_options, create_root=create, **common)
-    return remote, "remote"
+        create = config.create_remote_root if create_root is None else create_root
+        shared = RemoteProgramCache.from_url(url, storage_options=config.remote_options, create_root=create, **common)
+        kind = "remote"
+    if down_memo is not None and recalled is None:
+        if shared.breaker.state == "open":  # its probe failed: the next process need not pay it again
+            down_memo.remember(url, mask_url(shared.breaker.last_error))
+        else:
+            down_memo.forget(url)
+    return shared, kind
 
 
 def _build_tiers(

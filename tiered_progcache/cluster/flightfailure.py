@@ -3,11 +3,15 @@
 When the node holding an entry's lease fails to compile it (a syntax error, a missing
 header), it replaces its lease by a record of the failure (:meth:`~.lease.RemoteLease.publish_failure`):
 the exception's type and message (NVRTC's message carries the compiler log), bounded to
-:data:`MAX_MESSAGE_BYTES`, sealed in the shared store's envelope under a name derived from
-the entry's (signed when the store has a signing key; never under the entry's own name, so a
-record can never be served as an entry). Its waiters read it beside their looks and raise
-the same exception type with the same message. The record lives :data:`~.lease.FAILURE_TTL_S`,
-then the next caller compiles again.
+:data:`MAX_MESSAGE_BYTES`, and its expiry (wall clock), sealed in the shared store's envelope
+under a name derived from the entry's (signed when the store has a signing key; never under
+the entry's own name, so a record can never be served as an entry). Its waiters read it beside
+their looks and raise the same exception type with the same message. The record lives
+:data:`~.lease.FAILURE_TTL_S`, then the next caller compiles again. The expiry is inside what is
+signed, not only in the (unsigned) lease document, so a record captured from the bucket and
+replayed with a fresh lease is refused once its own expiry has passed. The expiry is the holder's
+wall clock: a waiter whose clock runs more than the record's lifetime ahead ignores the record and
+compiles itself once the lease ends (a compile, never a wrong answer).
 
 Only exception types of the modules a compile raises from are rebuilt (cuda-core's, Python's
 built-ins); anything else, or a record that does not open, is raised as
@@ -19,9 +23,12 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
+import time
 
 from .._cudacore import ERROR_MODULE
 from ..stores.store import EntryStore, entry_name
+from .lease import FAILURE_TTL_S
 
 __all__ = ["MAX_MESSAGE_BYTES", "CompileFailedElsewhere", "FailureRecord", "failure_record_name"]
 
@@ -30,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: The most of the failure's message (and so of the compiler log) a record carries.
 MAX_MESSAGE_BYTES = 64 * 1024
 _FORMAT = "tiered-progcache/compile-failure"
+#: 2: the expiry is sealed with the record (1 had none of its own).
+_VERSION = 2
 #: Modules whose exception classes a waiter rebuilds (what ``Program.compile`` raises from).
 _REBUILT_MODULES = ("builtins", ERROR_MODULE, "cuda.core")
 
@@ -62,14 +71,19 @@ class FailureRecord:
             message = encoded[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + "\n[... cut at 64 KiB]"
         return cls(type(exc).__module__, type(exc).__qualname__, message)
 
-    def seal(self, store: EntryStore, name: str) -> bytes:
-        doc = {"format": _FORMAT, "version": 1, "entry": name, "module": self.module, "qualname": self.qualname,
-               "message": self.message}
+    def seal(self, store: EntryStore, name: str, *, ttl_s: float = FAILURE_TTL_S, now: float | None = None) -> bytes:
+        """This record sealed for entry ``name``, expiring ``ttl_s`` after ``now`` (default: the wall clock)."""
+        expires_at = (time.time() if now is None else now) + ttl_s
+        doc = {"format": _FORMAT, "version": _VERSION, "entry": name, "module": self.module,
+               "qualname": self.qualname, "message": self.message, "expires_at": expires_at}  # fmt: skip
         return store.seal_record(failure_record_name(name), json.dumps(doc, sort_keys=True).encode())
 
     @classmethod
-    def open(cls, store: EntryStore, name: str, sealed: bytes) -> FailureRecord | None:
-        """The record sealed for entry ``name``; None (logged) for one that does not verify or parse."""
+    def open(cls, store: EntryStore, name: str, sealed: bytes, *, now: float | None = None) -> FailureRecord | None:
+        """The record sealed for entry ``name``; None (logged) for one that does not verify, parse, or has expired.
+
+        The expiry read is the sealed one: a lease document's own expiry is not signed.
+        """
         try:
             doc = json.loads(store.open_record(failure_record_name(name), sealed))
             if not (isinstance(doc, dict) and doc.get("format") == _FORMAT and doc.get("entry") == name):
@@ -77,6 +91,13 @@ class FailureRecord:
             module, qualname, message = doc["module"], doc["qualname"], doc["message"]
             if not all(isinstance(v, str) for v in (module, qualname, message)):
                 raise ValueError("fields are not strings")
+            expires_at = doc.get("expires_at")
+            if doc.get("version") != _VERSION or isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)) \
+                    or not math.isfinite(expires_at):  # fmt: skip
+                raise ValueError("it carries no sealed expiry (written by an older version)")
+            late = (time.time() if now is None else now) - expires_at
+            if late >= 0:
+                raise ValueError(f"it expired {late:.1f} s ago (a replayed record?)")
         except Exception as exc:
             logger.warning("ignoring the failure record on lease %s: %s", name[:16], exc)
             return None

@@ -29,7 +29,7 @@ import os
 import re
 import tarfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -110,6 +110,7 @@ def export_bundle(
     signing_key: bytes | str | None = None,
     compression: str | None = "auto",
     now: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> BundleReport:
     """Write ``store``'s entries (the local directory or a shared store) into one bundle file at ``path``.
 
@@ -124,7 +125,7 @@ def export_bundle(
     when zstandard is installed), ``"zstd"`` or ``None``. ``now`` is the clock for
     ``max_age`` (default ``time.time()``). The file appears whole or not at all
     (written beside ``path``, then renamed). Unreadable entries are logged, counted in
-    ``failures`` and left out.
+    ``failures`` and left out. ``progress(done, total)`` is called after each entry read.
     """
     if not isinstance(store, EntryStore):
         raise TypeError(f"store must be an EntryStore, got {type(store).__name__}")
@@ -155,7 +156,9 @@ def export_bundle(
         with open(staging, "wb") as raw:
             sink: IO[bytes] = zstd.stream_writer(raw, closefd=False) if zstd is not None else raw
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
-                for entry, payload in _read_all(store, listed):
+                for done, (entry, payload) in enumerate(_read_all(store, listed), start=1):
+                    if progress is not None:
+                        progress(done, len(listed))
                     if isinstance(payload, BaseException):
                         failures += 1
                         logger.warning("export: could not read %s: %s", entry.name, one_line(payload))
@@ -411,8 +414,9 @@ def import_bundle(
     signing_key: bytes | str | None = None,
     max_members: int = DEFAULT_MAX_MEMBERS,
     max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+    progress: Callable[[int, int], None] | None = None,
 ) -> BundleReport:
-    """Verify every entry of the bundle at ``path``, then land those ``store`` lacks.
+    """Verify every entry of the bundle at ``path``, then land those ``store`` lacks (``progress(done, total)`` per batch).
 
     >>> import_bundle("kernels.tpcb", LocalDir("/var/cache/kernels"))    # at image build or node boot
 
@@ -449,6 +453,8 @@ def import_bundle(
             else:
                 failures += 1
                 logger.warning("import: could not write %s to %s: %s", name, store.location, one_line(error))
+        if progress is not None:
+            progress(min(start + batch, len(todo)), len(todo))
     return BundleReport(
         str(path), landed, nbytes, len(payloads) - len(todo), failures, compressed, time.monotonic() - started, metadata
     )

@@ -21,13 +21,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import settings
 from ..config import CacheConfig, masked
 from ..errors import RemoteURLError, one_line
 from ..stores.store import ENTRY_NAME_LENGTH, EntryStore
-from ..units import format_age, format_size, parse_duration, parse_size
+from ..units import format_age, format_size, is_size_unit, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from ..stores.localdir import LocalDir
@@ -99,6 +100,18 @@ def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def _prometheus_file(text: str) -> str:
+    """``--prometheus-file``'s path, refused unless its directory exists (a typo must not create one)."""
+    directory = os.path.dirname(os.path.abspath(text)) if text else ""
+    if not text or os.path.isdir(text):
+        raise ValueError(f"{text!r} is not a file path (give the .prom file to write, e.g. "
+                         "/var/lib/node_exporter/textfile/tiered_progcache.prom)")  # fmt: skip
+    if not os.path.isdir(directory):
+        raise ValueError(f"the directory {directory} does not exist: create it, or fix the path "
+                         "(node_exporter's textfile collector reads a directory that is there already)")  # fmt: skip
+    return text
+
+
 def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None:
     """Options every subcommand takes, before or after its name. SUPPRESS: unset means "from env".
 
@@ -112,7 +125,8 @@ def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None
                        help="act on the remote tier; with URL, use that remote (s3://bucket/prefix, gs://..., "
                        "file:///...) [TIERED_PROGCACHE_REMOTE]")  # fmt: skip
     group.add_argument("--triton", action="store_true", default=argparse.SUPPRESS,
-                       help="act on Triton's cache: TRITON_CACHE_DIR (or --dir) and the remote's triton/ namespace")
+                       help="act on Triton's cache: TRITON_CACHE_DIR (or --dir; never TIERED_PROGCACHE_DIR) and the remote's "
+                       "triton/ namespace")
     out = parser.add_argument_group("output")
     out.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v: info, -vv: every lookup)")
 
@@ -145,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--check", action="store_true",
                    help="read the signing key file and reach each remote (creating nothing); exit 1 on a failure")  # fmt: skip
+    p.add_argument("--set", dest="set_values", action="append", default=[], metavar="NAME=VALUE",
+                   help="keep a setting in the config file (TIERED_PROGCACHE_CONFIG, else "
+                   "~/.config/tiered-progcache/config), e.g. --set max_local_bytes=10G; variables and flags "
+                   "still win over it")  # fmt: skip
+    p.add_argument("--unset", dest="unset_names", action="append", default=[], metavar="NAME",
+                   help="remove a setting from the config file")  # fmt: skip
     p.set_defaults(func=cmd_config)
 
     p = command("stats", "entries and bytes per tier; with --run, the hits and misses of one command",
@@ -156,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the command after -- (stats --run -- CMD [ARG ...]) and report its cache activity")  # fmt: skip
     p.add_argument("--prometheus", action="store_true",
                    help="print Prometheus text; needs prometheus_client")  # fmt: skip
-    p.add_argument("--prometheus-file", metavar="PATH",
+    p.add_argument("--prometheus-file", metavar="PATH", type=_typed(_prometheus_file),
                    help="write Prometheus text to PATH, whole or not at all (staged beside it, then renamed), "
                    "as node_exporter's textfile collector needs; stdout stays the command's own")  # fmt: skip
     p.add_argument("--zero", action="store_true",
@@ -200,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--older-than", type=_typed(parse_duration), metavar="AGE", help="e.g. 30d, 12h, 2w")
     p.add_argument("--max-bytes", type=_typed(parse_size), metavar="SIZE", help="e.g. 10G (10**9), 10Gi (2**30)")
     p.add_argument("--yes", action="store_true", help="remove them (without it: only show)")
+    _progress_flag(p)
     p.set_defaults(func=cmd_prune)
 
     p = command("verify", "check every entry's integrity (and signature, on the remote); exit 1 if any is bad",
@@ -254,11 +275,28 @@ def _local(args: argparse.Namespace) -> LocalDir:
 
     config = load_config(args)
     if vars(args).get("triton"):
-        from ..triton.tritondir import TritonDir, default_triton_dir
-
-        return TritonDir(config.local_dir or default_triton_dir())  # type: ignore[return-value]  # an EntryStore
+        return _triton_dir(args, config)  # type: ignore[return-value]  # an EntryStore
     root = config.local_dir
     return LocalDir(root if root is not None else default_local_dir())
+
+
+def _triton_dir(args: argparse.Namespace, config: CacheConfig) -> EntryStore:
+    """``--triton``'s directory: ``--dir`` when given on the command line, else Triton's own (``TRITON_CACHE_DIR``).
+
+    Never the program cache's directory (``TIERED_PROGCACHE_DIR``, which a CI job sets for the whole job, or its
+    default): listing, pruning or clearing that as Triton's would touch the program cache's files.
+    """
+    from ..stores.localdir import default_local_dir
+    from ..triton.tritondir import TritonDir, default_triton_dir
+
+    given = vars(args).get("local_dir")
+    root = Path(given) if given is not None else default_triton_dir()
+    program_cache = config.local_dir if given is None and config.local_dir is not None else None
+    for where, path in (("TIERED_PROGCACHE_DIR", program_cache), ("the program cache's default directory", default_local_dir())):
+        if path is not None and os.path.realpath(path) == os.path.realpath(root):
+            raise UsageError(f"--triton would act on {root}, which is {where}, not Triton's cache: "
+                             "set TRITON_CACHE_DIR or pass --dir with Triton's directory")  # fmt: skip
+    return TritonDir(root)
 
 
 @contextlib.contextmanager
@@ -382,7 +420,49 @@ def _refuse_read_only(store: EntryStore, doing: str) -> None:
 # -- commands ---------------------------------------------------------------------------------
 
 
+def _edit_config_file(args: argparse.Namespace) -> None:
+    """``config --set``/``--unset``: each value checked by its row, then the file rewritten whole."""
+    from ..configfile import config_path, parse_lines, settable, write_config_file
+
+    path, _ = config_path(os.environ)
+    if path is None:
+        raise UsageError("no config file path: set TIERED_PROGCACHE_CONFIG (or HOME or XDG_CONFIG_HOME)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the config file {path}: {exc}") from None
+    fixing = {item.partition("=")[0].strip() for item in args.set_values} | {n.strip() for n in args.unset_names}
+    kept = {name: typed for name, (typed, _) in parse_lines(text, str(path), fixing=fixing).items()}
+    for item in args.set_values:
+        name, eq, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not value:
+            raise UsageError(f"--set takes NAME=VALUE (e.g. --set max_local_bytes=10G), got {masked(item)!r}")
+        try:
+            settable(name).parse_text(value)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"--set {name}: {exc}" if name in settings.by_name() else f"--set: {exc}") from None
+        kept[name] = value
+    for name in args.unset_names:
+        try:
+            settable(name.strip())
+        except ValueError as exc:
+            raise UsageError(f"--unset: {exc}") from None
+        kept.pop(name.strip(), None)
+    try:
+        write_config_file(path, kept)
+    except OSError as exc:
+        raise UsageError(f"cannot write the config file {path}: {exc}") from None
+    changed = [f"{n.strip()}={masked(v.strip())}" for n, _, v in (i.partition("=") for i in args.set_values)]
+    changed += [f"-{n.strip()}" for n in args.unset_names]
+    print(f"wrote {path}: {', '.join(changed)}", file=sys.stderr)
+
+
 def cmd_config(args: argparse.Namespace) -> int:
+    if args.set_values or args.unset_names:
+        _edit_config_file(args)
     config = load_config(args)
     flags = {setting.name: setting.flag for setting in settings.SETTINGS}
     sources, rows = config.sources(), []
@@ -807,7 +887,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     with _store(args, writing=args.yes) as store:
         if args.yes:
             _refuse_read_only(store, "prune it")
-        report = prune(store, older_than=args.older_than, max_bytes=args.max_bytes, dry_run=not args.yes)
+        with _progress_bar(args, "prune") as progress:
+            report = prune(store, older_than=args.older_than, max_bytes=args.max_bytes, dry_run=not args.yes,
+                           progress=progress)  # fmt: skip
     verb = "would remove" if report.dry_run else "remove"
     for doomed in report.doomed:
         print(f"{verb} {doomed.entry.name}  {format_size(doomed.size):>10}  {format_age(doomed.age):>5}")
@@ -898,12 +980,14 @@ def _bundle_commands(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--max-age", type=_typed(parse_duration), metavar="AGE", help="only entries used within AGE, e.g. 30d")
     p.add_argument("--format", dest="bundle_format", choices=("auto", "zstd", "tar"), default="auto",
                    help="the bundle's form: tar.zst, plain tar, or auto (zstd when zstandard is installed)")  # fmt: skip
+    _progress_flag(p)
     p.set_defaults(func=cmd_export)
     p = command("import", "verify every entry of a bundle file, then land them (all or nothing)",
                 "Verify every entry of the bundle (digest; signature with the configured signing key, which "
                 "then refuses unsigned entries) before any lands, then land those missing into the local "
                 "directory (or, with --remote, push them to the remote). Exit 1 if it is refused.")  # fmt: skip
     p.add_argument("bundle", metavar="IN", help="the bundle file to read")
+    _progress_flag(p)
     p.set_defaults(func=cmd_import)
 
 
@@ -915,8 +999,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     key = load_config(args).read_signing_key()
     with _store(args) as store:
         names = _resolve_names(args.names, _store_names(store), store.location) or None
-        report = export_bundle(store, args.out, names=names, max_age=args.max_age, arch=args.arch,
-                               signing_key=key, compression=compression)  # fmt: skip
+        with _progress_bar(args, "export") as progress:
+            report = export_bundle(store, args.out, names=names, max_age=args.max_age, arch=args.arch,
+                                   signing_key=key, compression=compression, progress=progress)  # fmt: skip
         where = store.location
     kind = "zstd" if report.compressed else "tar"
     print(f"exported {_counted(args, report.entries, report.metadata, report.bytes)} "
@@ -932,7 +1017,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     with _store(args, writing=True) as store:
         _refuse_read_only(store, "import into it")
         try:
-            report = import_bundle(args.bundle, store, signing_key=key)
+            with _progress_bar(args, "import") as progress:
+                report = import_bundle(args.bundle, store, signing_key=key, progress=progress)
         except BundleRefused as exc:
             print(f"{PROG} import: refused {args.bundle}: {exc}; nothing landed", file=sys.stderr)
             return EXIT_PROBLEMS
@@ -975,6 +1061,50 @@ def _bare_remote_last(argv: list[str]) -> list[str]:
     return out + ["--remote"] * min(bare, 1)
 
 
+#: Options that take a size: ``--max-bytes`` and every size setting's flag (``--max-local-bytes``).
+_SIZE_OPTIONS = frozenset({"--max-bytes"} | {s.flag for s in settings.SETTINGS if s.kind.name == "size" and s.flag})
+
+
+def _sizes_joined(argv: list[str]) -> list[str]:
+    """A size written with a space before its unit (``--max-bytes 10 GB``) as one value (``10GB``).
+
+    argparse would take the unit for the next argument (an entry name to ``warm``, an
+    unrecognized argument to ``prune``). Only a unit word follows a number this way, and no
+    unit is an entry name (names are 8 or more hex digits), so nothing else is joined.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        out.append(token)
+        option, eq, value = token.partition("=")
+        if option == "--set" and not eq and i + 1 < len(argv):  # --set max_local_bytes=10 G
+            i += 1
+            out.append(argv[i])
+            value = argv[i].partition("=")[2]
+            if i + 1 < len(argv) and _is_number(value) and is_size_unit(argv[i + 1]):
+                out[-1] += argv[i + 1]
+                i += 1
+        elif option in _SIZE_OPTIONS:
+            if not eq and i + 1 < len(argv):  # --max-bytes 10 GB: the value is the next token
+                i += 1
+                value = argv[i]
+                out.append(value)
+            if i + 1 < len(argv) and _is_number(value) and is_size_unit(argv[i + 1]):
+                out[-1] += argv[i + 1]
+                i += 1
+        i += 1
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit code (the console script passes it to ``sys.exit``)."""
     parser = build_parser()
@@ -984,13 +1114,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, child_argv = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(_bare_remote_last(argv), namespace=_Args())
+    args = parser.parse_args(_bare_remote_last(_sizes_joined(argv)), namespace=_Args())
     args.child_argv = child_argv
     if child_argv and not vars(args).get("run", False):
         parser.error(f"arguments after -- are only for stats --run: {' '.join(child_argv)}")
     verbosity = vars(args).get("verbose", 0) or 0
     _configure_logging(verbosity)
     try:
+        if args.command != "config":  # config shows the settings whatever they are; config --check reads the key
+            load_config(args).read_signing_key(warn=False)  # a missing, empty or directory key file: refused now
         return args.func(args)
     except UsageError as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import one_line
 from ..stores.store import EntryStore, StoredEntry
@@ -96,12 +96,14 @@ def prune(
     max_bytes: int | None = None,
     now: float | None = None,
     dry_run: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> PruneReport:
     """Plan the prune of ``store`` from one listing and, unless ``dry_run``, delete what it names.
 
     A delete that fails is reported in ``failed`` and the rest still go. A store that is
     read-only here raises ``PermissionError`` before anything is listed (dry runs are allowed).
     A real run also sweeps files staged over an hour before ``now`` by writers that died.
+    ``progress(done, total)`` is called after each delete (the command's progress bar).
     """
     if not dry_run and store.read_only:
         raise PermissionError(f"{store.location} is read-only here: cannot prune it")
@@ -120,7 +122,7 @@ def prune(
         return report
     removed = changed = 0
     failed: list[tuple[str, str]] = []
-    for candidate in doomed:
+    for done, candidate in enumerate(doomed, start=1):
         try:
             if store.delete_listed(candidate.entry):
                 removed += 1
@@ -129,6 +131,8 @@ def prune(
         except Exception as exc:  # one entry's failure (permissions, a timeout) does not stop the rest
             logger.debug("could not remove %s from %s: %s", candidate.entry.name, store.location, one_line(exc))
             failed.append((candidate.entry.name, str(exc)))
+        if progress is not None:
+            progress(done, len(doomed))
     try:
         swept = store.sweep_staged(now=now)
     except Exception as exc:  # the entries are pruned; debris waits for the next run

@@ -80,6 +80,11 @@ class CircuitBreaker:
     def consecutive_failures(self) -> int:
         return self._failures
 
+    @property
+    def last_error(self) -> str:
+        """The last failure, one line (``"TimeoutError: ..."``; ``""`` before any)."""
+        return self._last_error
+
     def before_call(self) -> None:
         """Return if a call may go ahead; raise ``TierUnavailable`` while the breaker is open."""
         if self._open_until is None:  # closed: the common case, no lock

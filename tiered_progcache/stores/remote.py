@@ -308,8 +308,11 @@ class RemoteProgramCache(SharedEntryStore):
                         raise FileNotFoundError(f"{self.root} does not exist")
                     if self._objects.local and not self._create_root:
                         raise FileNotFoundError(
-                            f"{self.root} does not exist (create it, or ask for it: --create-remote-root, "
-                            "TIERED_PROGCACHE_CREATE_REMOTE_ROOT=1, create_remote_root=True)"
+                            f"{self.root} does not exist (create it, or have it created: "
+                            "TieredProgramCache(..., create_remote_root=True) or CacheConfig(create_remote_root=True) "
+                            "in code, RemoteProgramCache.from_url(..., create_root=True) for the tier alone, "
+                            "TIERED_PROGCACHE_CREATE_REMOTE_ROOT=1 for from_env() and the command, or the "
+                            "command's --create-remote-root)"
                         )
                     self._runner.request("probe", self._objects.make_root, self.root)
         except TypeError as exc:

@@ -54,6 +54,7 @@ from typing import Any, Callable, TypeVar
 from .. import forks
 from .breaker import CircuitBreaker
 from ..errors import EntryRejected
+from ..settings import MAX_SECONDS
 from .latency import LatencyTracker
 
 __all__ = ["ANSWERS", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
@@ -183,8 +184,12 @@ class RequestRunner:
             self._forked = True
 
     def batch_timeout(self, requests: int) -> float:
-        """The deadline for ``requests`` run side by side, allowing for a connection pool smaller than the batch."""
-        return self.timeout * max(2, math.ceil(requests / BATCH_PARALLELISM))
+        """The deadline for ``requests`` run side by side, allowing for a connection pool smaller than the batch.
+
+        At most :data:`~tiered_progcache.settings.MAX_SECONDS`, so a large batch under a long timeout is a wait
+        every platform takes.
+        """
+        return min(MAX_SECONDS, self.timeout * max(2, math.ceil(requests / BATCH_PARALLELISM)))
 
     def call(
         self,
