@@ -505,14 +505,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
             tier = "remote" if n == 1 else f"remote{n}"
             rows.append({"tier": tier, "where": masked(url), "entries": None, "kernels": None, "metadata": None,
                          "bytes": None})  # fmt: skip
+    from ..chain import ledger
+
     if args.prometheus or args.prometheus_file:
+        import dataclasses
+
         from .metrics import exposition
         from ..chain.stats import CacheStats, TierStats
 
-        held = tuple((r["tier"], TierStats(entries=r["entries"], bytes_held=r["bytes"])) for r in rows)
-        _write_prometheus(args, exposition(CacheStats(held), counters=False))
+        counted = ledger.read_totals(rows[0]["where"]).cache_stats()  # what `stats` prints, and the tiers' gauges
+        held = {r["tier"]: (r["entries"], r["bytes"]) for r in rows}
+        tiers = [(name, dataclasses.replace(t, entries=held.get(name, (None, None))[0],
+                                            bytes_held=held.get(name, (None, None))[1])) for name, t in counted.tiers]  # fmt: skip
+        tiers += [(name, TierStats(entries=n, bytes_held=b)) for name, (n, b) in held.items() if name not in dict(tiers)]
+        _write_prometheus(args, exposition(CacheStats(tuple(tiers), counted.compiling)))
         return EXIT_OK
-    from ..chain import ledger
 
     local_row = rows[0]
     cap = config.max_local_bytes
@@ -544,7 +551,8 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
     print(f"misses                  {totals.misses}")
     print(f"NVRTC runs              {totals.compiles} ({totals.compile_seconds:.2f} s compiling)")
     print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)")
-    print(f"errors                  {totals.errors}")
+    print(f"errors                  {totals.errors} (timeouts {totals.timeouts}; a failing tier's reads count as misses too)")
+    _print_uncacheable(totals.uncacheable, 24)
     size = format_size(local["bytes"])
     if cap is None:
         print(f"size                    {size} (no cap)")
@@ -559,6 +567,13 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
             print(f"{row['tier']:<8} {'-':>8} {'-':>9} {'-':>12}  {row['where']} (pass --remote to list it)")
         else:
             print(f"{row['tier']:<8} {row['kernels']:>8} {row['metadata']:>9} {format_size(row['bytes']):>12}  {row['where']}")
+
+
+def _print_uncacheable(by_reason: tuple[tuple[str, int], ...], width: int) -> None:
+    """The ``uncacheable`` line: compiles that could not be cached, with each reason's count."""
+    total = sum(n for _, n in by_reason)
+    reasons = ", ".join(f"{reason} {n}" for reason, n in by_reason)
+    print(f"{'uncacheable':<{width}}{total}{f' ({reasons}; compiled every time)' if total else ''}")
 
 
 def _write_prometheus(args: argparse.Namespace, text: str) -> None:
@@ -607,13 +622,16 @@ def _stats_of_run(args: argparse.Namespace) -> int:
         _print_json({"command": list(run.argv), "exit_code": run.returncode, "seconds": round(run.seconds, 3),
                      "processes": run.processes, "caches": len(run.reports), "hits": totals.hits,
                      "misses": totals.misses, "compiles": compiled.compiles,
-                     "compile_seconds": round(compiled.compile_seconds, 6), "tiers": tiers})  # fmt: skip
+                     "compile_seconds": round(compiled.compile_seconds, 6),
+                     "saved_seconds": round(compiled.saved_seconds, 6), "uncacheable": dict(compiled.uncacheable),
+                     "tiers": tiers})  # fmt: skip
     else:
         _print_run_table(run, compiled)
     return run.exit_code
 
 
-_RUN_COLUMNS = ("hits", "misses", "writes", "promotions", "errors", "timeouts", "rejected", "bytes_read", "bytes_written")
+_RUN_COLUMNS = ("hits", "misses", "writes", "promotions", "errors", "timeouts", "skipped", "rejected", "bytes_read",
+                "bytes_written")  # fmt: skip
 
 
 def _print_run_table(run: RunReport, compiled: Any) -> None:
@@ -632,6 +650,7 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
     print(f"misses       {totals.misses} (missed by every tier)")
     print(f"NVRTC runs   {compiled.compiles} ({compiled.compile_seconds:.2f} s compiling; "
           f"{compiled.saved_seconds:.2f} s saved by hits)")  # fmt: skip
+    _print_uncacheable(compiled.uncacheable, 13)
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]
     rows = [[name] + [format_size(v) if c.startswith("bytes") else str(v) for c, v in ((c, s.as_dict()[c]) for c in _RUN_COLUMNS)]
             for name, s in totals.tiers]  # fmt: skip

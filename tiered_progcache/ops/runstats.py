@@ -68,7 +68,8 @@ def _report_at_exit() -> None:
         snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters in tiers))
         done = tally.snapshot()
         report = {"pid": os.getpid(), "tiers": snapshot.as_dict(), "compiles": done.compiles,
-                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6)}  # fmt: skip
+                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6),
+                  "uncacheable": dict(done.uncacheable)}  # fmt: skip
         lines.append(json.dumps(report, separators=(",", ":")) + "\n")
     _append(path, "".join(lines).encode())
 
@@ -106,8 +107,9 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
     """Counters summed per tier name over every report, tiers in first-seen order.
 
     Gauges (entries held, latency percentiles) do not add up across processes, so
-    the result leaves them ``None``.
+    the result leaves them ``None``; its ``compiling`` is :func:`compile_totals` of the reports.
     """
+    reports = list(reports)
     totals: dict[str, dict[str, int]] = {}
     for report in reports:
         for name, fields in report["tiers"].items():
@@ -116,7 +118,7 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
                 value = fields.get(field)
                 if isinstance(value, int):
                     tier[field] += value
-    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()))
+    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()), compile_totals(reports))
 
 
 def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
@@ -126,8 +128,14 @@ def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
         return sum(r[field] for r in reports if isinstance(r.get(field), kinds) and not isinstance(r.get(field), bool))
 
     reports = list(reports)
+    uncacheable: dict[str, int] = {}
+    for report in reports:
+        given = report.get("uncacheable")
+        for reason, n in given.items() if isinstance(given, dict) else ():
+            if isinstance(n, int) and not isinstance(n, bool):
+                uncacheable[reason] = uncacheable.get(reason, 0) + n
     return CompileTotals(summed("compiles", (int,)), float(summed("compile_seconds", (int, float))),
-                         float(summed("saved_seconds", (int, float))))  # fmt: skip
+                         float(summed("saved_seconds", (int, float))), tuple(sorted(uncacheable.items())))  # fmt: skip
 
 
 def pids(reports: Iterable[Mapping[str, Any]]) -> Iterator[int]:

@@ -147,6 +147,14 @@ class EntryStore(abc.ABC):
         return None
 
     @property
+    def startup_failure(self) -> BaseException | None:
+        """Why the store's probe at construction failed (it then started with its breaker open), else None.
+
+        The chain counts it as its tier's first error or timeout: a dead remote shows in ``stats()``.
+        """
+        return None
+
+    @property
     @abc.abstractmethod
     def max_entry_bytes(self) -> int:
         """The largest payload this store reads or writes; larger objects are refused while read."""

@@ -230,7 +230,7 @@ class TieredCacheManager(FileCacheManager):
     def _upload(self, filename: str, raw: bytes) -> None:
         """Queue ``raw`` for every writable shared tier (background; a full queue drops it, counted). Never raises."""
         try:
-            self._shared[cache_key(self.key, filename)] = frame(self.key, filename, raw)
+            self._shared.put(cache_key(self.key, filename), frame(self.key, filename, raw))  # not an NVRTC run
         except Exception as exc:  # a name no entry can have: the file stays local
             logger.warning("Triton cache: %s of %s not uploaded: %s", filename, self.key, exc)
 
