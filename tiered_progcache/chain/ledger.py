@@ -29,7 +29,7 @@ from .stats import CacheStats, CompileTally, CompileTotals, TierCounters, TierSt
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
 
-__all__ = ["LEDGER_FILE", "Totals", "append_line", "read_totals", "register", "report", "zero"]
+__all__ = ["LEDGER_FILE", "Totals", "append_line", "read_totals", "register", "register_counters", "report", "zero"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Totals:
 class _Book:
     """One cache's counters and what it reported last (so each report adds only what is new)."""
 
-    def __init__(self, path: Path, tiers: list[tuple[str, TierCounters]], tally: CompileTally) -> None:
+    def __init__(self, path: Path, tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
         self.path = path
         self.tiers = tiers
         self.tally = tally
@@ -139,6 +139,20 @@ def register(cache: TieredProgramCache, local_root: str | os.PathLike[str]) -> N
     book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
     with _lock:
         _books[cache] = book
+        _all.append(book)
+        if not _hooked:
+            atexit.register(_report_all)
+            _hooked = True
+
+
+def register_counters(local_root: str | os.PathLike[str], tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
+    """Report counters that belong to no chain (Triton's manager's) to ``<local_root>/stats.jsonl`` at exit.
+
+    Each of ``tiers`` is a name and an object with ``hits``, ``misses``, ``errors`` and ``timeouts``.
+    """
+    global _hooked
+    book = _Book(Path(local_root) / LEDGER_FILE, tiers, tally)
+    with _lock:
         _all.append(book)
         if not _hooked:
             atexit.register(_report_all)

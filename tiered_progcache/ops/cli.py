@@ -677,6 +677,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
         host_width = max([len("HOST")] + [len(c[0]) for c in columns.values()])
         print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}  "
               f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  {'CODE':<12}  {'KIND':<8}  KERNELS")  # fmt: skip
+    if vars(args).get("triton"):  # Triton's files by the compile they belong to, each compile's group first
+        entries.sort(key=lambda e: (kinds[e.name].names, e.name))
+        if not args.long:
+            _print_triton_files(entries, kinds, now)
+            return EXIT_OK
     for e in entries:
         age = format_age(None if e.last_used is None else now - e.last_used)
         kind = kinds[e.name]
@@ -690,6 +695,25 @@ def cmd_ls(args: argparse.Namespace) -> int:
         kernels, metadata = count_kinds(kinds.values())
         print(f"total {_counted(args, kernels + metadata, metadata)}, {format_size(sum(e.size for e in entries))} in {where}")
     return EXIT_OK
+
+
+def _print_triton_files(entries: list[Any], kinds: dict[str, Any], now: float) -> None:
+    """``ls --triton``: one line per Triton kernel (its key, files, bytes), then its files by name."""
+    groups: dict[str, list[Any]] = {}
+    for e in entries:
+        names = kinds[e.name].names
+        key = names[0].split("/", 1)[0] if names else "-"
+        groups.setdefault(key, []).append(e)
+    for key, files in groups.items():
+        kernels = [kinds[e.name].names[0].split("/", 1)[1][len("__grp__"):] for e in files
+                   if kinds[e.name].is_kernel]  # fmt: skip
+        label = ", ".join(k.rsplit(".", 1)[0] for k in kernels) or "no group index"
+        print(f"kernel {key}  {label}  {len(files)} files, {format_size(sum(e.size for e in files))}")
+        for e in files:
+            age = format_age(None if e.last_used is None else now - e.last_used)
+            names = kinds[e.name].names
+            shown = names[0].split("/", 1)[1] if names else "-"
+            print(f"  {e.name}  {format_size(e.size):>10}  {age:>5}  {shown}")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

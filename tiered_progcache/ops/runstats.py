@@ -26,14 +26,14 @@ from ..chain.stats import COUNTER_FIELDS, CacheStats, CompileTally, CompileTotal
 if TYPE_CHECKING:
     from ..chain.tiered import TieredProgramCache
 
-__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "sum_reports"]
+__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "register_counters", "sum_reports"]
 
 logger = logging.getLogger(__name__)
 
 
 # One record per registered cache: (pid at registration, [(tier name, counters)], its compile tally).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.
-_Record = tuple[int, list[tuple[str, TierCounters]], CompileTally]
+_Record = tuple[int, list[tuple[str, Any]], CompileTally]
 _records: list[_Record] = []
 _lock = threading.Lock()
 _hooked = False
@@ -44,6 +44,8 @@ def register(cache: TieredProgramCache) -> None:
     global _hooked
     if not os.environ.get(STATS_FILE_ENV):
         return
+    if any(t.entries is not None and t.entries.namespace == "triton" for t in cache.tiers):
+        return  # Triton's chain: its manager reports it as the ``triton-remote`` tier (register_counters)
     record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
     with _lock:
         _records.append(record)
@@ -51,6 +53,21 @@ def register(cache: TieredProgramCache) -> None:
             # atexit handlers run after threading's exit hooks, where writeback's exit
             # flush runs (its bound, 10 s, covers every queue): by now the uploads it
             # could finish are counted. Flushing again here would double the bound.
+            atexit.register(_report_at_exit)
+            _hooked = True
+
+
+def register_counters(tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
+    """Report counters that belong to no chain (Triton's manager's) at exit, as :func:`register` does a cache's.
+
+    Each of ``tiers`` is a name and an object whose ``snapshot()`` is a :class:`TierStats`.
+    """
+    global _hooked
+    if not os.environ.get(STATS_FILE_ENV):
+        return
+    with _lock:
+        _records.append((os.getpid(), tiers, tally))
+        if not _hooked:
             atexit.register(_report_at_exit)
             _hooked = True
 
