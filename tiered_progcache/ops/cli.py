@@ -121,6 +121,12 @@ _SETTINGS_EPILOG = ("Configuration flags (--dir, --max-local-bytes, --signing-ke
                     "the command; tiered-progcache config --help lists them all.")
 
 
+#: Headers ``explain`` lists before it says how many more (``--all`` lists them all, ``--json`` holds them all).
+EXPLAIN_HEADERS_SHOWN = 20
+#: The exit code after the reader of stdout went away: 128 + SIGPIPE, as a shell reports a process it killed.
+EXIT_BROKEN_PIPE = 141
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG,
                      description="Look into, fill, trim and check the tiered program cache "
@@ -176,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "Local unless --remote. Exit 1 if there is no such entry, or it has no readable manifest.")  # fmt: skip
     p.add_argument("name", metavar="NAME", help="the entry (its name from ls, or a unique prefix of 8+ hex digits)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument("--all", action="store_true",
+                   help=f"list every header (without it: the first {EXPLAIN_HEADERS_SHOWN}, then how many more)")  # fmt: skip
     p.set_defaults(func=cmd_explain)
 
     for name, verb in (
@@ -739,7 +747,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(found.manifest.as_dict())
     else:
-        print("\n".join(found.manifest.lines()))
+        print("\n".join(found.manifest.lines(max_headers=None if args.all else EXPLAIN_HEADERS_SHOWN)))
     return EXIT_OK
 
 
@@ -1034,7 +1042,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbosity = vars(args).get("verbose", 0) or 0
     _configure_logging(verbosity)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, so a reader that went away (`| head`) is caught below, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader stopped reading: no traceback, and nothing more to stdout (exit flushes it again).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except UsageError as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
