@@ -225,7 +225,8 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
     assert local.returncode == 0, local.stderr
     scraped = [s for f in text_string_to_metric_families(local.stdout) for s in f.samples]
     gauges = {(s.name, s.labels["tier"]): s.value for s in scraped if not s.name.endswith(("_total", "_created"))}
-    assert gauges == {("tiered_progcache_entries", "local"): 4, ("tiered_progcache_held_bytes", "local"): pytest.approx(
+    assert gauges == {("tiered_progcache_entries", "local"): 4, ("tiered_progcache_kernels", "local"): 2,
+                      ("tiered_progcache_held_bytes", "local"): pytest.approx(
         sum(p.stat().st_size for p in (tmp_path / "c" / "entries").rglob("*") if p.is_file()))}
     # issue 28 item 6: plain `stats --prometheus` exports what `stats` prints, the directory's cumulative counters
     counted = {(s.name, s.labels.get("tier")): s.value for s in scraped if s.name.endswith("_total")}

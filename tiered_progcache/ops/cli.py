@@ -526,7 +526,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         tiers = [(name, dataclasses.replace(t, entries=held.get(name, (None, None))[0],
                                             bytes_held=held.get(name, (None, None))[1])) for name, t in counted.tiers]  # fmt: skip
         tiers += [(name, TierStats(entries=n, bytes_held=b)) for name, (n, b) in held.items() if name not in dict(tiers)]
-        _write_prometheus(args, exposition(CacheStats(tuple(tiers), counted.compiling)))
+        kernels = {r["tier"]: r["kernels"] for r in rows if r["kernels"] is not None}
+        _write_prometheus(args, exposition(CacheStats(tuple(tiers), counted.compiling), kernels=kernels))
         return EXIT_OK
 
     local_row = rows[0]
@@ -780,7 +781,7 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     rate = f", {format_size(int(report.bytes / report.seconds))}/s" if report.seconds > 0 and report.bytes else ""
     print(
         f"{verb} {_counted(args, report.entries, report.metadata, report.bytes)} "
-        f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} already there, "
+        f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} entries already there, "
         f"{report.failures} failed"
     )
     return EXIT_PROBLEMS if report.failures else EXIT_OK

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..compiling.compile import CompileEvent, HitEvent, on_compile, on_hit
@@ -275,19 +275,30 @@ def register(cache: TieredProgramCache, registry: Any = None, *, name: str = "de
     return unregister
 
 
-def exposition(stats: CacheStats, *, name: str = "default", counters: bool = True) -> str:
+def exposition(stats: CacheStats, *, name: str = "default", counters: bool = True,
+               kernels: Mapping[str, int] | None = None) -> str:
     """``stats`` in Prometheus' text format (for node_exporter's textfile collector), with no compile metrics.
 
     ``tiered-progcache stats --prometheus`` prints this for a directory (its cumulative
     counters and what it holds) or for one ``stats --run`` (the run's summed counters);
-    ``counters=False`` gives the gauges alone.
+    ``counters=False`` gives the gauges alone. ``kernels``: per tier, the kernels it holds
+    (``tiered_progcache_kernels``: its entries less manifests and symbol maps, as ``stats`` counts them).
     """
     client = _client()
     registry = client.CollectorRegistry(auto_describe=False)
 
     class _Static:
         def collect(self) -> list[Any]:
-            return stats_families([(name, stats)], counters=counters, saved=True)
+            families = stats_families([(name, stats)], counters=counters, saved=True)
+            if kernels:
+                from prometheus_client.core import GaugeMetricFamily
+
+                held = GaugeMetricFamily(f"{PREFIX}_kernels", "kernels the tier holds (entries less manifests and "
+                                         "symbol maps, as `stats` counts them)", labels=["cache", "tier"])  # fmt: skip
+                for tier, n in kernels.items():
+                    held.add_metric([name, tier], n)
+                families.append(held)
+            return families
 
     registry.register(_Static())
     return client.generate_latest(registry).decode("utf-8")
