@@ -3,7 +3,8 @@
 Every :class:`~tiered_progcache.TieredProgramCache` with a local directory registers
 here; at interpreter exit (and at ``close()``) it appends what it did since its last
 report, one JSON line, to ``<local dir>/stats.jsonl``: lookups, hits per tier, misses,
-errors and timeouts (every tier's), the uncacheable compiles by reason, and the compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and
+errors and timeouts (every tier's, and each tier's own), the uncacheable compiles by
+reason, and the compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and
 saved. Nothing runs on a lookup: the counters are the tiers' own. Each report is one
 ``write`` on an ``O_APPEND`` descriptor, so concurrent processes never lose or mix
 lines. ``stats`` sums the lines; ``stats --zero`` replaces the file (stage and rename)
@@ -63,7 +64,8 @@ class Totals:
     def cache_stats(self) -> CacheStats:
         """The totals as a :class:`CacheStats` (counters only): what ``stats --prometheus`` exports."""
         tiers = tuple((name, TierStats(**dict(counts))) for name, counts in self.tiers)
-        return CacheStats(tiers, CompileTotals(self.compiles, self.compile_seconds, self.saved_seconds, self.uncacheable))
+        compiling = CompileTotals(self.compiles, self.compile_seconds, self.saved_seconds, self.uncacheable)
+        return CacheStats(tiers, compiling)
 
     @property
     def hit_count(self) -> int:
@@ -242,7 +244,8 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
         pass
     return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at,
                   uncacheable=tuple(sorted(uncacheable.items())),
-                  tiers=tuple((name, tuple(counts.items())) for name, counts in tiers.items()), **sums, **seconds)  # fmt: skip
+                  tiers=tuple((name, tuple(counts.items())) for name, counts in tiers.items()),
+                  **sums, **seconds)  # fmt: skip
 
 
 def zero(local_root: str | os.PathLike[str], *, now: float | None = None) -> None:
