@@ -62,6 +62,17 @@ def memory_cache_bytes(cache: InMemoryProgramCache) -> int:
     return int(cache._total_bytes)
 
 
+def memory_cache_recent_keys(cache: InMemoryProgramCache, n: int) -> list[bytes]:
+    """The ``n`` keys an ``InMemoryProgramCache`` used last, oldest of them first (its private LRU order)."""
+    with cache._lock:
+        recent = []
+        for key in reversed(cache._entries):
+            if len(recent) >= n:
+                break
+            recent.append(key)
+    return recent[::-1]
+
+
 def stat_identity(st: os.stat_result) -> tuple[int, int, int]:
     """cuda-core's guard against deleting a file a writer just replaced: ``(st_ino, st_size, st_mtime_ns)``."""
     return _stat_key(st)

@@ -76,7 +76,7 @@ def test_export_then_import_gives_a_node_that_compiles_nothing(tmp_path, compres
             tiered_progcache.compile(src, "c++", options(std="c++17"), cache=cache)
         obj = tiered_progcache.compile(NAMED, "c++", options(std="c++17"), cache=cache, name_expressions=["fill<float>"])
         assert dict(obj.symbol_mapping) == {"fill<float>": obj.symbol_mapping["fill<float>"]}  # its map came along
-        assert cache.stats()["local"].hits == 4  # 2 kernels, then 1 binary + 1 symbol map
+        assert cache.stats()["local"].hits == 3  # 2 kernels, then 1 binary (its symbol map read is no lookup)
     assert tiered_progcache.compile_count() - before == 0
 
     again = import_bundle(tmp_path / "k.tpcb", fresh)  # what is there is left alone
@@ -483,10 +483,9 @@ def test_the_arch_filter_keeps_the_symbol_maps_of_name_expression_compiles(tmp_p
     report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k", arch="sm_90")
     assert (report.entries, report.skipped) == (3, 0) and sorted(read_bundle(tmp_path / "k")) == names
     report = export_bundle(LocalDir(tmp_path / "builder"), tmp_path / "k80", arch="sm_80")
-    # the map goes along; the sm_90 binary does not, nor its manifest (it records sm_90)
-    assert (report.entries, report.skipped) == (1, 2)
-    (only,) = read_bundle(tmp_path / "k80").values()
-    assert json.loads(only)["format"] == "tiered-progcache/symbols" and only != bytes(obj.code)
+    # the sm_90 binary stays out, its manifest (it records sm_90) and its map with it: no lone map (issue 28 item 6)
+    assert (report.entries, report.skipped) == (0, 3) and dict(read_bundle(tmp_path / "k80")) == {}
+    assert obj.symbol_mapping
 
 
 def test_caps_are_inclusive_and_checked(tmp_path):

@@ -113,3 +113,22 @@ def test_plan_prune_puts_entries_of_unknown_age_last():
     doomed = plan_prune(entries, now=200.0, older_than=60.0, max_bytes=5)
     assert [(c.entry.name[0], c.age) for c in doomed] == [("c", 150.0), ("b", 100.0), ("a", None)]
     assert plan_prune(entries, now=200.0, older_than=1000.0) == []
+
+
+def test_a_pruned_kernel_takes_its_manifest_and_a_kept_one_keeps_it(store, tmp_path):
+    """Issue 28 item 7: a manifest read more recently than its kernel (or uploaded after it) goes with it."""
+    from tiered_progcache.compiling.manifest import manifest_name
+
+    root = tmp_path / "store"
+    now = time.time()
+    for name, age in AGES.items():
+        manifest = manifest_name(name)
+        store.write_entry(manifest, b"{}" * 50)
+        os.utime(root / "entries" / manifest[:2] / manifest[2:], (now - 60, now - 60))  # read a minute ago
+    old, mid, new = entry_name(b"old"), entry_name(b"mid"), entry_name(b"new")
+    aged = prune(store, older_than=30 * DAY, dry_run=False)
+    assert [c.entry.name for c in aged.doomed] == [old, manifest_name(old)] and aged.removed == 2
+    sizes = {e.name: e.size for e in store.iter_entries()}
+    capped = prune(store, max_bytes=sizes[new] + sizes[manifest_name(new)], dry_run=False)
+    assert [c.entry.name for c in capped.doomed] == [mid, manifest_name(mid)] and capped.removed == 2
+    assert {e.name for e in store.iter_entries()} == {new, manifest_name(new)}

@@ -57,13 +57,13 @@ def test_push_ls_stats_then_warm_a_fresh_node_with_progress(tmp_path, s3_bucket,
     node = tmp_path / "node"
     warmed = run_cli("warm", "--dir", str(node), "--progress", *flags)
     assert warmed.returncode == 0, warmed.stderr
-    assert f"warmed 3 kernels (+0 metadata, {_kib(cubins)}" in warmed.stdout and "0 already there, 0 failed" in warmed.stdout
+    assert f"warmed 3 kernels (+0 metadata, {_kib(cubins)}" in warmed.stdout and "0 entries already there, 0 failed" in warmed.stdout
     assert "3/3" in warmed.stderr and "100%" in warmed.stderr  # the tqdm bar
     node_dir = LocalDir(node)
     assert {e.name: node_dir.read_entry(e.name) for e in node_dir.iter_entries()} == cubins  # raw cubins again, verified
 
     again = run_cli("warm", "--dir", str(node), "--no-progress", *flags)
-    assert "warmed 0 kernels" in again.stdout and "3 already there" in again.stdout
+    assert "warmed 0 kernels" in again.stdout and "3 entries already there" in again.stdout
     assert again.stderr == ""
 
 

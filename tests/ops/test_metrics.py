@@ -215,7 +215,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
         (s.name, s.labels["tier"]): s.value
         for family in text_string_to_metric_families(proc.stdout)
         for s in family.samples
-        if s.name.endswith("_total")
+        if s.name.endswith("_total") and "tier" in s.labels
     }
     for tier, fields in seen.items():
         for field in COUNTER_FIELDS:
@@ -223,9 +223,19 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
 
     local = run_cli("stats", "--prometheus", env=env)
     assert local.returncode == 0, local.stderr
-    gauges = {(s.name, s.labels["tier"]): s.value for f in text_string_to_metric_families(local.stdout) for s in f.samples}
-    assert gauges == {("tiered_progcache_entries", "local"): 4, ("tiered_progcache_held_bytes", "local"): pytest.approx(
+    scraped = [s for f in text_string_to_metric_families(local.stdout) for s in f.samples]
+    gauges = {(s.name, s.labels["tier"]): s.value for s in scraped if not s.name.endswith(("_total", "_created"))}
+    assert gauges == {("tiered_progcache_entries", "local"): 4, ("tiered_progcache_kernels", "local"): 2,
+                      ("tiered_progcache_held_bytes", "local"): pytest.approx(
         sum(p.stat().st_size for p in (tmp_path / "c" / "entries").rglob("*") if p.is_file()))}
+    # issue 28 item 6: plain `stats --prometheus` exports what `stats` prints, the directory's cumulative counters
+    counted = {(s.name, s.labels.get("tier")): s.value for s in scraped if s.name.endswith("_total")}
+    for tier, fields in seen.items():  # the same numbers the process's own stats() gave
+        assert counted[("tiered_progcache_hits_total", tier)] == fields["hits"]
+        assert counted[("tiered_progcache_misses_total", tier)] == fields["misses"]
+    assert counted[("tiered_progcache_lookups_total", None)] == seen["memory"]["hits"] + seen["memory"]["misses"]
+    assert counted[("tiered_progcache_nvrtc_runs_total", None)] == 2
+    assert counted[("tiered_progcache_compile_seconds_saved_total", None)] > 0
 
 
 def test_stats_prometheus_and_json_are_a_usage_error(tmp_path):

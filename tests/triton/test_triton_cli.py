@@ -166,3 +166,45 @@ def test_a_triton_directory_refuses_what_is_not_the_file_its_name_says(triton_di
     with pytest.raises(KeyError):
         target.read_entry(hashlib.sha256(b"absent").hexdigest())
     assert list(target.iter_entries()) == []
+
+
+# -- issue 28 item 3: Triton use is visible -------------------------------------------------------
+
+
+def test_ls_and_stats_triton_name_the_files_and_count_one_kernel(triton_dir, tmp_path):
+    directory, key = _copy(triton_dir, tmp_path / "t")
+    files = sorted(p.name for p in (directory / key).iterdir())
+    env = {"TRITON_CACHE_DIR": str(directory)}
+    listed = run_cli("ls", "--triton", env=env)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith(f"kernel {key}  add_kernel  {len(files)} files")
+    assert sorted(line.split()[-1] for line in lines[1:]) == files  # every file by its name, under its kernel
+    shown = json.loads(run_cli("stats", "--triton", "--json", env=env).stdout)["local"]
+    assert (shown["kernels"], shown["metadata"], shown["entries"]) == (1, len(files) - 1, len(files))
+
+
+def test_stats_run_and_stats_triton_count_a_triton_run(tmp_path):
+    import sys
+
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    env = {"TRITON_CACHE_MANAGER": "tiered_progcache.triton:TieredCacheManager",
+           "TIERED_PROGCACHE_REMOTE": f"file://{bucket}", "TRITON_CACHE_DIR": str(tmp_path / "a")}  # fmt: skip
+    script = str(Path(triton_support.__file__))
+
+    def run(directory: str) -> dict:
+        proc = run_cli("stats", "--run", "--json", "--", sys.executable, script, env={**env, "TRITON_CACHE_DIR": directory})
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout[proc.stdout.index("{\n"):])  # after the node's own one-line report
+
+    first = run(str(tmp_path / "a"))  # compiles, uploads
+    assert (first["tiers"]["triton-local"]["misses"], first["tiers"]["triton-remote"]["misses"]) == (1, 1)
+    (key_dir,) = [p for p in (tmp_path / "a").iterdir() if p.is_dir()]  # beside it: stats.jsonl
+    assert first["tiers"]["triton-remote"]["writes"] == len(os.listdir(key_dir))  # each member and the group record
+    second = run(str(tmp_path / "b"))  # a fresh node: the remote answers
+    assert (second["hits"], second["misses"]) == (1, 0)
+    assert (second["tiers"]["triton-local"]["misses"], second["tiers"]["triton-remote"]["hits"]) == (1, 1)
+    counted = json.loads(run_cli("stats", "--triton", "--json", env={**env, "TRITON_CACHE_DIR": str(tmp_path / "b")}).stdout)
+    assert counted["local"]["cumulative"]["hits"] == {"triton-local": 0, "triton-remote": 1}
+    assert counted["local"]["cumulative"]["lookups"] == 1 and counted["local"]["cumulative"]["reports"] == 1

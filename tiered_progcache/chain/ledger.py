@@ -3,7 +3,8 @@
 Every :class:`~tiered_progcache.TieredProgramCache` with a local directory registers
 here; at interpreter exit (and at ``close()``) it appends what it did since its last
 report, one JSON line, to ``<local dir>/stats.jsonl``: lookups, hits per tier, misses,
-errors, and the compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and
+errors and timeouts (every tier's, and each tier's own), the uncacheable compiles by
+reason, and the compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and
 saved. Nothing runs on a lookup: the counters are the tiers' own. Each report is one
 ``write`` on an ``O_APPEND`` descriptor, so concurrent processes never lose or mix
 lines. ``stats`` sums the lines; ``stats --zero`` replaces the file (stage and rename)
@@ -24,17 +25,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..stores import fsutil
-from .stats import CompileTally, CompileTotals, TierCounters
+from .stats import CacheStats, CompileTally, CompileTotals, TierCounters, TierStats
 
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
 
-__all__ = ["LEDGER_FILE", "Totals", "append_line", "read_totals", "register", "report", "zero"]
+__all__ = ["LEDGER_FILE", "Totals", "append_line", "read_totals", "register", "register_counters", "report", "zero"]
 
 logger = logging.getLogger(__name__)
 
 #: The file in the local directory's root that holds the reports (never listed as an entry).
 LEDGER_FILE = "stats.jsonl"
+#: The per-tier counters each report carries (its ``tiers``), as :class:`TierStats` names them.
+_TIER_FIELDS = ("hits", "misses", "errors", "timeouts")
 #: Reports larger than this are not read back (a file that is not ours).
 _MAX_LINE = 1 << 16
 
@@ -47,11 +50,22 @@ class Totals:
     hits: tuple[tuple[str, int], ...] = ()
     misses: int = 0
     errors: int = 0
+    timeouts: int = 0
     compiles: int = 0
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
     reports: int = 0
     zeroed_at: float | None = None
+    #: (reason, compiles) that could not be cached (``CacheStats.uncacheable``, summed).
+    uncacheable: tuple[tuple[str, int], ...] = ()
+    #: (tier, {"hits", "misses", "errors", "timeouts"}) per tier, in first-seen order (reports that carry them).
+    tiers: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+
+    def cache_stats(self) -> CacheStats:
+        """The totals as a :class:`CacheStats` (counters only): what ``stats --prometheus`` exports."""
+        tiers = tuple((name, TierStats(**dict(counts))) for name, counts in self.tiers)
+        compiling = CompileTotals(self.compiles, self.compile_seconds, self.saved_seconds, self.uncacheable)
+        return CacheStats(tiers, compiling)
 
     @property
     def hit_count(self) -> int:
@@ -60,22 +74,26 @@ class Totals:
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["hits"] = dict(self.hits)
+        out["uncacheable"] = dict(self.uncacheable)
+        out["tiers"] = {name: dict(counts) for name, counts in self.tiers}
         return out
 
 
 class _Book:
     """One cache's counters and what it reported last (so each report adds only what is new)."""
 
-    def __init__(self, path: Path, tiers: list[tuple[str, TierCounters]], tally: CompileTally) -> None:
+    def __init__(self, path: Path, tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
         self.path = path
         self.tiers = tiers
         self.tally = tally
         self.pid = os.getpid()
         self._lock = threading.Lock()
-        self._sent = self._now()
+        # From zero, not from the counters now: a remote's failed probe at construction is counted before this.
+        self._sent: tuple[dict[str, tuple[int, int, int, int]], CompileTotals] = (
+            {name: (0, 0, 0, 0) for name, _ in tiers}, CompileTotals())
 
-    def _now(self) -> tuple[dict[str, tuple[int, int, int]], CompileTotals]:
-        return {name: (c.hits, c.misses, c.errors) for name, c in self.tiers}, self.tally.snapshot()
+    def _now(self) -> tuple[dict[str, tuple[int, int, int, int]], CompileTotals]:
+        return {name: (c.hits, c.misses, c.errors, c.timeouts) for name, c in self.tiers}, self.tally.snapshot()
 
     def report(self) -> None:
         with self._lock:
@@ -90,7 +108,9 @@ class _Book:
             return
         first = next(iter(delta.values()))
         lookups = first[0] + first[1]
-        if not lookups and not done.compiles:
+        errors = sum(d[2] for d in delta.values())
+        timeouts = sum(d[3] for d in delta.values())
+        if not lookups and not done.compiles and not errors and not timeouts:
             return
         line = {
             "pid": self.pid,
@@ -98,10 +118,13 @@ class _Book:
             "lookups": lookups,
             "hits": {name: d[0] for name, d in delta.items()},
             "misses": list(delta.values())[-1][1],
-            "errors": sum(d[2] for d in delta.values()),
+            "errors": errors,
+            "timeouts": timeouts,
             "compiles": done.compiles,
             "compile_seconds": round(done.compile_seconds, 6),
             "saved_seconds": round(done.saved_seconds, 6),
+            "uncacheable": dict(done.uncacheable),
+            "tiers": {name: dict(zip(_TIER_FIELDS, d)) for name, d in delta.items()},
         }
         append_line(self.path, json.dumps(line, separators=(",", ":")) + "\n")
 
@@ -118,6 +141,20 @@ def register(cache: TieredProgramCache, local_root: str | os.PathLike[str]) -> N
     book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
     with _lock:
         _books[cache] = book
+        _all.append(book)
+        if not _hooked:
+            atexit.register(_report_all)
+            _hooked = True
+
+
+def register_counters(local_root: str | os.PathLike[str], tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
+    """Report counters that belong to no chain (Triton's manager's) to ``<local_root>/stats.jsonl`` at exit.
+
+    Each of ``tiers`` is a name and an object with ``hits``, ``misses``, ``errors`` and ``timeouts``.
+    """
+    global _hooked
+    book = _Book(Path(local_root) / LEDGER_FILE, tiers, tally)
+    with _lock:
         _all.append(book)
         if not _hooked:
             atexit.register(_report_all)
@@ -162,7 +199,9 @@ def append_line(path: str | os.PathLike[str], text: str) -> bool:
 def read_totals(local_root: str | os.PathLike[str]) -> Totals:
     """The sums of every report in ``<local_root>/stats.jsonl`` (lines that do not parse are skipped)."""
     hits: dict[str, int] = {}
-    sums = dict.fromkeys(("lookups", "misses", "errors", "compiles"), 0)
+    tiers: dict[str, dict[str, int]] = {}
+    uncacheable: dict[str, int] = {}
+    sums = dict.fromkeys(("lookups", "misses", "errors", "timeouts", "compiles"), 0)
     seconds = dict.fromkeys(("compile_seconds", "saved_seconds"), 0.0)
     reports, zeroed_at = 0, None
     try:
@@ -185,6 +224,16 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
                 for name, n in doc["hits"].items():
                     if isinstance(n, int):
                         hits[name] = hits.get(name, 0) + n
+                for name, counts in doc["tiers"].items() if isinstance(doc.get("tiers"), dict) else ():
+                    summed = tiers.setdefault(name, dict.fromkeys(_TIER_FIELDS, 0))
+                    for field in _TIER_FIELDS:
+                        n = counts.get(field) if isinstance(counts, dict) else None
+                        if isinstance(n, int) and not isinstance(n, bool):
+                            summed[field] += n
+                given = doc.get("uncacheable")
+                for reason, n in given.items() if isinstance(given, dict) else ():
+                    if isinstance(n, int) and not isinstance(n, bool):
+                        uncacheable[reason] = uncacheable.get(reason, 0) + n
                 for field in sums:
                     if isinstance(doc.get(field), int):
                         sums[field] += doc[field]
@@ -193,7 +242,10 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
                         seconds[field] += float(doc[field])
     except FileNotFoundError:
         pass
-    return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at, **sums, **seconds)
+    return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at,
+                  uncacheable=tuple(sorted(uncacheable.items())),
+                  tiers=tuple((name, tuple(counts.items())) for name, counts in tiers.items()),
+                  **sums, **seconds)  # fmt: skip
 
 
 def zero(local_root: str | os.PathLike[str], *, now: float | None = None) -> None:

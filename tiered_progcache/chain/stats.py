@@ -21,7 +21,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
-__all__ = ["GIL_DISABLED", "CacheStats", "CompileTally", "CompileTotals", "TierCounters", "TierStats"]
+__all__ = ["GIL_DISABLED", "UNCACHEABLE_REASONS", "CacheStats", "CompileTally", "CompileTotals", "MetadataKey",
+           "TierCounters", "TierStats", "uncacheable_reason"]
 
 #: True on a free-threaded build running without the GIL: plain ``+=`` on a shared int loses counts there.
 GIL_DISABLED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
@@ -95,6 +96,8 @@ class CacheStats(Mapping[str, TierStats]):
     """
 
     tiers: tuple[tuple[str, TierStats], ...]
+    #: What ``compile()`` and ``Program.compile(cache=...)`` did through the chain: NVRTC runs, seconds, uncacheable.
+    compiling: CompileTotals = dataclasses.field(default_factory=lambda: CompileTotals())
 
     def __getitem__(self, name: str) -> TierStats:
         for tier_name, tier_stats in self.tiers:
@@ -113,7 +116,8 @@ class CacheStats(Mapping[str, TierStats]):
             return NotImplemented
         earlier = dict(other.tiers)
         return CacheStats(
-            tuple((name, now - earlier[name]) if name in earlier else (name, now) for name, now in self.tiers)
+            tuple((name, now - earlier[name]) if name in earlier else (name, now) for name, now in self.tiers),
+            self.compiling - other.compiling,
         )
 
     @property
@@ -125,6 +129,16 @@ class CacheStats(Mapping[str, TierStats]):
     def misses(self) -> int:
         """Lookups no tier could answer (the slowest tier's misses)."""
         return self.tiers[-1][1].misses if self.tiers else 0
+
+    @property
+    def compiles(self) -> int:
+        """NVRTC runs through the chain: ``compile()``'s (uncacheable ones too) and ``Program.compile(cache=)``'s misses."""
+        return self.compiling.compiles
+
+    @property
+    def uncacheable(self) -> dict[str, int]:
+        """Compiles that could not be cached, by reason (:data:`UNCACHEABLE_REASONS`): compiled every time."""
+        return dict(self.compiling.uncacheable)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """JSON-ready: ``{tier name: {field: value}}``."""
@@ -218,12 +232,21 @@ class CompileTotals:
     compiles: int = 0
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
+    #: (reason, compiles) for the compiles that could not be cached, reasons as :func:`uncacheable_reason` names them.
+    uncacheable: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def uncacheable_count(self) -> int:
+        return sum(n for _, n in self.uncacheable)
 
     def __sub__(self, other: CompileTotals) -> CompileTotals:
+        before = dict(other.uncacheable)
+        left = tuple((reason, n - before.get(reason, 0)) for reason, n in self.uncacheable if n != before.get(reason, 0))
         return CompileTotals(
             self.compiles - other.compiles,
             self.compile_seconds - other.compile_seconds,
             self.saved_seconds - other.saved_seconds,
+            left,
         )
 
 
@@ -234,18 +257,34 @@ class CompileTally:
     ``saved_seconds`` sums the compile time each hit's manifest records (0 for an entry without one).
     """
 
-    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_lock")
+    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_uncacheable", "_logged", "_lock")
 
     def __init__(self) -> None:
         self._compiles = 0
         self._compile_seconds = 0.0
         self._saved_seconds = 0.0
+        self._uncacheable: dict[str, int] = {}
+        self._logged: set[bytes] = set()
         self._lock = threading.Lock()
 
-    def count_compile(self, seconds: float) -> None:
+    def count_compile(self, seconds: float | None) -> None:
+        """One NVRTC run; ``seconds`` None where it ran out of sight (``Program.compile(cache=)``'s miss)."""
         with self._lock:
             self._compiles += 1
-            self._compile_seconds += seconds
+            if seconds:
+                self._compile_seconds += seconds
+
+    def count_uncacheable(self, reason: str, key: bytes) -> bool:
+        """One compile that could not be cached, for ``reason``; True the first time for ``key`` (log it then)."""
+        label = uncacheable_reason(reason)
+        with self._lock:
+            self._uncacheable[label] = self._uncacheable.get(label, 0) + 1
+            if key in self._logged:
+                return False
+            if len(self._logged) >= _MAX_LOGGED_KEYS:
+                self._logged.clear()
+            self._logged.add(key)
+            return True
 
     def count_saved(self, seconds: float | None) -> None:
         if seconds:
@@ -254,4 +293,30 @@ class CompileTally:
 
     def snapshot(self) -> CompileTotals:
         with self._lock:
-            return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds)
+            return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds,
+                                 tuple(sorted(self._uncacheable.items())))  # fmt: skip
+
+
+#: The ``reason`` of an uncacheable compile (the Prometheus label; a few values, never a path).
+UNCACHEABLE_REASONS = ("computed_include", "header_too_large", "other")
+#: Keys whose uncacheable compile was logged, per tally (then cleared: at worst a line again).
+_MAX_LOGGED_KEYS = 4096
+
+
+def uncacheable_reason(declined: str) -> str:
+    """The :data:`UNCACHEABLE_REASONS` entry for a ``CompileKey.declined`` text (the scanner's own words)."""
+    if "computed #include" in declined:
+        return "computed_include"
+    if " bytes" in declined and " over " in declined:
+        return "header_too_large"
+    return "other"
+
+
+class MetadataKey(bytes):
+    """The key of an entry's metadata (a symbol map): the chain reads it without counting a lookup.
+
+    ``hits`` and ``misses`` then count kernels looked up, one per ``compile()`` call, not the
+    reads of what is stored beside them. Equal to, and hashed as, the plain bytes.
+    """
+
+    __slots__ = ()

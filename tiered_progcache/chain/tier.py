@@ -206,7 +206,7 @@ class Tier:
     entries live, for messages.
     """
 
-    __slots__ = ("resource", "policy", "counters", "writeback", "entries", "local", "location",
+    __slots__ = ("resource", "policy", "counters", "writeback", "entries", "local", "in_memory", "location",
                  "_read", "_measure", "_warn")  # fmt: skip
 
     def __init__(
@@ -226,6 +226,8 @@ class Tier:
         self.policy = policy
         self.local: LocalDir | None = _local_dir(resource)
         self.entries: EntryStore | None = _entries(resource, self.local)
+        #: The resource where it is cuda-core's memory tier (the chain reads its LRU order), else None.
+        self.in_memory: InMemoryProgramCache | None = resource if isinstance(resource, InMemoryProgramCache) else None
         self.location: str = (self.entries.location if self.entries is not None
                               else f"{type(resource).__name__}, this process")  # fmt: skip
         self._read = _reader(resource, self.local)
@@ -240,6 +242,11 @@ class Tier:
                 max_pending_bytes=max_pending_write_bytes,
                 name=policy.name,
             )
+        startup_failure = self.entries.startup_failure if self.entries is not None else None
+        if startup_failure is not None:  # the store logged it; counted here, so a dead remote shows in stats()
+            outcome = FAILURE_POLICY["read"].get(classify(startup_failure), _NOTHING)
+            if outcome.counter in ("errors", "timeouts"):
+                self.counters.add(outcome.counter)
 
     @property
     def name(self) -> str:
@@ -273,6 +280,16 @@ class Tier:
         counters.record_get((time.perf_counter() - started) * 1e3)
         counters.count_hit(len(data))
         return data
+
+    def lookup_metadata(self, key: bytes) -> bytes | None:
+        """Like :meth:`lookup` for an entry's metadata (a symbol map): not a lookup in ``hits``/``misses``,
+        so those count kernels; a failure is still counted (errors, timeouts) and logged."""
+        try:
+            return self._read(key)
+        except Exception as exc:
+            if type(exc) is not KeyError:
+                self._failed("read", exc)
+            return None
 
     def record_read_failure(self, exc: Exception) -> None:
         """Count a read that raised as a miss, with its reason; log what is not a plain miss."""

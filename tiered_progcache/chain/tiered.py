@@ -14,15 +14,15 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 
 from . import ledger
 from . import exitbudget
-from .._cudacore import as_key_bytes, extract_bytes
+from .._cudacore import as_key_bytes, extract_bytes, memory_cache_recent_keys
 from ..configvalues import ConfigValues
 from ..errors import DeleteFailed, one_line
 from ..cluster.flightpolicy import FlightPolicy
-from ..stores.localdir import LocalDir, default_local_dir
+from ..stores.localdir import KEYED_READS, LocalDir, default_local_dir
 from .policy import TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import STATS_FILE_ENV, by_name, remote_urls
-from .stats import GIL_DISABLED, CacheStats, CompileTally
+from .stats import GIL_DISABLED, CacheStats, CompileTally, MetadataKey
 from ..stores.ratelimit import RateLimitedLogger
 from ..stores.store import EntryStore
 from ..stores.breaker import CircuitBreaker
@@ -39,6 +39,8 @@ __all__ = ["CacheStores", "TieredProgramCache", "as_chain", "default_chain", "re
 logger = logging.getLogger(__name__)
 
 _TIME_ONE_HIT_IN_MASK = 63
+#: At most this many of the memory tier's most recently used entries have their local file's atime refreshed at once.
+RECENCY_BATCH = 128
 
 TierSpec = Union[ProgramCacheResource, "tuple[ProgramCacheResource, TierPolicy]"]
 
@@ -147,6 +149,13 @@ class TieredProgramCache(ProgramCacheResource):
         self._explain_misses = explain_misses
         self._flight_policy = flight_policy
         self._compile_tally = CompileTally()
+        # Read-recency for the local cap: memory hits touch no file; before the next local write
+        # (what can evict) the entries memory used since are touched, at most RECENCY_BATCH of them.
+        local_depth = next((i for i, t in enumerate(tiers) if t.local is not None), 0)
+        self._recency_local = (tiers[local_depth].local if local_depth > 0 and KEYED_READS
+                               and self._first.in_memory is not None else None)  # fmt: skip
+        self._recency_depth = local_depth
+        self._recency_hits = 0
         self._identity = identity
         self._settings = settings
 
@@ -219,7 +228,7 @@ class TieredProgramCache(ProgramCacheResource):
 
     def stats(self) -> CacheStats:
         """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
-        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers))
+        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers), self._compile_tally.snapshot())
 
     def __repr__(self) -> str:
         chain = " -> ".join(f"{t.name}:{type(t.resource).__name__}" for t in self._tiers)
@@ -228,7 +237,12 @@ class TieredProgramCache(ProgramCacheResource):
     # -- reads ---------------------------------------------------------------------
 
     def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
-        k = key if type(key) is bytes else as_key_bytes(key)
+        if type(key) is bytes:
+            k = key
+        elif isinstance(key, MetadataKey):
+            return self._get_metadata(bytes(key), 0, len(self._tiers), default)
+        else:
+            k = as_key_bytes(key)
         counters = self._first_counters
         if counters.hits & self._untimed_mask:
             # Fast path for the fastest tier: a memory hit costs under a microsecond, so
@@ -257,6 +271,8 @@ class TieredProgramCache(ProgramCacheResource):
         With :meth:`get_shared` it is one :meth:`get` in two halves, counted and promoted the
         same way: ``compile()`` looks nearby first, then races the shared lookup with a compile.
         """
+        if isinstance(key, MetadataKey):
+            return self._get_metadata(bytes(key), 0, self._first_shared, None)
         k = key if type(key) is bytes else as_key_bytes(key)
         for depth, tier in enumerate(self._tiers[: self._first_shared]):
             data = tier.lookup(k)
@@ -267,6 +283,9 @@ class TieredProgramCache(ProgramCacheResource):
 
     def get_shared(self, key: bytes | str) -> bytes | None:
         """The entry from the first shared tier on (promoted into the faster tiers), or None."""
+        if isinstance(key, MetadataKey):
+            return self._get_metadata(bytes(key), max(1, self._first_shared) if self._first_shared else 0,
+                                      len(self._tiers), None)  # fmt: skip
         k = key if type(key) is bytes else as_key_bytes(key)
         return self._get_from_slower_tiers(k, None, start=max(1, self._first_shared)) if self._first_shared else (
             self.get(k))
@@ -283,7 +302,35 @@ class TieredProgramCache(ProgramCacheResource):
             logger.debug("lookup %s: miss in every tier", k[:8].hex())
         return default
 
+    def _get_metadata(self, k: bytes, start: int, stop: int, default: bytes | None) -> bytes | None:
+        """A :class:`MetadataKey`'s read: tiers ``start:stop`` in order, promoted, not counted as a lookup."""
+        for depth in range(start, stop):
+            data = self._tiers[depth].lookup_metadata(k)
+            if data is not None:
+                self._promote(k, data, depth)
+                return data
+        return default
+
+    def _refresh_read_recency(self) -> None:
+        """Touch the local files of the entries memory served since the last call (their share of its LRU order).
+
+        cuda-core's local cap evicts the oldest atime first; without this a kernel served
+        from memory all day would be the first evicted. Called before each local write and at close.
+        """
+        local = self._recency_local
+        if local is None:
+            return
+        hits = self._first_counters.hits
+        fresh = hits - self._recency_hits
+        if fresh <= 0:
+            return
+        self._recency_hits = hits
+        for key in memory_cache_recent_keys(self._first.in_memory, min(fresh, RECENCY_BATCH)):
+            local.touch_key(key)
+
     def _promote(self, k: bytes, data: bytes, depth: int) -> None:
+        if depth > self._recency_depth:  # the promotion writes the local directory: it may evict
+            self._refresh_read_recency()
         for faster in self._tiers[:depth]:
             if faster.policy.promote:
                 faster.store(k, data, promotion=True)
@@ -299,6 +346,9 @@ class TieredProgramCache(ProgramCacheResource):
     def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
         k = as_key_bytes(key)
         data = extract_bytes(value)
+        # What Program.compile(cache=...) does after its miss ran NVRTC: one NVRTC run, its seconds unseen.
+        self._compile_tally.count_compile(None)
+        self._refresh_read_recency()
         for tier in self._tiers:
             tier.store(k, data)
 
@@ -325,6 +375,7 @@ class TieredProgramCache(ProgramCacheResource):
         data = extract_bytes(value)
         threshold = self._min_upload_compile_s
         local_only = threshold is not None and compile_seconds is not None and compile_seconds < threshold
+        self._refresh_read_recency()
         for tier in self._tiers:
             if not (local_only and tier.policy.shared):
                 tier.store(k, data)
@@ -410,6 +461,7 @@ class TieredProgramCache(ProgramCacheResource):
         if self._closed:
             return
         self._closed = True
+        self._refresh_read_recency()
         ledger.report(self)
         deadline = None if timeout is None else time.monotonic() + timeout
         for tier in self._tiers:

@@ -417,8 +417,9 @@ def _compile_declined(
     global _declined
     with _counter_lock:
         _declined += 1
-    if cache.explain_misses:
-        logger.info("not cached %s: %s", compiled.key[:8].hex(), compiled.declined)
+    if cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`, by reason
+        logger.warning("not cached %s, compiled every time (counted as uncacheable): %s", compiled.key[:8].hex(),
+                       compiled.declined)  # fmt: skip
     started = time.perf_counter()
     program = Program(source, code_type, options)
     try:
@@ -427,6 +428,7 @@ def _compile_declined(
         _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=False))
         raise
     finally:
+        cache.compile_tally.count_compile(time.perf_counter() - started)  # an NVRTC run, failed or not
         program.close()
         del program  # as in _compile_and_store
     _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=True))

@@ -139,8 +139,12 @@ class Manifest:
         """The stored JSON document as a dict (what ``explain NAME --json`` prints)."""
         return _document(self)
 
-    def lines(self) -> tuple[str, ...]:
-        """The manifest for people, one field a line (what ``tiered-progcache explain NAME`` prints)."""
+    def lines(self, max_headers: int | None = None) -> tuple[str, ...]:
+        """The manifest for people, one field a line (what ``tiered-progcache explain NAME`` prints).
+
+        ``max_headers``: list at most that many headers (a CUB kernel records ~1,800), then how
+        many more. ``missing`` shows only what is spelled like a header (see :func:`header_spellings`).
+        """
         i, p = self.inputs, self.provenance
         packages = ", ".join(f"{name} {version}" for name, version in p.packages)
         roots: dict[str, int] = {}
@@ -163,9 +167,43 @@ class Manifest:
             f"key           cuda-core key schema {i.key_schema}, {'portable' if i.portable else 'not portable'}",
             f"headers       {len(i.headers)}{f' ({per_root})' if per_root else ''}{omitted}",
         ]
-        out += [f"  {h.root:<7} {h.path}  {h.digest[:16]}" for h in i.headers]
-        out.append(f"missing       {', '.join(i.missing) or '-'}")
+        shown = i.headers if max_headers is None else i.headers[:max_headers]
+        out += [f"  {h.root:<7} {h.path}  {h.digest[:16]}" for h in shown]
+        if len(shown) < len(i.headers):
+            out.append(f"  ... and {len(i.headers) - len(shown)} more headers (explain --json lists every one)")
+        missing = header_spellings(i.missing)
+        dropped = len(i.missing) - len(missing)
+        out.append(f"missing       {', '.join(missing) or '-'}{f' (+{dropped} not header names)' if dropped else ''}")
         return tuple(out)
+
+
+#: The C and C++ standard headers spelled without an extension (``<vector>``, ``<cstdint>``).
+_STANDARD_HEADERS = frozenset(
+    "algorithm any array atomic barrier bit bitset cassert ccomplex cctype cerrno cfenv cfloat charconv chrono "
+    "cinttypes ciso646 climits clocale cmath codecvt compare complex concepts condition_variable coroutine csetjmp "
+    "csignal cstdalign cstdarg cstdbool cstddef cstdint cstdio cstdlib cstring ctgmath ctime cuchar cwchar cwctype "
+    "deque exception execution expected filesystem format forward_list fstream functional future initializer_list "
+    "iomanip ios iosfwd iostream istream iterator latch limits list locale map mdspan memory memory_resource mutex "
+    "new numbers numeric optional ostream print queue random ranges ratio regex scoped_allocator semaphore set "
+    "shared_mutex source_location span spanstream sstream stack stacktrace stdexcept stdfloat stop_token streambuf "
+    "string string_view strstream syncstream system_error thread tuple type_traits typeindex typeinfo unordered_map "
+    "unordered_set utility valarray variant vector version".split()
+)
+_HEADER_PATH = re.compile(r"[A-Za-z0-9_+.-]+(?:/[A-Za-z0-9_+.-]+)*")
+
+
+def header_spellings(missing: Sequence[str]) -> list[str]:
+    """The entries of ``missing`` spelled like a header: a path with an extension or a directory, or a
+    standard header's name; not a flag (``-Wdeprecated``), a word (``hidden``, ``min``) or an unexpanded
+    macro (``__THRUST_DEVICE_SYSTEM_ROOT/...``), which the scanner also records."""
+    out = []
+    for spelling in missing:
+        if spelling in _STANDARD_HEADERS:
+            out.append(spelling)
+        elif (_HEADER_PATH.fullmatch(spelling) and not spelling.startswith("-") and ("." in spelling or "/" in spelling)
+              and not spelling.split("/", 1)[0].startswith("__") and "..." not in spelling):  # fmt: skip
+            out.append(spelling)
+    return out
 
 
 def _shown(name: str | bytes) -> str:

@@ -13,6 +13,8 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
+from ..chain.stats import MetadataKey
+
 __all__ = ["SYMBOLS_FORMAT", "decode_symbols", "encode_symbols", "symbols_key"]
 
 SYMBOLS_FORMAT = "tiered-progcache/symbols"
@@ -24,9 +26,11 @@ SymbolMapping = dict[str | bytes, str | bytes]
 def symbols_key(key: bytes) -> bytes:
     """The key under which the symbol mapping of entry ``key`` is stored (pure; any thread).
 
+    A :class:`~tiered_progcache.chain.stats.MetadataKey`: the chain's reads of it count no lookup.
+
     >>> cache.get(symbols_key(key))   # b'{"format": "tiered-progcache/symbols", ...}'
     """
-    return hashlib.sha256(bytes(key) + b"#symbols", usedforsecurity=False).digest()
+    return MetadataKey(hashlib.sha256(bytes(key) + b"#symbols", usedforsecurity=False).digest())
 
 
 def _tagged(value: str | bytes) -> list[str]:

@@ -3,10 +3,11 @@
 ``TIERED_PROGCACHE_EXPLAIN=1`` asks for one INFO line per miss, but an application that
 never configured :mod:`logging` drops INFO: Python's ``logging.lastResort`` prints only
 WARNING and above. :func:`log_requested` sends the record through the logger as usual
-when any handler up the logger's hierarchy will see it (the application's choice of
-handlers and levels then holds, and the line appears once); when there is none, it
-writes the line to ``sys.stderr`` itself, as ``logging.lastResort`` would at WARNING
-(and as :mod:`warnings` shows its messages with nothing configured).
+when a handler up the logger's hierarchy will see it at that level (the application's
+handlers and format then hold, and the line appears once); when there is none, or the
+application's level would drop it (``logging.basicConfig()`` keeps WARNING and up, and the
+setting asked for the line), it writes the line to ``sys.stderr`` itself, as
+``logging.lastResort`` would at WARNING (and as :mod:`warnings` shows its messages).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ _fallback = _StderrHandler()
 
 
 def log_requested(logger: logging.Logger, level: int, msg: str, *args: Any) -> None:
-    """``logger.log(level, msg, *args)``; to stderr instead when no handler up ``logger``'s hierarchy would see it."""
-    if logger.hasHandlers():
+    """``logger.log(level, msg, *args)``; to stderr instead when no handler up ``logger``'s hierarchy would see it
+    (none there, or the logger's level is above ``level``)."""
+    if logger.hasHandlers() and logger.isEnabledFor(level):
         logger.log(level, msg, *args)
         return
     if logger.disabled or logging.root.manager.disable >= level:

@@ -36,8 +36,8 @@ from typing import IO, Any
 from ..stores.codeobject import check_code_object, code_arch
 from ..stores.envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from ..errors import one_line
-from ..stores.kinds import KERNEL, kind_of
-from ..compiling.manifest import ManifestError, decode_manifest
+from ..stores.kinds import KERNEL, MANIFEST, SYMBOLS, kind_of
+from ..compiling.manifest import ManifestError, decode_manifest, manifest_name
 from ..stores.store import EntryStore, check_entry_name
 
 __all__ = [
@@ -119,8 +119,9 @@ def export_bundle(
     Filters: ``names`` (entry names, as ``ls`` prints them), ``max_age`` (seconds since
     last used: read locally, written on a remote; entries whose store gives no time are
     kept), ``arch`` (``"sm_90"`` or ``90``: cubins and PTX for that SM number; fatbins
-    and LTO-IR, whose arch this cannot read, are left out; entries that are not code
-    objects, the symbol maps of name-expression compiles, always go along). Each entry
+    and LTO-IR, whose arch this cannot read, are left out; a manifest goes by the arch it
+    records, a symbol map only with a binary exported that holds its mangled names).
+    ``metadata`` counts manifests (known by name, as ``stats`` knows them) and symbol maps. Each entry
     is sealed with ``signing_key`` when one is given. ``compression``: ``"auto"`` (zstd
     when zstandard is installed), ``"zstd"`` or ``None``. ``now`` is the clock for
     ``max_age`` (default ``time.time()``). The file appears whole or not at all
@@ -152,6 +153,9 @@ def export_bundle(
     target = Path(path)
     staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     count = total = failures = metadata = 0
+    manifests = {manifest_name(e.name) for e in listed}  # as stats and ls know them: by name, whatever their size
+    deferred: list[tuple[Any, bytes]] = []  # with arch: symbol maps, exported once a binary of theirs is
+    exported: list[Any] = []
     try:
         with open(staging, "wb") as raw:
             sink: IO[bytes] = zstd.stream_writer(raw, closefd=False) if zstd is not None else raw
@@ -163,14 +167,26 @@ def export_bundle(
                         failures += 1
                         logger.warning("export: could not read %s: %s", entry.name, one_line(payload))
                         continue
+                    kind = MANIFEST if entry.name in manifests else kind_of(payload)
+                    if sm is not None and kind == SYMBOLS:
+                        deferred.append((entry, payload))
+                        continue
                     if sm is not None and not _matches_arch(payload, sm):
                         skipped += 1
                         continue
-                    blob = codec.seal(entry.name, payload)
-                    _add(tar, f"entries/{entry.name[:2]}/{entry.name[2:]}", blob, entry.mtime)
+                    _add(tar, f"entries/{entry.name[:2]}/{entry.name[2:]}", codec.seal(entry.name, payload), entry.mtime)
                     count += 1
                     total += len(payload)
-                    metadata += kind_of(payload) != KERNEL
+                    metadata += kind != KERNEL
+                    if kind == KERNEL:
+                        exported.append(entry)
+                kept = _with_their_binaries(store, deferred, exported)
+                skipped += len(deferred) - len(kept)
+                for entry, payload in kept:
+                    _add(tar, f"entries/{entry.name[:2]}/{entry.name[2:]}", codec.seal(entry.name, payload), entry.mtime)
+                    count += 1
+                    total += len(payload)
+                    metadata += 1
                 index = {
                     "format": BUNDLE_FORMAT,
                     "version": BUNDLE_VERSION,
@@ -210,6 +226,38 @@ def _parse_arch(arch: int | str | None) -> int | None:
     if not 10 <= sm <= 255:
         raise ValueError(f"arch must be an SM number such as 90, got {arch!r}")
     return sm
+
+
+def _with_their_binaries(
+    store: EntryStore, maps: list[tuple[Any, bytes]], exported: list[Any]
+) -> list[tuple[Any, bytes]]:
+    """The symbol maps of ``maps`` whose mangled names some exported binary holds (a map names no binary,
+    but the binary it maps into carries those names); the exported binaries are read again only for this."""
+    wanted = {}
+    for entry, payload in maps:
+        try:
+            mangled = {m for m in _mangled_names(payload) if m}
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+        if mangled:
+            wanted[entry.name] = (entry, payload, mangled)
+    kept: list[tuple[Any, bytes]] = []
+    for _, binary in _read_all(store, exported) if wanted else ():
+        if isinstance(binary, BaseException):
+            continue
+        for name, (entry, payload, mangled) in list(wanted.items()):
+            if all(m in binary for m in mangled):
+                kept.append((entry, payload))
+                del wanted[name]
+        if not wanted:
+            break
+    return kept
+
+
+def _mangled_names(payload: bytes) -> set[bytes]:
+    """The mangled names a symbol map maps to (as the binary holds them: bytes)."""
+    pairs = json.loads(payload)["symbols"]
+    return {str(pair[1][1]).encode("latin-1") for pair in pairs}
 
 
 def _matches_arch(payload: bytes, sm: int) -> bool:

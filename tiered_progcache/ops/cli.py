@@ -135,6 +135,12 @@ _SETTINGS_EPILOG = ("Configuration flags (--dir, --max-local-bytes, --signing-ke
                     "the command; tiered-progcache config --help lists them all.")
 
 
+#: Headers ``explain`` lists before it says how many more (``--all`` lists them all, ``--json`` holds them all).
+EXPLAIN_HEADERS_SHOWN = 20
+#: The exit code after the reader of stdout went away: 128 + SIGPIPE, as a shell reports a process it killed.
+EXIT_BROKEN_PIPE = 141
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG,
                      description="Look into, fill, trim and check the tiered program cache "
@@ -196,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "Local unless --remote. Exit 1 if there is no such entry, or it has no readable manifest.")  # fmt: skip
     p.add_argument("name", metavar="NAME", help="the entry (its name from ls, or a unique prefix of 8+ hex digits)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument("--all", action="store_true",
+                   help=f"list every header (without it: the first {EXPLAIN_HEADERS_SHOWN}, then how many more)")  # fmt: skip
     p.set_defaults(func=cmd_explain)
 
     for name, verb in (
@@ -585,14 +593,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
             tier = "remote" if n == 1 else f"remote{n}"
             rows.append({"tier": tier, "where": masked(url), "entries": None, "kernels": None, "metadata": None,
                          "bytes": None})  # fmt: skip
+    from ..chain import ledger
+
     if args.prometheus or args.prometheus_file:
+        import dataclasses
+
         from .metrics import exposition
         from ..chain.stats import CacheStats, TierStats
 
-        held = tuple((r["tier"], TierStats(entries=r["entries"], bytes_held=r["bytes"])) for r in rows)
-        _write_prometheus(args, exposition(CacheStats(held), counters=False))
+        counted = ledger.read_totals(rows[0]["where"]).cache_stats()  # what `stats` prints, and the tiers' gauges
+        held = {r["tier"]: (r["entries"], r["bytes"]) for r in rows}
+        tiers = [(name, dataclasses.replace(t, entries=held.get(name, (None, None))[0],
+                                            bytes_held=held.get(name, (None, None))[1])) for name, t in counted.tiers]  # fmt: skip
+        tiers += [(name, TierStats(entries=n, bytes_held=b)) for name, (n, b) in held.items() if name not in dict(tiers)]
+        kernels = {r["tier"]: r["kernels"] for r in rows if r["kernels"] is not None}
+        _write_prometheus(args, exposition(CacheStats(tuple(tiers), counted.compiling), kernels=kernels))
         return EXIT_OK
-    from ..chain import ledger
 
     local_row = rows[0]
     cap = config.max_local_bytes
@@ -624,7 +640,8 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
     print(f"misses                  {totals.misses}")
     print(f"NVRTC runs              {totals.compiles} ({totals.compile_seconds:.2f} s compiling)")
     print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)")
-    print(f"errors                  {totals.errors}")
+    print(f"errors                  {totals.errors} (timeouts {totals.timeouts}; a failing tier's reads count as misses too)")
+    _print_uncacheable(totals.uncacheable, 24)
     size = format_size(local["bytes"])
     if cap is None:
         print(f"size                    {size} (no cap)")
@@ -639,6 +656,13 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
             print(f"{row['tier']:<8} {'-':>8} {'-':>9} {'-':>12}  {row['where']} (pass --remote to list it)")
         else:
             print(f"{row['tier']:<8} {row['kernels']:>8} {row['metadata']:>9} {format_size(row['bytes']):>12}  {row['where']}")
+
+
+def _print_uncacheable(by_reason: tuple[tuple[str, int], ...], width: int) -> None:
+    """The ``uncacheable`` line: compiles that could not be cached, with each reason's count."""
+    total = sum(n for _, n in by_reason)
+    reasons = ", ".join(f"{reason} {n}" for reason, n in by_reason)
+    print(f"{'uncacheable':<{width}}{total}{f' ({reasons}; compiled every time)' if total else ''}")
 
 
 def _write_prometheus(args: argparse.Namespace, text: str) -> None:
@@ -687,13 +711,16 @@ def _stats_of_run(args: argparse.Namespace) -> int:
         _print_json({"command": list(run.argv), "exit_code": run.returncode, "seconds": round(run.seconds, 3),
                      "processes": run.processes, "caches": len(run.reports), "hits": totals.hits,
                      "misses": totals.misses, "compiles": compiled.compiles,
-                     "compile_seconds": round(compiled.compile_seconds, 6), "tiers": tiers})  # fmt: skip
+                     "compile_seconds": round(compiled.compile_seconds, 6),
+                     "saved_seconds": round(compiled.saved_seconds, 6), "uncacheable": dict(compiled.uncacheable),
+                     "tiers": tiers})  # fmt: skip
     else:
         _print_run_table(run, compiled)
     return run.exit_code
 
 
-_RUN_COLUMNS = ("hits", "misses", "writes", "promotions", "errors", "timeouts", "rejected", "bytes_read", "bytes_written")
+_RUN_COLUMNS = ("hits", "misses", "writes", "promotions", "errors", "timeouts", "skipped", "rejected", "bytes_read",
+                "bytes_written")  # fmt: skip
 
 
 def _print_run_table(run: RunReport, compiled: Any) -> None:
@@ -712,6 +739,7 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
     print(f"misses       {totals.misses} (missed by every tier)")
     print(f"NVRTC runs   {compiled.compiles} ({compiled.compile_seconds:.2f} s compiling; "
           f"{compiled.saved_seconds:.2f} s saved by hits)")  # fmt: skip
+    _print_uncacheable(compiled.uncacheable, 13)
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]
     rows = [[name] + [format_size(v) if c.startswith("bytes") else str(v) for c, v in ((c, s.as_dict()[c]) for c in _RUN_COLUMNS)]
             for name, s in totals.tiers]  # fmt: skip
@@ -738,6 +766,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
         host_width = max([len("HOST")] + [len(c[0]) for c in columns.values()])
         print(f"{'NAME':<64}  {'BYTES':>10}  {'MODIFIED':<20}  {'LAST READ':<20}  {'AGE':>5}  "
               f"{'HOST':<{host_width}}  {'WRITTEN':<20}  {'COMPILE':>9}  {'CODE':<12}  {'KIND':<8}  KERNELS")  # fmt: skip
+    if vars(args).get("triton"):  # Triton's files by the compile they belong to, each compile's group first
+        entries.sort(key=lambda e: (kinds[e.name].names, e.name))
+        if not args.long:
+            _print_triton_files(entries, kinds, now)
+            return EXIT_OK
     for e in entries:
         age = format_age(None if e.last_used is None else now - e.last_used)
         kind = kinds[e.name]
@@ -751,6 +784,25 @@ def cmd_ls(args: argparse.Namespace) -> int:
         kernels, metadata = count_kinds(kinds.values())
         print(f"total {_counted(args, kernels + metadata, metadata)}, {format_size(sum(e.size for e in entries))} in {where}")
     return EXIT_OK
+
+
+def _print_triton_files(entries: list[Any], kinds: dict[str, Any], now: float) -> None:
+    """``ls --triton``: one line per Triton kernel (its key, files, bytes), then its files by name."""
+    groups: dict[str, list[Any]] = {}
+    for e in entries:
+        names = kinds[e.name].names
+        key = names[0].split("/", 1)[0] if names else "-"
+        groups.setdefault(key, []).append(e)
+    for key, files in groups.items():
+        kernels = [kinds[e.name].names[0].split("/", 1)[1][len("__grp__"):] for e in files
+                   if kinds[e.name].is_kernel]  # fmt: skip
+        label = ", ".join(k.rsplit(".", 1)[0] for k in kernels) or "no group index"
+        print(f"kernel {key}  {label}  {len(files)} files, {format_size(sum(e.size for e in files))}")
+        for e in files:
+            age = format_age(None if e.last_used is None else now - e.last_used)
+            names = kinds[e.name].names
+            shown = names[0].split("/", 1)[1] if names else "-"
+            print(f"  {e.name}  {format_size(e.size):>10}  {age:>5}  {shown}")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -776,7 +828,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(found.manifest.as_dict())
     else:
-        print("\n".join(found.manifest.lines()))
+        print("\n".join(found.manifest.lines(max_headers=None if args.all else EXPLAIN_HEADERS_SHOWN)))
     return EXIT_OK
 
 
@@ -809,7 +861,7 @@ def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     rate = f", {format_size(int(report.bytes / report.seconds))}/s" if report.seconds > 0 and report.bytes else ""
     print(
         f"{verb} {_counted(args, report.entries, report.metadata, report.bytes)} "
-        f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} already there, "
+        f"from {source} to {target} in {report.seconds:.2f} s{rate}; {report.skipped} entries already there, "
         f"{report.failures} failed"
     )
     return EXIT_PROBLEMS if report.failures else EXIT_OK
@@ -1123,7 +1175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command != "config":  # config shows the settings whatever they are; config --check reads the key
             load_config(args).read_signing_key(warn=False)  # a missing, empty or directory key file: refused now
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, so a reader that went away (`| head`) is caught below, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader stopped reading: no traceback, and nothing more to stdout (exit flushes it again).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except UsageError as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,9 +12,11 @@ not as histograms: a histogram needs a bucket increment per lookup, and a memory
 is timed only one time in 64 to stay under a microsecond.
 
 Compiler runs come from :func:`tiered_progcache.compiling.compile.on_compile` (the hook runs
-once per compile, never per lookup), so they are a true histogram of seconds. They
-count only compiles through :func:`tiered_progcache.compiling.compile`; ``Program.compile(cache=...)``
-runs NVRTC where this package cannot see it.
+once per compile, never per lookup), so they are a true histogram of seconds of
+:func:`tiered_progcache.compiling.compile`'s runs. ``tiered_progcache_nvrtc_runs_total`` counts,
+per cache, those and ``Program.compile(cache=...)``'s misses (each stores what NVRTC made),
+whose seconds this package cannot see; ``tiered_progcache_uncacheable_total`` the compiles
+that could not be cached, by ``reason``.
 
 ``tiered_progcache_compile_seconds_saved_total`` sums, over every hit of
 :func:`tiered_progcache.compiling.compile` since registration, the compile time the entry's
@@ -27,7 +29,7 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..compiling.compile import CompileEvent, HitEvent, on_compile, on_hit
@@ -75,11 +77,14 @@ def _client() -> Any:
     return prometheus_client
 
 
-def stats_families(stats: Iterable[tuple[str, CacheStats]], *, counters: bool = True) -> list[Any]:
+def stats_families(stats: Iterable[tuple[str, CacheStats]], *, counters: bool = True, saved: bool = False) -> list[Any]:
     """Metric families for ``(cache name, stats)`` pairs: counters (unless ``counters=False``) and gauges.
 
-    Every sample is labelled ``cache`` and ``tier``. Gauges are emitted only where the
-    tier knows the value (entries and bytes held locally; latency once it has samples).
+    Every tier sample is labelled ``cache`` and ``tier``; the chain's own counters (lookups,
+    NVRTC runs, uncacheable compiles by ``reason``) ``cache``. ``saved``: also the snapshot's
+    compile seconds saved (a registry has them from the ``on_hit`` hook instead). Gauges are
+    emitted only where the tier knows the value (entries and bytes held locally; latency
+    once it has samples).
     """
     _client()  # the install hint, where the package is missing
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -94,6 +99,7 @@ def stats_families(stats: Iterable[tuple[str, CacheStats]], *, counters: bool = 
                 for tier, tier_stats in snapshot.tiers:
                     family.add_metric([cache_name, tier], getattr(tier_stats, field))
             families.append(family)
+        families += _chain_families(pairs, saved=saved)
     entries = GaugeMetricFamily(f"{PREFIX}_entries", "entries the tier holds (where it can tell cheaply)", labels=labels)
     held = GaugeMetricFamily(f"{PREFIX}_held_bytes", "bytes the tier holds (where it can tell cheaply)", labels=labels)
     latency = GaugeMetricFamily(
@@ -117,6 +123,27 @@ def stats_families(stats: Iterable[tuple[str, CacheStats]], *, counters: bool = 
     if counters:
         families.append(latency)
     return families
+
+
+def _chain_families(pairs: list[tuple[str, CacheStats]], *, saved: bool) -> list[Any]:
+    """The counters of a chain as a whole, labelled ``cache``: lookups, NVRTC runs, uncacheable (by ``reason``)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    lookups = CounterMetricFamily(f"{PREFIX}_lookups", "lookups of the chain (its first tier's hits and misses)",
+                                  labels=["cache"])  # fmt: skip
+    runs = CounterMetricFamily(f"{PREFIX}_nvrtc_runs", "compiler runs through the chain: compile()'s, uncacheable ones "
+                               "and Program.compile(cache=...)'s misses", labels=["cache"])  # fmt: skip
+    uncacheable = CounterMetricFamily(f"{PREFIX}_uncacheable", "compiles that could not be cached (compiled every "
+                                      "time), by reason", labels=["cache", "reason"])  # fmt: skip
+    seconds = CounterMetricFamily(f"{PREFIX}_compile_seconds_saved", "compile seconds the cache saved: per compile() "
+                                  "hit, the compile time its entry's manifest records", labels=["cache"])  # fmt: skip
+    for cache_name, snapshot in pairs:
+        lookups.add_metric([cache_name], snapshot.tiers[0][1].lookups if snapshot.tiers else 0)
+        runs.add_metric([cache_name], snapshot.compiles)
+        for reason, n in snapshot.compiling.uncacheable:
+            uncacheable.add_metric([cache_name, reason], n)
+        seconds.add_metric([cache_name], snapshot.compiling.saved_seconds)
+    return [lookups, runs, uncacheable, *([seconds] if saved else [])]
 
 
 class _CompileCounts:
@@ -248,18 +275,30 @@ def register(cache: TieredProgramCache, registry: Any = None, *, name: str = "de
     return unregister
 
 
-def exposition(stats: CacheStats, *, name: str = "default", counters: bool = True) -> str:
+def exposition(stats: CacheStats, *, name: str = "default", counters: bool = True,
+               kernels: Mapping[str, int] | None = None) -> str:
     """``stats`` in Prometheus' text format (for node_exporter's textfile collector), with no compile metrics.
 
-    ``tiered-progcache stats --prometheus`` prints this for a directory (gauges only,
-    ``counters=False``) or for one ``stats --run`` (the run's summed counters).
+    ``tiered-progcache stats --prometheus`` prints this for a directory (its cumulative
+    counters and what it holds) or for one ``stats --run`` (the run's summed counters);
+    ``counters=False`` gives the gauges alone. ``kernels``: per tier, the kernels it holds
+    (``tiered_progcache_kernels``: its entries less manifests and symbol maps, as ``stats`` counts them).
     """
     client = _client()
     registry = client.CollectorRegistry(auto_describe=False)
 
     class _Static:
         def collect(self) -> list[Any]:
-            return stats_families([(name, stats)], counters=counters)
+            families = stats_families([(name, stats)], counters=counters, saved=True)
+            if kernels:
+                from prometheus_client.core import GaugeMetricFamily
+
+                held = GaugeMetricFamily(f"{PREFIX}_kernels", "kernels the tier holds (entries less manifests and "
+                                         "symbol maps, as `stats` counts them)", labels=["cache", "tier"])  # fmt: skip
+                for tier, n in kernels.items():
+                    held.add_metric([name, tier], n)
+                families.append(held)
+            return families
 
     registry.register(_Static())
     return client.generate_latest(registry).decode("utf-8")

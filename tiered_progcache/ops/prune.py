@@ -6,6 +6,10 @@ shared bucket are pruned by the same code. Age is time since
 :attr:`~tiered_progcache.stores.store.StoredEntry.last_used`: since the last read or write
 where the store records reads (the local directory), since the write otherwise.
 An entry a writer replaced after the listing is left alone (``delete_listed``'s guard).
+
+A kernel and its manifest (known by name from the listing) are planned as one: by the
+kernel's age and their two sizes, and deleted together, the kernel first. A manifest left
+behind would be fetched by the next ``warm`` and describe nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from ..compiling.manifest import manifest_name
 from ..errors import one_line
 from ..stores.store import EntryStore, StoredEntry
 
@@ -89,6 +94,23 @@ def plan_prune(
     return sorted(doomed, key=_oldest_first, reverse=True)
 
 
+def _with_manifests(
+    entries: list[StoredEntry],
+) -> tuple[list[StoredEntry], dict[str, tuple[StoredEntry, StoredEntry]]]:
+    """The entries to plan with, a kernel and its manifest as one (the kernel's name and age, both sizes),
+    and for each such kernel (kernel, manifest)."""
+    by_name = {e.name: e for e in entries}
+    companions: dict[str, tuple[StoredEntry, StoredEntry]] = {}
+    for e in entries:
+        manifest = by_name.get(manifest_name(e.name))
+        if manifest is not None and e.name not in companions and manifest.name not in companions:
+            companions[e.name] = (e, manifest)
+    paired = {m.name for _, m in companions.values()}
+    units = [dataclasses.replace(e, size=e.size + companions[e.name][1].size) if e.name in companions else e
+             for e in entries if e.name not in paired]  # fmt: skip
+    return units, companions
+
+
 def prune(
     store: EntryStore,
     *,
@@ -110,7 +132,13 @@ def prune(
     if now is None:
         now = time.time()
     entries = list(store.iter_entries())
-    doomed = plan_prune(entries, now=now, older_than=older_than, max_bytes=max_bytes)
+    units, companions = _with_manifests(entries)
+    doomed = []
+    for unit in plan_prune(units, now=now, older_than=older_than, max_bytes=max_bytes):
+        kernel, manifest = companions.get(unit.entry.name, (unit.entry, None))
+        doomed.append(PruneCandidate(kernel, unit.age))
+        if manifest is not None:
+            doomed.append(PruneCandidate(manifest, unit.age))
     report = PruneReport(
         location=store.location,
         listed=len(entries),

@@ -26,14 +26,14 @@ from ..chain.stats import COUNTER_FIELDS, CacheStats, CompileTally, CompileTotal
 if TYPE_CHECKING:
     from ..chain.tiered import TieredProgramCache
 
-__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "sum_reports"]
+__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "register_counters", "sum_reports"]
 
 logger = logging.getLogger(__name__)
 
 
 # One record per registered cache: (pid at registration, [(tier name, counters)], its compile tally).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.
-_Record = tuple[int, list[tuple[str, TierCounters]], CompileTally]
+_Record = tuple[int, list[tuple[str, Any]], CompileTally]
 _records: list[_Record] = []
 _lock = threading.Lock()
 _hooked = False
@@ -44,6 +44,8 @@ def register(cache: TieredProgramCache) -> None:
     global _hooked
     if not os.environ.get(STATS_FILE_ENV):
         return
+    if any(t.entries is not None and t.entries.namespace == "triton" for t in cache.tiers):
+        return  # Triton's chain: its manager reports it as the ``triton-remote`` tier (register_counters)
     record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
     with _lock:
         _records.append(record)
@@ -51,6 +53,21 @@ def register(cache: TieredProgramCache) -> None:
             # atexit handlers run after threading's exit hooks, where writeback's exit
             # flush runs (its bound, 10 s, covers every queue): by now the uploads it
             # could finish are counted. Flushing again here would double the bound.
+            atexit.register(_report_at_exit)
+            _hooked = True
+
+
+def register_counters(tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
+    """Report counters that belong to no chain (Triton's manager's) at exit, as :func:`register` does a cache's.
+
+    Each of ``tiers`` is a name and an object whose ``snapshot()`` is a :class:`TierStats`.
+    """
+    global _hooked
+    if not os.environ.get(STATS_FILE_ENV):
+        return
+    with _lock:
+        _records.append((os.getpid(), tiers, tally))
+        if not _hooked:
             atexit.register(_report_at_exit)
             _hooked = True
 
@@ -68,7 +85,8 @@ def _report_at_exit() -> None:
         snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters in tiers))
         done = tally.snapshot()
         report = {"pid": os.getpid(), "tiers": snapshot.as_dict(), "compiles": done.compiles,
-                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6)}  # fmt: skip
+                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6),
+                  "uncacheable": dict(done.uncacheable)}  # fmt: skip
         lines.append(json.dumps(report, separators=(",", ":")) + "\n")
     _append(path, "".join(lines).encode())
 
@@ -106,8 +124,9 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
     """Counters summed per tier name over every report, tiers in first-seen order.
 
     Gauges (entries held, latency percentiles) do not add up across processes, so
-    the result leaves them ``None``.
+    the result leaves them ``None``; its ``compiling`` is :func:`compile_totals` of the reports.
     """
+    reports = list(reports)
     totals: dict[str, dict[str, int]] = {}
     for report in reports:
         for name, fields in report["tiers"].items():
@@ -116,7 +135,7 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
                 value = fields.get(field)
                 if isinstance(value, int):
                     tier[field] += value
-    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()))
+    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()), compile_totals(reports))
 
 
 def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
@@ -126,8 +145,14 @@ def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
         return sum(r[field] for r in reports if isinstance(r.get(field), kinds) and not isinstance(r.get(field), bool))
 
     reports = list(reports)
+    uncacheable: dict[str, int] = {}
+    for report in reports:
+        given = report.get("uncacheable")
+        for reason, n in given.items() if isinstance(given, dict) else ():
+            if isinstance(n, int) and not isinstance(n, bool):
+                uncacheable[reason] = uncacheable.get(reason, 0) + n
     return CompileTotals(summed("compiles", (int,)), float(summed("compile_seconds", (int, float))),
-                         float(summed("saved_seconds", (int, float))))  # fmt: skip
+                         float(summed("saved_seconds", (int, float))), tuple(sorted(uncacheable.items())))  # fmt: skip
 
 
 def pids(reports: Iterable[Mapping[str, Any]]) -> Iterator[int]:

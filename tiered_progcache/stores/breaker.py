@@ -66,6 +66,8 @@ class CircuitBreaker:
         self._open_until: float | None = None  # None: closed
         self._probing = False
         self._last_error = ""
+        #: What opened the breaker at construction (:meth:`trip`), for the chain to count; None if nothing did.
+        self.tripped_by: BaseException | None = None
         _BREAKERS.add(self)
 
     @property
@@ -129,6 +131,7 @@ class CircuitBreaker:
     def trip(self, exc: BaseException) -> None:
         """Open at once (a remote found unusable at construction), for one cooldown."""
         with self._lock:
+            self.tripped_by = exc
             self._failures = max(self._failures, self.failure_threshold)
             self._last_error = one_line(exc)
             self._probing = False

@@ -31,13 +31,17 @@ from ..compiling.symbols import SYMBOLS_FORMAT
 if TYPE_CHECKING:
     from .store import EntryStore, StoredEntry
 
-__all__ = ["KERNEL", "MANIFEST", "METADATA_READ_BYTES", "SYMBOLS", "TRITON", "EntryKind", "classify", "count_kinds", "kind_of"]
+__all__ = ["KERNEL", "MANIFEST", "METADATA_READ_BYTES", "SYMBOLS", "TRITON", "TRITON_KERNEL", "EntryKind", "classify",
+           "count_kinds", "kind_of"]
 
 KERNEL = "kernel"
 MANIFEST = "manifest"
 SYMBOLS = "symbols"
 #: Every entry of a store of Triton's files (namespace ``triton``): counted as files, never read to classify.
 TRITON = "triton"
+#: The group index of one Triton compile (``__grp__<name>.json``), where the store names its files: one kernel.
+TRITON_KERNEL = "triton-kernel"
+_TRITON_GROUP_PREFIX = "__grp__"
 
 #: Entries stored in at most this many bytes are read to tell a symbol map from a small kernel.
 METADATA_READ_BYTES = 64 * 1024
@@ -58,7 +62,7 @@ class EntryKind:
 
     @property
     def is_kernel(self) -> bool:
-        return self.kind == KERNEL
+        return self.kind in (KERNEL, TRITON_KERNEL)
 
     def shown_names(self) -> str:
         """The names for a column: comma-separated, at most a few, ``-`` for none."""
@@ -96,7 +100,7 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
     Entries that cannot be read count as kernels.
     """
     if store.namespace == TRITON:
-        return {e.name: EntryKind(TRITON) for e in listed}
+        return {e.name: _triton_kind(store.file_of(e.name)) for e in listed}
     by_name = {e.name: e for e in listed}
     manifests = {manifest_name(name): name for name in by_name}
     out: dict[str, EntryKind] = {}
@@ -138,6 +142,15 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
             elif kind.kind == MANIFEST and manifests.get(name) in described:
                 out[name] = EntryKind(MANIFEST, tuple(described[manifests[name]].inputs.kernels))
     return out
+
+
+def _triton_kind(which: tuple[str, str] | None) -> EntryKind:
+    """A Triton file by its key and name: its compile's group index is the kernel, the rest its files."""
+    if which is None:
+        return EntryKind(TRITON)
+    key, file = which
+    kind = TRITON_KERNEL if file.startswith(_TRITON_GROUP_PREFIX) else TRITON
+    return EntryKind(kind, (f"{key}/{file}",))
 
 
 def count_kinds(kinds: Iterable[EntryKind]) -> tuple[int, int]:

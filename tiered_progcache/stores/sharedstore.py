@@ -122,6 +122,11 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         return self._runner.latency.median()
 
     @property
+    def startup_failure(self) -> BaseException | None:
+        """The probe failure that opened the breaker at construction (see ``EntryStore.startup_failure``)."""
+        return self._breaker.tripped_by
+
+    @property
     def max_entry_bytes(self) -> int:
         return self._max_entry_bytes
 

@@ -146,6 +146,19 @@ class EntryStore(abc.ABC):
         """The median time one request to this store took lately, in seconds; None where unknown (or local)."""
         return None
 
+    def file_of(self, name: str) -> tuple[str, str] | None:
+        """The (kernel key, file name) entry ``name`` holds where the store knows it from its last listing
+        (Triton's directory: ``<key>/<file>``), else None. What ``ls`` and ``stats`` group files by."""
+        return None
+
+    @property
+    def startup_failure(self) -> BaseException | None:
+        """Why the store's probe at construction failed (it then started with its breaker open), else None.
+
+        The chain counts it as its tier's first error or timeout: a dead remote shows in ``stats()``.
+        """
+        return None
+
     @property
     @abc.abstractmethod
     def max_entry_bytes(self) -> int:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -53,7 +54,7 @@ from typing import Any
 from triton.runtime.cache import FileCacheManager
 
 from ..errors import EntryRejected
-from ..chain.stats import CacheStats, TierCounters
+from ..chain.stats import CacheStats, CompileTally, TierCounters, TierStats
 from .tritonnames import (
     FRAME_MAGIC,
     GROUP_PREFIX,
@@ -97,6 +98,9 @@ _chain_lock = threading.Lock()
 _chain: Any = None  # TieredProgramCache | None once built
 _chain_built = False
 _local = TierCounters()
+#: Group lookups the shared tiers answered (``hits``: fetched whole) or not, after a local miss.
+_remote = TierCounters()
+_reported: set[tuple[int, str]] = set()  # (pid, cache directory) whose counters report at exit
 
 
 def shared_cache() -> Any:
@@ -147,6 +151,64 @@ def stats() -> CacheStats:
     return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
 
 
+class _SharedGroups:
+    """Triton's shared tiers as one tier of group lookups: ``triton-remote`` in ``stats --triton`` and ``stats --run``.
+
+    ``hits``/``misses`` are whole groups fetched or not after a local miss (a miss there is a
+    compile); the other counters (files uploaded, errors, timeouts, ...) the shared tiers' own, summed.
+    """
+
+    def __init__(self, groups: TierCounters) -> None:
+        self._groups = groups
+
+    def _tiers(self) -> list[TierCounters]:
+        chain = _chain if _chain_built else None
+        return [t.counters for t in chain.tiers] if chain is not None else []
+
+    @property
+    def hits(self) -> int:
+        return self._groups.hits
+
+    @property
+    def misses(self) -> int:
+        return self._groups.misses
+
+    @property
+    def errors(self) -> int:
+        return sum(c.errors for c in self._tiers())
+
+    @property
+    def timeouts(self) -> int:
+        return sum(c.timeouts for c in self._tiers())
+
+    def snapshot(self) -> TierStats:
+        groups, tiers = self._groups.snapshot(), self._tiers()
+        return TierStats(hits=groups.hits, misses=groups.misses, bytes_read=groups.bytes_read,
+                         writes=sum(c.writes for c in tiers), bytes_written=sum(c.bytes_written for c in tiers),
+                         errors=self.errors, timeouts=self.timeouts, skipped=sum(c.skipped for c in tiers),
+                         dropped=sum(c.dropped for c in tiers), rejected=sum(c.rejected for c in tiers))  # fmt: skip
+
+
+def _report_from(cache_dir: str, *, shared: bool) -> None:
+    """Once per process and Triton cache directory: report the counters at exit to the directory's
+    ``stats.jsonl`` (``stats --triton``) and to a ``stats --run`` file."""
+    root = os.path.abspath(cache_dir)
+    marker = (os.getpid(), root)
+    with _chain_lock:
+        if marker in _reported:
+            return
+        _reported.add(marker)
+        tiers: list[tuple[str, Any]] = [("triton-local", _local)]
+        if shared:
+            tiers.append(("triton-remote", _SharedGroups(_remote)))
+    from ..chain import ledger
+    from ..ops import runstats
+
+    tally = CompileTally()
+    ledger.register_counters(root, tiers, tally)
+    runstats.register_counters(tiers, tally)
+
+
 # -- the cache manager ----------------------------------------------------------------------
 
 
@@ -162,6 +224,8 @@ class TieredCacheManager(FileCacheManager):
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         super().__init__(key, override=override, dump=dump)
         self._shared = None if (override or dump) else shared_cache()
+        if not (override or dump):
+            _report_from(os.path.dirname(self.cache_dir), shared=self._shared is not None)
 
     # -- single files ---------------------------------------------------------------
 
@@ -203,13 +267,16 @@ class TieredCacheManager(FileCacheManager):
         try:
             members = self._fetch_group(filename)
             if members is None:
+                _remote.count_miss()
                 return None
             local = super(TieredCacheManager, self)
             paths = {name: local.put(data, name, binary=True) for name, data in members.items()}
             FileCacheManager.put_group(self, filename, paths)  # members first, the index last: readers see it whole
         except Exception as exc:  # a full disk, a bad name: a miss, never a failed compile
             logger.warning("Triton cache: group %s of %s not fetched (a miss): %s", filename, self.key, exc)
+            _remote.count_miss()
             return None
+        _remote.count_hit(sum(len(data) for data in members.values()))
         return paths
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
@@ -230,7 +297,7 @@ class TieredCacheManager(FileCacheManager):
     def _upload(self, filename: str, raw: bytes) -> None:
         """Queue ``raw`` for every writable shared tier (background; a full queue drops it, counted). Never raises."""
         try:
-            self._shared[cache_key(self.key, filename)] = frame(self.key, filename, raw)
+            self._shared.put(cache_key(self.key, filename), frame(self.key, filename, raw))  # not an NVRTC run
         except Exception as exc:  # a name no entry can have: the file stays local
             logger.warning("Triton cache: %s of %s not uploaded: %s", filename, self.key, exc)
 
@@ -317,8 +384,13 @@ def _read_local(path: str) -> bytes:
 
 def _reset_for_tests() -> None:
     """Forget the process's chain (it is not closed) and zero the local counters."""
-    global _chain, _chain_built, _local
+    global _chain, _chain_built, _local, _remote
     with _chain_lock:
         _chain, _chain_built = None, False
         _local = TierCounters()
+        _remote = TierCounters()
+        _reported.clear()
+#: Group lookups the shared tiers answered (``hits``: fetched whole) or not, after a local miss.
+_remote = TierCounters()
+_reported: set[tuple[int, str]] = set()  # (pid, cache directory) whose counters report at exit
 

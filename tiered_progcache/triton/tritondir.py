@@ -95,6 +95,11 @@ class TritonDir(NodeDirStore):
                 self._index[name] = which
                 yield StoredEntry(name, st.st_size, st.st_mtime, st.st_atime, _cudacore.stat_identity(st))
 
+    def file_of(self, name: str) -> tuple[str, str] | None:
+        """(Triton key, file) of ``name`` as the last listing found it, else None."""
+        which = self._index.get(name)
+        return None if which is None else (which.key, which.file)
+
     def _find(self, name: str) -> TritonFile:
         check_entry_name(name)
         which = self._index.get(name)
