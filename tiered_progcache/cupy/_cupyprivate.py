@@ -94,7 +94,7 @@ def wrap_compile(make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> No
 
 def unwrap_compile() -> None:
     """Put CuPy's ``_compile_with_cache_cuda`` back."""
-    original = getattr(compiler._compile_with_cache_cuda, "__wrapped__", None)
+    original = getattr(getattr(compiler, "_compile_with_cache_cuda", None), "__wrapped__", None)
     if original is not None:
         compiler._compile_with_cache_cuda = original
 
