@@ -26,9 +26,13 @@ nothing, logs one warning and returns False; CuPy runs with its own cache.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from ..chain.stats import CacheStats, TierCounters
@@ -45,6 +49,7 @@ __all__ = [
     "install",
     "installed",
     "name_of",
+    "report",
     "shared_cache",
     "stats",
     "uninstall",
@@ -60,6 +65,8 @@ _local = TierCounters()
 _previous: Any = None  # CuPy's backend before install
 _installed: Any = None  # ours, while installed
 _warned = False
+_reported: dict[str, Any] = {}  # what the last ledger report counted, so each adds only what is new
+_report_hooked = False
 
 
 def shared_cache() -> Any:
@@ -111,6 +118,62 @@ def stats() -> CacheStats:
     return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
 
 
+def _counts() -> dict[str, Any]:
+    tiers = [("cupy-local", _local.snapshot())]
+    chain = _chain if _chain_built else None
+    if chain is not None:
+        tiers += list(chain.stats().items())
+    backend = _installed
+    return {
+        "tiers": {name: (t.hits, t.misses, t.errors) for name, t in tiers},
+        "misses": tiers[-1][1].misses,
+        "compiles": _local.writes,
+        "compile_seconds": backend.compile_seconds if backend is not None else 0.0,
+    }
+
+
+def report() -> None:
+    """Append what CuPy's cache did since the last report to ``<CuPy's directory>/stats.jsonl``.
+
+    The program cache's ledger (:mod:`tiered_progcache.chain.ledger`), so ``tiered-progcache
+    stats --cupy`` shows CuPy's hits per tier, misses and compiles. Run at exit and by
+    :func:`uninstall`; never raises.
+    """
+    from ..chain import ledger
+
+    with _lock:
+        backend = _installed
+        if backend is None or _reported.get("pid") != os.getpid():
+            return  # not installed, or a forked child (its parent reports its own)
+        now = _counts()
+        sent = _reported.get("counts") or {"tiers": {}, "misses": 0, "compiles": 0, "compile_seconds": 0.0}
+        _reported["counts"] = now
+    delta = {name: [a - b for a, b in zip(c, sent["tiers"].get(name, (0, 0, 0)))] for name, c in now["tiers"].items()}
+    local_hits, local_misses, _ = delta["cupy-local"]
+    compiles = now["compiles"] - sent["compiles"]
+    if not (local_hits + local_misses) and not compiles:
+        return
+    line = {
+        "pid": os.getpid(),
+        "time": round(time.time(), 3),
+        "lookups": local_hits + local_misses,
+        "hits": {name: d[0] for name, d in delta.items()},
+        "misses": now["misses"] - sent["misses"],
+        "errors": sum(d[2] for d in delta.values()),
+        "compiles": compiles,
+        "compile_seconds": round(now["compile_seconds"] - sent["compile_seconds"], 6),
+        "saved_seconds": 0.0,  # CuPy's entries carry no compile time
+    }
+    ledger.append_line(Path(backend.cache_dir) / ledger.LEDGER_FILE, json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def _report_at_exit() -> None:
+    try:
+        report()
+    except Exception as exc:  # never fail an interpreter's exit
+        logger.debug("could not report CuPy cache stats: %r", exc)
+
+
 def _warn_once(message: str, *args: object) -> None:
     global _warned
     if not _warned:
@@ -124,7 +187,7 @@ def install(cache_dir: str | os.PathLike[str] | None = None) -> bool:
     ``cache_dir``: CuPy's directory (default ``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``).
     No remote is contacted here. Idempotent; thread-safe.
     """
-    global _previous, _installed
+    global _previous, _installed, _report_hooked
     with _lock:
         if _installed is not None:
             return True
@@ -160,6 +223,11 @@ def install(cache_dir: str | os.PathLike[str] | None = None) -> bool:
         _previous = private.current_backend()
         private.set_backend(backend)
         _installed = backend
+        _reported.clear()
+        _reported.update(pid=os.getpid(), counts=_counts())
+        if not _report_hooked:
+            atexit.register(_report_at_exit)
+            _report_hooked = True
         if compile_problem is None:
             private.wrap_compile(compile_context)
         else:
@@ -181,6 +249,7 @@ def uninstall() -> None:
             return
         from . import _cupyprivate as private
 
+        _report_at_exit()
         private.unwrap_compile()
         private.set_backend(_previous)
         _previous = _installed = None

@@ -25,6 +25,8 @@ import contextvars
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -43,12 +45,13 @@ logger = logging.getLogger(__name__)
 class _Compile:
     """The source and options of the compile in progress in this context, and the name its load used."""
 
-    __slots__ = ("source", "options", "loaded_as")
+    __slots__ = ("source", "options", "loaded_as", "missed_at")
 
     def __init__(self, source: str, options: tuple[str, ...]) -> None:
         self.source = source
         self.options = options
         self.loaded_as: KeyedName | None = None
+        self.missed_at: float | None = None  # perf_counter() when load missed: CuPy compiles from then to save
 
 
 _compiling: contextvars.ContextVar[_Compile | None] = contextvars.ContextVar("tiered_progcache_cupy", default=None)
@@ -91,6 +94,9 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         self._local = local
         self._cupy_dirs = tuple(cupy_dirs)
         self._save_source = save_source
+        self._seconds_lock = threading.Lock()
+        #: Seconds CuPy spent between a missed load and its save (its compiles), for the ledger.
+        self.compile_seconds = 0.0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.cache_dir!r})"
@@ -136,14 +142,14 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         self._local.count_miss()
         try:
             chain = self._shared()
-            if chain is None:
-                return None
-            stored = chain.get(cache_key(keyed))
+            stored = None if chain is None else chain.get(cache_key(keyed))
             if stored is None:
+                self._compiling_from(time.perf_counter())
                 return None
             payload = opened(bytes(stored), keyed)
         except Exception as exc:  # a refused entry, a failing tier: a miss, never a failed compile
             logger.warning("CuPy cache: %s not fetched (a miss): %s", keyed, exc)
+            self._compiling_from(time.perf_counter())
             return None
         try:
             write_local(self.cache_dir, keyed, payload)
@@ -151,11 +157,21 @@ class TieredKernelCacheBackend(KernelCacheBackend):
             logger.warning("CuPy cache: %s fetched but not written locally: %s", keyed, exc)
         return payload
 
+    @staticmethod
+    def _compiling_from(now: float) -> None:
+        given = _compiling.get()
+        if given is not None:
+            given.missed_at = now
+
     def save(self, name: str, cubin: bytes, source: str) -> None:
         """Write CuPy's file for ``name`` and queue its upload. Never raises."""
         keyed = self._name(name, saving=True)
         if keyed is None:
             return
+        given = _compiling.get()
+        if given is not None and given.missed_at is not None:
+            with self._seconds_lock:
+                self.compile_seconds += time.perf_counter() - given.missed_at
         payload = bytes(cubin)
         try:
             write_local(self.cache_dir, keyed, payload, source if self._save_source else None)

@@ -113,6 +113,8 @@ def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None
                        "file:///...) [TIERED_PROGCACHE_REMOTE]")  # fmt: skip
     group.add_argument("--triton", action="store_true", default=argparse.SUPPRESS,
                        help="act on Triton's cache: TRITON_CACHE_DIR (or --dir) and the remote's triton/ namespace")
+    group.add_argument("--cupy", action="store_true", default=argparse.SUPPRESS,
+                       help="act on CuPy's kernel cache: CUPY_CACHE_DIR (or --dir) and the remote's cupy/ namespace")
     out = parser.add_argument_group("output")
     out.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v: info, -vv: every lookup)")
 
@@ -253,12 +255,24 @@ def _local(args: argparse.Namespace) -> LocalDir:
     from ..stores.localdir import LocalDir, default_local_dir
 
     config = load_config(args)
+    if _namespace(args) == "cupy":
+        from ..cupy.cupydir import CupyDir, default_cupy_dir
+
+        return CupyDir(config.local_dir or default_cupy_dir())  # type: ignore[return-value]  # an EntryStore
     if vars(args).get("triton"):
         from ..triton.tritondir import TritonDir, default_triton_dir
 
         return TritonDir(config.local_dir or default_triton_dir())  # type: ignore[return-value]  # an EntryStore
     root = config.local_dir
     return LocalDir(root if root is not None else default_local_dir())
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    """The entries a command acts on: ``triton`` (``--triton``), ``cupy`` (``--cupy``) or the program cache's."""
+    triton, cupy = bool(vars(args).get("triton")), bool(vars(args).get("cupy"))
+    if triton and cupy:
+        raise UsageError("--triton and --cupy name two caches: pick one")
+    return "triton" if triton else "cupy" if cupy else "entries"
 
 
 @contextlib.contextmanager
@@ -280,7 +294,7 @@ def _remote(args: argparse.Namespace, *, writing: bool = False) -> Iterator[Entr
         shown = ", ".join(masked(url) for url in urls)
         raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
     remote, _ = shared_tier(config, urls[0], signing_key=config.read_signing_key(), create_root=None if writing else False,
-                            namespace="triton" if vars(args).get("triton") else "entries")
+                            namespace=_namespace(args))
     if not isinstance(remote, EntryStore):  # pragma: no cover - every shared tier is an EntryStore
         raise UsageError(f"the remote {masked(urls[0])} is not an entry store")
     try:
@@ -319,6 +333,8 @@ def _shared_for_manifests(args: argparse.Namespace) -> Iterator[Callable[[], Ent
 def _counted(args: argparse.Namespace, entries: int, metadata: int, nbytes: int | None = None) -> str:
     """How many entries a command moved or lists: kernels apart from metadata, or Triton's files as files."""
     size = "" if nbytes is None else f", {format_size(nbytes)}"
+    if _namespace(args) == "cupy":
+        return f"{entries} CuPy kernels ({format_size(nbytes or 0)})" if nbytes is not None else f"{entries} CuPy kernels"
     if vars(args).get("triton"):
         return f"{entries} Triton files ({format_size(nbytes or 0)})" if nbytes is not None else f"{entries} Triton files"
     return f"{entries - metadata} kernels (+{metadata} metadata{size})"
