@@ -440,3 +440,30 @@ def test_entries_land_in_their_own_namespace_beside_the_program_cache_s(cubin, t
     assert {p.relative_to(remote).parts[0] for p in remote.rglob("*") if p.is_file()} == {"cupy"}
     assert not list(RemoteProgramCache.from_url(f"file://{remote}").iter_entries())
     assert write_local and frame  # the names the command uses exist
+
+
+def test_a_killed_redis_fails_open_and_the_breaker_opens(cubin, tmp_path):
+    pytest.importorskip("redis")
+    from support import FakeClock
+    from tiered_progcache.stores.breaker import CircuitBreaker
+    from tiered_progcache.stores.redis_store import RedisProgramCache
+    from tiered_progcache.testing.redis_server import RedisServer
+
+    with RedisServer() as server:
+        breaker = CircuitBreaker(3, 30.0, name="redis", clock=FakeClock())
+        tier = RedisProgramCache.from_url(server.url, timeout=2, strict=True, breaker=breaker, namespace=tpc.NAMESPACE)
+        chain = TieredProgramCache(tiers=[tier])
+        tpc.use_shared_cache(chain)
+        _node(tmp_path / "a").save(NAME, cubin, "source")
+        assert chain.flush(timeout=30)
+        server.kill()
+        for n in range(5):
+            backend = _switch(tmp_path / f"b{n}")
+            assert backend.load(NAME) is None  # a miss, never an exception
+            backend.save(NAME, cubin, "source")  # the compile's save lands locally
+            assert backend.load(NAME) == cubin
+            chain.flush(timeout=30)
+        stats = chain.stats()["remote"]  # a tier given in code is named "remote"
+        assert stats.errors == 3 and stats.skipped > 0, stats  # three failures open the breaker, then nothing is asked
+        assert breaker.state == "open"
+        chain.close()
