@@ -467,3 +467,16 @@ def test_a_killed_redis_fails_open_and_the_breaker_opens(cubin, tmp_path):
         assert stats.errors == 3 and stats.skipped > 0, stats  # three failures open the breaker, then nothing is asked
         assert breaker.state == "open"
         chain.close()
+
+
+def test_a_name_of_another_form_is_cupy_s_own_directory_cache_unshared(cubin, tmp_path, caplog):
+    chain = _chain(tmp_path / "remote")
+    backend = _node(tmp_path / "a")
+    future = "ab" * 32 + ".cubin"  # say, a CuPy that names entries by SHA-256
+    with caplog.at_level(logging.WARNING):
+        backend.save(future, cubin, "source")
+        assert backend.load(future) == cubin
+        assert backend.load("cd" * 32 + ".cubin") is None
+    assert DiskKernelCacheBackend(str(tmp_path / "a")).load(future) == cubin
+    assert chain.flush(timeout=30) and chain.stats()["remote"].writes == 0
+    assert len(_warnings(caplog)) == 1 and "stay in CuPy's own directory cache" in _warnings(caplog)[0]

@@ -14,11 +14,12 @@ from typing import Any
 
 import cupy
 from cupy.cuda import compiler
-from cupy.cuda._compiler_cache import KernelCacheBackend
+from cupy.cuda._compiler_cache import DiskKernelCacheBackend, KernelCacheBackend
 
 __all__ = [
     "CHECKED_VERSIONS",
     "PRIVATE_SYMBOLS",
+    "DiskKernelCacheBackend",
     "KernelCacheBackend",
     "check",
     "cupy_include_dirs",
@@ -34,6 +35,7 @@ CHECKED_VERSIONS = ("14.2.0",)
 #: (module, name) of each CuPy symbol used, for the coupling test and :func:`check`.
 PRIVATE_SYMBOLS = (
     ("cupy.cuda._compiler_cache", "KernelCacheBackend"),  # the ABC: load(name), save(name, cubin, source)
+    ("cupy.cuda._compiler_cache", "DiskKernelCacheBackend"),  # CuPy's own, for a name we do not recognise
     ("cupy.cuda.compiler", "_set_kernel_cache_backend"),  # installs a backend
     ("cupy.cuda.compiler", "_kernel_cache_backend"),  # the one in use (what install replaces and uninstall restores)
     ("cupy.cuda.compiler", "_compile_with_cache_cuda"),  # wrapped: (source, options) of the compile a load belongs to

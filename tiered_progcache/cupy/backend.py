@@ -32,9 +32,9 @@ from typing import Any
 
 from ..chain.stats import TierCounters
 from ..stores.ratelimit import log_once
-from ._cupyprivate import KernelCacheBackend
+from ._cupyprivate import DiskKernelCacheBackend, KernelCacheBackend
 from .cupydir import read_local, write_local
-from .cupynames import cache_key, frame, opened
+from .cupynames import cache_key, frame, is_name, opened
 from .headerkeys import KeyedName, keyed_name
 
 __all__ = ["TieredKernelCacheBackend", "compile_context"]
@@ -95,6 +95,7 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         self._cupy_dirs = tuple(cupy_dirs)
         self._save_source = save_source
         self._seconds_lock = threading.Lock()
+        self._cupy_s_own = DiskKernelCacheBackend(self.cache_dir)  # for names of a form we do not know
         #: Seconds CuPy spent between a missed load and its save (its compiles), for the ledger.
         self.compile_seconds = 0.0
 
@@ -126,8 +127,19 @@ class TieredKernelCacheBackend(KernelCacheBackend):
             given.loaded_as = keyed
         return keyed
 
+    def _unknown(self, name: object) -> bool:
+        """True (logged once) for a name not of CuPy's known form: CuPy's own backend serves it, locally only."""
+        if is_name(name):
+            return False
+        log_once(logger, "unknown-name", logging.WARNING,
+                 "CuPy cache: %r is not a name of the form checked (<sha1>.cubin): such entries stay in "
+                 "CuPy's own directory cache, unshared", name)  # fmt: skip
+        return True
+
     def load(self, name: str) -> bytes | None:
         """CuPy's payload for ``name``: the local file's, else the shared tiers' (then written locally); None on a miss."""
+        if self._unknown(name):
+            return self._cupy_s_own.load(name)
         keyed = self._name(name, saving=False)
         if keyed is None:
             return None
@@ -165,6 +177,8 @@ class TieredKernelCacheBackend(KernelCacheBackend):
 
     def save(self, name: str, cubin: bytes, source: str) -> None:
         """Write CuPy's file for ``name`` and queue its upload. Never raises."""
+        if self._unknown(name):
+            return self._cupy_s_own.save(name, cubin, source)
         keyed = self._name(name, saving=True)
         if keyed is None:
             return
