@@ -96,6 +96,7 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         self._save_source = save_source
         self._seconds_lock = threading.Lock()
         self._cupy_s_own = DiskKernelCacheBackend(self.cache_dir)  # for names of a form we do not know
+        self._warned_unknown = False
         #: Seconds CuPy spent between a missed load and its save (its compiles), for the ledger.
         self.compile_seconds = 0.0
 
@@ -131,9 +132,10 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         """True (logged once) for a name not of CuPy's known form: CuPy's own backend serves it, locally only."""
         if is_name(name):
             return False
-        log_once(logger, "unknown-name", logging.WARNING,
-                 "CuPy cache: %r is not a name of the form checked (<sha1>.cubin): such entries stay in "
-                 "CuPy's own directory cache, unshared", name)  # fmt: skip
+        if not self._warned_unknown:
+            self._warned_unknown = True
+            logger.warning("CuPy cache: %r is not a name of the form checked (<sha1>.cubin): such entries stay in "
+                           "CuPy's own directory cache, unshared", name)  # fmt: skip
         return True
 
     def load(self, name: str) -> bytes | None:
