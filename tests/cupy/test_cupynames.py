@@ -93,7 +93,7 @@ def test_a_frame_names_its_entry_and_opens_only_as_that_entry():
         opened(stored, other)
     with pytest.raises(EntryRejected) as refused:
         opened(payload, NAME)
-    assert str(refused.value) == f"not a CuPy entry (no TPCCUPY1 frame): cupy/{NAME}"
+    assert refused.value.args == (f"not a CuPy entry (no TPCCUPY1 frame): cupy/{NAME}",)
 
 
 @pytest.mark.parametrize("stored", [
