@@ -480,3 +480,49 @@ def test_a_name_of_another_form_is_cupy_s_own_directory_cache_unshared(cubin, tm
     assert DiskKernelCacheBackend(str(tmp_path / "a")).load(future) == cubin
     assert chain.flush(timeout=30) and chain.stats()["remote"].writes == 0
     assert len(_warnings(caplog)) == 1 and "stay in CuPy's own directory cache" in _warnings(caplog)[0]
+
+
+def test_a_pre_included_header_edit_is_a_miss(tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "my.h").write_text("#define VAL 1\n")
+    (inc / "pre.h").write_text("#define PRE 1\n")
+    _node(tmp_path / "a")
+    cupy = CupyLike(inc)
+    options = ("--pre-include=" + str(inc / "pre.h"),)
+    plain = 'extern "C" __global__ void k(int* x) { x[0] = PRE; }\n'
+    cupy.run(plain, options)
+    cupy.run(plain, options)
+    (inc / "pre.h").write_text("#define PRE 22\n")
+    cupy.run(plain, options)
+    assert cupy.compiles == 2
+
+
+def test_a_computed_include_through_a_d_macro_is_resolved_and_its_edit_is_a_miss(tmp_path, caplog):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "my.h").write_text("#define VAL 1\n")
+    (inc / "chosen.h").write_text("#define CHOSEN 1\n")
+    _node(tmp_path / "a")
+    cupy = CupyLike(inc)
+    computed = '#include CHOICE\nextern "C" __global__ void k(int* x) { x[0] = CHOSEN; }\n'
+    options = (b"not a str", "-I" + str(inc), '-DCHOICE="chosen.h"')  # a stray non-str option is passed over
+    with caplog.at_level(logging.WARNING):
+        cupy.run(computed, options)
+        cupy.run(computed, options)
+        (inc / "chosen.h").write_text("#define CHOSEN 333\n")
+        cupy.run(computed, options)
+    assert cupy.compiles == 2 and tpc.stats()["cupy-local"].skipped == 0 and _warnings(caplog) == []
+    assert len(os.listdir(tmp_path / "a")) == 2
+
+
+def test_a_declined_scan_says_why_once(tmp_path, caplog):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "my.h").write_text("#define VAL 1\n")
+    _node(tmp_path / "a")
+    computed = '#define H(x) <x>\n#include H(my.h)\nextern "C" __global__ void k() {}\n'
+    with caplog.at_level(logging.WARNING):
+        CupyLike(inc).run(computed, ("-I" + str(inc),))
+    (message,) = _warnings(caplog)
+    assert "compiled, not cached: a computed #include the scanner cannot resolve" in message
