@@ -235,14 +235,17 @@ def test_a_failing_shared_tier_is_a_miss_and_a_save_still_lands_locally(cubin, t
     assert backend.load(NAME) == cubin
 
 
+def _unwritable(directory: Path) -> None:
+    """CuPy's directory replaced by a file (a mode would not stop root, who runs CI here)."""
+    directory.rmdir()
+    directory.write_bytes(b"")
+
+
 def test_a_fetched_entry_that_cannot_be_written_locally_is_still_served(cubin, tmp_path):
     chain, _ = _seeded(cubin, tmp_path)
     b = _switch(tmp_path / "b")
-    (tmp_path / "b").chmod(0o500)
-    try:
-        assert b.load(NAME) == cubin
-    finally:
-        (tmp_path / "b").chmod(0o700)
+    _unwritable(tmp_path / "b")
+    assert b.load(NAME) == cubin
 
 
 # -- header keys ------------------------------------------------------------------------------------
@@ -526,3 +529,112 @@ def test_a_declined_scan_says_why_once(tmp_path, caplog):
         CupyLike(inc).run(computed, ("-I" + str(inc),))
     (message,) = _warnings(caplog)
     assert "compiled, not cached: a computed #include the scanner cannot resolve" in message
+
+
+# -- the backend's edges ----------------------------------------------------------------------------
+
+
+def _backend(directory: Path, chain: Any = None, **kwargs: Any) -> cupy_backend.TieredKernelCacheBackend:
+    from tiered_progcache.chain.stats import TierCounters
+
+    kwargs.setdefault("cupy_dirs", ())
+    kwargs.setdefault("save_source", False)
+    return cupy_backend.TieredKernelCacheBackend(directory, shared=lambda: chain, local=TierCounters(), **kwargs)
+
+
+def test_the_seconds_cupy_compiled_are_from_a_missed_load_to_its_save(cubin, tmp_path):
+    from support import FakeClock
+
+    clock = FakeClock()
+    backend = _backend(tmp_path / "a", clock=clock)
+
+    def compile_with_cache(name: str) -> None:
+        if backend.load(name) is None:
+            clock.advance(2.5)  # NVRTC
+            backend.save(name, cubin, "source")
+        clock.advance(100)  # after the compile: not counted
+
+    run = cupy_backend.compile_context(lambda source, options, name: compile_with_cache(name))
+    run("source", (), NAME)
+    assert backend.compile_seconds == 2.5
+    run("source", (), NAME)  # a hit: nothing compiled
+    assert backend.compile_seconds == 2.5
+    chain = _chain(tmp_path / "remote")
+    (tmp_path / "remote").rename(tmp_path / "gone")
+    failing = _backend(tmp_path / "b", chain, clock=clock)
+    backend = failing
+    run("source", (), OTHER)  # the shared tier failed: CuPy compiles, and that is timed too
+    assert failing.compile_seconds == 2.5
+
+
+def test_a_save_with_no_load_before_it_is_stored(cubin, tmp_path):
+    backend = _backend(tmp_path / "a")
+    cupy_backend.compile_context(lambda source, options: backend.save(NAME, cubin, source))("source", ())
+    assert backend.load(NAME) == cubin and backend.compile_seconds == 0.0
+
+
+def test_install_keeps_an_existing_cupy_directory_and_its_files(cubin, tmp_path):
+    DiskKernelCacheBackend(str(tmp_path / "a")).save(NAME, cubin, "source")
+    assert _node(tmp_path / "a").load(NAME) == cubin
+
+
+def test_an_unreadable_local_entry_is_a_miss_the_shared_tier_answers(cubin, tmp_path, caplog):
+    chain, _ = _seeded(cubin, tmp_path)
+    (tmp_path / "b" / NAME).mkdir(parents=True)  # not a file CuPy could have written
+    with caplog.at_level(logging.WARNING):
+        assert _switch(tmp_path / "b").load(NAME) == cubin
+    assert f"CuPy cache: local {NAME} unreadable (a miss): [Errno 21] Is a directory" in _warnings(caplog)[0]
+    assert chain.stats()["remote"].hits == 1
+
+
+def test_a_source_beside_an_unknown_name_is_cupy_s_own_doing(cubin, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_CACHE_SAVE_CUDA_SOURCE", "1")
+    future = "ab" * 32 + ".cubin"
+    _node(tmp_path / "a").save(future, cubin, "the source")
+    assert (tmp_path / "a" / (future + ".cu")).read_text() == "the source"
+
+
+def test_each_failure_is_one_warning_naming_the_entry_and_the_cause(cubin, tmp_path, caplog):
+    chain, remote = _seeded(cubin, tmp_path)
+    b = _switch(tmp_path / "b")
+    _unwritable(tmp_path / "b")
+    with caplog.at_level(logging.WARNING):
+        assert b.load(NAME) == cubin
+        b.save(OTHER, cubin, "source")
+    unreadable, fetched, written = _warnings(caplog)
+    assert unreadable.startswith(f"CuPy cache: local {NAME} unreadable (a miss): [Errno 20] Not a directory")
+    assert fetched.startswith(f"CuPy cache: {NAME} fetched but not written locally: [Errno 17] File exists")
+    assert written.startswith(f"CuPy cache: {OTHER} not written locally: [Errno 17] File exists")
+    caplog.clear()
+
+    def broken() -> None:
+        raise RuntimeError("the chain cannot be built")
+
+    c = cupy_backend.TieredKernelCacheBackend(tmp_path / "c", shared=broken, local=tpc._local, cupy_dirs=(),
+                                              save_source=False)  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        assert c.load(NAME) is None
+        c.save(NAME, cubin, "source")
+    assert _warnings(caplog) == [f"CuPy cache: {NAME} not fetched (a miss): the chain cannot be built",
+                                 f"CuPy cache: {NAME} not uploaded: the chain cannot be built"]  # fmt: skip
+    assert c.load(NAME) == cubin
+
+
+def test_a_compile_faster_than_min_upload_compile_s_stays_local_as_compile_s_would(cubin, tmp_path):
+    from support import FakeClock
+
+    chain = _chain(tmp_path / "remote", min_upload_compile_s=1.0)
+    clock = FakeClock()
+    backend = _backend(tmp_path / "a", chain, clock=clock)
+
+    def compile_with_cache(name: str, seconds: float) -> None:
+        assert backend.load(name) is None
+        clock.advance(seconds)
+        backend.save(name, cubin, "source")
+
+    run = cupy_backend.compile_context(lambda source, options, name, seconds: compile_with_cache(name, seconds))
+    run("source", (), NAME, 0.25)  # cheaper to compile again elsewhere than to upload
+    run("source", (), OTHER, 4.0)
+    assert chain.flush(timeout=30)
+    assert chain.stats()["remote"].writes == 1
+    assert _backend(tmp_path / "b", chain).load(OTHER) == cubin

@@ -10,7 +10,8 @@ the envelope's verified (and, where a key is set, signature-checked) payload, wh
 must name this entry; it is written into the local directory and returned. Anything the
 chain or the local write raises is a logged miss: CuPy compiles.
 ``save``: the local file as CuPy writes it, then the upload queued (background, one worker
-per tier; a full queue drops it, counted). A failing disk or tier never fails a compile.
+per tier; a full queue drops it, counted), with the seconds CuPy compiled for, so the
+``min_upload_compile_s`` admission applies as for ``compile()``. A failing disk or tier never fails a compile.
 
 Header keys: while :func:`compile_context` has set the compile's source and options (the
 wrapper around ``_compile_with_cache_cuda`` does), an entry is kept under
@@ -76,7 +77,8 @@ class TieredKernelCacheBackend(KernelCacheBackend):
     """CuPy's ``KernelCacheBackend`` on CuPy's directory and the shared tiers (see the module docstring).
 
     ``shared`` is called on first need for the chain (a ``TieredProgramCache`` or None);
-    ``local`` counts what the directory did; ``cupy_dirs`` are the ``-I`` directories CuPy adds itself.
+    ``local`` counts what the directory did; ``cupy_dirs`` are the ``-I`` directories CuPy adds itself;
+    ``save_source``: write ``<name>.cu`` beside (``CUPY_CACHE_SAVE_CUDA_SOURCE``); ``clock`` times CuPy's compiles.
     """
 
     def __init__(
@@ -85,8 +87,9 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         *,
         shared: Callable[[], Any],
         local: TierCounters,
-        cupy_dirs: Collection[str] = (),
-        save_source: bool = False,
+        cupy_dirs: Collection[str],
+        save_source: bool,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.cache_dir = os.fspath(cache_dir)
         os.makedirs(self.cache_dir, exist_ok=True)
@@ -94,6 +97,7 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         self._local = local
         self._cupy_dirs = tuple(cupy_dirs)
         self._save_source = save_source
+        self._clock = clock
         self._seconds_lock = threading.Lock()
         self._cupy_s_own = DiskKernelCacheBackend(self.cache_dir)  # for names of a form we do not know
         self._warned_unknown = False
@@ -158,12 +162,12 @@ class TieredKernelCacheBackend(KernelCacheBackend):
             chain = self._shared()
             stored = None if chain is None else chain.get(cache_key(keyed))
             if stored is None:
-                self._compiling_from(time.perf_counter())
+                self._compiling_from(self._clock())
                 return None
             payload = opened(bytes(stored), keyed)
         except Exception as exc:  # a refused entry, a failing tier: a miss, never a failed compile
             logger.warning("CuPy cache: %s not fetched (a miss): %s", keyed, exc)
-            self._compiling_from(time.perf_counter())
+            self._compiling_from(self._clock())
             return None
         try:
             write_local(self.cache_dir, keyed, payload)
@@ -185,9 +189,10 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         if keyed is None:
             return
         given = _compiling.get()
-        if given is not None and given.missed_at is not None:
+        took = None if given is None or given.missed_at is None else max(0.0, self._clock() - given.missed_at)
+        if took is not None:
             with self._seconds_lock:
-                self.compile_seconds += time.perf_counter() - given.missed_at
+                self.compile_seconds += took
         payload = bytes(cubin)
         try:
             write_local(self.cache_dir, keyed, payload, source if self._save_source else None)
@@ -197,6 +202,6 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         try:
             chain = self._shared()
             if chain is not None:
-                chain[cache_key(keyed)] = frame(keyed, payload)
+                chain.put(cache_key(keyed), frame(keyed, payload), compile_seconds=took)  # admission as compile()'s
         except Exception as exc:  # a name no entry can have, a closed chain: the file stays local
             logger.warning("CuPy cache: %s not uploaded: %s", keyed, exc)
