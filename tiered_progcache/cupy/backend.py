@@ -46,13 +46,14 @@ logger = logging.getLogger(__name__)
 class _Compile:
     """The source and options of the compile in progress in this context, and the name its load used."""
 
-    __slots__ = ("source", "options", "loaded_as", "missed_at")
+    __slots__ = ("source", "options", "loaded_as", "missed_at", "uncached")
 
     def __init__(self, source: str, options: tuple[str, ...]) -> None:
         self.source = source
         self.options = options
         self.loaded_as: KeyedName | None = None
         self.missed_at: float | None = None  # perf_counter() when load missed: CuPy compiles from then to save
+        self.uncached = False  # its load found it cannot be keyed: its save is skipped without a second word
 
 
 _compiling: contextvars.ContextVar[_Compile | None] = contextvars.ContextVar("tiered_progcache_cupy", default=None)
@@ -112,16 +113,20 @@ class TieredKernelCacheBackend(KernelCacheBackend):
         given = _compiling.get()
         if given is None:
             return KeyedName(name)
+        if given.uncached:
+            return None
         try:
             keyed = keyed_name(name, given.source, given.options, self._cupy_dirs)
         except Exception as exc:  # an unreadable include directory: not keyed, so not cached
             logger.warning("CuPy cache: headers of %s not scanned (compiled, not cached): %s", name, exc)
             self._local.add("skipped")
+            given.uncached = True
             return None
         if keyed.declined is not None:
             log_once(logger, f"declined:{name}", logging.WARNING,
                      "CuPy cache: %s compiled, not cached: %s", name, keyed.declined)  # fmt: skip
             self._local.add("skipped")
+            given.uncached = True
             return None
         if saving:
             if given.loaded_as is not None and given.loaded_as != keyed:
