@@ -382,6 +382,7 @@ def test_install_replaces_cupy_s_backend_and_uninstall_puts_it_back(tmp_path):
     assert tpc.install(tmp_path / "a") and tpc.install(tmp_path / "other")  # idempotent
     assert isinstance(compiler._kernel_cache_backend, cupy_backend.TieredKernelCacheBackend)
     assert compiler._kernel_cache_backend.cache_dir == str(tmp_path / "a")
+    assert repr(compiler._kernel_cache_backend) == f"TieredKernelCacheBackend({str(tmp_path / 'a')!r})"
     assert compiler._compile_with_cache_cuda.__wrapped__ is compile_before
     tpc.uninstall()
     assert compiler._kernel_cache_backend is before and compiler._compile_with_cache_cuda is compile_before
