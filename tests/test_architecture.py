@@ -152,6 +152,6 @@ def test_the_module_map_in_docs_architecture_matches_the_tree():
 def test_each_package_is_a_concern_with_its_own_docstring():
     package = Path(tiered_progcache.__file__).resolve().parent
     subpackages = sorted(p.parent.name for p in package.glob("*/__init__.py"))
-    assert subpackages == ["chain", "cluster", "compiling", "ops", "stores", "testing", "triton"]
+    assert subpackages == ["chain", "cluster", "compiling", "cupy", "ops", "stores", "testing", "triton"]
     for name in subpackages:
         assert ast.get_docstring(ast.parse((package / name / "__init__.py").read_text(encoding="utf-8"))), name

@@ -127,6 +127,8 @@ def _add_common_options(parser: argparse.ArgumentParser, *, shown: bool) -> None
     group.add_argument("--triton", action="store_true", default=argparse.SUPPRESS,
                        help="act on Triton's cache: TRITON_CACHE_DIR (or --dir; never TIERED_PROGCACHE_DIR) and the remote's "
                        "triton/ namespace")
+    group.add_argument("--cupy", action="store_true", default=argparse.SUPPRESS,
+                       help="act on CuPy's kernel cache: CUPY_CACHE_DIR (or --dir; never TIERED_PROGCACHE_DIR) and the remote's cupy/ namespace")
     out = parser.add_argument_group("output")
     out.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v: info, -vv: every lookup)")
 
@@ -282,29 +284,41 @@ def _local(args: argparse.Namespace) -> LocalDir:
     from ..stores.localdir import LocalDir, default_local_dir
 
     config = load_config(args)
-    if vars(args).get("triton"):
-        return _triton_dir(args, config)  # type: ignore[return-value]  # an EntryStore
+    if _namespace(args) != "entries":
+        return _own_dir(args, config)  # type: ignore[return-value]  # an EntryStore
     root = config.local_dir
     return LocalDir(root if root is not None else default_local_dir())
 
 
-def _triton_dir(args: argparse.Namespace, config: CacheConfig) -> EntryStore:
-    """``--triton``'s directory: ``--dir`` when given on the command line, else Triton's own (``TRITON_CACHE_DIR``).
+def _own_dir(args: argparse.Namespace, config: CacheConfig) -> EntryStore:
+    """``--triton``'s or ``--cupy``'s directory: ``--dir`` when given on the command line, else the tool's own
+    (``TRITON_CACHE_DIR``, ``CUPY_CACHE_DIR``).
 
     Never the program cache's directory (``TIERED_PROGCACHE_DIR``, which a CI job sets for the whole job, or its
-    default): listing, pruning or clearing that as Triton's would touch the program cache's files.
+    default): listing, pruning or clearing that as Triton's or CuPy's would touch the program cache's files.
     """
+    from ..cupy.cupydir import CupyDir, default_cupy_dir
     from ..stores.localdir import default_local_dir
     from ..triton.tritondir import TritonDir, default_triton_dir
 
+    cupy = _namespace(args) == "cupy"
+    flag, variable = ("--cupy", "CUPY_CACHE_DIR") if cupy else ("--triton", "TRITON_CACHE_DIR")
     given = vars(args).get("local_dir")
-    root = Path(given) if given is not None else default_triton_dir()
+    root = Path(given) if given is not None else (default_cupy_dir() if cupy else default_triton_dir())
     program_cache = config.local_dir if given is None and config.local_dir is not None else None
     for where, path in (("TIERED_PROGCACHE_DIR", program_cache), ("the program cache's default directory", default_local_dir())):
         if path is not None and os.path.realpath(path) == os.path.realpath(root):
-            raise UsageError(f"--triton would act on {root}, which is {where}, not Triton's cache: "
-                             "set TRITON_CACHE_DIR or pass --dir with Triton's directory")  # fmt: skip
-    return TritonDir(root)
+            raise UsageError(f"{flag} would act on {root}, which is {where}, not {'CuPy' if cupy else 'Triton'}'s "
+                             f"cache: set {variable} or pass --dir with its directory")  # fmt: skip
+    return CupyDir(root) if cupy else TritonDir(root)
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    """The entries a command acts on: ``triton`` (``--triton``), ``cupy`` (``--cupy``) or the program cache's."""
+    triton, cupy = bool(vars(args).get("triton")), bool(vars(args).get("cupy"))
+    if triton and cupy:
+        raise UsageError("--triton and --cupy name two caches: pick one")
+    return "triton" if triton else "cupy" if cupy else "entries"
 
 
 @contextlib.contextmanager
@@ -326,7 +340,7 @@ def _remote(args: argparse.Namespace, *, writing: bool = False) -> Iterator[Entr
         shown = ", ".join(masked(url) for url in urls)
         raise UsageError(f"{len(urls)} shared tiers are configured ({shown}): pick one with --remote URL")
     remote, _ = shared_tier(config, urls[0], signing_key=config.read_signing_key(), create_root=None if writing else False,
-                            namespace="triton" if vars(args).get("triton") else "entries")
+                            namespace=_namespace(args))
     if not isinstance(remote, EntryStore):  # pragma: no cover - every shared tier is an EntryStore
         raise UsageError(f"the remote {masked(urls[0])} is not an entry store")
     try:
@@ -365,6 +379,8 @@ def _shared_for_manifests(args: argparse.Namespace) -> Iterator[Callable[[], Ent
 def _counted(args: argparse.Namespace, entries: int, metadata: int, nbytes: int | None = None) -> str:
     """How many entries a command moved or lists: kernels apart from metadata, or Triton's files as files."""
     size = "" if nbytes is None else f", {format_size(nbytes)}"
+    if _namespace(args) == "cupy":
+        return f"{entries} CuPy kernels ({format_size(nbytes or 0)})" if nbytes is not None else f"{entries} CuPy kernels"
     if vars(args).get("triton"):
         return f"{entries} Triton files ({format_size(nbytes or 0)})" if nbytes is not None else f"{entries} Triton files"
     return f"{entries - metadata} kernels (+{metadata} metadata{size})"

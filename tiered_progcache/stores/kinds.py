@@ -101,6 +101,8 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
     """
     if store.namespace == TRITON:
         return {e.name: _triton_kind(store.file_of(e.name)) for e in listed}
+    if store.namespace == "cupy":  # CuPy's kernel cache holds kernels only: none is read to classify it
+        return {e.name: EntryKind(KERNEL) for e in listed}
     by_name = {e.name: e for e in listed}
     manifests = {manifest_name(name): name for name in by_name}
     out: dict[str, EntryKind] = {}

@@ -41,8 +41,8 @@ __all__ = [
 
 ENTRY_NAME_LENGTH = 64
 #: Where a shared store keeps entries: ``entries`` (the program cache's) or ``triton``
-#: (Triton's files, :mod:`tiered_progcache.triton`), side by side in one bucket or Redis.
-ENTRY_NAMESPACES = ("entries", "triton")
+#: (Triton's files, :mod:`tiered_progcache.triton`) or ``cupy`` (CuPy's, :mod:`tiered_progcache.cupy`), side by side.
+ENTRY_NAMESPACES = ("entries", "triton", "cupy")
 #: Age after which a file staged for an upload is debris of a writer that died (cuda-core's own threshold).
 STALE_STAGED_AGE_S = 3600.0
 _HEX = frozenset("0123456789abcdef")

@@ -1,0 +1,265 @@
+"""CuPy's kernel cache on the program cache's shared tiers: CuPy's own directory first, the cluster behind it.
+
+Install it once per process, before the first kernel compiles::
+
+    import tiered_progcache.cupy
+    tiered_progcache.cupy.install()
+
+CuPy (14.2; experimental and private there, so checked before use) lets one
+``KernelCacheBackend`` serve every compile. This one keeps CuPy's directory
+(``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``) exactly as CuPy writes it, and
+stands the shared tiers ``TIERED_PROGCACHE_*`` configure behind it
+(:meth:`~tiered_progcache.config.CacheConfig.build_shared`, namespace ``cupy``:
+``<url>/cupy/<2 hex>/<62 hex>``, Redis ``<prefix>:cupy:<name>``), so the envelope,
+signing, request door, deadline and breaker, background upload, fail-open and stats
+are the program cache's own. Kernels whose options carry the user's ``-I`` directories
+are kept under a second name that covers those headers
+(:mod:`tiered_progcache.cupy.headerkeys`): a header edit is a miss.
+
+CuPy names used (:mod:`tiered_progcache.cupy._cupyprivate`, pinned by a test):
+``cupy.cuda._compiler_cache.KernelCacheBackend``, ``cupy.cuda.compiler._set_kernel_cache_backend``,
+``cupy.cuda.compiler._kernel_cache_backend``, ``cupy.cuda.compiler._compile_with_cache_cuda``
+(wrapped, to see the options a load belongs to) and ``cupy._core.core.assemble_cupy_compiler_options``.
+Fail-open: without CuPy, or where the hook is missing or changed, :func:`install` changes
+nothing, logs one warning and returns False; CuPy runs with its own cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..chain.stats import CacheStats, TierCounters
+from .cupynames import FRAME_MAGIC, KEY_PREFIX, NAMESPACE, cache_key, describe, frame, header_name, name_of
+
+__all__ = [
+    "FRAME_MAGIC",
+    "KEY_PREFIX",
+    "NAMESPACE",
+    "cache_key",
+    "describe",
+    "frame",
+    "header_name",
+    "install",
+    "installed",
+    "name_of",
+    "report",
+    "shared_cache",
+    "stats",
+    "uninstall",
+    "use_shared_cache",
+]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.RLock()
+_chain: Any = None  # TieredProgramCache | None once built
+_chain_built = False
+_local = TierCounters()
+_previous: Any = None  # CuPy's backend before install
+_installed: Any = None  # ours, while installed
+_warned = False
+_reported: dict[str, Any] = {}  # what the last ledger report counted, so each adds only what is new
+_report_hooked = False
+
+
+def shared_cache() -> Any:
+    """The chain of shared tiers CuPy's entries go to (a ``TieredProgramCache``), or None if no remote is set.
+
+    Built once per process on first need from ``TIERED_PROGCACHE_*`` (a bad setting is
+    logged and the backend runs on CuPy's directory alone: a cache never fails a compile).
+    """
+    global _chain, _chain_built
+    if _chain_built:
+        return _chain
+    with _lock:
+        if not _chain_built:
+            from ..config import CacheConfig
+
+            try:
+                _chain = CacheConfig.from_env().build_shared(namespace=NAMESPACE)
+            except Exception as exc:
+                logger.warning("CuPy cache: shared tiers not built, running on CuPy's directory alone: %s", exc)
+                _chain = None
+            _chain_built = True
+    return _chain
+
+
+def use_shared_cache(cache: Any) -> None:
+    """Make ``cache`` (a ``TieredProgramCache`` of shared tiers, or None) the one CuPy's entries go to.
+
+    >>> use_shared_cache(CacheConfig.from_env(remote="s3://kernels/cupy").build_shared(namespace="cupy"))
+
+    For applications that build their chain in code, and for tests; the previous one is not closed.
+    """
+    from ..chain.tiered import require_chain
+
+    global _chain, _chain_built
+    require_chain(cache, none_ok=True)
+    with _lock:
+        _chain, _chain_built = cache, True
+
+
+def stats() -> CacheStats:
+    """CuPy's counters: ``cupy-local`` (CuPy's directory), then each shared tier's.
+
+    ``cupy-local``: ``hits``/``misses`` are loads the directory answered or not, ``writes``
+    the payloads CuPy saved (its compiles), ``skipped`` the compiles not cached because
+    their headers could not be keyed.
+    """
+    chain = shared_cache()
+    tiers = (("cupy-local", _local.snapshot()),)
+    return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
+
+
+def _counts() -> dict[str, Any]:
+    tiers = [("cupy-local", _local.snapshot())]
+    chain = _chain if _chain_built else None
+    if chain is not None:
+        tiers += list(chain.stats().items())
+    backend = _installed
+    return {
+        "tiers": {name: (t.hits, t.misses, t.errors) for name, t in tiers},
+        "misses": tiers[-1][1].misses,
+        "compiles": _local.writes,
+        "compile_seconds": backend.compile_seconds if backend is not None else 0.0,
+    }
+
+
+def report() -> None:
+    """Append what CuPy's cache did since the last report to ``<CuPy's directory>/stats.jsonl``.
+
+    The program cache's ledger (:mod:`tiered_progcache.chain.ledger`), so ``tiered-progcache
+    stats --cupy`` shows CuPy's hits per tier, misses and compiles. Run at exit and by
+    :func:`uninstall`; never raises.
+    """
+    from ..chain import ledger
+
+    with _lock:
+        backend = _installed
+        if backend is None or _reported.get("pid") != os.getpid():
+            return  # not installed, or a forked child (its parent reports its own)
+        now = _counts()
+        sent = _reported.get("counts") or {"tiers": {}, "misses": 0, "compiles": 0, "compile_seconds": 0.0}
+        _reported["counts"] = now
+    delta = {name: [a - b for a, b in zip(c, sent["tiers"].get(name, (0, 0, 0)))] for name, c in now["tiers"].items()}
+    local_hits, local_misses, _ = delta["cupy-local"]
+    compiles = now["compiles"] - sent["compiles"]
+    if not (local_hits + local_misses) and not compiles:
+        return
+    line = {
+        "pid": os.getpid(),
+        "time": round(time.time(), 3),
+        "lookups": local_hits + local_misses,
+        "hits": {name: d[0] for name, d in delta.items()},
+        "misses": now["misses"] - sent["misses"],
+        "errors": sum(d[2] for d in delta.values()),
+        "compiles": compiles,
+        "compile_seconds": round(now["compile_seconds"] - sent["compile_seconds"], 6),
+        "saved_seconds": 0.0,  # CuPy's entries carry no compile time
+    }
+    ledger.append_line(Path(backend.cache_dir) / ledger.LEDGER_FILE, json.dumps(line, separators=(",", ":")) + "\n")
+
+
+def _report_at_exit() -> None:
+    try:
+        report()
+    except Exception as exc:  # never fail an interpreter's exit
+        logger.debug("could not report CuPy cache stats: %r", exc)
+
+
+def _warn_once(message: str, *args: object) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning(message, *args)
+
+
+def install(cache_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Make CuPy's compiles use the tiered backend; True if installed (or already), False if CuPy runs untouched.
+
+    ``cache_dir``: CuPy's directory (default ``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``).
+    No remote is contacted here. Idempotent; thread-safe.
+    """
+    global _previous, _installed, _report_hooked
+    with _lock:
+        if _installed is not None:
+            return True
+        try:
+            from . import _cupyprivate as private
+        except Exception as exc:  # no CuPy, or one that moved the hook's module
+            _warn_once("CuPy cache: not installed (CuPy runs with its own cache): %s", exc)
+            return False
+        problem = private.check()
+        if problem is not None:
+            _warn_once("CuPy cache: not installed on CuPy %s (CuPy runs with its own cache): %s", private.version(), problem)
+            return False
+        from .backend import TieredKernelCacheBackend, compile_context
+        from .cupydir import default_cupy_dir
+
+        compile_problem = private.check_compile()
+        try:
+            cupy_dirs = private.cupy_include_dirs() if compile_problem is None else ()
+        except Exception as exc:
+            compile_problem = f"CuPy's own include directories unknown: {exc}"
+            cupy_dirs = ()
+        try:
+            backend = TieredKernelCacheBackend(
+                cache_dir if cache_dir is not None else default_cupy_dir(),
+                shared=shared_cache,
+                local=_local,
+                cupy_dirs=cupy_dirs,
+                save_source=bool(os.environ.get("CUPY_CACHE_SAVE_CUDA_SOURCE")),
+            )
+        except OSError as exc:
+            _warn_once("CuPy cache: not installed (CuPy runs with its own cache): %s", exc)
+            return False
+        _previous = private.current_backend()
+        private.set_backend(backend)
+        _installed = backend
+        _reported.clear()
+        _reported.update(pid=os.getpid(), counts=_counts())
+        if not _report_hooked:
+            atexit.register(_report_at_exit)
+            _report_hooked = True
+        if compile_problem is None:
+            private.wrap_compile(compile_context)
+        else:
+            _warn_once("CuPy cache: installed without header keys (-I headers are not keyed, as in CuPy): %s",
+                       compile_problem)  # fmt: skip
+        return True
+
+
+def installed() -> Any:
+    """The backend :func:`install` put in place, or None."""
+    return _installed
+
+
+def uninstall() -> None:
+    """Put back the backend CuPy had before :func:`install` and CuPy's own ``_compile_with_cache_cuda``."""
+    global _previous, _installed
+    with _lock:
+        if _installed is None:
+            return
+        from . import _cupyprivate as private
+
+        _report_at_exit()
+        private.unwrap_compile()
+        private.set_backend(_previous)
+        _previous = _installed = None
+
+
+def _reset_for_tests() -> None:
+    """Forget the process's chain (it is not closed), zero the local counters, re-arm the warning."""
+    global _chain, _chain_built, _local, _warned
+    with _lock:
+        _chain, _chain_built, _warned = None, False, False
+        _local = TierCounters()
+        if _installed is not None:
+            _installed._local = _local
