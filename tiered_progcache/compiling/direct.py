@@ -1,0 +1,551 @@
+"""Direct mode: a node finds a header-heavy compile's key in a shared manifest by hashing, never scanning.
+
+ccache's direct mode, shared through the tiers. A *direct manifest* is stored under a key
+made of everything that keys the compile except the header digest (:func:`direct_key`:
+cuda-core's key over the keyed options, with a direct-mode digest in place of the header
+digest). It holds up to :data:`MAX_SETS` *header sets*, newest first, each what one scan
+of that compile depended on and what it found: every path it probed (by the root it lies
+under and the path relative to it), with the content digest of each file found and the
+absence of each probe that found nothing; where each directory resolved to; how the roots
+lie relative to each other; and the header digest, the entry key and the files the key
+covers. A lookup fetches the manifest once, takes the newest set that holds on this node
+(stats, realpaths, and hashes of the files it names, through the stat-validated digest
+memo; no lexing) and keys the compile with its header digest: the very key a scan would
+give, so nodes in direct mode and nodes that scan share entries. Anything else (no
+manifest, no set that holds, a manifest that is corrupt, forged or over
+:data:`MAX_MANIFEST_BYTES`, a key that does not come out as recorded) scans as before.
+
+Why a set that holds gives the scan's key: the scan is a function of the source, the
+options (both in the direct key) and what its probes see; every probe is built by joining
+a root (include directory, source directory, working directory, or a real directory the
+scan recorded) with a spelling taken from the source or a header, so with the same root
+layout, the same contents and absences at the same relative places and the same
+realpaths, the scan on this node would probe the same places, read the same bytes and
+digest the same stream. Scans for which that argument does not hold record no set (an
+absolute ``#include`` spelled in a file, a ``..`` read textually across a symlink, a PCH
+file, a directory walk, a declined scan); a compile keyed by location (``portable_keys``
+off, debug information, a file under no root) records its roots' absolute paths, and its
+set holds only where they are the same.
+
+Bounds: :data:`MAX_SETS` sets and :data:`MAX_MANIFEST_BYTES` stored bytes (zlib-compressed
+JSON; a CUB BlockReduce set is about 30 KB), the oldest dropped first; a set that alone
+is over the byte bound is not recorded. Recording is read-modify-write through the chain
+(signed by the envelope where a key is set): writers racing lose a set at worst, which
+costs the next node one scan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+from cuda.core import ProgramOptions
+from cuda.core.utils import make_program_cache_key
+
+from . import keys
+from .headermemo import ScanResult, is_racy, signature
+from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate
+
+__all__ = [
+    "DIRECT_MAGIC",
+    "MAX_MANIFEST_BYTES",
+    "MAX_SETS",
+    "DirectCounts",
+    "DirectManifestError",
+    "compile_key",
+    "decode_direct",
+    "direct_counts",
+    "direct_key",
+    "encode_direct",
+    "record",
+]
+
+logger = logging.getLogger(__name__)
+
+#: How a stored direct manifest starts (then zlib-compressed JSON): ``stores.kinds`` tells it by this.
+DIRECT_MAGIC = b"tiered-progcache/direct/1\n"
+#: Header sets one manifest keeps, newest first.
+MAX_SETS = 8
+#: Stored bytes of one manifest, at most; a bigger one is ignored when read.
+MAX_MANIFEST_BYTES = 1 << 20
+#: Bytes a manifest may inflate to when read (past this it is refused).
+MAX_DECODED_BYTES = 16 << 20
+_FORMAT = "tiered-progcache/direct"
+_MARK = {flag: hashlib.sha256(b"tiered-progcache/direct/1 by-role=%d" % flag).digest() for flag in (0, 1)}
+_HEX = frozenset("0123456789abcdef")
+
+
+class DirectManifestError(ValueError):
+    """A stored direct manifest that is not exactly what :func:`encode_direct` writes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectCounts:
+    """This process's direct-mode lookups: ``hits`` (a set held), ``misses`` (scanned after asking),
+    ``recorded`` (manifests written with a new set), ``refused`` (manifests read that were bad)."""
+
+    hits: int
+    misses: int
+    recorded: int
+    refused: int
+
+
+_counts = {"hits": 0, "misses": 0, "recorded": 0, "refused": 0}
+_counts_lock = threading.Lock()
+
+
+def _count(name: str) -> None:
+    with _counts_lock:
+        _counts[name] += 1
+
+
+def direct_counts() -> DirectCounts:
+    """Direct-mode lookups so far in this process (tests and benchmarks prove a path with them)."""
+    return DirectCounts(**_counts)
+
+
+def direct_key(
+    source: str | bytes, code_type: str, options: ProgramOptions, target_type: str,
+    name_expressions: Sequence[str | bytes], extra_digest: bytes | None, by_role: bool,
+) -> bytes:
+    """The cache key a compile's direct manifest is stored under: its key with no header digest (pure)."""
+    key = make_program_cache_key(
+        code=source, code_type=code_type, options=keys.keyed_options(options, by_role), target_type=target_type,
+        name_expressions=name_expressions, extra_digest=keys.combine_digests(extra_digest, _MARK[by_role]),
+    )
+    return hashlib.sha256(b"tiered-progcache/direct#" + key, usedforsecurity=False).digest()
+
+
+# -- roots and where paths lie ------------------------------------------------------------------
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    if isinstance(value, Sequence):
+        return [os.fspath(v) for v in value]
+    return []
+
+
+def _spelled_roots(options: Any, cwd: str) -> tuple[str, ...]:
+    """The include directories, the source's directory (unless ``no_source_include``) and the working
+    directory, absolute as the scanner makes them (``headerscan.path_roles``) in working directory ``cwd``."""
+    roots = [os.path.normpath(os.path.join(cwd, d)) for d in _as_list(getattr(options, "include_path", None))]
+    if not getattr(options, "no_source_include", False):
+        name = getattr(options, "name", None)
+        if isinstance(name, str) and ("/" in name or "\\" in name):
+            roots.append(os.path.normpath(os.path.join(cwd, os.path.dirname(name))))
+        else:
+            roots.append(cwd)
+    roots.append(cwd)
+    return tuple(roots)
+
+
+def _under(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` if it lies under it textually ('' for the root itself), else None."""
+    if path == root:
+        return ""
+    prefix = root if root.endswith("/") else root + "/"
+    return path[len(prefix):] if path.startswith(prefix) else None
+
+
+def _layout(roots: Sequence[str]) -> list[list[Any]]:
+    """How the roots lie in each other: ``[i, j, rel]`` for each root ``i`` under root ``j``."""
+    out = []
+    for i, a in enumerate(roots):
+        for j, b in enumerate(roots):
+            rel = None if i == j else _under(a, b)
+            if rel is not None:
+                out.append([i, j, rel])
+    return out
+
+
+def _canon(path: str, roots: Sequence[str]) -> tuple[int, str]:
+    """``(root index, relative path)`` by the first root ``path`` lies under; ``(-1, path)`` under none."""
+    for i, root in enumerate(roots):
+        rel = _under(path, root)
+        if rel is not None:
+            return i, rel
+    return -1, path
+
+
+#: Row indices that name a path by how the scanner made it, not by a root: the normpath of a ``..``
+#: candidate (its candidate ``"index\0rel"`` as rel), the dirname of one, and a realpath under no root that
+#: is the directory's normpath.
+_TEXTUAL, _TEXTUAL_DIR, _ITSELF = -3, -4, -5
+
+
+def _canon_made(path: str, roots: Sequence[str], textual: dict[str, str], textual_dirs: dict[str, str]
+                ) -> tuple[int, str]:
+    """:func:`_canon`, but a path under no root that is the normpath of a ``..`` candidate (or its
+    directory) is named by that candidate, as the scanner made it."""
+    index, rel = _canon(path, roots)
+    if index >= 0:
+        return index, rel
+    for kind, made in ((_TEXTUAL, textual), (_TEXTUAL_DIR, textual_dirs)):
+        if path in made:
+            i, r = _canon(made[path], roots)
+            if i >= 0:
+                return kind, f"{i}\0{r}"
+    return index, rel
+
+
+def _place_made(index: int, rel: str, roots: Sequence[str]) -> str | None:
+    """The path :func:`_canon_made` named, on this node; None where it would lie under a root here."""
+    if index not in (_TEXTUAL, _TEXTUAL_DIR):
+        return _place(index, rel, roots)
+    i, _, r = rel.partition("\0")
+    if not i.isdigit() or int(i) >= len(roots):
+        return None
+    path = os.path.normpath(_place(int(i), r, roots))
+    if index == _TEXTUAL_DIR:
+        path = os.path.dirname(path)
+    return None if _canon(path, roots)[0] >= 0 else path
+
+
+def _place(index: int, rel: str, roots: Sequence[str]) -> str:
+    """The path :func:`_canon` named ``(index, rel)``, on this node."""
+    if index < 0:
+        return rel
+    root = roots[index]
+    if not rel:
+        return root
+    return root + rel if root.endswith("/") else root + "/" + rel
+
+
+# -- the stored form ----------------------------------------------------------------------------
+
+
+def encode_direct(sets: Sequence[dict[str, Any]]) -> bytes:
+    """The stored form of ``sets`` (newest first), less the oldest past :data:`MAX_SETS` or
+    :data:`MAX_MANIFEST_BYTES`; raises :class:`DirectManifestError` if not even the newest fits."""
+    kept = list(sets[:MAX_SETS])
+    while kept:
+        body = json.dumps({"format": _FORMAT, "sets": kept}, separators=(",", ":"), allow_nan=False).encode()
+        payload = DIRECT_MAGIC + zlib.compress(body, 6)
+        if len(payload) <= MAX_MANIFEST_BYTES and len(body) <= MAX_DECODED_BYTES:
+            return payload
+        kept.pop()
+    raise DirectManifestError(f"a header set alone is over {MAX_MANIFEST_BYTES} bytes")
+
+
+def decode_direct(payload: bytes | memoryview) -> list[dict[str, Any]]:
+    """The header sets of a stored direct manifest, newest first; :class:`DirectManifestError` unless exact."""
+    data = bytes(payload)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise DirectManifestError(f"over {MAX_MANIFEST_BYTES} bytes")
+    if not data.startswith(DIRECT_MAGIC):
+        raise DirectManifestError("not a direct manifest")
+    inflater = zlib.decompressobj()
+    try:
+        body = inflater.decompress(data[len(DIRECT_MAGIC):], MAX_DECODED_BYTES)
+    except zlib.error as exc:
+        raise DirectManifestError(f"not zlib: {exc}") from exc
+    if inflater.unconsumed_tail or not inflater.eof or inflater.unused_data:
+        raise DirectManifestError(f"inflates past {MAX_DECODED_BYTES} bytes, or is cut short or padded")
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise DirectManifestError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != _FORMAT or set(doc) != {"format", "sets"}:
+        raise DirectManifestError("not a direct manifest document")
+    sets = doc["sets"]
+    if not isinstance(sets, list) or len(sets) > MAX_SETS:
+        raise DirectManifestError(f"sets must be a list of at most {MAX_SETS}")
+    for one in sets:
+        _check_set(one)
+    return sets
+
+
+_SET_FIELDS = {"n", "layout", "at", "files", "absent", "real", "digest", "key", "missing", "path_free"}
+
+
+def _is_hex(value: object, length: int | None = 64) -> bool:
+    return isinstance(value, str) and (length is None or len(value) == length) and bool(value) and _HEX.issuperset(value)
+
+
+def _rows(value: object, shape: str, n: int) -> bool:
+    """Every row a list of the shape's types: ``i`` a root index (or -1), ``T`` one or a made path
+    (``_TEXTUAL``...), ``R`` one of those or ``_ITSELF``, ``s`` a str, ``h`` a sha256 hex."""
+    if not isinstance(value, list):
+        return False
+    for row in value:
+        if not isinstance(row, list) or len(row) != len(shape):
+            return False
+        for item, kind in zip(row, shape):
+            low = {"i": -1, "T": _TEXTUAL_DIR, "R": _ITSELF}.get(kind)
+            if low is not None and not (type(item) is int and low <= item < n):
+                return False
+            if kind == "s" and not isinstance(item, str):
+                return False
+            if kind == "h" and not _is_hex(item):
+                return False
+    return True
+
+
+def _check_set(one: object) -> None:
+    if not isinstance(one, dict) or set(one) != _SET_FIELDS:
+        raise DirectManifestError("a header set has other fields than a direct manifest's")
+    n = one["n"]
+    ok = (
+        type(n) is int and 0 < n <= 4096
+        and _rows(one["layout"], "iis", n)
+        and (one["at"] is None or (isinstance(one["at"], list) and len(one["at"]) == n
+                                   and all(isinstance(p, str) for p in one["at"])))
+        and _rows(one["files"], "ish", n) and _rows(one["absent"], "Ts", n) and _rows(one["real"], "TsRs", n)
+        and _is_hex(one["digest"]) and _is_hex(one["key"], None)
+        and isinstance(one["missing"], list) and all(isinstance(m, str) for m in one["missing"])
+        and type(one["path_free"]) is bool
+    )
+    if not ok:
+        raise DirectManifestError("a header set holds a value of the wrong type or range")
+
+
+# -- recording a set ------------------------------------------------------------------------------
+
+
+def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None:
+    """The header set a scan-made key records, or None where the scan does not allow one (module docstring)."""
+    basis = compiled.basis
+    if basis is None or compiled.declined is not None or compiled.header_digest is None:
+        return None
+    result = basis.result
+    if not result.read_anything or result.declined is not None or not result.relocatable:
+        return None
+    real = dict(result.real_checks)
+    spelled = _spelled_roots(options, basis.cwd)
+    roots = spelled + tuple(real.get(r) or os.path.realpath(r) for r in spelled)
+    files, absent, found = [], [], []
+    textual = dict(result.textual)
+    textual_dirs = {os.path.dirname(t): p for t, p in reversed(result.textual)}
+    for path, sig in result.checks:
+        if sig is None:
+            absent.append(list(_canon_made(path, roots, textual, textual_dirs)))
+        elif sig[0] == "f":
+            found.append(path)
+        else:
+            return None  # a directory (a walk), something else, an error: not recorded
+    digests = {(role, path): digest for role, path, digest in result.headers}
+    places = _covered(found, real, roots, options)
+    if places is None or len(set(places)) != len(digests) or not digests.keys() >= set(places):
+        return None  # what the scan covers is not exactly what its probes found: not recorded
+    for path, place in zip(found, places):
+        files.append([*_canon(path, roots), digests[place]])
+    real_rows = []
+    for d, r in result.real_checks:
+        real_row = _canon(r, roots)
+        if real_row[0] < 0 and r == os.path.normpath(d):
+            real_row = (_ITSELF, "")  # under no root, but where ``..`` as text leads (no symbolic link)
+        row = [*_canon_made(d, roots, textual, textual_dirs), *real_row]
+        if row[0] == _TEXTUAL or (row[0] == -1) != (row[2] == -1):
+            return None  # a directory under no root that the scanner made otherwise: not recorded
+        real_rows.append(row)
+    bound = not (basis.by_role and result.path_free)
+    return {
+        "n": len(roots),
+        "layout": _layout(roots),
+        "at": list(roots) if bound else None,
+        "files": files,
+        "absent": absent,
+        "real": real_rows,
+        "digest": compiled.header_digest.hex(),
+        "key": compiled.key.hex(),
+        "missing": list(result.missing),
+        "path_free": bool(result.path_free),
+    }
+
+
+def _covered(found: Sequence[str], real: dict[str, str], roots: Sequence[str], options: Any
+             ) -> list[tuple[str, str]] | None:
+    """How the scan names each file found (``(role, path)``, as ``HeaderFile``): by the role of the
+    real directory it lies in (``headerscan.locate``); None where a directory's realpath is not known."""
+    n_includes = len(_as_list(getattr(options, "include_path", None)))
+    reals = roots[len(roots) // 2:]
+    real_source = None if getattr(options, "no_source_include", False) else reals[n_includes]
+    out = []
+    for path in found:
+        directory = real.get(os.path.dirname(path) or ".")
+        if directory is None:
+            return None
+        role, rel = locate(directory, reals[:n_includes], real_source, reals[-1])
+        name = os.path.basename(path)
+        out.append((role, os.path.join(directory, name) if role == "abs" else (f"{rel}/{name}" if rel else name)))
+    return out
+
+
+def record(
+    cache: Any, compiled: keys.CompileKey, source: str | bytes, code_type: str, options: ProgramOptions,
+    target_type: str, names: Sequence[str | bytes], extra_digest: bytes | None, seconds: float | None = None,
+    sets: list[dict[str, Any]] | None = None,
+) -> bool:
+    """Add the header set of ``compiled`` to its direct manifest in ``cache`` (a chain); whether it was stored.
+
+    ``sets``: the manifest's sets as just read (else it is read here). ``seconds``: the compile
+    time, for the chain's upload admission. Never raises: a failure costs only the record.
+    """
+    try:
+        basis = compiled.basis
+        new = header_set(compiled, options)
+        if basis is None or new is None:
+            return False
+        storage = direct_key(source, code_type, options, target_type, names, extra_digest, basis.by_role)
+        if sets is None:
+            sets = _read(cache, storage) or []
+        if new in sets:
+            return False
+        cache.put(storage, encode_direct([new, *(s for s in sets if s != new)]), compile_seconds=seconds)
+    except Exception as exc:  # a bug or a failing tier costs the record, never the compile
+        logger.warning("could not record the direct manifest of entry %s: %r", compiled.key[:8].hex(), exc)
+        return False
+    _count("recorded")
+    return True
+
+
+def _read(cache: Any, storage: bytes) -> list[dict[str, Any]] | None:
+    """The sets stored under ``storage``; None where there is no manifest, [] where it is bad (counted)."""
+    payload = cache.get(storage)
+    if payload is None:
+        return None
+    try:
+        return decode_direct(payload)
+    except DirectManifestError as exc:
+        _count("refused")
+        logger.info("ignoring the direct manifest %s: %s", storage[:8].hex(), exc)
+        return []
+
+
+# -- looking one up ------------------------------------------------------------------------------
+
+
+def compile_key(
+    cache: Any,
+    source: str | bytes,
+    code_type: str,
+    options: ProgramOptions,
+    target_type: str,
+    name_expressions: Sequence[str | bytes] = (),
+    extra_digest: bytes | None = None,
+    *,
+    portable: bool = True,
+    recheck_s: float = 0.0,
+    memo_dir: str | os.PathLike[str] | None = None,
+) -> keys.CompileKey:
+    """:func:`.keys.compile_key`, asking ``cache``'s direct manifest before scanning.
+
+    A header-scan memo of this process or of ``memo_dir`` answers first, as before; where
+    none does, the direct manifest is read once and its newest set that holds here gives
+    the key (the scan's, byte for byte). Otherwise the scan runs, and its set is recorded.
+    """
+    found = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
+                             portable=portable, recheck_s=recheck_s, memo_dir=memo_dir, memo_only=True)
+    if found is not None:
+        return found
+    by_role = keys.keyed_by_role(options, code_type, portable)
+    cwd = os.getcwd()
+    sets = storage = None
+    try:
+        storage = direct_key(source, code_type, options, target_type, name_expressions, extra_digest, by_role)
+        sets = _read(cache, storage)
+        hit = _match(sets or (), source, code_type, options, target_type, name_expressions, extra_digest,
+                     by_role, cwd)
+    except Exception as exc:  # unsure means scan
+        logger.debug("direct lookup failed: %r", exc)
+        hit = None
+    if hit is not None:
+        _count("hits")
+        return hit
+    _count("misses")
+    compiled = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
+                                portable=portable, recheck_s=recheck_s, memo_dir=memo_dir)
+    assert compiled is not None
+    if storage is not None and compiled.basis is not None:
+        record(cache, compiled, source, code_type, options, target_type, name_expressions, extra_digest,
+               sets=sets if sets is not None else [])
+    return compiled
+
+
+def _match(
+    sets: Sequence[dict[str, Any]], source: str | bytes, code_type: str, options: ProgramOptions, target_type: str,
+    name_expressions: Sequence[str | bytes], extra_digest: bytes | None, by_role: bool, cwd: str,
+) -> keys.CompileKey | None:
+    """The key of the newest set that holds on this node, or None."""
+    if not sets:
+        return None
+    spelled = _spelled_roots(options, cwd)
+    roots = spelled + tuple(os.path.realpath(r) for r in spelled)
+    layout = _layout(roots)
+    for one in sets:
+        if one["n"] != len(roots) or one["layout"] != layout:
+            continue
+        if one["at"] is not None and tuple(one["at"]) != roots:
+            continue
+        result = _holds(one, roots, options)
+        if result is None:
+            continue
+        headers = tuple(itertools.starmap(HeaderFile, result.headers))
+        scan = HeaderScan(result.digest, headers, result.missing, result.path_free and by_role, None, result)
+        compiled = keys.key_for(source, code_type, options, target_type, name_expressions, extra_digest, scan,
+                                by_role, cwd)
+        if compiled.key.hex() != one["key"]:
+            logger.info("a direct manifest's set keys as %s, recorded as %s: scanning", compiled.key[:8].hex(),
+                        one["key"][:16])
+            continue
+        if not any(is_racy(sig) for _, sig in result.checks):
+            adopt_scan(source, options, by_role, result)  # the next call is a warm memo's, as after a scan
+        return compiled
+    return None
+
+
+def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResult | None:
+    """The scan result a set stands for on this node if everything it names is as recorded, else None."""
+    checks: list[tuple[str, Any]] = []
+    for index, rel in one["absent"]:
+        path = _place_made(index, rel, roots)
+        if path is None or (index == -1 and _canon(path, roots)[0] >= 0):
+            return None
+        if signature(path) is not None:
+            return None
+        checks.append((path, None))
+    real_checks = []
+    for index, rel, real_index, real_rel in one["real"]:
+        directory = _place_made(index, rel, roots)
+        if directory is None or (index == -1 and _canon(directory, roots)[0] >= 0):
+            return None
+        real = os.path.normpath(directory) if real_index == _ITSELF else _place(real_index, real_rel, roots)
+        if real_index in (-1, _ITSELF) and _canon(real, roots)[0] >= 0:
+            return None
+        if os.path.realpath(directory) != real:
+            return None
+        real_checks.append((directory, real))
+    paths, covered = [], {}
+    for index, rel, digest in one["files"]:
+        path = _place(index, rel, roots)
+        if index < 0 and _canon(path, roots)[0] >= 0:
+            return None
+        sig = signature(path)
+        if sig is None or sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
+            return None
+        found = file_digest(path, sig)
+        if found is None or found.hex() != digest:
+            return None
+        checks.append((path, sig))
+        paths.append((path, digest))
+    places = _covered([p for p, _ in paths], dict(real_checks), roots, options)
+    if places is None:
+        return None
+    for place, (_, digest) in zip(places, paths):
+        covered[place] = digest
+    headers = tuple(sorted((role, path, digest) for (role, path), digest in covered.items()))
+    return ScanResult(bytes.fromhex(one["digest"]), True, tuple(checks), tuple(real_checks), time.monotonic(),
+                      headers, tuple(one["missing"]), one["path_free"], None, True)
