@@ -66,6 +66,8 @@ __all__ = [
     "direct_counts",
     "direct_key",
     "encode_direct",
+    "header_set",
+    "match",
     "record",
 ]
 
@@ -184,6 +186,32 @@ def _canon(path: str, roots: Sequence[str]) -> tuple[int, str]:
 #: candidate (its candidate ``"index\0rel"`` as rel), the dirname of one, and a realpath under no root that
 #: is the directory's normpath.
 _TEXTUAL, _TEXTUAL_DIR, _ITSELF = -3, -4, -5
+#: A realpath under no root named by the roots it is an ancestor of, and how far up: ``"k:depth,..."``.
+_ANCESTOR = -6
+
+
+def _ancestry(path: str, roots: Sequence[str]) -> str:
+    """``"k:depth,..."`` for every root ``k`` that ``path`` is a proper ancestor of ('' for none)."""
+    out = []
+    for k, root in enumerate(roots):
+        rel = _under(root, path)
+        if rel:
+            out.append(f"{k}:{rel.count('/') + 1}")
+    return ",".join(out)
+
+
+def _place_ancestor(rel: str, roots: Sequence[str]) -> str | None:
+    """The directory :func:`_ancestry` named, on this node, if it is an ancestor of exactly those roots."""
+    first = rel.partition(",")[0]
+    k, _, depth = first.partition(":")
+    if not (k.isdigit() and depth.isdigit() and int(k) < len(roots) and 0 < int(depth) < 4096):
+        return None
+    path = roots[int(k)]
+    for _ in range(int(depth)):
+        path = os.path.dirname(path)
+    if _ancestry(path, roots) != rel or _canon(path, roots)[0] >= 0:
+        return None
+    return path
 
 
 def _canon_made(path: str, roots: Sequence[str], textual: dict[str, str], textual_dirs: dict[str, str]
@@ -277,14 +305,14 @@ def _is_hex(value: object, length: int | None = 64) -> bool:
 
 def _rows(value: object, shape: str, n: int) -> bool:
     """Every row a list of the shape's types: ``i`` a root index (or -1), ``T`` one or a made path
-    (``_TEXTUAL``...), ``R`` one of those or ``_ITSELF``, ``s`` a str, ``h`` a sha256 hex."""
+    (``_TEXTUAL``...), ``R`` one of those, ``_ITSELF`` or ``_ANCESTOR``, ``s`` a str, ``h`` a sha256 hex."""
     if not isinstance(value, list):
         return False
     for row in value:
         if not isinstance(row, list) or len(row) != len(shape):
             return False
         for item, kind in zip(row, shape):
-            low = {"i": -1, "T": _TEXTUAL_DIR, "R": _ITSELF}.get(kind)
+            low = {"i": -1, "T": _TEXTUAL_DIR, "R": _ANCESTOR}.get(kind)
             if low is not None and not (type(item) is int and low <= item < n):
                 return False
             if kind == "s" and not isinstance(item, str):
@@ -347,6 +375,8 @@ def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None
         real_row = _canon(r, roots)
         if real_row[0] < 0 and r == os.path.normpath(d):
             real_row = (_ITSELF, "")  # under no root, but where ``..`` as text leads (no symbolic link)
+        elif real_row[0] < 0 and _ancestry(r, roots):
+            real_row = (_ANCESTOR, _ancestry(r, roots))  # under no root, above some
         row = [*_canon_made(d, roots, textual, textual_dirs), *real_row]
         if row[0] == _TEXTUAL or (row[0] == -1) != (row[2] == -1):
             return None  # a directory under no root that the scanner made otherwise: not recorded
@@ -457,7 +487,7 @@ def compile_key(
     try:
         storage = direct_key(source, code_type, options, target_type, name_expressions, extra_digest, by_role)
         sets = _read(cache, storage)
-        hit = _match(sets or (), source, code_type, options, target_type, name_expressions, extra_digest,
+        hit = match(sets or (), source, code_type, options, target_type, name_expressions, extra_digest,
                      by_role, cwd)
     except Exception as exc:  # unsure means scan
         logger.debug("direct lookup failed: %r", exc)
@@ -475,11 +505,13 @@ def compile_key(
     return compiled
 
 
-def _match(
+def match(
     sets: Sequence[dict[str, Any]], source: str | bytes, code_type: str, options: ProgramOptions, target_type: str,
     name_expressions: Sequence[str | bytes], extra_digest: bytes | None, by_role: bool, cwd: str,
+    *, adopt: bool = True,
 ) -> keys.CompileKey | None:
-    """The key of the newest set that holds on this node, or None."""
+    """The key of the newest set of ``sets`` that holds on this node, or None. ``adopt``: memoize
+    the verified set in this process as a scan would be."""
     if not sets:
         return None
     spelled = _spelled_roots(options, cwd)
@@ -501,7 +533,7 @@ def _match(
             logger.info("a direct manifest's set keys as %s, recorded as %s: scanning", compiled.key[:8].hex(),
                         one["key"][:16])
             continue
-        if not any(is_racy(sig) for _, sig in result.checks):
+        if adopt and not any(is_racy(sig) for _, sig in result.checks):
             adopt_scan(source, options, by_role, result)  # the next call is a warm memo's, as after a scan
         return compiled
     return None
@@ -522,8 +554,11 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         directory = _place_made(index, rel, roots)
         if directory is None or (index == -1 and _canon(directory, roots)[0] >= 0):
             return None
-        real = os.path.normpath(directory) if real_index == _ITSELF else _place(real_index, real_rel, roots)
-        if real_index in (-1, _ITSELF) and _canon(real, roots)[0] >= 0:
+        if real_index == _ANCESTOR:
+            real = _place_ancestor(real_rel, roots)
+        else:
+            real = os.path.normpath(directory) if real_index == _ITSELF else _place(real_index, real_rel, roots)
+        if real is None or (real_index in (-1, _ITSELF) and _canon(real, roots)[0] >= 0):
             return None
         if os.path.realpath(directory) != real:
             return None
