@@ -105,7 +105,7 @@ def test_a_fresh_node_keys_from_the_set_as_the_scan_would_scanning_nothing_and_h
     assert headerscan.scans_run() - scans == 0
     assert headermemo.files_hashed() - hashed == len(sets[0]["files"])  # each listed file once, no other
     listed = {os.path.realpath(os.path.join(str(b / "include") if i == 0 else str(b / "extra"), rel))
-              for i, rel, _ in sets[0]["files"]}
+              for i, rel, _, _ in sets[0]["files"]}
     assert listed == {str(b / rel) for rel in TREE}  # exactly the files the compile can read
     # The verified set is this process's memo now: the next call neither asks nor scans.
     asked = direct.direct_counts()
@@ -239,7 +239,7 @@ def _bad_payloads(good: bytes) -> dict[str, bytes]:
                                                                 "sets": doc_sets}).encode())
 
     other = dict(sets[0], digest="ab" * 32)  # a forged header digest: keys otherwise than recorded
-    wrong_file = dict(sets[0], files=[[i, rel, "cd" * 32] for i, rel, _ in sets[0]["files"]])
+    wrong_file = dict(sets[0], files=[[i, rel, "cd" * 32, m] for i, rel, _, m in sets[0]["files"]])
     return {
         "cut short": good[:-7],
         "not the magic": b"{" + good[1:],
@@ -248,7 +248,7 @@ def _bad_payloads(good: bytes) -> dict[str, bytes]:
         "padded": good + b"junk",
         "not JSON": direct.DIRECT_MAGIC + zlib.compress(body[:-1]),
         "an extra field": made([dict(sets[0], extra=1)]),
-        "a root index out of range": made([dict(sets[0], files=[[99, "x", "ab" * 32]])]),
+        "a root index out of range": made([dict(sets[0], files=[[99, "x", "ab" * 32, 1]])]),
         "too many sets": made(sets * (direct.MAX_SETS + 1)),
         "a forged header digest": made([other]),
         "files that are not these": made([wrong_file]),
@@ -347,3 +347,18 @@ def test_a_fresh_node_hits_through_compile_with_no_scan_and_after_warm_asks_the_
 def _direct_payload(url: str, opts: ProgramOptions) -> bytes:
     with TieredProgramCache(Path(url[len("file://"):]).parent / "peek", remote=url) as peek:
         return peek.get(direct.direct_key(SRC, "c++", opts, "cubin", (), None, True))
+
+
+def test_headers_under_one_hosts_working_directory_and_not_the_others_still_share(tmp_path, monkeypatch):
+    """A CI runner's venv inside its checkout (the working directory), a node's under /opt: one set holds."""
+    chain = as_chain(InMemoryProgramCache())
+    checkout = tmp_path / "runner" / "work" / "proj"
+    a = _tree(checkout / ".venv" / "cccl")
+    monkeypatch.chdir(checkout)
+    recorded, _ = _direct(chain, a)
+    b = tmp_path / "opt" / "cccl"
+    shutil.copytree(a, b)
+    (tmp_path / "app").mkdir()
+    monkeypatch.chdir(tmp_path / "app")
+    got, hit = _direct(chain, b)
+    assert (hit, got.key) == (1, recorded.key) and got.key == _scan_key(b).key

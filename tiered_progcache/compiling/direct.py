@@ -162,17 +162,6 @@ def _under(path: str, root: str) -> str | None:
     return path[len(prefix):] if path.startswith(prefix) else None
 
 
-def _layout(roots: Sequence[str]) -> list[list[Any]]:
-    """How the roots lie in each other: ``[i, j, rel]`` for each root ``i`` under root ``j``."""
-    out = []
-    for i, a in enumerate(roots):
-        for j, b in enumerate(roots):
-            rel = None if i == j else _under(a, b)
-            if rel is not None:
-                out.append([i, j, rel])
-    return out
-
-
 def _canon(path: str, roots: Sequence[str]) -> tuple[int, str]:
     """``(root index, relative path)`` by the first root ``path`` lies under; ``(-1, path)`` under none."""
     for i, root in enumerate(roots):
@@ -190,17 +179,29 @@ _TEXTUAL, _TEXTUAL_DIR, _ITSELF = -3, -4, -5
 _ANCESTOR = -6
 
 
-def _ancestry(path: str, roots: Sequence[str]) -> str:
-    """``"k:depth,..."`` for every root ``k`` that ``path`` is a proper ancestor of ('' for none)."""
+def _include_roots(roots: Sequence[str], options: Any) -> list[int]:
+    """The indices of the include directories among ``roots``, as spelled and as resolved."""
+    n = len(_as_list(getattr(options, "include_path", None)))
+    half = len(roots) // 2
+    return [*range(n), *range(half, half + n)]
+
+
+def _mask(path: str, roots: Sequence[str]) -> int:
+    """Which roots ``path`` lies under (textually, itself included): one bit per root."""
+    return sum(1 << i for i, root in enumerate(roots) if _under(path, root) is not None)
+
+
+def _ancestry(path: str, roots: Sequence[str], eligible: Sequence[int]) -> str:
+    """``"k:depth,..."`` for every include root ``k`` that ``path`` is a proper ancestor of ('' for none)."""
     out = []
-    for k, root in enumerate(roots):
-        rel = _under(root, path)
+    for k in eligible:
+        rel = _under(roots[k], path)
         if rel:
             out.append(f"{k}:{rel.count('/') + 1}")
     return ",".join(out)
 
 
-def _place_ancestor(rel: str, roots: Sequence[str]) -> str | None:
+def _place_ancestor(rel: str, roots: Sequence[str], eligible: Sequence[int]) -> str | None:
     """The directory :func:`_ancestry` named, on this node, if it is an ancestor of exactly those roots."""
     first = rel.partition(",")[0]
     k, _, depth = first.partition(":")
@@ -209,7 +210,7 @@ def _place_ancestor(rel: str, roots: Sequence[str]) -> str | None:
     path = roots[int(k)]
     for _ in range(int(depth)):
         path = os.path.dirname(path)
-    if _ancestry(path, roots) != rel or _canon(path, roots)[0] >= 0:
+    if _ancestry(path, roots, eligible) != rel or _canon(path, roots)[0] >= 0:
         return None
     return path
 
@@ -296,7 +297,7 @@ def decode_direct(payload: bytes | memoryview) -> list[dict[str, Any]]:
     return sets
 
 
-_SET_FIELDS = {"n", "layout", "at", "files", "absent", "real", "digest", "key", "missing", "path_free"}
+_SET_FIELDS = {"n", "at", "files", "absent", "real", "digest", "key", "missing", "path_free"}
 
 
 def _is_hex(value: object, length: int | None = 64) -> bool:
@@ -305,7 +306,8 @@ def _is_hex(value: object, length: int | None = 64) -> bool:
 
 def _rows(value: object, shape: str, n: int) -> bool:
     """Every row a list of the shape's types: ``i`` a root index (or -1), ``T`` one or a made path
-    (``_TEXTUAL``...), ``R`` one of those, ``_ITSELF`` or ``_ANCESTOR``, ``s`` a str, ``h`` a sha256 hex."""
+    (``_TEXTUAL``...), ``R`` one of those, ``_ITSELF`` or ``_ANCESTOR``, ``m`` a mask of roots, ``s`` a
+    str, ``h`` a sha256 hex."""
     if not isinstance(value, list):
         return False
     for row in value:
@@ -314,6 +316,8 @@ def _rows(value: object, shape: str, n: int) -> bool:
         for item, kind in zip(row, shape):
             low = {"i": -1, "T": _TEXTUAL_DIR, "R": _ANCESTOR}.get(kind)
             if low is not None and not (type(item) is int and low <= item < n):
+                return False
+            if kind == "m" and not (type(item) is int and 0 <= item < 1 << n):
                 return False
             if kind == "s" and not isinstance(item, str):
                 return False
@@ -328,10 +332,10 @@ def _check_set(one: object) -> None:
     n = one["n"]
     ok = (
         type(n) is int and 0 < n <= 4096
-        and _rows(one["layout"], "iis", n)
         and (one["at"] is None or (isinstance(one["at"], list) and len(one["at"]) == n
                                    and all(isinstance(p, str) for p in one["at"])))
-        and _rows(one["files"], "ish", n) and _rows(one["absent"], "Ts", n) and _rows(one["real"], "TsRs", n)
+        and _rows(one["files"], "ishm", n) and _rows(one["absent"], "Tsm", n)
+        and _rows(one["real"], "TsmRsmss", n)
         and _is_hex(one["digest"]) and _is_hex(one["key"], None)
         and isinstance(one["missing"], list) and all(isinstance(m, str) for m in one["missing"])
         and type(one["path_free"]) is bool
@@ -357,9 +361,12 @@ def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None
     files, absent, found = [], [], []
     textual = dict(result.textual)
     textual_dirs = {os.path.dirname(t): p for t, p in reversed(result.textual)}
+    eligible = _include_roots(roots, options)
+    n_includes = len(eligible) // 2
+    real_source = None if getattr(options, "no_source_include", False) else roots[len(roots) // 2 + n_includes]
     for path, sig in result.checks:
         if sig is None:
-            absent.append(list(_canon_made(path, roots, textual, textual_dirs)))
+            absent.append([*_canon_made(path, roots, textual, textual_dirs), _mask(path, roots)])
         elif sig[0] == "f":
             found.append(path)
         else:
@@ -369,22 +376,23 @@ def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None
     if places is None or len(set(places)) != len(digests) or not digests.keys() >= set(places):
         return None  # what the scan covers is not exactly what its probes found: not recorded
     for path, place in zip(found, places):
-        files.append([*_canon(path, roots), digests[place]])
+        files.append([*_canon(path, roots), digests[place], _mask(path, roots)])
     real_rows = []
     for d, r in result.real_checks:
         real_row = _canon(r, roots)
         if real_row[0] < 0 and r == os.path.normpath(d):
             real_row = (_ITSELF, "")  # under no root, but where ``..`` as text leads (no symbolic link)
-        elif real_row[0] < 0 and _ancestry(r, roots):
-            real_row = (_ANCESTOR, _ancestry(r, roots))  # under no root, above some
-        row = [*_canon_made(d, roots, textual, textual_dirs), *real_row]
-        if row[0] == _TEXTUAL or (row[0] == -1) != (row[2] == -1):
+        elif real_row[0] < 0 and _ancestry(r, roots, eligible):
+            real_row = (_ANCESTOR, _ancestry(r, roots, eligible))  # under no root, above an include root
+        role, rel = locate(r, roots[len(roots) // 2:][:n_includes], real_source, roots[-1])
+        row = [*_canon_made(d, roots, textual, textual_dirs), _mask(d, roots), *real_row, _mask(r, roots),
+               role, "" if role == "abs" else rel]
+        if row[0] == _TEXTUAL or (row[0] == -1) != (row[3] == -1):
             return None  # a directory under no root that the scanner made otherwise: not recorded
         real_rows.append(row)
     bound = not (basis.by_role and result.path_free)
     return {
         "n": len(roots),
-        "layout": _layout(roots),
         "at": list(roots) if bound else None,
         "files": files,
         "absent": absent,
@@ -516,9 +524,8 @@ def match(
         return None
     spelled = _spelled_roots(options, cwd)
     roots = spelled + tuple(os.path.realpath(r) for r in spelled)
-    layout = _layout(roots)
     for one in sets:
-        if one["n"] != len(roots) or one["layout"] != layout:
+        if one["n"] != len(roots):
             continue
         if one["at"] is not None and tuple(one["at"]) != roots:
             continue
@@ -542,31 +549,35 @@ def match(
 def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResult | None:
     """The scan result a set stands for on this node if everything it names is as recorded, else None."""
     checks: list[tuple[str, Any]] = []
-    for index, rel in one["absent"]:
+    eligible = _include_roots(roots, options)
+    n_includes = len(eligible) // 2
+    real_source = None if getattr(options, "no_source_include", False) else roots[len(roots) // 2 + n_includes]
+    for index, rel, mask in one["absent"]:
         path = _place_made(index, rel, roots)
-        if path is None or (index == -1 and _canon(path, roots)[0] >= 0):
+        if path is None or _mask(path, roots) != mask:
             return None
         if signature(path) is not None:
             return None
         checks.append((path, None))
     real_checks = []
-    for index, rel, real_index, real_rel in one["real"]:
+    for index, rel, mask, real_index, real_rel, real_mask, role, role_rel in one["real"]:
         directory = _place_made(index, rel, roots)
-        if directory is None or (index == -1 and _canon(directory, roots)[0] >= 0):
+        if directory is None or _mask(directory, roots) != mask:
             return None
         if real_index == _ANCESTOR:
-            real = _place_ancestor(real_rel, roots)
+            real = _place_ancestor(real_rel, roots, eligible)
         else:
             real = os.path.normpath(directory) if real_index == _ITSELF else _place(real_index, real_rel, roots)
-        if real is None or (real_index in (-1, _ITSELF) and _canon(real, roots)[0] >= 0):
+        if real is None or _mask(real, roots) != real_mask or os.path.realpath(directory) != real:
             return None
-        if os.path.realpath(directory) != real:
-            return None
+        found_role, found_rel = locate(real, roots[len(roots) // 2:][:n_includes], real_source, roots[-1])
+        if (found_role, "" if found_role == "abs" else found_rel) != (role, role_rel):
+            return None  # the scan would name its files otherwise here
         real_checks.append((directory, real))
     paths, covered = [], {}
-    for index, rel, digest in one["files"]:
+    for index, rel, digest, mask in one["files"]:
         path = _place(index, rel, roots)
-        if index < 0 and _canon(path, roots)[0] >= 0:
+        if _mask(path, roots) != mask:
             return None
         sig = signature(path)
         if sig is None or sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
