@@ -111,7 +111,7 @@ def compile_key(source: str, code_type: str, opts: ProgramOptions, target_type: 
                 "direct mode keyed otherwise than the scan")
         if attempt == "before":
             event(f"direct: {'hit' if got is not None else 'miss'}")
-            recordable = direct.header_set(want, opts) is not None
+            recordable = direct.header_set(want, source, opts) is not None
             direct.record(_DIRECT_CHAIN, want, source, code_type, opts, target_type, (), None)
         else:
             assert (got is not None) == recordable, "a recorded set does not hold where it was recorded"

@@ -53,6 +53,7 @@ from cuda.core.utils import make_program_cache_key
 
 from . import keys
 from .headermemo import ScanResult, is_racy, signature
+from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
 from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate
 
 __all__ = [
@@ -186,9 +187,34 @@ def _include_roots(roots: Sequence[str], options: Any) -> list[int]:
     return [*range(n), *range(half, half + n)]
 
 
-def _mask(path: str, roots: Sequence[str]) -> int:
-    """Which roots ``path`` lies under (textually, itself included): one bit per root."""
-    return sum(1 << i for i, root in enumerate(roots) if _under(path, root) is not None)
+def _mask(path: str, roots: Sequence[str], keep: int = -1) -> int:
+    """Which roots ``path`` lies under (textually, itself included): one bit per root, of those in ``keep``."""
+    return sum(1 << i for i, root in enumerate(roots) if _under(path, root) is not None) & keep
+
+
+def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible: Sequence[int]) -> int:
+    """The roots whose bits a set's masks compare: all of them, unless nothing the scanner reads from the
+    source's directory or the working directory can lead into an include directory (no computed include in
+    the source; no quoted include of the source, no relative ``pre_include``, that lands under one there):
+    then only the include directories, so a checkout holding its venv and a node whose venv lies
+    elsewhere share a set."""
+    data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
+    parsed = parse_includes(data)
+    if any(kind not in (QUOTE, ANGLE, DEFINE, WRAPS, HAS_WRAPPER) for kind, _ in parsed):
+        return -1
+    half = len(roots) // 2
+    bases = [roots[half - 1], roots[-1]]  # the working directory, as spelled and resolved
+    if not getattr(options, "no_source_include", False):
+        bases += [roots[half - 2], roots[-2]]  # the source's directory
+    spellings = [sp for kind, sp in parsed if kind == QUOTE and not os.path.isabs(sp)]
+    spellings += [sp for sp in _as_list(getattr(options, "pre_include", None)) if not os.path.isabs(sp)]
+    include_bits = sum(1 << i for i in eligible)
+    for base in bases:
+        for spelling in spellings:
+            for path in {os.path.join(base, spelling), os.path.normpath(os.path.join(base, spelling))}:
+                if _mask(path, roots, include_bits):
+                    return -1
+    return include_bits
 
 
 def _ancestry(path: str, roots: Sequence[str], eligible: Sequence[int]) -> str:
@@ -202,7 +228,8 @@ def _ancestry(path: str, roots: Sequence[str], eligible: Sequence[int]) -> str:
 
 
 def _place_ancestor(rel: str, roots: Sequence[str], eligible: Sequence[int]) -> str | None:
-    """The directory :func:`_ancestry` named, on this node, if it is an ancestor of exactly those roots."""
+    """The directory :func:`_ancestry` named, on this node, if it is an ancestor of exactly those roots
+    (which roots it lies under is the row's mask's to check)."""
     first = rel.partition(",")[0]
     k, _, depth = first.partition(":")
     if not (k.isdigit() and depth.isdigit() and int(k) < len(roots) and 0 < int(depth) < 4096):
@@ -210,17 +237,17 @@ def _place_ancestor(rel: str, roots: Sequence[str], eligible: Sequence[int]) -> 
     path = roots[int(k)]
     for _ in range(int(depth)):
         path = os.path.dirname(path)
-    if _ancestry(path, roots, eligible) != rel or _canon(path, roots)[0] >= 0:
+    if _ancestry(path, roots, eligible) != rel:
         return None
     return path
 
 
-def _canon_made(path: str, roots: Sequence[str], textual: dict[str, str], textual_dirs: dict[str, str]
-                ) -> tuple[int, str]:
-    """:func:`_canon`, but a path under no root that is the normpath of a ``..`` candidate (or its
-    directory) is named by that candidate, as the scanner made it."""
+def _canon_made(path: str, roots: Sequence[str], textual: dict[str, str], textual_dirs: dict[str, str],
+                prefer_made: bool = False) -> tuple[int, str]:
+    """:func:`_canon`, but a path under no root (any path, with ``prefer_made``) that is the normpath of
+    a ``..`` candidate (or its directory) is named by that candidate, as the scanner made it."""
     index, rel = _canon(path, roots)
-    if index >= 0:
+    if index >= 0 and not prefer_made:
         return index, rel
     for kind, made in ((_TEXTUAL, textual), (_TEXTUAL_DIR, textual_dirs)):
         if path in made:
@@ -231,7 +258,8 @@ def _canon_made(path: str, roots: Sequence[str], textual: dict[str, str], textua
 
 
 def _place_made(index: int, rel: str, roots: Sequence[str]) -> str | None:
-    """The path :func:`_canon_made` named, on this node; None where it would lie under a root here."""
+    """The path :func:`_canon_made` named, on this node (which roots it lies under is the row's mask's
+    to check); None where the row is malformed."""
     if index not in (_TEXTUAL, _TEXTUAL_DIR):
         return _place(index, rel, roots)
     i, _, r = rel.partition("\0")
@@ -240,7 +268,7 @@ def _place_made(index: int, rel: str, roots: Sequence[str]) -> str | None:
     path = os.path.normpath(_place(int(i), r, roots))
     if index == _TEXTUAL_DIR:
         path = os.path.dirname(path)
-    return None if _canon(path, roots)[0] >= 0 else path
+    return path
 
 
 def _place(index: int, rel: str, roots: Sequence[str]) -> str:
@@ -297,7 +325,7 @@ def decode_direct(payload: bytes | memoryview) -> list[dict[str, Any]]:
     return sets
 
 
-_SET_FIELDS = {"n", "at", "files", "absent", "real", "digest", "key", "missing", "path_free"}
+_SET_FIELDS = {"n", "keep", "at", "files", "absent", "real", "digest", "key", "missing", "path_free"}
 
 
 def _is_hex(value: object, length: int | None = 64) -> bool:
@@ -331,7 +359,8 @@ def _check_set(one: object) -> None:
         raise DirectManifestError("a header set has other fields than a direct manifest's")
     n = one["n"]
     ok = (
-        type(n) is int and 0 < n <= 4096
+        type(n) is int and 0 < n <= 64
+        and type(one["keep"]) is int and -1 <= one["keep"] < 1 << n
         and (one["at"] is None or (isinstance(one["at"], list) and len(one["at"]) == n
                                    and all(isinstance(p, str) for p in one["at"])))
         and _rows(one["files"], "ishm", n) and _rows(one["absent"], "Tsm", n)
@@ -347,7 +376,7 @@ def _check_set(one: object) -> None:
 # -- recording a set ------------------------------------------------------------------------------
 
 
-def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None:
+def header_set(compiled: keys.CompileKey, source: str | bytes, options: Any) -> dict[str, Any] | None:
     """The header set a scan-made key records, or None where the scan does not allow one (module docstring)."""
     basis = compiled.basis
     if basis is None or compiled.declined is not None or compiled.header_digest is None:
@@ -364,9 +393,11 @@ def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None
     eligible = _include_roots(roots, options)
     n_includes = len(eligible) // 2
     real_source = None if getattr(options, "no_source_include", False) else roots[len(roots) // 2 + n_includes]
+    keep = _mask_keep(source, options, roots, eligible)
+    relaxed = keep != -1
     for path, sig in result.checks:
         if sig is None:
-            absent.append([*_canon_made(path, roots, textual, textual_dirs), _mask(path, roots)])
+            absent.append([*_canon_made(path, roots, textual, textual_dirs, relaxed), _mask(path, roots, keep)])
         elif sig[0] == "f":
             found.append(path)
         else:
@@ -376,16 +407,21 @@ def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None
     if places is None or len(set(places)) != len(digests) or not digests.keys() >= set(places):
         return None  # what the scan covers is not exactly what its probes found: not recorded
     for path, place in zip(found, places):
-        files.append([*_canon(path, roots), digests[place], _mask(path, roots)])
+        files.append([*_canon(path, roots), digests[place], _mask(path, roots, keep)])
     real_rows = []
+    includers = {os.path.dirname(path) or "." for path in found}
     for d, r in result.real_checks:
+        d_row = _canon_made(d, roots, textual, textual_dirs, relaxed)
         real_row = _canon(r, roots)
-        if real_row[0] < 0 and r == os.path.normpath(d):
+        if relaxed and d_row[0] in (*eligible, _TEXTUAL_DIR) and real_row[0] >= 0 and _ancestry(r, roots, eligible):
+            real_row = (_ANCESTOR, _ancestry(r, roots, eligible))  # above an include root: named so, not by cwd
+        elif real_row[0] < 0 and r == os.path.normpath(d):
             real_row = (_ITSELF, "")  # under no root, but where ``..`` as text leads (no symbolic link)
         elif real_row[0] < 0 and _ancestry(r, roots, eligible):
             real_row = (_ANCESTOR, _ancestry(r, roots, eligible))  # under no root, above an include root
-        role, rel = locate(r, roots[len(roots) // 2:][:n_includes], real_source, roots[-1])
-        row = [*_canon_made(d, roots, textual, textual_dirs), _mask(d, roots), *real_row, _mask(r, roots),
+        role, rel = ("", "") if d not in includers else locate(r, roots[len(roots) // 2:][:n_includes], real_source,
+                                                              roots[-1])  # how the digest names an includer
+        row = [*d_row, _mask(d, roots, keep), *real_row, _mask(r, roots, keep),
                role, "" if role == "abs" else rel]
         if row[0] == _TEXTUAL or (row[0] == -1) != (row[3] == -1):
             return None  # a directory under no root that the scanner made otherwise: not recorded
@@ -393,6 +429,7 @@ def header_set(compiled: keys.CompileKey, options: Any) -> dict[str, Any] | None
     bound = not (basis.by_role and result.path_free)
     return {
         "n": len(roots),
+        "keep": keep,
         "at": list(roots) if bound else None,
         "files": files,
         "absent": absent,
@@ -434,7 +471,7 @@ def record(
     """
     try:
         basis = compiled.basis
-        new = header_set(compiled, options)
+        new = header_set(compiled, source, options)
         if basis is None or new is None:
             return False
         storage = direct_key(source, code_type, options, target_type, names, extra_digest, basis.by_role)
@@ -552,9 +589,10 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
     eligible = _include_roots(roots, options)
     n_includes = len(eligible) // 2
     real_source = None if getattr(options, "no_source_include", False) else roots[len(roots) // 2 + n_includes]
+    keep = one["keep"]
     for index, rel, mask in one["absent"]:
         path = _place_made(index, rel, roots)
-        if path is None or _mask(path, roots) != mask:
+        if path is None or _mask(path, roots, keep) != mask:
             return None
         if signature(path) is not None:
             return None
@@ -562,22 +600,22 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
     real_checks = []
     for index, rel, mask, real_index, real_rel, real_mask, role, role_rel in one["real"]:
         directory = _place_made(index, rel, roots)
-        if directory is None or _mask(directory, roots) != mask:
+        if directory is None or _mask(directory, roots, keep) != mask:
             return None
         if real_index == _ANCESTOR:
             real = _place_ancestor(real_rel, roots, eligible)
         else:
             real = os.path.normpath(directory) if real_index == _ITSELF else _place(real_index, real_rel, roots)
-        if real is None or _mask(real, roots) != real_mask or os.path.realpath(directory) != real:
+        if real is None or _mask(real, roots, keep) != real_mask or os.path.realpath(directory) != real:
             return None
         found_role, found_rel = locate(real, roots[len(roots) // 2:][:n_includes], real_source, roots[-1])
-        if (found_role, "" if found_role == "abs" else found_rel) != (role, role_rel):
+        if role and (found_role, "" if found_role == "abs" else found_rel) != (role, role_rel):
             return None  # the scan would name its files otherwise here
         real_checks.append((directory, real))
     paths, covered = [], {}
     for index, rel, digest, mask in one["files"]:
         path = _place(index, rel, roots)
-        if _mask(path, roots) != mask:
+        if _mask(path, roots, keep) != mask:
             return None
         sig = signature(path)
         if sig is None or sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
