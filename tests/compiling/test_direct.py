@@ -70,8 +70,12 @@ def _direct(chain, root: Path, source: str = SRC, **kw):
     """A node without a scan memo asking ``chain``'s direct manifest; (key, was it a direct hit)."""
     headermemo.clear_memo()
     hits = direct.direct_counts().hits
-    got = direct.compile_key(chain, source, "c++", _opts(root, **kw), "cubin")
-    return got, direct.direct_counts().hits - hits
+    opts = _opts(root, **kw)
+    got = direct.compile_key(chain, source, "c++", opts, "cubin")
+    hit = direct.direct_counts().hits - hits
+    if not hit:  # what compile() does after the compile it runs then
+        direct.record(chain, got, source, "c++", opts, "cubin", (), None, 1.0)
+    return got, hit
 
 
 def _sets(chain, root: Path):

@@ -121,10 +121,10 @@ def test_the_manifest_is_stored_before_the_binary_under_a_name_derived_from_the_
     with Recording(tmp_path / "c") as cache:
         tiered_progcache.compile(NAMED, "c++", opts, cache=cache, name_expressions=["fill<float>"])
     binary = entry_name(events[0].key)
-    # The direct manifest first (its header set, recorded where the key was derived by scanning).
-    assert order[0] == entry_name(direct_key(NAMED, "c++", opts, "cubin", ("fill<float>",), None, True))
-    assert order[1] == manifest_name(binary) == entry_name(manifest_key(events[0].key))
-    assert order[-1] == binary and len(order) == 4  # the manifest, the symbol map, the binary
+    assert order[0] == manifest_name(binary) == entry_name(manifest_key(events[0].key))
+    assert order[-2] == binary and len(order) == 4  # the manifest, the symbol map, the binary
+    # then the direct manifest: the header set it was keyed by
+    assert order[-1] == entry_name(direct_key(NAMED, "c++", opts, "cubin", ("fill<float>",), None, True))
     assert {e.name for e in LocalDir(tmp_path / "c").iter_entries()} == set(order)
     with pytest.raises(ValueError, match="not an entry name"):
         manifest_name("ABC")

@@ -520,7 +520,8 @@ def compile_key(
 
     A header-scan memo of this process or of ``memo_dir`` answers first, as before; where
     none does, the direct manifest is read once and its newest set that holds here gives
-    the key (the scan's, byte for byte). Otherwise the scan runs, and its set is recorded.
+    the key (the scan's, byte for byte). Otherwise the scan runs, and its set is recorded
+    where a manifest exists (else :func:`record` after the compile makes one).
     """
     found = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
                              portable=portable, recheck_s=recheck_s, memo_dir=memo_dir, memo_only=True)
@@ -544,9 +545,11 @@ def compile_key(
     compiled = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
                                 portable=portable, recheck_s=recheck_s, memo_dir=memo_dir)
     assert compiled is not None
-    if storage is not None and compiled.basis is not None:
-        record(cache, compiled, source, code_type, options, target_type, name_expressions, extra_digest,
-               sets=sets if sets is not None else [])
+    if sets is not None and compiled.basis is not None:
+        # A manifest that lacks this set: add it now (the entry may be there already: a hit records
+        # nothing else). Where there is no manifest at all, the compile's record makes one, with its
+        # compile time for the chain's upload admission.
+        record(cache, compiled, source, code_type, options, target_type, name_expressions, extra_digest, sets=sets)
     return compiled
 
 
