@@ -189,7 +189,11 @@ def _include_roots(roots: Sequence[str], options: Any) -> list[int]:
 
 def _mask(path: str, roots: Sequence[str], keep: int = -1) -> int:
     """Which roots ``path`` lies under (textually, itself included): one bit per root, of those in ``keep``."""
-    return sum(1 << i for i, root in enumerate(roots) if _under(path, root) is not None) & keep
+    mask = 0
+    for i, root in enumerate(roots):
+        if path == root or path.startswith(root if root.endswith("/") else root + "/"):
+            mask |= 1 << i
+    return mask & keep
 
 
 def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible: Sequence[int]) -> int:

@@ -246,16 +246,19 @@ def locate(directory: str, real_include_dirs: Sequence[str], real_source_dir: st
     for i, d in enumerate(real_include_dirs):
         if directory == d:
             return f"I{i}", ""
+    # Real paths are normalized: the rest after the root and a separator is ``os.path.relpath``'s answer.
     for i, d in enumerate(real_include_dirs):
-        if directory.startswith(d.rstrip(os.sep) + os.sep):
-            return f"I{i}", os.path.relpath(directory, d).replace(os.sep, "/")
+        prefix = d.rstrip(os.sep) + os.sep
+        if directory.startswith(prefix):
+            return f"I{i}", directory[len(prefix):].replace(os.sep, "/")
     for role, root in (("source", real_source_dir), ("cwd", cwd_real)):
         if root is None:
             continue
         if directory == root:
             return role, ""
-        if directory.startswith(root.rstrip(os.sep) + os.sep):
-            return role, os.path.relpath(directory, root).replace(os.sep, "/")
+        prefix = root.rstrip(os.sep) + os.sep
+        if directory.startswith(prefix):
+            return role, directory[len(prefix):].replace(os.sep, "/")
     return "abs", directory
 
 
