@@ -48,6 +48,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+import cachetools
 from cuda.core import ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
@@ -102,6 +103,8 @@ class DirectCounts:
     refused: int
 
 
+#: Direct manifests this process just found absent (storage key): the compile's record then reads none again.
+_absent: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(maxsize=1024)
 _counts = {"hits": 0, "misses": 0, "recorded": 0, "refused": 0}
 _counts_lock = threading.Lock()
 
@@ -480,7 +483,9 @@ def record(
             return False
         storage = direct_key(source, code_type, options, target_type, names, extra_digest, basis.by_role)
         if sets is None:
-            sets = _read(cache, storage) or []
+            with _counts_lock:
+                absent = _absent.pop(storage, False)
+            sets = [] if absent else (_read(cache, storage) or [])
         if new in sets:
             return False
         cache.put(storage, encode_direct([new, *(s for s in sets if s != new)]), compile_seconds=seconds)
@@ -537,6 +542,9 @@ def compile_key(
     try:
         storage = direct_key(source, code_type, options, target_type, name_expressions, extra_digest, by_role)
         sets = _read(cache, storage)
+        if sets is None:
+            with _counts_lock:
+                _absent[storage] = True
         hit = match(sets or (), source, code_type, options, target_type, name_expressions, extra_digest,
                      by_role, cwd)
     except Exception as exc:  # unsure means scan
