@@ -55,7 +55,7 @@ from cuda.core.utils import make_program_cache_key
 from . import keys
 from .headermemo import ScanResult, is_racy, signature
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
-from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate
+from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate, path_list
 
 __all__ = [
     "DIRECT_MAGIC",
@@ -134,20 +134,10 @@ def direct_key(
 # -- roots and where paths lie ------------------------------------------------------------------
 
 
-def _as_list(value: object) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        return [os.fspath(value)]
-    if isinstance(value, Sequence):
-        return [os.fspath(v) for v in value]
-    return []
-
-
 def _spelled_roots(options: Any, cwd: str) -> tuple[str, ...]:
     """The include directories, the source's directory (unless ``no_source_include``) and the working
     directory, absolute as the scanner makes them (``headerscan.path_roles``) in working directory ``cwd``."""
-    roots = [os.path.normpath(os.path.join(cwd, d)) for d in _as_list(getattr(options, "include_path", None))]
+    roots = [os.path.normpath(os.path.join(cwd, d)) for d in path_list(getattr(options, "include_path", None))]
     if not getattr(options, "no_source_include", False):
         name = getattr(options, "name", None)
         if isinstance(name, str) and ("/" in name or "\\" in name):
@@ -185,7 +175,7 @@ _ANCESTOR = -6
 
 def _include_roots(roots: Sequence[str], options: Any) -> list[int]:
     """The indices of the include directories among ``roots``, as spelled and as resolved."""
-    n = len(_as_list(getattr(options, "include_path", None)))
+    n = len(path_list(getattr(options, "include_path", None)))
     half = len(roots) // 2
     return [*range(n), *range(half, half + n)]
 
@@ -214,7 +204,7 @@ def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible
     if not getattr(options, "no_source_include", False):
         bases += [roots[half - 2], roots[-2]]  # the source's directory
     spellings = [sp for kind, sp in parsed if kind == QUOTE and not os.path.isabs(sp)]
-    spellings += [sp for sp in _as_list(getattr(options, "pre_include", None)) if not os.path.isabs(sp)]
+    spellings += [sp for sp in path_list(getattr(options, "pre_include", None)) if not os.path.isabs(sp)]
     include_bits = sum(1 << i for i in eligible)
     for base in bases:
         for spelling in spellings:
@@ -452,7 +442,7 @@ def _covered(found: Sequence[str], real: dict[str, str], roots: Sequence[str], o
              ) -> list[tuple[str, str]] | None:
     """How the scan names each file found (``(role, path)``, as ``HeaderFile``): by the role of the
     real directory it lies in (``headerscan.locate``); None where a directory's realpath is not known."""
-    n_includes = len(_as_list(getattr(options, "include_path", None)))
+    n_includes = len(path_list(getattr(options, "include_path", None)))
     reals = roots[len(roots) // 2:]
     real_source = None if getattr(options, "no_source_include", False) else reals[n_includes]
     out = []

@@ -90,6 +90,7 @@ __all__ = [
     "adopt_scan",
     "file_digest",
     "locate",
+    "path_list",
     "scan_view",
     "scans_run",
     "MAX_WALK_BYTES",
@@ -214,7 +215,7 @@ def path_roles(options: Any) -> tuple[tuple[str, str], ...]:
     (``source``) unless ``no_source_include``; as spelled (made absolute), not resolved.
     Reads the working directory when ``options.name`` has no directory.
     """
-    roles = [(f"I{i}", os.path.abspath(d)) for i, d in enumerate(_as_list(getattr(options, "include_path", None)))]
+    roles = [(f"I{i}", os.path.abspath(d)) for i, d in enumerate(path_list(getattr(options, "include_path", None)))]
     source_dir = _source_dir(options)
     if source_dir is not None:
         roles.append(("source", source_dir))
@@ -572,7 +573,8 @@ def _command_line_defines(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _as_list(value: object) -> list[str]:
+def path_list(value: object) -> list[str]:
+    """An option that holds one path or several (``include_path``, ``pre_include``) as a list of str."""
     if value is None:
         return []
     if isinstance(value, (str, os.PathLike)):
@@ -615,7 +617,7 @@ def needs_header_digest(options: Any, code_type: str = "c++") -> bool:
         return bool(getattr(options, "use_libdevice", None))
     if code_type != "c++":
         return False
-    if _as_list(getattr(options, "include_path", None)) or _as_list(getattr(options, "pre_include", None)):
+    if path_list(getattr(options, "include_path", None)) or path_list(getattr(options, "pre_include", None)):
         return True
     if getattr(options, "pch", None) or any(
         getattr(options, name, None) is not None for name in ("use_pch", "pch_dir")
@@ -790,7 +792,7 @@ def _scan_now(
     """Walk the include graph now, and memoize what it found."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
     roles = path_roles(options)
-    pre_includes = tuple(_as_list(getattr(options, "pre_include", None)))
+    pre_includes = tuple(path_list(getattr(options, "pre_include", None)))
     source_dir = _source_dir(options)
     use_pch = getattr(options, "use_pch", None)
     use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
