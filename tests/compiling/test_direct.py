@@ -111,6 +111,8 @@ def test_a_fresh_node_keys_from_the_set_as_the_scan_would_scanning_nothing_and_h
     listed = {os.path.realpath(os.path.join(str(b / "include") if i == 0 else str(b / "extra"), rel))
               for i, rel, _, _ in sets[0]["files"]}
     assert listed == {str(b / rel) for rel in TREE}  # exactly the files the compile can read
+    # What a compile after this hit would record is the very set it verified (named by roots, not places).
+    assert direct.header_set(got, SRC, _opts(b)) == sets[0]
     # The verified set is this process's memo now: the next call neither asks nor scans.
     asked = direct.direct_counts()
     assert direct.compile_key(chain, SRC, "c++", _opts(b), "cubin").key == got.key

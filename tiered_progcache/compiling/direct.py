@@ -595,10 +595,19 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
     n_includes = len(eligible) // 2
     real_source = None if getattr(options, "no_source_include", False) else roots[len(roots) // 2 + n_includes]
     keep = one["keep"]
+    made: list[tuple[str, str]] = []  # (normpath, candidate) of each ``..`` candidate, as the scan records them
+
+    def note(index: int, rel: str) -> None:
+        if index in (_TEXTUAL, _TEXTUAL_DIR):
+            i, _, r = rel.partition("\0")
+            candidate = _place(int(i), r, roots)
+            made.append((os.path.normpath(candidate), candidate))
+
     for index, rel, mask in one["absent"]:
         path = _place_made(index, rel, roots)
         if path is None or _mask(path, roots, keep) != mask:
             return None
+        note(index, rel)
         if signature(path) is not None:
             return None
         checks.append((path, None))
@@ -607,6 +616,7 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         directory = _place_made(index, rel, roots)
         if directory is None or _mask(directory, roots, keep) != mask:
             return None
+        note(index, rel)
         if real_index == _ANCESTOR:
             real = _place_ancestor(real_rel, roots, eligible)
         else:
@@ -637,4 +647,4 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         covered[place] = digest
     headers = tuple(sorted((role, path, digest) for (role, path), digest in covered.items()))
     return ScanResult(bytes.fromhex(one["digest"]), True, tuple(checks), tuple(real_checks), time.monotonic(),
-                      headers, tuple(one["missing"]), one["path_free"], None, True)
+                      headers, tuple(one["missing"]), one["path_free"], None, True, tuple(sorted(set(made))))
