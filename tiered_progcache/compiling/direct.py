@@ -192,7 +192,8 @@ def _mask(path: str, roots: Sequence[str], keep: int = -1) -> int:
 def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible: Sequence[int]) -> int:
     """The roots whose bits a set's masks compare: all of them, unless nothing the scanner reads from the
     source's directory or the working directory can lead into an include directory (no computed include in
-    the source; no quoted include of the source, no relative ``pre_include``, that lands under one there):
+    the source; no quoted include of the source, no relative ``pre_include``, that lands under one there;
+    the caller also keeps them all where a header was found there):
     then only the include directories, so a checkout holding its venv and a node whose venv lies
     elsewhere share a set."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
@@ -391,6 +392,11 @@ def header_set(compiled: keys.CompileKey, source: str | bytes, options: Any) -> 
     n_includes = len(eligible) // 2
     real_source = None if getattr(options, "no_source_include", False) else roots[len(roots) // 2 + n_includes]
     keep = _mask_keep(source, options, roots, eligible)
+    real_includes = roots[len(roots) // 2:][:n_includes]
+    if any(sig is not None and sig[0] == "f" and locate(real.get(os.path.dirname(path), path), real_includes,
+                                                        real_source, roots[-1])[0] in ("source", "cwd")
+           for path, sig in result.checks):
+        keep = -1  # a header read from the source's or the working directory: its includes start there too
     relaxed = keep != -1
     for path, sig in result.checks:
         if sig is None:
