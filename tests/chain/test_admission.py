@@ -10,6 +10,7 @@ from cuda.core import ProgramOptions
 import tiered_progcache
 from tiered_progcache import CacheConfig, LocalDir, TieredProgramCache
 from tiered_progcache.compiling.compile import symbols_key
+from tiered_progcache.compiling.direct import direct_key
 from tiered_progcache.compiling.manifest import manifest_name
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import entry_name
@@ -130,6 +131,8 @@ def test_a_fast_kernel_stays_local_and_a_cccl_kernel_is_uploaded(tmp_path, event
     expected = {entry_name(e.key) for e in (fast_ev, slow_ev, named_ev) if e.seconds >= threshold}
     expected |= {manifest_name(name) for name in expected}  # a manifest goes where its binary goes
     expected |= {entry_name(symbols_key(named_ev.key))} if named_ev.seconds >= threshold else set()
+    slow_direct = entry_name(direct_key(SLOW, "c++", slow_opts, "cubin", (), None, True))  # the CCCL kernel's headers
+    expected |= {slow_direct} if slow_ev.seconds >= threshold else set()
     assert _remote_names(url) == expected
     # and what the issue asks: the fast one stays out, the CCCL one goes in
     assert entry_name(slow_ev.key) in _remote_names(url)
@@ -137,4 +140,4 @@ def test_a_fast_kernel_stays_local_and_a_cccl_kernel_is_uploaded(tmp_path, event
     # the binary and its symbol map travel together: both local, neither uploaded
     assert {entry_name(named_ev.key), entry_name(symbols_key(named_ev.key))} <= _local_names(tmp_path / "node")
     assert not {entry_name(named_ev.key), entry_name(symbols_key(named_ev.key))} & _remote_names(url)
-    assert len(_local_names(tmp_path / "node")) == 7  # 3 binaries, their 3 manifests, 1 symbol map
+    assert len(_local_names(tmp_path / "node")) == 8  # 3 binaries, their 3 manifests, 1 symbol map, 1 direct

@@ -236,7 +236,7 @@ def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize("predicted, headers, choice, requests", [
-    (0.01, 0, "raced", 3), (10.0, 0, "held", 7), (None, 0, "raced", 3), (None, 64, "held", 8),
+    (0.01, 0, "raced", 3), (10.0, 0, "held", 7), (None, 0, "raced", 3), (None, 64, "held", 10),
 ])
 def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
     tmp_path, slow_s3, decisions, fresh_compile_times, predicted, headers, choice, requests
@@ -247,7 +247,8 @@ def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_le
     compile), the uploads of the manifest and the cubin (3); held (long): look, lease create, look
     under the lease, the two uploads, lease read and delete by the release (7); held (unknown): the
     look, the manifest read (to learn from a hit) and the lease create together, the look under the
-    lease beside the compile, the two uploads, the release's read and delete (8)."""
+    lease beside the compile, the two uploads, the release's read and delete, and with headers the
+    direct manifest's read before the scan and its upload after the compile (10)."""
     proxy, storage_options, url = slow_s3
     include = tmp_path / "include"
     include.mkdir()

@@ -6,6 +6,8 @@ spellings) and sources that include through them: quoted and angle, through a ma
 ``__has_include`` (directly and through a wrapper macro), ``pre_include``. NVRTC compiles
 each in-process while inotify ``IN_OPEN`` watches every directory of the tree
 (``nvrtc_oracle``). A compile the scanner declines is not cached, so only the others are checked.
+Every key the test takes is also asked of direct mode (:func:`compile_key` here): the header sets
+recorded so far, on this host and the other, must give exactly the scan's key or nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from cuda.core import ProgramOptions
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tiered_progcache.compiling import headermemo, headerscan
-from tiered_progcache.compiling.keys import compile_key
+from cuda.core.utils import InMemoryProgramCache
+
+from tiered_progcache.chain.tiered import as_chain
+from tiered_progcache.compiling import direct, headermemo, headerscan, keys
 
 from header_support import fresh_header_memo  # noqa: F401  (autouse)
 from nvrtc_oracle import opened_by_nvrtc
@@ -88,6 +92,30 @@ def trees(draw):
         kw["no_source_include"] = True
     kw["define_macro"] = [(f"HDRD_{n[0]}", f'"{n}"') for n in NAMES]
     return files, source, kw
+
+
+#: Every example's direct manifests (a set recorded for one tree holds for another only if the files match).
+_DIRECT_CHAIN = as_chain(InMemoryProgramCache())
+
+
+def compile_key(source: str, code_type: str, opts: ProgramOptions, target_type: str) -> keys.CompileKey:
+    """The scan's key (memo as it stands), and direct mode's answer checked against it (memo untouched)."""
+    want = keys.compile_key(source, code_type, opts, target_type)
+    by_role = keys.keyed_by_role(opts, code_type, True)
+    storage = direct.direct_key(source, code_type, opts, target_type, (), None, by_role)
+    for attempt in ("before", "after"):  # the sets recorded so far, then with this scan's set recorded
+        sets = direct.decode_direct(_DIRECT_CHAIN.get(storage)) if _DIRECT_CHAIN.get(storage) else []
+        got = direct.match(sets, source, code_type, opts, target_type, (), None, by_role, os.getcwd(), adopt=False)
+        if got is not None:
+            assert (got.key, got.headers, got.missing) == (want.key, want.headers, want.missing), (
+                "direct mode keyed otherwise than the scan")
+        if attempt == "before":
+            event(f"direct: {'hit' if got is not None else 'miss'}")
+            recordable = direct.header_set(want, source, opts) is not None
+            direct.record(_DIRECT_CHAIN, want, source, code_type, opts, target_type, (), None)
+        else:
+            assert (got is not None) == recordable, "a recorded set does not hold where it was recorded"
+    return want
 
 
 def _opts(kw: dict, root: str) -> ProgramOptions:

@@ -19,6 +19,7 @@ from cuda.core import Program, ProgramOptions
 import tiered_progcache
 from tiered_progcache import LocalDir, TieredProgramCache
 from tiered_progcache.compiling.keys import HeaderFile
+from tiered_progcache.compiling.direct import direct_key
 from tiered_progcache.compiling.manifest import (
     MANIFEST_FORMAT,
     MAX_MANIFEST_BYTES,
@@ -116,12 +117,14 @@ def test_the_manifest_is_stored_before_the_binary_under_a_name_derived_from_the_
             order.append(entry_name(key))
             super().put(key, value, compile_seconds=compile_seconds)
 
+    opts = ProgramOptions(arch="sm_80", include_path=[str(include)])
     with Recording(tmp_path / "c") as cache:
-        tiered_progcache.compile(NAMED, "c++", ProgramOptions(arch="sm_80", include_path=[str(include)]), cache=cache,
-                                 name_expressions=["fill<float>"])  # fmt: skip
+        tiered_progcache.compile(NAMED, "c++", opts, cache=cache, name_expressions=["fill<float>"])
     binary = entry_name(events[0].key)
     assert order[0] == manifest_name(binary) == entry_name(manifest_key(events[0].key))
-    assert order[-1] == binary and len(order) == 3  # the manifest, the symbol map, the binary
+    assert order[-2] == binary and len(order) == 4  # the manifest, the symbol map, the binary
+    # then the direct manifest: the header set it was keyed by
+    assert order[-1] == entry_name(direct_key(NAMED, "c++", opts, "cubin", ("fill<float>",), None, True))
     assert {e.name for e in LocalDir(tmp_path / "c").iter_entries()} == set(order)
     with pytest.raises(ValueError, match="not an entry name"):
         manifest_name("ABC")

@@ -378,6 +378,7 @@ from cuda.core import ProgramOptions
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.compiling.keys import compile_key
+from tiered_progcache.compiling.headerscan import scans_run
 
 args = json.loads(sys.argv[1])
 options = ProgramOptions(arch="sm_90", std="c++17", include_path=args["include_path"])
@@ -386,8 +387,9 @@ with TieredProgramCache(args["local_dir"], remote=args["url"], remote_options=ar
     obj = tpc.compile(args["source"], "c++", options, cache=cache)
     flushed = cache.flush(timeout=60)
     remote = cache.stats()["remote"]
+scans = scans_run()
 ck = compile_key(args["source"], "c++", options, "cubin")
-print(json.dumps({"compiles": tpc.compile_count(), "key": ck.key.hex(), "portable": ck.portable,
+print(json.dumps({"compiles": tpc.compile_count(), "key": ck.key.hex(), "portable": ck.portable, "scans": scans,
                   "cubin": hashlib.sha256(bytes(obj.code)).hexdigest(), "flushed": flushed,
                   "remote_hits": remote.hits, "remote_writes": remote.writes}))
 """
@@ -411,17 +413,19 @@ def test_two_hosts_with_the_headers_under_different_roots_compile_once(s3_bucket
     roots = [_tree(tmp_path / "ci" / "home" / "runner" / ".venv"), _tree(tmp_path / "node" / "opt" / "venv")]
     paths = [[str(root / "include"), str(root / "extra")] for root in roots]
     a = _host(s3_bucket, tmp_path / "ci" / "cache", tmp_path / "ci" / "work", SRC, paths[0])
-    assert (a["compiles"], a["portable"], a["flushed"], a["remote_writes"]) == (1, True, True, 2)  # cubin, manifest
-    assert len(s3_bucket.objects()) == 2
+    # cubin, manifest, direct manifest
+    assert (a["compiles"], a["portable"], a["flushed"], a["remote_writes"], a["scans"]) == (1, True, True, 3, 1)
+    assert len(s3_bucket.objects()) == 3
 
     b = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", SRC, paths[1])
-    assert (b["compiles"], b["remote_hits"], b["key"], b["cubin"]) == (0, 1, a["key"], a["cubin"])
+    # direct mode: the direct manifest and the entry from the bucket, no scan
+    assert (b["compiles"], b["remote_hits"], b["key"], b["cubin"], b["scans"]) == (0, 2, a["key"], a["cubin"], 0)
 
     _write(roots[1] / "include/mylib/detail/helpers/help.h", "#pragma once\n#define HELP 3\n")
     edited = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", SRC, paths[1])
-    assert edited["compiles"] == 1
+    assert (edited["compiles"], edited["scans"]) == (1, 1)
     assert edited["key"] != a["key"] and edited["cubin"] != a["cubin"]
-    assert len(s3_bucket.objects()) == 4
+    assert len(s3_bucket.objects()) == 5  # and the direct manifest, rewritten with the new set
 
 
 def _cccl_dir() -> Path | None:
@@ -451,7 +455,7 @@ def test_two_hosts_with_a_copy_of_real_cccl_under_different_roots_compile_once(s
     a = _host(s3_bucket, tmp_path / "ci" / "cache", tmp_path / "ci" / "work", src, [str(roots[0])])
     assert (a["compiles"], a["portable"], a["flushed"]) == (1, True, True)
     b = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", src, [str(roots[1])])
-    assert (b["compiles"], b["remote_hits"], b["key"], b["cubin"]) == (0, 1, a["key"], a["cubin"])
+    assert (b["compiles"], b["remote_hits"], b["key"], b["cubin"], b["scans"]) == (0, 2, a["key"], a["cubin"], 0)
 
 
 PLAIN = """

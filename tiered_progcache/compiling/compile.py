@@ -48,6 +48,7 @@ from ..cluster.flightpolicy import (
 )
 from ..hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
+from . import direct
 from .manifest import (
     ManifestError,
     build_manifest,
@@ -299,8 +300,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     cache = as_chain(default_cache() if cache is None else cache)  # only chains travel inward
     single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
         cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
-    compiled = compile_key(source, code_type, options, target_type, names, extra_digest,
-                           portable=portable_keys, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
+    compiled = direct.compile_key(cache, source, code_type, options, target_type, names, extra_digest,
+                                  portable=portable_keys, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
     key = compiled.key
     target = target_type.lower()
     if compiled.declined is not None:
@@ -537,6 +538,7 @@ def _compile_and_store(
             # The mapping first: whoever sees the binary must find its mapping.
             _store(cache, symbols_key(key), encode_symbols(mapping or {}), seconds)
         _store(cache, key, data, seconds)
+        direct.record(cache, job.compiled, job.source, code_type, job.options, target, names, job.extra_digest, seconds)
     except Exception as exc:  # the chain raises for no tier; a bug must not cost the compile either
         logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
     return obj, _Outcome(data, mapping)

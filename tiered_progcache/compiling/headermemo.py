@@ -88,6 +88,11 @@ class ScanResult:
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
     declined: Union[str, None]  # why the compile cannot be keyed (HeaderScan.declined), or None
+    #: every path probed was built from a root (include, source or working directory) or a real directory
+    #: recorded in ``real_checks``: the same probes under other roots (what a direct-mode set may record)
+    relocatable: bool = False
+    #: ``(normpath, path)`` of each ``..`` include candidate also probed as text: how ``normpath`` was made
+    textual: tuple[tuple[str, str], ...] = ()
     #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
     watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
                                                    metadata=scanmemo.PER_PROCESS)

@@ -87,6 +87,12 @@ from ..stores.ratelimit import log_once
 
 __all__ = [
     "MAX_HEADER_BYTES",
+    "adopt_scan",
+    "file_digest",
+    "locate",
+    "path_list",
+    "scan_view",
+    "scans_run",
     "MAX_WALK_BYTES",
     "MAX_WALK_FILES",
     "HeaderFile",
@@ -153,6 +159,8 @@ class HeaderScan:
     missing: tuple[str, ...]
     path_free: bool
     declined: str | None = None
+    #: the memoized scan behind it (what :mod:`.direct` records), None where no file was read
+    result: ScanResult | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 _NOTHING_READ = {True: HeaderScan(None, (), (), True), False: HeaderScan(None, (), (), False)}  # by ``portable``
@@ -207,7 +215,7 @@ def path_roles(options: Any) -> tuple[tuple[str, str], ...]:
     (``source``) unless ``no_source_include``; as spelled (made absolute), not resolved.
     Reads the working directory when ``options.name`` has no directory.
     """
-    roles = [(f"I{i}", os.path.abspath(d)) for i, d in enumerate(_as_list(getattr(options, "include_path", None)))]
+    roles = [(f"I{i}", os.path.abspath(d)) for i, d in enumerate(path_list(getattr(options, "include_path", None)))]
     source_dir = _source_dir(options)
     if source_dir is not None:
         roles.append(("source", source_dir))
@@ -227,6 +235,39 @@ def role_relative(path: str, roles: Sequence[tuple[str, str]]) -> str | None:
         if path.startswith(prefix):
             return role_token(role) + "/" + path[len(prefix):].replace(os.sep, "/")
     return None
+
+
+def locate(directory: str, real_include_dirs: Sequence[str], real_source_dir: str | None,
+           cwd_real: str) -> tuple[str, str]:
+    """``(role, path relative to it)`` of a real directory; ``("abs", directory)`` under no root.
+
+    An include directory first (an exact match before a parent, as ``_Scan.dir_tag``),
+    then the source's directory, then the working directory.
+    """
+    for i, d in enumerate(real_include_dirs):
+        if directory == d:
+            return f"I{i}", ""
+    # Real paths are normalized: the rest after the root and a separator is ``os.path.relpath``'s answer.
+    for i, d in enumerate(real_include_dirs):
+        prefix = d.rstrip(os.sep) + os.sep
+        if directory.startswith(prefix):
+            return f"I{i}", directory[len(prefix):].replace(os.sep, "/")
+    for role, root in (("source", real_source_dir), ("cwd", cwd_real)):
+        if root is None:
+            continue
+        if directory == root:
+            return role, ""
+        prefix = root.rstrip(os.sep) + os.sep
+        if directory.startswith(prefix):
+            return role, directory[len(prefix):].replace(os.sep, "/")
+    return "abs", directory
+
+
+def file_digest(path: str, sig: Signature) -> bytes | None:
+    """The sha256 of the regular file ``path`` whose signature is ``sig`` (memoized by it), without
+    parsing it; None if it is not a readable file within ``MAX_HEADER_BYTES``."""
+    info = _file_info(path, sig, parse=False)
+    return None if info is None or info is _TOO_BIG else info.digest
 
 
 class _Scan:
@@ -255,6 +296,8 @@ class _Scan:
         self.missing: set[str] = set()
         self.path_free = True  # nothing named by an absolute path so far
         self.declined: str | None = None  # why this compile cannot be keyed (then it is not cached)
+        self.relocatable = True  # every probe built from a root or a recorded real directory (ScanResult)
+        self.textual: dict[str, str] = {}  # normpath of a ``..`` candidate -> the candidate (ScanResult.textual)
         self.macros = MacroTable()  # every definition seen: what computed includes expand to
         self.calls: set[tuple[str, str, str | None, str]] = set()  # (fn, identifier arg, includer dir, tag)
         #: computed includes by (macro, includer dir, tag): the header names already resolved for each
@@ -284,29 +327,8 @@ class _Scan:
         return real
 
     def locate(self, directory: str) -> tuple[str, str]:
-        """``(role, path relative to it)`` of a real directory; ``("abs", directory)`` under no root.
-
-        An include directory first (an exact match before a parent, as :meth:`dir_tag`),
-        then the source's directory.
-        """
-        for i, d in enumerate(self.real_include_dirs):
-            if directory == d:
-                return f"I{i}", ""
-        for i, d in enumerate(self.real_include_dirs):
-            if directory.startswith(d.rstrip(os.sep) + os.sep):
-                return f"I{i}", os.path.relpath(directory, d).replace(os.sep, "/")
-        source = self.real_source_dir
-        if source is not None:
-            if directory == source:
-                return "source", ""
-            if directory.startswith(source.rstrip(os.sep) + os.sep):
-                return "source", os.path.relpath(directory, source).replace(os.sep, "/")
-        cwd = self.cwd_real
-        if directory == cwd:
-            return "cwd", ""
-        if directory.startswith(cwd.rstrip(os.sep) + os.sep):
-            return "cwd", os.path.relpath(directory, cwd).replace(os.sep, "/")
-        return "abs", directory
+        """``(role, path relative to it)`` of a real directory (:func:`locate`)."""
+        return locate(directory, self.real_include_dirs, self.real_source_dir, self.cwd_real)
 
     def dir_tag(self, directory: str) -> str:
         """How a (real) directory is named in the digest: by role and relative path where it can be."""
@@ -376,6 +398,8 @@ class _Scan:
         shown = self.spelled(spelling)
         self.emit("include", f"{kind}:{shown}".encode("utf-8", "surrogateescape"))
         if os.path.isabs(spelling):
+            if kind != PRE_INCLUDE or role_relative(spelling, self.roles) is None:
+                self.relocatable = False  # a path spelled in a file, or one under no root the options name
             candidates = [("abs", "")]
         else:
             candidates = []
@@ -390,8 +414,11 @@ class _Scan:
             if self.add_file(f"found:{tag}", path):  # as the OS opens it
                 found = True
             textual = os.path.normpath(path)
+            if textual != path:
+                self.textual.setdefault(textual, path)
             if textual != path and self.realpath(os.path.dirname(textual)) != self.realpath(os.path.dirname(path)):
                 # ``..`` read as text lands elsewhere: digest that file too (more, never less)
+                self.relocatable = False
                 if self.add_file(f"found-text:{tag}", textual):
                     found = True
         if not found:
@@ -546,7 +573,8 @@ def _command_line_defines(value: object) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _as_list(value: object) -> list[str]:
+def path_list(value: object) -> list[str]:
+    """An option that holds one path or several (``include_path``, ``pre_include``) as a list of str."""
     if value is None:
         return []
     if isinstance(value, (str, os.PathLike)):
@@ -589,7 +617,7 @@ def needs_header_digest(options: Any, code_type: str = "c++") -> bool:
         return bool(getattr(options, "use_libdevice", None))
     if code_type != "c++":
         return False
-    if _as_list(getattr(options, "include_path", None)) or _as_list(getattr(options, "pre_include", None)):
+    if path_list(getattr(options, "include_path", None)) or path_list(getattr(options, "pre_include", None)):
         return True
     if getattr(options, "pch", None) or any(
         getattr(options, name, None) is not None for name in ("use_pch", "pch_dir")
@@ -662,7 +690,8 @@ def header_scan(
     recheck_s: float = 0.0,
     portable: bool = True,
     memo_dir: str | os.PathLike[str] | None = None,
-) -> HeaderScan:
+    memo_only: bool = False,
+) -> HeaderScan | None:
     """The digest covering every file the compile of ``source`` could read, and those files.
 
     >>> scan = header_scan(src, ProgramOptions(arch="sm_90", include_path=[cccl_dir]))
@@ -674,14 +703,22 @@ def header_scan(
     same; ``HeaderScan.path_free`` says whether that held everywhere. ``portable=False``:
     the digest :func:`header_digest` returns. The files read are recorded either way and
     memoized with the scan: a warm call re-stats and returns them without reading any.
-    ``recheck_s``, ``memo_dir`` and thread-safety as :func:`header_digest`.
+    ``recheck_s``, ``memo_dir`` and thread-safety as :func:`header_digest`. ``memo_only``: None
+    instead of scanning where no memo answers (:mod:`.direct` asks its manifest first).
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
         return _libdevice_scan(portable) if getattr(options, "use_libdevice", None) else _NOTHING_READ[portable]
-    result = _scan(source, options, code_type, recheck_s, portable=portable, memo_dir=memo_dir)
+    result = _scan(source, options, code_type, recheck_s, portable=portable, memo_dir=memo_dir, memo_only=memo_only)
+    if result is _NOT_MEMOIZED:
+        return None
     if result is None:
         return _NOTHING_READ[portable]
+    return scan_view(result, options, code_type, portable)
+
+
+def scan_view(result: ScanResult, options: Any, code_type: str, portable: bool) -> HeaderScan:
+    """The :class:`HeaderScan` a scan result stands for (made once per result)."""
     if not result.read_anything:  # then whether a digest is due depends on the options too
         digest = result.digest if needs_header_digest(options, code_type) or result.declined else None
         return HeaderScan(digest, (), result.missing, result.path_free and portable, result.declined)
@@ -690,7 +727,7 @@ def header_scan(
     if hit is not None:
         return hit
     files = tuple(itertools.starmap(HeaderFile, result.headers))
-    found = HeaderScan(result.digest, files, result.missing, result.path_free and portable, result.declined)
+    found = HeaderScan(result.digest, files, result.missing, result.path_free and portable, result.declined, result)
     _header_scans.put(result, found)
     return found
 
@@ -707,8 +744,12 @@ def _scan(
     *,
     portable: bool,
     memo_dir: str | os.PathLike[str] | None,
+    memo_only: bool = False,
 ) -> ScanResult | None:
-    """The (memoized) scan of what the compile of ``source`` could read; None when it reads nothing for sure."""
+    """The (memoized) scan of what the compile of ``source`` could read; None when it reads nothing for sure.
+
+    ``memo_only``: ``_NOT_MEMOIZED`` where a scan would have to run.
+    """
     if code_type != "c++":
         return None  # PTX: the linker reads no headers; cuda-core drops include options there
 
@@ -717,9 +758,21 @@ def _scan(
     if not isinstance(source, (str, bytes, bytearray, memoryview)):
         raise TypeError(f"source must be str or bytes, got {type(source).__name__}")
 
-    # The memo key is made of what the caller passed, unresolved (cheap to hash: a str
-    # caches its hash); the working directory joins it because relative paths follow it.
-    memo_key = (
+    memo_key = _memo_key(source, options, portable)
+    cached = memoized(memo_key, recheck_s, memo_dir, _scanner_id)
+    if cached is not None:
+        return cached
+    if memo_only:
+        return _NOT_MEMOIZED
+    global _scans_run
+    _scans_run += 1
+    return _scan_now(source, options, memo_key, portable=portable, memo_dir=memo_dir)
+
+
+def _memo_key(source: str | bytes, options: Any, portable: bool) -> tuple[Any, ...]:
+    """What the memo of a scan is found by: what the caller passed, unresolved (cheap to hash: a
+    str caches its hash); the working directory joins it because relative paths follow it."""
+    return (
         source if isinstance(source, (str, bytes)) else bytes(source),
         _hashable(getattr(options, "include_path", None)),
         _hashable(getattr(options, "pre_include", None)),
@@ -730,13 +783,16 @@ def _scan(
         os.getcwd(),
         portable,
     )
-    cached = memoized(memo_key, recheck_s, memo_dir, _scanner_id)
-    if cached is not None:
-        return cached
 
+
+def _scan_now(
+    source: str | bytes, options: Any, memo_key: tuple[Any, ...], *, portable: bool,
+    memo_dir: str | os.PathLike[str] | None,
+) -> ScanResult:
+    """Walk the include graph now, and memoize what it found."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
     roles = path_roles(options)
-    pre_includes = tuple(_as_list(getattr(options, "pre_include", None)))
+    pre_includes = tuple(path_list(getattr(options, "pre_include", None)))
     source_dir = _source_dir(options)
     use_pch = getattr(options, "use_pch", None)
     use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
@@ -762,7 +818,8 @@ def _scan(
     files, missing = scan.outcome()
     result = ScanResult(
         digest, read_anything, tuple(scan.checks.items()), tuple(scan.real_checks.items()), time.monotonic(),
-        files, missing, scan.path_free, scan.declined,
+        files, missing, scan.path_free, scan.declined, scan.relocatable and use_pch_path is None,
+        tuple(sorted(scan.textual.items())),
     )
 
     memoize(memo_key, None if scan.racy else result, memo_dir, _scanner_id)
@@ -770,6 +827,21 @@ def _scan(
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
     return result
+
+
+#: What ``_scan(memo_only=True)`` returns where a scan would have to run.
+_NOT_MEMOIZED: Any = object()
+_scans_run = 0  # include-graph walks this process ran (memo misses), for tests and benchmarks
+
+
+def scans_run() -> int:
+    """Include-graph walks this process has run so far (each memo miss counts one; read without a lock)."""
+    return _scans_run
+
+
+def adopt_scan(source: str | bytes, options: Any, portable: bool, result: ScanResult) -> None:
+    """Memoize in this process a scan result made elsewhere (:mod:`.direct`'s verified set), as a scan would."""
+    memoize(_memo_key(source, options, portable), result, None, _scanner_id)
 
 
 _scanner_id_value: bytes | None = None

@@ -59,9 +59,10 @@ from typing import Any
 from cuda.core import ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
-from .headerscan import HeaderFile, header_scan, path_roles, role_relative, role_token
+from .headermemo import ScanResult
+from .headerscan import HeaderFile, HeaderScan, header_scan, path_roles, role_relative, role_token
 
-__all__ = ["CompileKey", "HeaderFile", "carries_debug_info", "compile_key"]
+__all__ = ["CompileKey", "HeaderFile", "ScanBasis", "carries_debug_info", "compile_key", "keyed_by_role", "key_for"]
 
 _BUNDLED_FLAG = b"--use-bundled-headers="
 _BUNDLED_OPTION = _BUNDLED_FLAG + role_token("bundled").encode()
@@ -90,6 +91,17 @@ class CompileKey:
     header_digest: bytes | None
     #: why what the compile reads cannot be known (``HeaderScan.declined``): ``compile()`` does not cache it
     declined: str | None = None
+    #: the scan it came from, where it read files (what :mod:`.direct` records a header set from)
+    basis: ScanBasis | None = dataclasses.field(default=None, compare=False, repr=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanBasis:
+    """The scan a key came from, the working directory it ran in, and whether paths were keyed by role."""
+
+    result: ScanResult
+    cwd: str
+    by_role: bool
 
 
 class _KeyedOptions(ProgramOptions):
@@ -254,7 +266,8 @@ def compile_key(
     portable: bool = True,
     recheck_s: float = 0.0,
     memo_dir: str | os.PathLike[str] | None = None,
-) -> CompileKey:
+    memo_only: bool = False,
+) -> CompileKey | None:
     """The key ``compile()`` stores and finds this compile under, and what went into it.
 
     >>> ck = compile_key(src, "c++", ProgramOptions(arch="sm_90", include_path=[cccl]), "cubin")
@@ -266,18 +279,43 @@ def compile_key(
     extra_digest=...)`` over :func:`.headerscan.header_digest`. ``extra_digest`` is mixed
     with the header digest (only when the compile reads a file, so a plain compile keys
     as ``Program.compile(cache=...)`` does). ``recheck_s`` and ``memo_dir`` (where header
-    scans persist for the next process) as for ``header_digest``.
+    scans persist for the next process) as for ``header_digest``. ``memo_only``: None where
+    no header-scan memo answers and a scan would have to run.
     Raises what ``make_program_cache_key`` raises for options it refuses to key.
     Thread-safe; reads the working directory and the header files.
     """
+    by_role = keyed_by_role(options, code_type, portable)
+    cwd = os.getcwd()
+    scan = header_scan(source, options, code_type, recheck_s=recheck_s, portable=by_role, memo_dir=memo_dir,
+                       memo_only=memo_only)
+    if scan is None:
+        return None
+    return key_for(source, code_type, options, target_type, name_expressions, extra_digest, scan, by_role, cwd)
+
+
+def keyed_by_role(options: ProgramOptions, code_type: str, portable: bool) -> bool:
+    """Check the arguments :func:`compile_key` checks first; whether its paths are keyed by role."""
     if not isinstance(portable, bool):
         raise TypeError(f"portable must be a bool, got {type(portable).__name__} {portable!r}")
     if not isinstance(options, ProgramOptions):
         raise TypeError(f"options must be a cuda.core ProgramOptions, got {type(options).__name__}")
     if not isinstance(code_type, str):
         raise TypeError(f"code_type must be a str, got {type(code_type).__name__}")
-    by_role = portable and not carries_debug_info(options)
-    scan = header_scan(source, options, code_type, recheck_s=recheck_s, portable=by_role, memo_dir=memo_dir)
+    return portable and not carries_debug_info(options)
+
+
+def key_for(
+    source: str | bytes,
+    code_type: str,
+    options: ProgramOptions,
+    target_type: str,
+    name_expressions: Sequence[str | bytes],
+    extra_digest: bytes | None,
+    scan: HeaderScan,
+    by_role: bool,
+    cwd: str,
+) -> CompileKey:
+    """The :class:`CompileKey` of a compile whose header scan is ``scan`` (made by scanning, or by :mod:`.direct`)."""
     keyed, options_path_free = _keyed_options(options, portable=by_role)
     key = make_program_cache_key(
         code=source,
@@ -299,4 +337,15 @@ def compile_key(
         options=keyed_strings,
         header_digest=scan.digest,
         declined=scan.declined,
+        basis=None if scan.result is None else ScanBasis(scan.result, cwd, by_role),
     )
+
+
+def keyed_options(options: ProgramOptions, by_role: bool) -> ProgramOptions:
+    """The copy of ``options`` cuda-core's key is made over (roles in place of paths where ``by_role``)."""
+    return _keyed_options(options, portable=by_role)[0]
+
+
+def combine_digests(user_digest: bytes | None, digest: bytes | None) -> bytes | None:
+    """The caller's ``extra_digest`` and another digest as one (as the header digest is mixed in)."""
+    return _combine(user_digest, digest)

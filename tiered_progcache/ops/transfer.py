@@ -67,7 +67,8 @@ def warm(
     entries whose stored sizes add up to at most that (entries already here count, so a
     node's working set fits its local cap). From a listing, the manifests of listed
     binaries are left behind (a hit never reads them; ``explain`` reads them remotely),
-    so a boot fetches one object per kernel. Then one concurrent batch of reads per
+    so a boot fetches one object per kernel, plus the direct manifests (listed like entries:
+    :mod:`~tiered_progcache.compiling.direct`), so a header-heavy kernel's first hit asks nothing. Then one concurrent batch of reads per
     ``transfer_batch`` entries (one batch for a node's few hundred kernels). A bad or
     unreadable entry is counted in ``failures`` and skipped; the rest still land.
     """

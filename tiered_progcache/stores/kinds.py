@@ -1,4 +1,4 @@
-"""What a stored entry is: a kernel (a code object) or metadata beside one (a manifest, a symbol map).
+"""What a stored entry is: a kernel (a code object) or metadata beside one (a manifest, a symbol map, a direct manifest).
 
 ``compile()`` stores up to three entries per compile: the binary, its manifest and,
 with name expressions, its symbol map. Operators count kernels, so ``stats``, ``ls``,
@@ -27,16 +27,19 @@ from ..compiling.manifest import (
     read_manifests,
 )
 from ..compiling.symbols import SYMBOLS_FORMAT
+from ..compiling.direct import DIRECT_MAGIC
 
 if TYPE_CHECKING:
     from .store import EntryStore, StoredEntry
 
-__all__ = ["KERNEL", "MANIFEST", "METADATA_READ_BYTES", "SYMBOLS", "TRITON", "TRITON_KERNEL", "EntryKind", "classify",
-           "count_kinds", "kind_of"]
+__all__ = ["DIRECT", "KERNEL", "MANIFEST", "METADATA_READ_BYTES", "SYMBOLS", "TRITON", "TRITON_KERNEL", "EntryKind",
+           "classify", "count_kinds", "kind_of"]
 
 KERNEL = "kernel"
 MANIFEST = "manifest"
 SYMBOLS = "symbols"
+#: A direct manifest (:mod:`~tiered_progcache.compiling.direct`): the header sets of a compile, beside its entries.
+DIRECT = "direct"
 #: Every entry of a store of Triton's files (namespace ``triton``): counted as files, never read to classify.
 TRITON = "triton"
 #: The group index of one Triton compile (``__grp__<name>.json``), where the store names its files: one kernel.
@@ -73,7 +76,9 @@ class EntryKind:
 
 
 def kind_of(payload: bytes | memoryview) -> str:
-    """``manifest`` or ``symbols`` for the JSON documents ``compile()`` stores, else ``kernel``."""
+    """``manifest``, ``symbols`` or ``direct`` for the metadata ``compile()`` stores, else ``kernel``."""
+    if bytes(payload[:len(DIRECT_MAGIC)]) == DIRECT_MAGIC:
+        return DIRECT
     head = bytes(payload[:1])
     if head != b"{" or len(payload) > METADATA_READ_BYTES:
         return KERNEL
@@ -124,6 +129,8 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
             kind = kind_of(payload)
             if kind == SYMBOLS:
                 out[name] = EntryKind(SYMBOLS, _symbol_names(payload))
+            elif kind == DIRECT:
+                out[name] = EntryKind(DIRECT)
             elif kind == MANIFEST:
                 out[name] = EntryKind(MANIFEST)
                 try:

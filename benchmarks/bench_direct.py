@@ -1,0 +1,167 @@
+"""A fresh node joining a warm remote: K CUB kernels by direct mode, against compiling them alone, side by side.
+
+    python benchmarks/bench_direct.py [--k 6] [--runs 3] [--out results.json]
+
+One run, all rows measured in it, each node a fresh process (NVRTC not loaded, nothing
+warmed before its clock starts unless the row says so):
+
+- ``alone``: a fresh process compiles the K kernels with ``Program.compile`` (no cache).
+- CI: a process with its own local directory compiles them through ``compile()`` onto a
+  ``file://`` remote (entries, manifests, direct manifests).
+- ``direct``: a fresh node (empty local directory, CCCL copied to another root, another
+  working directory) hits the K kernels from the remote: first-hit ms, all K, requests.
+- ``scan``: the same node with direct mode off (no direct manifest read or written), what
+  a fresh node paid before direct mode: the header scan before each lookup.
+- ``warmed``: a fresh node that ran ``cache.warm()`` at boot (timed apart, before the
+  clock, as a node's boot does): first-hit ms and all K, with the remote's lookups counted.
+
+Prints one line per row and the ratios to ``alone``; ``--out`` writes them as JSON. No
+asserts. The kernels are ``cub::BlockReduce`` and ``cub::BlockScan`` of different types and
+sizes (each reads ~600 CCCL headers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cccl_kernels import cccl_dir  # noqa: E402
+
+REDUCE = r"""#include <cub/block/block_reduce.cuh>
+extern "C" __global__ void reduce_{name}(const {t}* in, {t}* out) {{
+  using R = cub::BlockReduce<{t}, {n}>;
+  __shared__ typename R::TempStorage tmp;
+  {t} s = R(tmp).Sum(in[threadIdx.x]);
+  if (threadIdx.x == 0) *out = s;
+}}
+"""
+SCAN = r"""#include <cub/block/block_scan.cuh>
+extern "C" __global__ void scan_{name}(const {t}* in, {t}* out) {{
+  using S = cub::BlockScan<{t}, {n}>;
+  __shared__ typename S::TempStorage tmp;
+  {t} x = in[threadIdx.x];
+  S(tmp).InclusiveSum(x, x);
+  out[threadIdx.x] = x;
+}}
+"""
+VARIANTS = [(REDUCE, "float", 128), (SCAN, "float", 128), (REDUCE, "int", 256), (SCAN, "int", 256),
+            (REDUCE, "double", 64), (SCAN, "double", 64), (REDUCE, "float", 512), (SCAN, "int", 512)]
+
+
+def kernels(k: int) -> list[str]:
+    """K distinct CUB kernels (BlockReduce and BlockScan of several types and block sizes)."""
+    if not 1 <= k <= len(VARIANTS):
+        raise SystemExit(f"--k must be 1..{len(VARIANTS)}")
+    return [text.format(name=f"{t}_{n}", t=t, n=n) for text, t, n in VARIANTS[:k]]
+
+
+CHILD = r"""
+import json, os, sys, time
+args = json.loads(sys.argv[1])
+os.chdir(args["cwd"])
+from cuda.core import Program, ProgramOptions
+import tiered_progcache as tpc
+from tiered_progcache.compiling import direct, headerscan
+opts = ProgramOptions(arch="sm_90", std="c++17", include_path=[args["cccl"]])
+out = {}
+if args["mode"] == "alone":
+    times = []
+    for src in args["sources"]:
+        t = time.perf_counter()
+        program = Program(src, "c++", opts)
+        program.compile("cubin")
+        program.close()
+        times.append(time.perf_counter() - t)
+    print(json.dumps({"times": times}))
+    sys.exit(0)
+if args["mode"] == "scan":  # direct mode off: no direct manifest read or written
+    direct._read = lambda cache, key: None
+    direct.record = lambda *a, **k: False
+with tpc.TieredProgramCache(args["local"], remote=args["remote"]) as cache:
+    if args["mode"] == "warmed":
+        t = time.perf_counter()
+        report = cache.warm()
+        out["warm_s"] = time.perf_counter() - t
+        out["warmed"] = [report.entries, report.metadata]
+    before, compiles, scans = cache.stats(), tpc.compile_count(), headerscan.scans_run()
+    hits = direct.direct_counts().hits
+    times = []
+    for src in args["sources"]:
+        t = time.perf_counter()
+        tpc.compile(src, "c++", opts, cache=cache)
+        times.append(time.perf_counter() - t)
+    delta = cache.stats() - before
+    out.update(times=times, compiles=tpc.compile_count() - compiles, scans=headerscan.scans_run() - scans,
+               direct_hits=direct.direct_counts().hits - hits, remote_lookups=delta["remote"].lookups,
+               remote_hits=delta["remote"].hits)
+    if args["mode"] == "ci":
+        cache.flush(120)
+print(json.dumps(out))
+"""
+
+
+def _child(mode: str, sources: list[str], cccl: str, local: str, remote: str, cwd: str) -> dict:
+    os.makedirs(cwd, exist_ok=True)
+    args = {"mode": mode, "sources": sources, "cccl": cccl, "local": local, "remote": remote, "cwd": cwd}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} node failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--k", type=int, default=6, help="CUB kernels (default 6)")
+    p.add_argument("--runs", type=int, default=3, help="fresh nodes per row; the median run (by all-K time) is shown")
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args()
+    cccl = cccl_dir()
+    if cccl is None:
+        raise SystemExit("CCCL headers not found (cuda.pathfinder)")
+    sources = kernels(args.k)
+    base = tempfile.mkdtemp(prefix="bench-direct-")
+    try:
+        remote_dir = os.path.join(base, "remote")
+        os.makedirs(remote_dir)
+        remote = "file://" + remote_dir
+        node_cccl = os.path.join(base, "node-root", "opt", "cccl")
+        shutil.copytree(cccl, node_cccl, symlinks=True)  # the node's CCCL lies elsewhere
+        rows: dict[str, dict] = {}
+        rows["alone"] = _child("alone", sources, node_cccl, "", "", os.path.join(base, "alone-work"))
+        rows["ci"] = _child("ci", sources, cccl, os.path.join(base, "ci-cache"), remote, os.path.join(base, "ci"))
+        for mode in ("direct", "scan", "warmed"):
+            runs = [_child(mode, sources, node_cccl, os.path.join(base, f"{mode}-{i}"), remote,
+                           os.path.join(base, f"{mode}-work-{i}")) for i in range(args.runs)]
+            runs.sort(key=lambda r: sum(r["times"]))
+            rows[mode] = runs[len(runs) // 2]
+        alone = sum(rows["alone"]["times"])
+        print(f"K={args.k} CUB kernels, CCCL at another root on the node, file:// remote, median of {args.runs} "
+              f"fresh nodes per row")
+        print(f"  alone   compile each: first {rows['alone']['times'][0] * 1e3:8.1f} ms, all {alone * 1e3:8.1f} ms")
+        print(f"  CI      compile() onto the remote: all {sum(rows['ci']['times']) * 1e3:8.1f} ms "
+              f"({rows['ci']['compiles']} NVRTC runs)")
+        for mode in ("direct", "scan", "warmed"):
+            r = rows[mode]
+            total = sum(r["times"])
+            extra = f", warm() {r['warm_s'] * 1e3:.1f} ms at boot ({r['warmed'][0]} entries)" if mode == "warmed" else ""
+            print(f"  {mode:<7} first hit {r['times'][0] * 1e3:8.1f} ms, all {total * 1e3:8.1f} ms = "
+                  f"{total / alone:.3f}x alone; NVRTC runs {r['compiles']}, scans {r['scans']}, direct hits "
+                  f"{r['direct_hits']}, remote lookups {r['remote_lookups']}{extra}")
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump({"k": args.k, "runs": args.runs, "rows": rows}, fh, indent=1)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
