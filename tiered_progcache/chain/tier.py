@@ -283,13 +283,16 @@ class Tier:
 
     def lookup_metadata(self, key: bytes) -> bytes | None:
         """Like :meth:`lookup` for an entry's metadata (a symbol map): not a lookup in ``hits``/``misses``,
-        so those count kernels; a failure is still counted (errors, timeouts) and logged."""
+        so those count kernels; its bytes count in ``bytes_read`` and a failure is still counted (errors,
+        timeouts) and logged."""
         try:
-            return self._read(key)
+            data = self._read(key)
         except Exception as exc:
             if type(exc) is not KeyError:
                 self._failed("read", exc)
             return None
+        self.counters.add("bytes_read", len(data))
+        return data
 
     def record_read_failure(self, exc: Exception) -> None:
         """Count a read that raised as a miss, with its reason; log what is not a plain miss."""

@@ -52,6 +52,7 @@ import cachetools
 from cuda.core import ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
+from ..chain.stats import MetadataKey
 from . import keys
 from .headermemo import ScanResult, is_racy, signature
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
@@ -123,12 +124,15 @@ def direct_key(
     source: str | bytes, code_type: str, options: ProgramOptions, target_type: str,
     name_expressions: Sequence[str | bytes], extra_digest: bytes | None, by_role: bool,
 ) -> bytes:
-    """The cache key a compile's direct manifest is stored under: its key with no header digest (pure)."""
+    """The cache key a compile's direct manifest is stored under: its key with no header digest (pure).
+
+    A :class:`~tiered_progcache.chain.stats.MetadataKey`: reading it counts no lookup, as a symbol map's read does.
+    """
     key = make_program_cache_key(
         code=source, code_type=code_type, options=keys.keyed_options(options, by_role), target_type=target_type,
         name_expressions=name_expressions, extra_digest=keys.combine_digests(extra_digest, _MARK[by_role]),
     )
-    return hashlib.sha256(b"tiered-progcache/direct#" + key, usedforsecurity=False).digest()
+    return MetadataKey(hashlib.sha256(b"tiered-progcache/direct#" + key, usedforsecurity=False).digest())
 
 
 # -- roots and where paths lie ------------------------------------------------------------------
