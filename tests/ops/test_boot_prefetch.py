@@ -72,9 +72,9 @@ def test_without_the_prefetch_a_fresh_node_pays_one_request_per_kernel(tmp_path,
     """One GET per kernel, and for the first (a kind this node never timed) four more: the manifest
     read beside its lookup (the node learns CI's compile time from it), the lease create beside both,
     and that unneeded lease's release (a read and a delete). ``lease_min_compile_rtts=0``: every later
-    kernel looks before compiling, so none compiles, whatever the learned time says."""
+    kernel looks before compiling, so none compiles, whatever the learned time says. The boot fetch is off."""
     proxy, settings = warm_s3
-    with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, **settings) as node:
+    with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, boot_fetch_bytes=0, **settings) as node:
         before = proxy.requests
         tpc.compile(kernel(400), "c++", options(), cache=node)
         hit_lessons.wait(("c++", "cubin"), 60)  # the manifest read, off the hit's path
@@ -136,7 +136,7 @@ def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
             tpc.compile(kernel(410 + i), "c++", options(), cache=ci)
         assert ci.flush(60)
     earlier = tmp_path / "earlier-run"
-    with TieredProgramCache(earlier, remote=url) as run:
+    with TieredProgramCache(earlier, remote=url, boot_fetch_bytes=0) as run:  # holds what it compiled, no more
         for i in range(2):
             tpc.compile(kernel(410 + i), "c++", options(), cache=run)  # this job needs two of the four
     listing = run_cli("ls", "--dir", str(earlier))
