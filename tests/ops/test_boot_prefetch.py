@@ -87,6 +87,24 @@ def test_without_the_prefetch_a_fresh_node_pays_one_request_per_kernel(tmp_path,
         assert proxy.requests - before == K + 4 and events == []
 
 
+def test_a_fresh_node_that_only_compiles_gets_its_kernels_in_one_listing_and_one_batch(tmp_path, warm_s3, events):
+    """The boot fetch (default on): the first kernel's five requests as above, one listing and one batch of the
+    other K - 1 beside them (manifests stay behind); every later kernel waits for that batch and asks nothing."""
+    proxy, settings = warm_s3
+    with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, **settings) as node:
+        before, stats = proxy.requests, node.stats()
+        for i in range(K):
+            tpc.compile(kernel(400 + i), "c++", options(), cache=node)
+        hit_lessons.wait(("c++", "cubin"), 60)
+        for helper in [t for t in threading.enumerate()
+                       if t.name.startswith(("tiered-progcache-unlease-", "tiered-progcache-boot-fetch"))]:
+            helper.join(60)
+        assert proxy.requests - before == 5 + 1 + (K - 1) and events == []
+        run = node.stats() - stats
+        assert (run["remote"].hits, run["remote"].misses, run["local"].hits) == (1, 0, K - 1)
+        assert len(_names_in(tmp_path / "node")) == K
+
+
 def _slow_remote(sizes: list[int]) -> tuple[RemoteProgramCache, SlowFileSystem, list[str]]:
     """A remote whose entry n has a payload of sizes[n] bytes and was written n seconds after entry 0."""
     fs = SlowFileSystem()

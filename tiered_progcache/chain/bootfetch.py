@@ -46,6 +46,7 @@ class BootFetch:
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
         self._started = False
+        self._given_up = False  # a lookup waited the deadline out: the others no longer wait
         self._pid = os.getpid()
         self._listed = threading.Event()  # the batch's names are known
         self._done = threading.Event()  # the batch landed, or the fetch failed or was not needed
@@ -58,7 +59,8 @@ class BootFetch:
 
         The first call starts the fetch (when the local directory is empty) and returns
         False at once. Later calls for a name in the batch wait for it, at most the
-        store's request deadline; False means "look it up as before".
+        store's request deadline; once one waited that out, none waits any more (a hung
+        store costs one deadline, not one per lookup). False means "look it up as before".
         """
         if not self._started:
             self._start(entry_name(key))
@@ -68,11 +70,19 @@ class BootFetch:
         name = entry_name(key)
         if self._done.is_set():
             return name in self._batch
+        if self._given_up:
+            return False
         limit = self._shared.request_timeout_s
         deadline = None if limit is None else time.monotonic() + limit
-        if not self._listed.wait(limit) or name not in self._batch:
+        if not self._listed.wait(limit):
+            self._given_up = True
             return False
-        return self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if name not in self._batch:
+            return False
+        if self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            return True
+        self._given_up = True
+        return False
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the fetch finished (or was not needed); False if ``timeout`` ran out. For tests and benchmarks."""
