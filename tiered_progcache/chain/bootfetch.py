@@ -18,13 +18,17 @@ import logging
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import one_line
 from ..stores.localdir import LocalDir
 from ..compiling.manifest import manifest_name
 from ..stores.store import EntryStore, StoredEntry, entry_name
 
-__all__ = ["MAX_LISTED", "BootFetch"]
+if TYPE_CHECKING:
+    from ..ops.transfer import TransferReport
+
+__all__ = ["MAX_LISTED", "BootFetch", "boot_fetch_for", "newest_within"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ class BootFetch:
         self._done = threading.Event()  # the batch landed, or the fetch failed or was not needed
         self._batch: frozenset[str] = frozenset()
         #: What the fetch did: ``(listed, TransferReport)``, None until it finished (or if it failed).
-        self.report: tuple[int, object] | None = None
+        self.report: tuple[int, TransferReport | None] | None = None
 
     def landed(self, key: bytes) -> bool:
         """Called on each lookup that reaches the shared tier: True if the batch brought ``key``'s entry.
@@ -93,6 +97,7 @@ class BootFetch:
             if self._started:
                 return
             self._started = True
+            self._pid = os.getpid()  # the process whose thread fetches (a child forked later does not wait for it)
         try:
             empty = next(iter(self._local.iter_entries()), None) is None
         except OSError as exc:
