@@ -196,3 +196,25 @@ def test_a_hanging_listing_holds_one_lookup_at_most_the_store_deadline_and_no_ot
     finally:
         release.set()
         _join_boot_fetch()
+
+
+@pytest.mark.parametrize("value, error", [(float("inf"), TypeError), (1e300, TypeError), (True, TypeError),
+                                          (-1, ValueError), ("1G", TypeError)])
+def test_the_setting_refuses_what_is_not_a_byte_count(tmp_path, value, error):
+    with pytest.raises(error, match="boot_fetch_bytes"):
+        TieredProgramCache(tmp_path, boot_fetch_bytes=value)
+
+
+@pytest.mark.parametrize("text, expected", [("0", 0), ("off", 0), ("1G", 10**9), ("64Mi", 64 << 20)])
+def test_the_variable_reads_sizes_and_off(text, expected):
+    from tiered_progcache.configvalues import ConfigValues
+
+    assert ConfigValues.from_env({"TIERED_PROGCACHE_BOOT_FETCH_BYTES": text}).boot_fetch_bytes == expected
+
+
+@pytest.mark.parametrize("text", ["1e300", "inf", "9" * 400, "-1", "lots"])
+def test_the_variable_refuses_what_is_not_a_size(text):
+    from tiered_progcache.configvalues import ConfigValues
+
+    with pytest.raises(ValueError, match="TIERED_PROGCACHE_BOOT_FETCH_BYTES"):
+        ConfigValues.from_env({"TIERED_PROGCACHE_BOOT_FETCH_BYTES": text})
