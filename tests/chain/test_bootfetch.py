@@ -218,3 +218,28 @@ def test_the_variable_refuses_what_is_not_a_size(text):
 
     with pytest.raises(ValueError, match="TIERED_PROGCACHE_BOOT_FETCH_BYTES"):
         ConfigValues.from_env({"TIERED_PROGCACHE_BOOT_FETCH_BYTES": text})
+
+
+def test_a_store_that_states_no_deadline_is_waited_for_at_most_the_settings_default(tmp_path, monkeypatch):
+    from tiered_progcache.chain import bootfetch
+    from tiered_progcache.testing.wrapper import WrapperEntryStore
+
+    class NoDeadline(WrapperEntryStore):
+        @property
+        def request_timeout_s(self) -> None:
+            return None
+
+    monkeypatch.setattr(bootfetch, "DEFAULT_REMOTE_TIMEOUT_S", 0.2)
+    release = threading.Event()
+    fs = _HangingListing(release)
+    remote = NoDeadline(_store(fs))
+    try:
+        with _chain(tmp_path / "node", remote) as cache:
+            cache._boot._listed = listed = _CountingEvent()
+            looker = threading.Thread(target=lambda: [cache.get(key) for key in KEYS])
+            looker.start()
+            looker.join(60)
+            assert not looker.is_alive() and listed.timed_out == 1
+    finally:
+        release.set()
+        _join_boot_fetch()

@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import one_line
+from ..settings import DEFAULT_REMOTE_TIMEOUT_S
 from ..stores.localdir import LocalDir
 from ..compiling.manifest import manifest_name
 from ..stores.store import EntryStore, StoredEntry, entry_name
@@ -77,13 +78,15 @@ class BootFetch:
         if self._given_up:
             return False
         limit = self._shared.request_timeout_s
-        deadline = None if limit is None else time.monotonic() + limit
+        if limit is None:  # a store that states no deadline: the setting's default bounds the wait
+            limit = DEFAULT_REMOTE_TIMEOUT_S
+        deadline = time.monotonic() + limit
         if not self._listed.wait(limit):
             self._given_up = True
             return False
         if name not in self._batch:
             return False
-        if self._done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+        if self._done.wait(max(0.0, deadline - time.monotonic())):
             return True
         self._given_up = True
         return False
