@@ -34,6 +34,7 @@ from .redact import mask_url
 from .urls import check_redis_url, check_url, is_redis_url
 
 __all__ = [
+    "DEFAULT_BOOT_FETCH_BYTES",
     "DEFAULT_COMPILE_TIME_PRIOR_S",
     "DEFAULT_EXIT_TIMEOUT_S",
     "DEFAULT_LEASE_MIN_COMPILE_RTTS",
@@ -86,6 +87,10 @@ DEFAULT_MAX_PENDING_UPLOADS = 1024
 
 #: Remote requests in flight at once during warm and push (and entries per bulk request).
 DEFAULT_TRANSFER_CONCURRENCY = 64
+
+#: Bytes a fresh node's first shared lookup fetches in one batch, newest first (docs/cluster.md, "A fresh node on a
+#: warm store"): as much as the memory tier holds, a few thousand typical cubins.
+DEFAULT_BOOT_FETCH_BYTES = 256 << 20
 
 #: The longest any waiter waits for another thread, process or node before compiling itself.
 DEFAULT_WAIT_TIMEOUT_S = 300.0
@@ -428,7 +433,28 @@ def _no_text(value: Any) -> Any:
     raise ValueError("has no text form (give it as a Python value)")
 
 
+def _check_budget(value: Any) -> int:
+    """A byte budget: an int of zero (off) or more; a float (``inf``, ``1e300``) is refused, not rounded."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"must be an int (bytes; 0 turns it off), got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"must be zero (off) or a number of bytes, got {value}")
+    return value
+
+
+def _budget_from_text(text: str) -> int:
+    if text.strip().lower() in _FALSE:
+        return 0
+    try:
+        return parse_size(text)
+    except OverflowError:  # more digits than a float holds
+        raise ValueError(f"not a size: {text.strip()[:24]!r}... has more digits than any byte count") from None
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or 0 (off)") from None
+
+
 SIZE = Kind("size", _check_size, _size_from_text, _none_as_word, metavar="SIZE")
+BUDGET = Kind("size", _check_budget, _budget_from_text, _plain_text, metavar="SIZE")
 COUNT = Kind("count", _check_count, _count_from_text, _plain_text, metavar="N")
 SWITCH = Kind("switch", _check_switch, _switch_from_text, lambda value: "1" if value else "0", switch=True)
 SECONDS = Kind("seconds", _check_seconds, _seconds_from_text, _plain_text, metavar="SECONDS")
@@ -539,6 +565,16 @@ SETTINGS: tuple[Setting, ...] = (
         "remote requests in flight at once during warm and push",
         env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
         doc="remote requests in flight at once during `warm`/`push` (raise s3fs's connection pool to match)",
+    ),
+    Setting(
+        "boot_fetch_bytes", BUDGET, DEFAULT_BOOT_FETCH_BYTES,
+        "a fresh node's first shared lookup also fetches the store's newest entries up to this many bytes, e.g. 1G "
+        "(0: off)",
+        env="BOOT_FETCH_BYTES",
+        doc="when a lookup first reaches the shared tier and the local directory holds no entry, one listing and one "
+        "batch of reads bring the newest entries whose stored sizes add up to at most this (and to `max_local_bytes`; "
+        "at most 10000 entries) into the local directory, in the background; `0` turns it off "
+        "([cluster.md](cluster.md#a-fresh-node-on-a-warm-store))",
     ),
     Setting(
         "min_upload_compile_s", SECONDS, None,

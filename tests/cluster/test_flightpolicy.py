@@ -258,7 +258,8 @@ def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_le
     opts = ProgramOptions(arch="sm_90", include_path=[str(include)]) if headers else options()
     if predicted is not None:
         _predicting(fresh_compile_times, source, predicted)
-    with TieredProgramCache(tmp_path / "cache", remote=url, remote_options=storage_options) as cache:
+    with TieredProgramCache(tmp_path / "cache", remote=url, remote_options=storage_options,
+                            boot_fetch_bytes=0) as cache:  # the flight's requests alone, no listing beside them
         cache.get(b"a first request, so the round trip is known")
         before = proxy.requests
         obj = tpc.compile(source, "c++", opts, cache=cache)
@@ -495,7 +496,8 @@ def test_a_short_compile_races_and_the_lookup_that_answers_first_wins_and_the_co
     stop_flight = on_flight(lambda d: lookup_won.set() if d.choice == "raced, found" else None)
     stop_hook = tpc.on_compile(lambda e: lookup_won.wait(JOIN_S))
     try:
-        with TieredProgramCache(tmp_path / "y", remote=url, remote_options=storage_options) as node_y:
+        with TieredProgramCache(tmp_path / "y", remote=url, remote_options=storage_options,
+                                boot_fetch_bytes=0) as node_y:  # the race's lookup, not the boot fetch, answers
             node_y.get(b"a first request, so the round trip is known")
             before, compiled_before = proxy.requests, len(events)
             obj = tpc.compile(kernel(330), "c++", options(), cache=node_y)
@@ -542,7 +544,7 @@ def test_a_raced_compile_that_answers_first_is_returned_while_the_lookup_is_stil
     lookup = remote.hold("read_entry", name=entry_name(held), timeout=JOIN_S)  # "still under way" as a state
     _predicting(compile_times, source, 0.001)
     node = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
-                              lease_min_compile_rtts=1e9)  # fmt: skip
+                              lease_min_compile_rtts=1e9, boot_fetch_bytes=0)  # fmt: skip
     node.get(b"a first request, so the round trip is known")
     returned: list[object] = []
     caller = threading.Thread(target=lambda: returned.append(tpc.compile(source, "c++", options(), cache=node)))

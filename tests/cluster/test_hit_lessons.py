@@ -142,7 +142,7 @@ NODE_B = textwrap.dedent(
     on_flight(lambda d: seen.append(d.choice))
     # k = 1e9 round trips: once a compile time is known, this node races whatever it takes
     with TieredProgramCache(local_dir, remote=url, remote_options=storage_options,
-                            lease_min_compile_rtts=1e9) as cache:
+                            lease_min_compile_rtts=1e9, boot_fetch_bytes=0) as cache:  # each kernel asked for
         cache.get(b"a first request, so the round trip is known")
         tpc.compile(kernel(620), "c++", options(), cache=cache)   # a hit: node A compiled it
         hit_lessons.wait(("c++", "cubin"), 60)                     # its manifest read, off the hit's path

@@ -72,9 +72,9 @@ def test_without_the_prefetch_a_fresh_node_pays_one_request_per_kernel(tmp_path,
     """One GET per kernel, and for the first (a kind this node never timed) four more: the manifest
     read beside its lookup (the node learns CI's compile time from it), the lease create beside both,
     and that unneeded lease's release (a read and a delete). ``lease_min_compile_rtts=0``: every later
-    kernel looks before compiling, so none compiles, whatever the learned time says."""
+    kernel looks before compiling, so none compiles, whatever the learned time says. The boot fetch is off."""
     proxy, settings = warm_s3
-    with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, **settings) as node:
+    with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, boot_fetch_bytes=0, **settings) as node:
         before = proxy.requests
         tpc.compile(kernel(400), "c++", options(), cache=node)
         hit_lessons.wait(("c++", "cubin"), 60)  # the manifest read, off the hit's path
@@ -85,6 +85,24 @@ def test_without_the_prefetch_a_fresh_node_pays_one_request_per_kernel(tmp_path,
         for i in range(1, K):
             tpc.compile(kernel(400 + i), "c++", options(), cache=node)
         assert proxy.requests - before == K + 4 and events == []
+
+
+def test_a_fresh_node_that_only_compiles_gets_its_kernels_in_one_listing_and_one_batch(tmp_path, warm_s3, events):
+    """The boot fetch (default on): the first kernel's five requests as above, one listing and one batch of the
+    other K - 1 beside them (manifests stay behind); every later kernel waits for that batch and asks nothing."""
+    proxy, settings = warm_s3
+    with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, **settings) as node:
+        before, stats = proxy.requests, node.stats()
+        for i in range(K):
+            tpc.compile(kernel(400 + i), "c++", options(), cache=node)
+        hit_lessons.wait(("c++", "cubin"), 60)
+        for helper in [t for t in threading.enumerate()
+                       if t.name.startswith(("tiered-progcache-unlease-", "tiered-progcache-boot-fetch"))]:
+            helper.join(60)
+        assert proxy.requests - before == 5 + 1 + (K - 1) and events == []
+        run = node.stats() - stats
+        assert (run["remote"].hits, run["remote"].misses, run["local"].hits) == (1, 0, K - 1)
+        assert len(_names_in(tmp_path / "node")) == K
 
 
 def _slow_remote(sizes: list[int]) -> tuple[RemoteProgramCache, SlowFileSystem, list[str]]:
@@ -136,7 +154,7 @@ def test_warm_from_a_names_file_lists_nothing_and_reads_only_those(tmp_path):
             tpc.compile(kernel(410 + i), "c++", options(), cache=ci)
         assert ci.flush(60)
     earlier = tmp_path / "earlier-run"
-    with TieredProgramCache(earlier, remote=url) as run:
+    with TieredProgramCache(earlier, remote=url, boot_fetch_bytes=0) as run:  # holds what it compiled, no more
         for i in range(2):
             tpc.compile(kernel(410 + i), "c++", options(), cache=run)  # this job needs two of the four
     listing = run_cli("ls", "--dir", str(earlier))

@@ -5,6 +5,8 @@ requests and TCP connections) and by botocore's ``before-send`` event (which req
 GCS by an aiohttp trace on gcsfs's session; Redis by the server's own ``INFO
 commandstats``; memory:// by the filesystem's calls and file:// by Python's audit events.
 A test gets a private filesystem instance (``skip_instance_cache``), so counts are its own.
+Chains that count one lookup turn the boot fetch off (``boot_fetch_bytes=0``); the compile
+test counts a fresh node with it.
 The figures are the table in docs/performance.md.
 """
 
@@ -85,7 +87,7 @@ def test_s3_a_remote_miss_and_a_remote_hit_are_one_get_each_through_the_chain(s3
     writer = RemoteProgramCache.from_url(s3_wire.url, storage_options=s3_wire.options, strict=True)
     writer[b"present"] = b"a cubin" * 10_000
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
-                            strict=True) as cache:
+                            strict=True, boot_fetch_bytes=0) as cache:
         s3_wire.watch(_remote_of(cache))
         assert s3_wire.requests_during(lambda: _miss(cache, b"absent")) == 1
         assert s3_wire.requests_during(lambda: cache.get(b"present")) == 1
@@ -121,7 +123,7 @@ def test_s3_lookups_reuse_one_connection(s3_wire, tmp_path):
     for key in keys:
         writer[key] = key * 100
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
-                            strict=True) as cache:
+                            strict=True, boot_fetch_bytes=0) as cache:
         assert s3_wire.proxy.connections == 2  # the writer's, and the one the chain's bucket probe opened
         requests = s3_wire.requests_during(lambda: [cache.get(key) for key in keys])
         requests += s3_wire.requests_during(lambda: [_miss(cache, b"missing-%d" % n) for n in range(100)])
@@ -159,6 +161,11 @@ def test_s3_writes_and_lease_operations_are_one_request_each(s3_wire):
                             ("PUT", "lease"), ("DELETE", "lease")]
 
 
+def _join_boot_fetch() -> None:
+    for fetcher in [t for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch"]:
+        fetcher.join(60)
+
+
 def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols(s3_wire, tmp_path, events):
     """Plus, for a node's first kernel of a kind it never timed, four requests (docs/cluster.md, "When nodes wait")."""
     options = ProgramOptions(arch="sm_90", std="c++17")
@@ -177,7 +184,7 @@ def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols
     compile_times.clear()
     # lease_min_compile_rtts=0: once it knows a compile time, it looks before compiling whatever that time says.
     with TieredProgramCache(tmp_path / "fresh", remote=s3_wire.url, remote_options=s3_wire.options,
-                            strict=True, lease_min_compile_rtts=0.0) as fresh:
+                            strict=True, lease_min_compile_rtts=0.0, boot_fetch_bytes=0) as fresh:
         s3_wire.watch(_remote_of(fresh))
         before = s3_wire.proxy.requests
         tiered_progcache.compile(plain, "c++", options, cache=fresh)
@@ -195,6 +202,39 @@ def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols
             templated, "c++", options, cache=fresh, name_expressions=["fill<float>"])) == 2
         assert s3_wire.sent == [("GET", "entry")] * 2  # a kind it knows: no lease, no probe, no listing on a hit
     assert len(events) == compiled  # every kernel came from the remote
+
+
+def test_a_fresh_node_with_the_boot_fetch_asks_one_listing_and_one_batch_beside_its_first_kernel(
+        s3_wire, tmp_path, events):
+    """The first kernel's five requests, plus one listing and one batch of the rest (an entry and its symbol map;
+    manifests stay behind); the second kernel then asks nothing."""
+    options = ProgramOptions(arch="sm_90", std="c++17")
+    plain, templated = matmul_source(16), "template <typename T> __global__ void fill(T* o, T v) { *o = v; }"
+    with TieredProgramCache(tmp_path / "writer", remote=s3_wire.url, remote_options=s3_wire.options) as writer:
+        tiered_progcache.compile(plain, "c++", options, cache=writer)
+        tiered_progcache.compile(templated, "c++", options, cache=writer, name_expressions=["fill<float>"])
+        assert writer.flush(60)
+    for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-lease-")]:
+        releaser.join(60)
+    compiled = len(events)
+    from tiered_progcache.cluster.flightpolicy import compile_times
+
+    compile_times.clear()
+    with TieredProgramCache(tmp_path / "fresh", remote=s3_wire.url, remote_options=s3_wire.options,
+                            strict=True, lease_min_compile_rtts=0.0) as fresh:
+        s3_wire.watch(_remote_of(fresh))
+        before = s3_wire.proxy.requests
+        tiered_progcache.compile(plain, "c++", options, cache=fresh)
+        hit_lessons.wait(("c++", "cubin"), 60)
+        for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-unlease-")]:
+            releaser.join(60)
+        _join_boot_fetch()
+        assert s3_wire.proxy.requests - before == 5 + 1 + 2
+        assert collections.Counter(s3_wire.sent) == {("GET", "entry"): 4, ("GET", "bucket"): 1, ("PUT", "lease"): 1,
+                                                     ("GET", "lease"): 1, ("DELETE", "lease"): 1}
+        assert s3_wire.requests_during(lambda: tiered_progcache.compile(
+            templated, "c++", options, cache=fresh, name_expressions=["fill<float>"])) == 0
+    assert len(events) == compiled
 
 
 # -- GCS (fake-gcs-server) --------------------------------------------------------------------------
@@ -230,7 +270,7 @@ def test_gcs_a_remote_miss_and_a_remote_hit_are_one_get_each_over_one_connection
                    skip_instance_cache=True)
     writer = RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True)
     writer[b"present"] = b"a cubin" * 10_000
-    with TieredProgramCache(tmp_path, remote=gcs_bucket.url, remote_options=options, strict=True) as cache:
+    with TieredProgramCache(tmp_path, remote=gcs_bucket.url, remote_options=options, strict=True, boot_fetch_bytes=0) as cache:
         trace.requests.clear()
         assert trace.requests_during(lambda: _miss(cache, b"absent")) == 1
         assert trace.requests_during(lambda: cache.get(b"present")) == 1
@@ -283,7 +323,7 @@ def test_memory_lookups_make_one_call_each(tmp_path):
     fs = CountingMemoryFS()
     remote = RemoteProgramCache(fs, f"/count-{uuid.uuid4().hex}")
     remote[b"present"] = b"cubin"
-    with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), remote]) as cache:
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), remote], boot_fetch_bytes=0) as cache:
         fs.calls.clear()
         _miss(cache, b"absent")
         assert fs.calls == ["cat_file"]
@@ -315,7 +355,7 @@ def test_file_lookups_are_one_open_each_and_nothing_else(tmp_path):
             sys.addaudithook(_audit)
             sys._tpc_audit_hooked = True  # type: ignore[attr-defined]
         with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"),
-                                       remote]) as cache:
+                                       remote], boot_fetch_bytes=0) as cache:
             absent, present = entry_name(b"absent"), entry_name(b"present")
             _audit_root, _audited = str(root), []
             try:
@@ -347,7 +387,7 @@ def test_redis_a_hit_and_a_miss_are_one_getrange_each(redis_url, redis_server, t
     with RedisProgramCache.from_url(redis_url, strict=True) as tier:
         tier[b"present"] = b"a cubin" * 10_000
         tier.write_entry("ab" * 32, bytes(ONE_READ_PAYLOAD + 1))
-        with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), tier]) as cache:
+        with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), tier], boot_fetch_bytes=0) as cache:
             assert _commands_during(client, lambda: _miss(cache, b"absent")) == {"getrange": 1}
             assert _commands_during(client, lambda: cache.get(b"present")) == {"getrange": 1}
             assert _commands_during(client, lambda: tier.read_entry("ab" * 32)) == {"getrange": 2}

@@ -14,6 +14,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 
 from . import ledger
 from . import exitbudget
+from .bootfetch import boot_fetch_for
 from .._cudacore import as_key_bytes, extract_bytes, memory_cache_recent_keys
 from ..configvalues import ConfigValues
 from ..errors import DeleteFailed, one_line
@@ -158,6 +159,10 @@ class TieredProgramCache(ProgramCacheResource):
         self._recency_hits = 0
         self._identity = identity
         self._settings = settings
+        local_depth = next((i for i, t in enumerate(tiers) if t.local is not None), len(tiers))
+        shared = tiers[self._first_shared].entries if local_depth < self._first_shared < len(tiers) else None
+        self._boot = boot_fetch_for(self._local_store, shared, settings.boot_fetch_bytes, settings.max_local_bytes,
+                                    local_depth)  # a fresh node's first shared lookup also fetches the newest entries
 
     @classmethod
     def _around(cls, resource: ProgramCacheResource) -> TieredProgramCache:
@@ -292,6 +297,11 @@ class TieredProgramCache(ProgramCacheResource):
 
     def _get_from_slower_tiers(self, k: bytes, default: bytes | None, start: int = 1) -> bytes | None:
         for depth, tier in enumerate(self._tiers[start:], start=start):
+            if depth == self._first_shared and self._boot is not None and self._boot.landed(k):
+                data = self._tiers[self._boot.local_depth].lookup(k)  # the boot fetch brought it
+                if data is not None:
+                    self._promote(k, data, self._boot.local_depth)
+                    return data
             data = tier.lookup(k)
             if data is not None:
                 self._promote(k, data, depth)

@@ -127,6 +127,11 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         return self._breaker.tripped_by
 
     @property
+    def request_timeout_s(self) -> float:
+        """The ``remote_timeout`` this store runs each request under."""
+        return self.timeout
+
+    @property
     def max_entry_bytes(self) -> int:
         return self._max_entry_bytes
 

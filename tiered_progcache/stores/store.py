@@ -160,6 +160,11 @@ class EntryStore(abc.ABC):
         return None
 
     @property
+    def request_timeout_s(self) -> float | None:
+        """The deadline of one request to this store, in seconds; None where it has none (a local directory)."""
+        return None
+
+    @property
     @abc.abstractmethod
     def max_entry_bytes(self) -> int:
         """The largest payload this store reads or writes; larger objects are refused while read."""

@@ -270,6 +270,10 @@ class WrapperEntryStore(ProgramCacheResource, EntryStore):
         return self._round_trip_s if self._round_trip_s is not None else self.store.round_trip_s
 
     @property
+    def request_timeout_s(self) -> float | None:
+        return self.store.request_timeout_s
+
+    @property
     def max_entry_bytes(self) -> int:
         return self.store.max_entry_bytes
 

@@ -1,0 +1,245 @@
+"""The boot fetch (chain/bootfetch.py): a fresh node's first shared lookup also brings the newest entries, once.
+
+Counted by the in-memory ``SlowFileSystem`` (requests by operation) and a ``file://`` remote
+(the tier's own counters); a listing that fails or hangs is a ``SlowFileSystem`` whose
+``_find`` raises or waits on an event the test sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.chain.bootfetch import MAX_LISTED, boot_fetch_for, newest_within
+from tiered_progcache.stores.localdir import LocalDir
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.store import StoredEntry, entry_name
+from tiered_progcache.testing.slowfs import SlowFileSystem
+
+from test_singleflight import kernel, options
+
+K = 6
+KEYS = [b"boot-%d" % n for n in range(K)]
+
+
+def _payload(key: bytes, size: int = 100) -> bytes:
+    return (b"cubin:" + key * size)[:size]  # bytes of no code-object format: a local read passes them
+
+
+def _join_boot_fetch() -> None:
+    for fetcher in [t for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch"]:
+        fetcher.join(60)
+        assert not fetcher.is_alive()
+
+
+def _store(fs: SlowFileSystem, sizes: list[int] | None = None, timeout: float | None = None) -> RemoteProgramCache:
+    """K entries, entry n written n seconds after entry 0 (the newest last)."""
+    fs.mkdir("bucket")
+    remote = RemoteProgramCache(fs, "bucket/kernels", timeout=timeout)
+    for n, key in enumerate(KEYS):
+        remote[key] = _payload(key, (sizes or [100] * K)[n])
+        path = fs._strip_protocol(remote.path_for(entry_name(key)))
+        fs.objects[path] = (fs.objects[path][0], 1_000_000.0 + n)
+    fs.requests.clear()
+    return remote
+
+
+def _chain(local: Any, remote: RemoteProgramCache, **settings: Any) -> TieredProgramCache:
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(local), remote], **settings)
+
+
+def test_a_fresh_node_reads_k_entries_in_one_listing_one_batch_and_the_first_lookup(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger: its own GET, the fetch beside it
+        for key in KEYS[1:]:
+            assert cache.get(key) == _payload(key)  # waits for the batch, then reads the local directory
+        _join_boot_fetch()
+        assert dict(fs.requests) == {"get": 1 + (K - 1), "list": 1}
+        stats = cache.stats()
+        assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (1, 0, K - 1)
+        assert {e.name for e in LocalDir(tmp_path / "node").iter_entries()} == {entry_name(k) for k in KEYS}
+        assert cache.get(b"absent") is None and fs.requests["get"] == K + 1  # a name not in the batch: as before
+
+
+def test_compile_on_a_fresh_node_against_a_warm_file_store_asks_the_store_once(tmp_path, events):
+    url = (tmp_path / "remote").as_uri()
+    (tmp_path / "remote").mkdir()
+    with TieredProgramCache(tmp_path / "ci", remote=url) as ci:
+        for i in range(K):
+            tpc.compile(kernel(600 + i), "c++", options(), cache=ci)
+        assert ci.flush(60)
+    ran = len(events)
+    with TieredProgramCache(tmp_path / "node", remote=url, lease_min_compile_rtts=0.0) as node:
+        for i in range(K):
+            tpc.compile(kernel(600 + i), "c++", options(), cache=node)
+        _join_boot_fetch()
+        stats = node.stats()
+        assert (stats["remote"].hits, stats["remote"].misses) == (1, 0)  # the trigger; the rest came in the batch
+        assert stats["local"].hits == K - 1 and len(events) == ran
+
+
+def test_a_local_directory_that_holds_an_entry_never_fetches(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    LocalDir(tmp_path / "node").write_entry(entry_name(b"here"), b"cubin:here")
+    with _chain(tmp_path / "node", remote) as cache:
+        for key in KEYS:
+            assert cache.get(key) == _payload(key)
+        assert not [t for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch"]
+        assert dict(fs.requests) == {"get": K}
+
+
+def test_zero_turns_it_off(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote, boot_fetch_bytes=0) as cache:
+        for key in KEYS:
+            assert cache.get(key) == _payload(key)
+        assert dict(fs.requests) == {"get": K}
+
+
+def test_the_byte_budget_takes_exactly_the_newest_entries_whose_stored_sizes_fit(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs, sizes=[100, 200, 300, 400, 500, 600])
+    stored = {e.name: e.size for e in remote.iter_entries()}  # envelopes: payload and header
+    newest3 = [entry_name(k) for k in KEYS[3:]]
+    budget = sum(stored[name] for name in newest3)
+    for given, expected in [(budget, newest3), (budget - 1, newest3[1:])]:
+        fs.requests.clear()
+        with _chain(tmp_path / f"node-{given}", remote, boot_fetch_bytes=given) as cache:
+            assert cache.get(b"absent") is None  # a trigger the store does not hold
+            _join_boot_fetch()
+            assert {e.name for e in LocalDir(tmp_path / f"node-{given}").iter_entries()} == set(expected)
+            assert dict(fs.requests) == {"get": 1 + len(expected), "list": 1}
+
+
+def test_the_local_cap_bounds_the_budget_and_the_pick_leaves_manifests_and_the_trigger_behind():
+    from tiered_progcache.compiling.manifest import manifest_name
+
+    a, b, c = (entry_name(x) for x in (b"a", b"b", b"c"))
+    listed = [StoredEntry(a, 10, 3.0), StoredEntry(manifest_name(a), 1, 4.0), StoredEntry(b, 10, 2.0),
+              StoredEntry(c, 10, None)]
+    assert newest_within(listed, 10**300) == [a, b, c]  # any int budget is safe: the listing bounds it
+    assert newest_within(listed, 20, leave_out=a) == [b, c]
+    assert newest_within(listed, 19) == [a]
+    local, remote = LocalDir("/nonexistent"), RemoteProgramCache(SlowFileSystem(), "bucket/x")
+    assert boot_fetch_for(local, remote, 100, 50, 1)._max_bytes == 50
+    assert boot_fetch_for(local, remote, 0, None, 1) is None and boot_fetch_for(None, remote, 100, None, 1) is None
+    assert MAX_LISTED == 10_000
+
+
+class _FailingListing(SlowFileSystem):
+    async def _find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, **kwargs: Any) -> Any:
+        self.requests["list"] += 1
+        raise PermissionError("listing refused")
+
+
+def test_a_failing_listing_costs_only_itself_and_is_logged_once(tmp_path, caplog):
+    fs = _FailingListing()
+    remote = _store(fs)
+    with caplog.at_level(logging.WARNING, "tiered_progcache.chain.bootfetch"):
+        with _chain(tmp_path / "node", remote) as cache:
+            for key in KEYS:
+                assert cache.get(key) == _payload(key)
+            _join_boot_fetch()
+            assert dict(fs.requests) == {"get": K, "list": 1}
+    logged = [r for r in caplog.records if r.name == "tiered_progcache.chain.bootfetch"]
+    assert len(logged) == 1 and "listing refused" in logged[0].getMessage()
+
+
+class _HangingListing(SlowFileSystem):
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    async def _find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, **kwargs: Any) -> Any:
+        self.requests["list"] += 1
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        return {}
+
+
+class _CountingEvent(threading.Event):
+    def __init__(self) -> None:
+        super().__init__()
+        self.timed_out = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        done = super().wait(timeout)
+        self.timed_out += not done
+        return done
+
+
+def test_a_hanging_listing_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path):
+    release = threading.Event()
+    fs = _HangingListing(release)
+    remote = _store(fs, timeout=0.2)  # a listing gets MIN_LIST_TIMEOUT_S; a waiting lookup only this
+    try:
+        with _chain(tmp_path / "node", remote) as cache:
+            cache._boot._listed = listed = _CountingEvent()
+            answers: list[bytes | None] = []
+            looker = threading.Thread(target=lambda: answers.extend(cache.get(key) for key in KEYS))
+            looker.start()
+            looker.join(60)
+            assert not looker.is_alive() and answers == [_payload(key) for key in KEYS]
+            assert dict(fs.requests) == {"get": K, "list": 1}  # each lookup went to the store, as before
+            assert listed.timed_out == 1  # the second lookup waited the deadline out; the others did not wait
+    finally:
+        release.set()
+        _join_boot_fetch()
+
+
+@pytest.mark.parametrize("value, error", [(float("inf"), TypeError), (1e300, TypeError), (True, TypeError),
+                                          (-1, ValueError), ("1G", TypeError)])
+def test_the_setting_refuses_what_is_not_a_byte_count(tmp_path, value, error):
+    with pytest.raises(error, match="boot_fetch_bytes"):
+        TieredProgramCache(tmp_path, boot_fetch_bytes=value)
+
+
+@pytest.mark.parametrize("text, expected", [("0", 0), ("off", 0), ("1G", 10**9), ("64Mi", 64 << 20)])
+def test_the_variable_reads_sizes_and_off(text, expected):
+    from tiered_progcache.configvalues import ConfigValues
+
+    assert ConfigValues.from_env({"TIERED_PROGCACHE_BOOT_FETCH_BYTES": text}).boot_fetch_bytes == expected
+
+
+@pytest.mark.parametrize("text", ["1e300", "inf", "9" * 400, "-1", "lots"])
+def test_the_variable_refuses_what_is_not_a_size(text):
+    from tiered_progcache.configvalues import ConfigValues
+
+    with pytest.raises(ValueError, match="TIERED_PROGCACHE_BOOT_FETCH_BYTES"):
+        ConfigValues.from_env({"TIERED_PROGCACHE_BOOT_FETCH_BYTES": text})
+
+
+def test_a_store_that_states_no_deadline_is_waited_for_at_most_the_settings_default(tmp_path, monkeypatch):
+    from tiered_progcache.chain import bootfetch
+    from tiered_progcache.testing.wrapper import WrapperEntryStore
+
+    class NoDeadline(WrapperEntryStore):
+        @property
+        def request_timeout_s(self) -> None:
+            return None
+
+    monkeypatch.setattr(bootfetch, "DEFAULT_REMOTE_TIMEOUT_S", 0.2)
+    release = threading.Event()
+    fs = _HangingListing(release)
+    remote = NoDeadline(_store(fs))
+    try:
+        with _chain(tmp_path / "node", remote) as cache:
+            cache._boot._listed = listed = _CountingEvent()
+            looker = threading.Thread(target=lambda: [cache.get(key) for key in KEYS])
+            looker.start()
+            looker.join(60)
+            assert not looker.is_alive() and listed.timed_out == 1
+    finally:
+        release.set()
+        _join_boot_fetch()
