@@ -37,7 +37,7 @@ from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
-from test_singleflight import kernel, options
+from test_singleflight import Work, kernel, options
 
 JOIN_S = 90
 
@@ -765,7 +765,7 @@ def _cache_at(tmp_path, round_trip_s: float) -> TieredProgramCache:
 def test_a_short_compile_with_nothing_left_to_race_compiles_without_a_lease_and_reports_its_figures(
         tmp_path, decisions):
     """run_once without ``race`` for a compile predicted short: one look, then the work; no lease."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     cache = _cache_at(tmp_path, 0.05)
     looks, made = [], []
@@ -787,7 +787,7 @@ def test_a_short_compile_with_nothing_left_to_race_compiles_without_a_lease_and_
 
 
 def test_a_raced_lookup_that_answers_first_is_reported_with_the_estimate_and_round_trip(tmp_path, decisions):
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     cache = _cache_at(tmp_path, 0.05)
     dropped_seen = threading.Event()
@@ -801,7 +801,7 @@ def test_a_raced_lookup_that_answers_first_is_reported_with_the_estimate_and_rou
         work = Work(find=lambda: ("found", "shared"), produce=lambda: ("made", "shared"),
                     adopt=lambda shared: shared, produce_unless=produce_unless)
         assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, compile_estimate_s=0.01,
-                        race=True) == "found"
+                        case="short") == "found"
         assert dropped_seen.wait(JOIN_S)
         assert decisions == [FlightDecision(entry_name(b"raced key"), "raced, found", 0.01, 0.05)]
     finally:
@@ -810,7 +810,7 @@ def test_a_raced_lookup_that_answers_first_is_reported_with_the_estimate_and_rou
 
 def test_a_hit_right_after_taking_the_lease_is_reported_found_with_the_time_it_took(tmp_path, decisions):
     """Another process of this node stored the entry just before this one took the lease: no work."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     cache = _cache_at(tmp_path, 0.05)
     try:
@@ -827,7 +827,7 @@ def test_a_hit_right_after_taking_the_lease_is_reported_found_with_the_time_it_t
 
 def test_a_waiter_that_gets_the_holders_entry_reports_waited_with_both_estimates(tmp_path, decisions):
     from tiered_progcache.cluster.lease import RemoteLease
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     cache = _cache_at(tmp_path, 0.05)
     name = entry_name(b"waited key")

@@ -28,7 +28,7 @@ from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
 from test_compile import RemoteWithoutAtomicCreate
-from test_singleflight import BROKEN, collect_outcomes, kernel, options
+from test_singleflight import Work, BROKEN, collect_outcomes, kernel, options
 
 SPAWN = mp.get_context("spawn")
 JOIN_S = 90
@@ -346,7 +346,7 @@ class UnsealingRemote(RemoteProgramCache):
 def test_a_failure_that_cannot_be_sealed_releases_the_lease_and_says_why(tmp_path, caplog):
     """The holder's work fails and its record cannot be sealed: the error reaches the caller, the lease is
     deleted (its waiters retry rather than wait out its TTL), and the warning names the entry and the cause."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir()
@@ -377,7 +377,7 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
     from cuda.core.utils import make_program_cache_key
 
     from tiered_progcache.chain import exitbudget
-    from tiered_progcache.cluster import singleflight
+    from tiered_progcache.cluster import flightpolicy
 
     class RecordingBudget(exitbudget.ExitBudget):
         """An exit budget of its own, recording each thread it is asked to wait for."""
@@ -392,7 +392,7 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
 
     budget = RecordingBudget()
     monkeypatch.setattr(exitbudget, "PROCESS", budget)
-    monkeypatch.setattr(singleflight, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(flightpolicy, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
     key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
     stuck = threading.Event()
@@ -438,7 +438,7 @@ class RemoteWithoutLeases(RemoteProgramCache):
 ])
 def test_a_store_that_cannot_hold_leases_is_said_once_per_store(tmp_path, caplog, remote_class, says):
     """Node-level single-flight only, and a warning naming each such store once (not once per compile)."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     caplog.set_level("WARNING", logger="tiered_progcache.cluster.singleflight")
     locations = []

@@ -21,11 +21,15 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
-__all__ = ["GIL_DISABLED", "CacheStats", "CompileTally", "CompileTotals", "TierCounters", "TierStats"]
+__all__ = ["FLIGHT_DECISIONS", "GIL_DISABLED", "CacheStats", "CompileTally", "CompileTotals", "FlightCounts",
+           "TierCounters", "TierStats"]
 
 #: True on a free-threaded build running without the GIL: plain ``+=`` on a shared int loses counts there.
 GIL_DISABLED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
 _LATENCY_WINDOW = 2048  # most recent samples kept per operation for percentiles
+
+#: The decisions a missed compile's flight across nodes ends in (docs/cluster.md, "Every decision counted").
+FLIGHT_DECISIONS = ("raced_won", "raced_found", "held", "waited", "found_under_lease", "failed", "gave_up", "no_lease")
 
 #: Fields of :class:`TierStats` that count events and so subtract; the others are
 #: gauges (entries held, latency percentiles) that a difference keeps from ``after``.
@@ -95,6 +99,8 @@ class CacheStats(Mapping[str, TierStats]):
     """
 
     tiers: tuple[tuple[str, TierStats], ...]
+    #: Flight decisions across nodes, decision -> count (every one of :data:`FLIGHT_DECISIONS`).
+    flight: Mapping[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(FLIGHT_DECISIONS, 0))
 
     def __getitem__(self, name: str) -> TierStats:
         for tier_name, tier_stats in self.tiers:
@@ -113,7 +119,8 @@ class CacheStats(Mapping[str, TierStats]):
             return NotImplemented
         earlier = dict(other.tiers)
         return CacheStats(
-            tuple((name, now - earlier[name]) if name in earlier else (name, now) for name, now in self.tiers)
+            tuple((name, now - earlier[name]) if name in earlier else (name, now) for name, now in self.tiers),
+            {decision: n - other.flight.get(decision, 0) for decision, n in self.flight.items()},
         )
 
     @property
@@ -255,3 +262,24 @@ class CompileTally:
     def snapshot(self) -> CompileTotals:
         with self._lock:
             return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds)
+
+
+class FlightCounts:
+    """How many flights across nodes ended in each decision (:data:`FLIGHT_DECISIONS`) through one cache; thread-safe."""
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(FLIGHT_DECISIONS, 0)
+        self._lock = threading.Lock()
+
+    def count(self, decision: str) -> None:
+        """One more flight that ended in ``decision``; ValueError for a name not in :data:`FLIGHT_DECISIONS`."""
+        if decision not in FLIGHT_DECISIONS:
+            raise ValueError(f"unknown flight decision {decision!r}; expected one of {', '.join(FLIGHT_DECISIONS)}")
+        with self._lock:
+            self._counts[decision] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)

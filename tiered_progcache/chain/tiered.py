@@ -22,7 +22,7 @@ from ..stores.localdir import LocalDir, default_local_dir
 from .policy import TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import STATS_FILE_ENV, by_name, remote_urls
-from .stats import GIL_DISABLED, CacheStats, CompileTally
+from .stats import GIL_DISABLED, CacheStats, CompileTally, FlightCounts
 from ..stores.ratelimit import RateLimitedLogger
 from ..stores.store import EntryStore
 from .tier import Tier, bare_policy, default_policy
@@ -143,6 +143,7 @@ class TieredProgramCache(ProgramCacheResource):
         self._explain_misses = explain_misses
         self._flight_policy = flight_policy
         self._compile_tally = CompileTally()
+        self._flight_counts = FlightCounts()
         self._identity = identity
         self._settings = settings
 
@@ -213,9 +214,14 @@ class TieredProgramCache(ProgramCacheResource):
         """The compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and saved through this cache."""
         return self._compile_tally
 
+    @property
+    def flight_counts(self) -> FlightCounts:
+        """The flight decisions across nodes :func:`tiered_progcache.compiling.compile` made through this cache."""
+        return self._flight_counts
+
     def stats(self) -> CacheStats:
-        """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
-        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers))
+        """An immutable per-tier snapshot and the flight decisions; ``after - before`` gives one run's counters."""
+        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers), self._flight_counts.snapshot())
 
     def __repr__(self) -> str:
         chain = " -> ".join(f"{t.name}:{type(t.resource).__name__}" for t in self._tiers)

@@ -24,8 +24,8 @@ never a hang.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -38,14 +38,7 @@ from cuda.core.utils import ProgramCacheResource
 from .compileargs import check_arguments, knobs_for
 from ..chain.defaultcache import default_cache
 from .explain import explain_key
-from ..cluster.flightpolicy import (
-    LESSON_WAIT_RTTS,
-    POLL_FLOOR_S,
-    compile_size,
-    compile_times,
-    hit_lessons,
-    untimed_estimate,
-)
+from ..cluster.flightpolicy import compile_size, compile_times, untimed_estimate
 from ..hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from .manifest import (
@@ -56,7 +49,7 @@ from .manifest import (
     encode_manifest,
     manifest_key,
 )
-from ..cluster.singleflight import Work, run_once, takes_cluster_leases
+from ..cluster.singleflight import SHORT, plan, run_once
 from ..settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from ..stores.store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -307,76 +300,22 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     size = compile_size(len(source), len(compiled.headers))
     estimate = _predict(cache, code_type, target, size)
-    # A compile predicted short against the round trip races the shared lookup (a kind never
-    # timed: predicted from its size), and one of unknown length sends the shared lookup
-    # beside its lease create: both look nearby first.
-    planned = untimed_estimate(size) if estimate is None else estimate
-    race = single_flight and _races(cache, planned)
-    unknown = single_flight and not race and estimate is None and takes_cluster_leases(cache)
-    found = _find(cache, key, target, options, names, nearby_only=race or unknown)
+    case, _ = plan(cache, estimate) if single_flight else (None, None)
+    found = _find(cache, key, target, options, names, nearby_only=case == SHORT)  # a short race looks nearby first
     if found is not None:
         _record_hit(cache, key)
-        if estimate is None:
-            _learn_from_hit(cache, key, code_type, target, size, read_shared=False)
         return found[0]
     if cache.explain_misses:
         _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
-    job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs, size)
-    if not single_flight:
+    job = _Job(cache, compiled, source, code_type, options, target, names, extra_digest, logs, size)
+    if case is None:
         return _compile_and_store(cache, job)[0]
-
-    # Racing, the nearby tiers have missed already: the race's lookup is the shared tier's,
-    # and its hit is counted only if it is the answer (found).
-    if race:
-        find = functools.partial(_find, cache, key, target, options, names, shared_only=True)
-    else:
-        find = functools.partial(_find_after_waiting, cache, key, target, options, names)
-    produce = functools.partial(_compile_and_store, cache, job)
-
-    def produce_unless(dropped: threading.Event) -> tuple[ObjectCode, _Outcome]:
-        return _compile_and_store(cache, job, dropped)
-
-    def adopt(outcome: _Outcome) -> ObjectCode:
-        return _wrap(outcome.data, target, options, outcome.mapping)
-
-    def found() -> None:
-        _record_hit(cache, key)
-
-    look = None
-    if unknown:
-        look = functools.partial(_find_after_waiting, cache, key, target, options, names, shared_only=True)
-        _learn_from_hit(cache, key, code_type, target, size)  # the manifest read goes out beside the lookup
-    obj = run_once(cache, key, Work(find, produce, adopt, produce_unless, found, look), wait_timeout=wait_timeout,
-                   lease_ttl=lease_ttl, compile_estimate_s=planned if race else estimate, race=race)
-    if estimate is None:
-        _learn_from_hit(cache, key, code_type, target, size)  # served another's entry: what did it take?
-    return obj
+    return run_once(cache, key, job, wait_timeout=wait_timeout, lease_ttl=lease_ttl, case=case, estimate_s=estimate)
 
 
-def _learn_from_hit(cache: TieredProgramCache, key: bytes, code_type: str, target: str, size: int,
-                    read_shared: bool = True) -> None:
-    """Where this node has no estimate for the kind, learn it from the compile time in entry ``key``'s manifest.
-
-    From what the hit's tally already read on this node, at once; otherwise, with
-    ``read_shared`` (the lookup went to the shared tier anyway), the manifest is read from
-    the chain (a promoted hit brings the binary alone) on a daemon thread, off the hit's
-    path (:class:`~.flightpolicy.HitLessons`). A hit nearby never costs a request.
-    """
-    if compile_times.predict(code_type, target, size) is not None:
-        return
-    seconds = _saved.get((id(cache.identity), key))
-    if seconds is not None:
-        if compile_times.learn(code_type, target, seconds, size):
-            _save_times(cache)
-        return
-    if not read_shared or cache.shared_store is None:
-        return
-    hit_lessons.start((code_type, target), key, functools.partial(_manifest_seconds, cache, key), size,
-                      on_learned=functools.partial(_save_times, cache))
-
-
-#: Local directories whose persisted compile times this process has read (each once).
+#: Local directories whose persisted compile times this process has read (each once), and stores it seeded.
 _times_loaded: set[str] = set()
+_seeded: set[tuple[str, str]] = set()
 
 
 def _times_dir(cache: TieredProgramCache) -> str | None:
@@ -384,29 +323,26 @@ def _times_dir(cache: TieredProgramCache) -> str | None:
     return None if local is None else os.fspath(local.root)
 
 
-def _predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float | None:
-    """The compile time this node predicts for a compile of ``size``; None where it has timed none of the kind."""
+def _predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float:
+    """``C``: what this node predicts for a compile of ``size``, from its own compiles, else from the size alone.
+
+    The first call per local directory loads what earlier processes measured there, and seeds the
+    shared store's round trip with the one persisted for it, so ``R`` is known before the first kernel.
+    """
     directory = _times_dir(cache)
     if directory is not None and directory not in _times_loaded:
         with _counter_lock:
             _times_loaded.add(directory)
         compile_times.load(directory)
-    estimate = compile_times.predict(code_type, target, size)
-    if estimate is None and hit_lessons.in_flight((code_type, target)):
-        # A hit's manifest is being read (sent with that hit's lookup or right after it): plan with what it brings.
-        shared = cache.shared_store
-        round_trip = (shared.round_trip_s if shared is not None else None) or 0.0
-        hit_lessons.wait((code_type, target), LESSON_WAIT_RTTS * round_trip + POLL_FLOOR_S)
-        estimate = compile_times.predict(code_type, target, size)
-    return estimate
-
-
-def _races(cache: TieredProgramCache, estimate: float | None) -> bool:
-    """True where the policy predicts the compile short against the shared store's round trip."""
-    if estimate is None:
-        return False
     shared = cache.shared_store
-    return shared is not None and cache.flight_policy.races(estimate, shared.round_trip_s)
+    if directory is not None and shared is not None and (directory, shared.location) not in _seeded:
+        with _counter_lock:
+            _seeded.add((directory, shared.location))
+        persisted = compile_times.round_trip(shared.location)
+        if persisted is not None:
+            shared.seed_round_trip(persisted)
+    estimate = compile_times.predict(code_type, target, size)
+    return untimed_estimate(size) if estimate is None else estimate
 
 
 def _compile_declined(
@@ -460,21 +396,6 @@ def _find(
     return _wrap(data, target, options, mapping), _Outcome(data, mapping)
 
 
-def _find_after_waiting(
-    cache: TieredProgramCache,
-    key: bytes,
-    target: str,
-    options: ProgramOptions,
-    names: tuple[str | bytes, ...],
-    shared_only: bool = False,
-) -> tuple[ObjectCode, _Outcome] | None:
-    """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
-    found = _find(cache, key, target, options, names, shared_only=shared_only)
-    if found is not None:
-        _record_hit(cache, key)
-    return found
-
-
 def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
     name = options.name or ""
     return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
@@ -482,8 +403,9 @@ def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapp
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
-    """One compile to run: its key and everything the compiler and the manifest need."""
+    """One missed compile: its key and everything the compiler and the manifest need, and the flight's three verbs."""
 
+    cache: TieredProgramCache
     compiled: CompileKey
     source: str | bytes
     code_type: str
@@ -493,6 +415,25 @@ class _Job:
     extra_digest: bytes | None
     logs: Any
     size: int
+
+    def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Outcome] | None:
+        """The entry, once single-flight gave this caller its turn (a hit is another's compile, saved).
+
+        ``shared_only`` (a race's lookup): the shared tiers alone, and its hit is recorded only if it is the answer.
+        """
+        found = _find(self.cache, self.compiled.key, self.target, self.options, self.names, shared_only=shared_only)
+        if found is not None and not shared_only:
+            _record_hit(self.cache, self.compiled.key)
+        return found
+
+    def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Outcome]:
+        return _compile_and_store(self.cache, self, dropped)
+
+    def adopt(self, outcome: _Outcome, found: bool = False) -> ObjectCode:
+        """Another thread's outcome as this one's result; ``found``: it came from a race's lookup (a hit)."""
+        if found:
+            _record_hit(self.cache, self.compiled.key)
+        return _wrap(outcome.data, self.target, self.options, outcome.mapping)
 
 
 def _compile_and_store(
@@ -506,6 +447,7 @@ def _compile_and_store(
         obj = program.compile(target, name_expressions=names, logs=job.logs)
     except BaseException:
         failed_after = time.perf_counter() - started
+        compile_times.record(code_type, target, math.nan, job.size)  # not a rate, but the compiler's first use is past
         cache.compile_tally.count_compile(failed_after)
         _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
         raise
@@ -541,10 +483,13 @@ def _compile_and_store(
 
 
 def _save_times(cache: TieredProgramCache) -> None:
-    """Keep this node's compile times in its local directory for its next process; a failure costs only that."""
+    """Keep this node's compile rates and its store's round trip in its local directory for its next process."""
     directory = _times_dir(cache)
     if directory is None:
         return
+    shared = cache.shared_store
+    if shared is not None:
+        compile_times.note_round_trip(shared.location, shared.round_trip_s)
     try:
         compile_times.save(directory)
     except OSError as exc:

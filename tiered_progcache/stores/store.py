@@ -146,6 +146,9 @@ class EntryStore(abc.ABC):
         """The median time one request to this store took lately, in seconds; None where unknown (or local)."""
         return None
 
+    def seed_round_trip(self, seconds: float) -> None:
+        """Count ``seconds`` (what this node measured in an earlier process) as one round trip; nothing here."""
+
     @property
     @abc.abstractmethod
     def max_entry_bytes(self) -> int:
