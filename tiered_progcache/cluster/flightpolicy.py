@@ -147,11 +147,10 @@ class CompileTimes:
             return self._round_trips.get(location)
 
     def clear(self) -> None:
-        """Forget everything (tests; a process whose workload changed completely)."""
+        """Forget rates and round trips (tests; a changed workload). A compiler's first use stays behind it."""
         with self._lock:
             self._rates.clear()
             self._round_trips.clear()
-            self._used.clear()
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Write rates and round trips to ``directory/compile-times.json`` (staged and renamed). Raises OSError."""
