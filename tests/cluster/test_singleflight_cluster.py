@@ -278,7 +278,7 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     remote_a = WrapperEntryStore(RemoteProgramCache.from_url(url))
-    upload = remote_a.hold("write_entry", timeout=JOIN_S)  # "the upload has not landed yet" as a state
+    upload = remote_a.hold("create_entry", timeout=JOIN_S)  # "the upload has not landed yet" as a state
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a],
                                 **WAIT_FOR_HOLDER)
     start = tpc.compile_count()
@@ -317,7 +317,7 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
     key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
     remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
-    gates = {k: remote.hold("write_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
+    gates = {k: remote.hold("create_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
                                 **WAIT_FOR_HOLDER)
     try:
@@ -400,10 +400,10 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
     class StuckUploadRemote(RemoteProgramCache):
         """A real file:// remote whose upload of ``key`` waits until the test ends: it never lands meanwhile."""
 
-        def __setitem__(self, k, value) -> None:
-            if bytes(k) == key:
+        def create_entry(self, entry, payload) -> bool:  # an upload is a conditional create
+            if entry == name:
                 assert stuck.wait(JOIN_S)
-            super().__setitem__(k, value)
+            return super().create_entry(entry, payload)
 
     remote = StuckUploadRemote.from_url(f"file://{tmp_path / 'remote'}")
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
