@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..stores import fsutil
-from .stats import CompileTally, CompileTotals, TierCounters
+from .stats import CompileTally, CompileTotals, FlightCounts, TierCounters
 
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
@@ -52,6 +52,7 @@ class Totals:
     saved_seconds: float = 0.0
     reports: int = 0
     zeroed_at: float | None = None
+    flight: tuple[tuple[str, int], ...] = ()  # flight decisions across nodes (docs/cluster.md), decision -> count
 
     @property
     def hit_count(self) -> int:
@@ -60,19 +61,23 @@ class Totals:
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["hits"] = dict(self.hits)
+        out["flight"] = dict(self.flight)
         return out
 
 
 class _Book:
     """One cache's counters and what it reported last (so each report adds only what is new)."""
 
-    def __init__(self, path: Path, tiers: list[tuple[str, TierCounters]], tally: CompileTally) -> None:
+    def __init__(self, path: Path, tiers: list[tuple[str, TierCounters]], tally: CompileTally,
+                 flight: FlightCounts | None = None) -> None:
         self.path = path
         self.tiers = tiers
         self.tally = tally
+        self.flight = flight
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._sent = self._now()
+        self._sent_flight = flight.snapshot() if flight is not None else {}
 
     def _now(self) -> tuple[dict[str, tuple[int, int, int]], CompileTotals]:
         return {name: (c.hits, c.misses, c.errors) for name, c in self.tiers}, self.tally.snapshot()
@@ -84,6 +89,9 @@ class _Book:
             tiers, totals = self._now()
             sent_tiers, sent_totals = self._sent
             self._sent = (tiers, totals)
+            flight = self.flight.snapshot() if self.flight is not None else {}
+            flown = {k: n - self._sent_flight.get(k, 0) for k, n in flight.items() if n != self._sent_flight.get(k, 0)}
+            self._sent_flight = flight
         delta = {name: tuple(a - b for a, b in zip(now, sent_tiers[name])) for name, now in tiers.items()}
         done = totals - sent_totals
         if not tiers:
@@ -103,6 +111,8 @@ class _Book:
             "compile_seconds": round(done.compile_seconds, 6),
             "saved_seconds": round(done.saved_seconds, 6),
         }
+        if flown:
+            line["flight"] = flown
         append_line(self.path, json.dumps(line, separators=(",", ":")) + "\n")
 
 
@@ -115,7 +125,8 @@ _hooked = False
 def register(cache: TieredProgramCache, local_root: str | os.PathLike[str]) -> None:
     """Report ``cache``'s counters to ``<local_root>/stats.jsonl`` at exit and at ``close()``."""
     global _hooked
-    book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
+    book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally,
+                 cache.flight_counts)
     with _lock:
         _books[cache] = book
         _all.append(book)
@@ -162,6 +173,7 @@ def append_line(path: str | os.PathLike[str], text: str) -> bool:
 def read_totals(local_root: str | os.PathLike[str]) -> Totals:
     """The sums of every report in ``<local_root>/stats.jsonl`` (lines that do not parse are skipped)."""
     hits: dict[str, int] = {}
+    flight: dict[str, int] = {}
     sums = dict.fromkeys(("lookups", "misses", "errors", "compiles"), 0)
     seconds = dict.fromkeys(("compile_seconds", "saved_seconds"), 0.0)
     reports, zeroed_at = 0, None
@@ -185,6 +197,9 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
                 for name, n in doc["hits"].items():
                     if isinstance(n, int):
                         hits[name] = hits.get(name, 0) + n
+                for decision, n in (doc["flight"].items() if isinstance(doc.get("flight"), dict) else ()):
+                    if isinstance(n, int) and not isinstance(n, bool):
+                        flight[str(decision)] = flight.get(str(decision), 0) + n
                 for field in sums:
                     if isinstance(doc.get(field), int):
                         sums[field] += doc[field]
@@ -193,7 +208,8 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
                         seconds[field] += float(doc[field])
     except FileNotFoundError:
         pass
-    return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at, **sums, **seconds)
+    return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at, flight=tuple(flight.items()),
+                  **sums, **seconds)
 
 
 def zero(local_root: str | os.PathLike[str], *, now: float | None = None) -> None:

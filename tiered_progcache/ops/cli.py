@@ -544,6 +544,7 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
     print(f"misses                  {totals.misses}")
     print(f"NVRTC runs              {totals.compiles} ({totals.compile_seconds:.2f} s compiling)")
     print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)")
+    print(f"flight decisions        {_flight_line(dict(totals.flight))}")
     print(f"errors                  {totals.errors}")
     size = format_size(local["bytes"])
     if cap is None:
@@ -559,6 +560,11 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
             print(f"{row['tier']:<8} {'-':>8} {'-':>9} {'-':>12}  {row['where']} (pass --remote to list it)")
         else:
             print(f"{row['tier']:<8} {row['kernels']:>8} {row['metadata']:>9} {format_size(row['bytes']):>12}  {row['where']}")
+
+
+def _flight_line(flight: dict[str, int]) -> str:
+    """The flight decisions that happened, ``raced_won 3, held 1`` (docs/cluster.md), or ``none``."""
+    return ", ".join(f"{decision} {n}" for decision, n in flight.items() if n) or "none"
 
 
 def _write_prometheus(args: argparse.Namespace, text: str) -> None:
@@ -607,7 +613,8 @@ def _stats_of_run(args: argparse.Namespace) -> int:
         _print_json({"command": list(run.argv), "exit_code": run.returncode, "seconds": round(run.seconds, 3),
                      "processes": run.processes, "caches": len(run.reports), "hits": totals.hits,
                      "misses": totals.misses, "compiles": compiled.compiles,
-                     "compile_seconds": round(compiled.compile_seconds, 6), "tiers": tiers})  # fmt: skip
+                     "compile_seconds": round(compiled.compile_seconds, 6), "tiers": tiers,
+                     "flight": dict(totals.flight)})  # fmt: skip
     else:
         _print_run_table(run, compiled)
     return run.exit_code
@@ -632,6 +639,7 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
     print(f"misses       {totals.misses} (missed by every tier)")
     print(f"NVRTC runs   {compiled.compiles} ({compiled.compile_seconds:.2f} s compiling; "
           f"{compiled.saved_seconds:.2f} s saved by hits)")  # fmt: skip
+    print(f"flight       {_flight_line(dict(totals.flight))}")
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]
     rows = [[name] + [format_size(v) if c.startswith("bytes") else str(v) for c, v in ((c, s.as_dict()[c]) for c in _RUN_COLUMNS)]
             for name, s in totals.tiers]  # fmt: skip

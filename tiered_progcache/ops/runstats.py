@@ -21,19 +21,20 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..settings import STATS_FILE_ENV  # the file caches append their exit report to; unset: none
-from ..chain.stats import COUNTER_FIELDS, CacheStats, CompileTally, CompileTotals, TierCounters, TierStats
+from ..chain.stats import (COUNTER_FIELDS, FLIGHT_DECISIONS, CacheStats, CompileTally, CompileTotals, FlightCounts,
+                           TierCounters, TierStats)
 
 if TYPE_CHECKING:
     from ..chain.tiered import TieredProgramCache
 
-__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "sum_reports"]
+__all__ = ["STATS_FILE_ENV", "compile_totals", "flight_totals", "pids", "read_reports", "register", "sum_reports"]
 
 logger = logging.getLogger(__name__)
 
 
 # One record per registered cache: (pid at registration, [(tier name, counters)], its compile tally).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.
-_Record = tuple[int, list[tuple[str, TierCounters]], CompileTally]
+_Record = tuple[int, list[tuple[str, TierCounters]], CompileTally, FlightCounts]
 _records: list[_Record] = []
 _lock = threading.Lock()
 _hooked = False
@@ -44,7 +45,7 @@ def register(cache: TieredProgramCache) -> None:
     global _hooked
     if not os.environ.get(STATS_FILE_ENV):
         return
-    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
+    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally, cache.flight_counts)
     with _lock:
         _records.append(record)
         if not _hooked:
@@ -59,16 +60,17 @@ def _report_at_exit() -> None:
     path = os.environ.get(STATS_FILE_ENV)
     with _lock:
         # A forked child inherits the parent's records; only the registering process reports them.
-        records = [(tiers, tally) for pid, tiers, tally in _records if pid == os.getpid()]
+        records = [(tiers, tally, flight) for pid, tiers, tally, flight in _records if pid == os.getpid()]
         _records.clear()
     if not path or not records:
         return
     lines = []
-    for tiers, tally in records:
+    for tiers, tally, flight in records:
         snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters in tiers))
         done = tally.snapshot()
         report = {"pid": os.getpid(), "tiers": snapshot.as_dict(), "compiles": done.compiles,
-                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6)}  # fmt: skip
+                  "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6),
+                  "flight": flight.snapshot()}  # fmt: skip
         lines.append(json.dumps(report, separators=(",", ":")) + "\n")
     _append(path, "".join(lines).encode())
 
@@ -108,6 +110,7 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
     Gauges (entries held, latency percentiles) do not add up across processes, so
     the result leaves them ``None``.
     """
+    reports = list(reports)
     totals: dict[str, dict[str, int]] = {}
     for report in reports:
         for name, fields in report["tiers"].items():
@@ -116,7 +119,19 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
                 value = fields.get(field)
                 if isinstance(value, int):
                     tier[field] += value
-    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()))
+    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()), flight_totals(reports))
+
+
+def flight_totals(reports: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The flight decisions of every report, each of ``FLIGHT_DECISIONS`` (reports from before them count 0)."""
+    totals = dict.fromkeys(FLIGHT_DECISIONS, 0)
+    for report in reports:
+        counts = report.get("flight")
+        for decision in totals:
+            n = counts.get(decision) if isinstance(counts, dict) else None
+            if isinstance(n, int) and not isinstance(n, bool):
+                totals[decision] += n
+    return totals
 
 
 def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
