@@ -607,8 +607,8 @@ def test_a_fresh_process_on_a_node_that_compiled_before_predicts_from_its_local_
     here = compile_times.predict("c++", "cubin", size)
     assert here is not None
     script = ("import sys; from tiered_progcache import TieredProgramCache; import importlib; "
-              "c = importlib.import_module('tiered_progcache.compiling.compile'); "
-              "print(repr(c._predict(TieredProgramCache(sys.argv[1]), 'c++', 'cubin', int(sys.argv[2]))))")
+              "c = importlib.import_module('tiered_progcache.cluster.singleflight'); "
+              "print(repr(c.predict(TieredProgramCache(sys.argv[1]), 'c++', 'cubin', int(sys.argv[2]))))")
     run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "node"), str(size)], capture_output=True,
                          text=True, timeout=JOIN_S, check=True)
     assert float(run.stdout.strip()) == pytest.approx(here)
@@ -780,7 +780,7 @@ def test_a_sized_compile_folds_its_rate_and_a_sizeless_or_bad_one_does_not():
 def test_a_new_process_knows_r_before_its_first_kernel_from_what_the_node_measured(tmp_path):
     """The round trip a node measured is kept per store in its local directory and seeds the next process's
     store (one sample beside its probe), so the first kernel's case is planned against it."""
-    import tiered_progcache.compiling.compile as compile_module
+    from tiered_progcache.cluster import singleflight
 
     (tmp_path / "remote").mkdir()
     url = f"file://{tmp_path / 'remote'}"
@@ -792,15 +792,18 @@ def test_a_new_process_knows_r_before_its_first_kernel_from_what_the_node_measur
     with TieredProgramCache(tmp_path / "node", remote=url) as cache:
         latency = cache.shared_store.runner.latency
         latency.__init__()  # forget the probe: only what the node persisted
-        compile_module._times_loaded.discard(str(tmp_path / "node"))
+        singleflight._loaded.discard(str(tmp_path / "node"))
+        singleflight._seeded.discard((str(tmp_path / "node"), location))
         compile_times.clear()
-        assert compile_module._predict(cache, "c++", "cubin", 1000) == pytest.approx(untimed_estimate(1000))
+        assert singleflight.predict(cache, "c++", "cubin", 1000) == pytest.approx(untimed_estimate(1000))
         assert cache.shared_store.round_trip_s == 0.25 and latency.recorded == 1
-        compile_module._predict(cache, "c++", "cubin", 1000)
+        singleflight.predict(cache, "c++", "cubin", 1000)
         assert latency.recorded == 1  # seeded once per process and store
-        from tiered_progcache.cluster.singleflight import plan
-
-        assert plan(cache, 0.2) == ("short", 0.25) and plan(cache, 0.3) == ("lease", 0.25)
+        assert singleflight.plan(cache, 0.2) == ("short", 0.25) and singleflight.plan(cache, 0.3) == ("lease", 0.25)
+        assert singleflight.describe(cache, 0.2) == (
+            "short: C 200.0 ms < 1 x R 250.0 ms: the compile races the shared lookup, no lease")
+        assert singleflight.describe(cache, 0.3) == (
+            "lease: C 300.0 ms >= 1 x R 250.0 ms: one node compiles, the others wait for its entry")
 
 
 def test_every_constant_of_the_policy_is_pinned():

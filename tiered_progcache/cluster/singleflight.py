@@ -28,7 +28,7 @@ from cuda.core.utils import ProgramCacheResource
 from ..chain import exitbudget
 from .flightfailure import FailureRecord
 from . import flightpolicy
-from .flightpolicy import FlightDecision, compile_times, report
+from .flightpolicy import FlightDecision, compile_times, report, untimed_estimate
 from .lease import RemoteLease, WaitOutcome, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from ..stores.ratelimit import log_once
@@ -36,7 +36,7 @@ from ..stores.store import EntryStore, LeaseStore, entry_name
 from ..chain.tiered import TieredProgramCache, as_chain
 from ..chain.writeback import submission_mark
 
-__all__ = ["LEASE", "NODE", "SHORT", "Flight", "followers", "plan", "round_trip", "run_once"]
+__all__ = ["LEASE", "NODE", "SHORT", "Flight", "describe", "followers", "plan", "predict", "round_trip", "run_once"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,53 @@ def round_trip(shared: EntryStore) -> float | None:
     """``R``: the store's median round trip lately (seeded with the one this node persisted), else what was persisted."""
     live = shared.round_trip_s
     return live if live is not None else compile_times.round_trip(shared.location)
+
+
+#: Local directories whose persisted compile times this process has read, and (directory, store) pairs it seeded.
+_loaded: set[str] = set()
+_seeded: set[tuple[str, str]] = set()
+_loaded_lock = threading.Lock()
+
+
+def predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float:
+    """``C``: what this node predicts for a compile of ``size``, from its own compiles, else from the size alone.
+
+    The first call per local directory loads what earlier processes measured there, and seeds the
+    shared store's round trip with the one persisted for it, so ``R`` is known before the first kernel.
+    """
+    local, shared = cache.local_store, cache.shared_store
+    if local is not None:
+        directory = str(local.root)
+        with _loaded_lock:
+            load = directory not in _loaded
+            seed = shared is not None and (directory, shared.location) not in _seeded
+            _loaded.add(directory)
+            if shared is not None:
+                _seeded.add((directory, shared.location))
+        if load:
+            compile_times.load(directory)
+        persisted = compile_times.round_trip(shared.location) if seed and shared is not None else None
+        if persisted is not None and shared is not None:
+            shared.seed_round_trip(persisted)
+    estimate = compile_times.predict(code_type, target, size)
+    return untimed_estimate(size) if estimate is None else estimate
+
+
+def describe(cache: TieredProgramCache, estimate_s: float) -> str:
+    """The case a miss predicted at ``estimate_s`` would take in ``cache``, and why, in one line (``explain``)."""
+    case, rtt = plan(cache, estimate_s)
+    policy = cache.flight_policy
+    c, r = f"C {estimate_s * 1e3:.1f} ms", "R unknown" if rtt is None else f"R {rtt * 1e3:.1f} ms"
+    k = f"{policy.lease_min_compile_rtts:g} x {r}"
+    if cache.shared_store is None:
+        return f"node: no shared tier, the node lock only ({c})"
+    if case == NODE:
+        return f"node: the shared store takes no lease (no atomic create, read-only or down): node lock only ({c}, {r})"
+    if case == LEASE:
+        return f"lease: {c} >= {k}: one node compiles, the others wait for its entry"
+    if policy.min_upload_compile_s is not None and estimate_s < policy.min_upload_compile_s:
+        return f"short: {c} < min_upload_compile_s (not uploaded): the compile races the shared lookup, no lease"
+    return f"short: {c} < {k}: the compile races the shared lookup, no lease"
 
 
 def plan(cache: TieredProgramCache, estimate_s: float) -> tuple[str, float | None]:

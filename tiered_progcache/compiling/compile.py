@@ -38,7 +38,7 @@ from cuda.core.utils import ProgramCacheResource
 from .compileargs import check_arguments, knobs_for
 from ..chain.defaultcache import default_cache
 from .explain import explain_key
-from ..cluster.flightpolicy import compile_size, compile_times, untimed_estimate
+from ..cluster.flightpolicy import compile_size, compile_times
 from ..hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from .manifest import (
@@ -49,7 +49,7 @@ from .manifest import (
     encode_manifest,
     manifest_key,
 )
-from ..cluster.singleflight import SHORT, plan, run_once
+from ..cluster.singleflight import SHORT, plan, predict, run_once
 from ..settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from ..stores.store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -299,7 +299,7 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if compiled.declined is not None:
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     size = compile_size(len(source), len(compiled.headers))
-    estimate = _predict(cache, code_type, target, size)
+    estimate = predict(cache, code_type, target, size)
     case, _ = plan(cache, estimate) if single_flight else (None, None)
     found = _find(cache, key, target, options, names, nearby_only=case == SHORT)  # a short race looks nearby first
     if found is not None:
@@ -311,38 +311,6 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if case is None:
         return _compile_and_store(cache, job)[0]
     return run_once(cache, key, job, wait_timeout=wait_timeout, lease_ttl=lease_ttl, case=case, estimate_s=estimate)
-
-
-#: Local directories whose persisted compile times this process has read (each once), and stores it seeded.
-_times_loaded: set[str] = set()
-_seeded: set[tuple[str, str]] = set()
-
-
-def _times_dir(cache: TieredProgramCache) -> str | None:
-    local = cache.local_store
-    return None if local is None else os.fspath(local.root)
-
-
-def _predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float:
-    """``C``: what this node predicts for a compile of ``size``, from its own compiles, else from the size alone.
-
-    The first call per local directory loads what earlier processes measured there, and seeds the
-    shared store's round trip with the one persisted for it, so ``R`` is known before the first kernel.
-    """
-    directory = _times_dir(cache)
-    if directory is not None and directory not in _times_loaded:
-        with _counter_lock:
-            _times_loaded.add(directory)
-        compile_times.load(directory)
-    shared = cache.shared_store
-    if directory is not None and shared is not None and (directory, shared.location) not in _seeded:
-        with _counter_lock:
-            _seeded.add((directory, shared.location))
-        persisted = compile_times.round_trip(shared.location)
-        if persisted is not None:
-            shared.seed_round_trip(persisted)
-    estimate = compile_times.predict(code_type, target, size)
-    return untimed_estimate(size) if estimate is None else estimate
 
 
 def _compile_declined(
@@ -484,9 +452,10 @@ def _compile_and_store(
 
 def _save_times(cache: TieredProgramCache) -> None:
     """Keep this node's compile rates and its store's round trip in its local directory for its next process."""
-    directory = _times_dir(cache)
-    if directory is None:
+    local = cache.local_store
+    if local is None:
         return
+    directory = os.fspath(local.root)
     shared = cache.shared_store
     if shared is not None:
         compile_times.note_round_trip(shared.location, shared.round_trip_s)
