@@ -37,7 +37,7 @@ LEASE_TTL_S = 2.0
 #: waiter waits for the holder (up to wait_timeout). The default policy compiles short kernels
 #: without a lease and stops waiting after about a compile's time (test_flight_policy.py), which on
 #: a loaded test machine would let a waiter compile a kernel its holder was still compiling.
-WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
+WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0}
 
 
 @pytest.fixture(params=["file", "s3"])

@@ -35,7 +35,7 @@ from ..settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_R
 from ..stores.store import EntryStore
 
 __all__ = [
-    "COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES", "LANDING_RTTS",
+    "COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES",
     "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "UNTIMED_FIXED_S", "UNTIMED_SECONDS_PER_BYTE",
     "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy", "FlightWait", "compile_size",
     "compile_times", "on_flight", "report", "untimed_estimate",
@@ -50,9 +50,6 @@ POLL_FLOOR_S = 0.01
 #: A waiter's poll period grows to this fraction of the time waited so far: a long compile is
 #: learned of at most 2% late, and seven waiters polling do not slow its holder down.
 POLL_GROWTH = 0.02
-#: Round trips between a waiter's first try and it holding the entry, besides the compile and one
-#: poll period (the holder's create and look, its upload, the look that finds it): for ``wait_patience``.
-LANDING_RTTS = 4
 #: Weight of the newest compile in the running rate: a few compiles follow a change of load.
 COMPILE_TIME_WEIGHT = 0.3
 #: What one header weighs in a compile's size, in bytes of source (a header costs NVRTC about that much).
@@ -210,7 +207,8 @@ class FlightPolicy:
 
     ``min_upload_compile_s`` is the chain's admission threshold: an entry that will not be
     uploaded is never worth a lease (nobody could get it from the holder).
-    ``compile_time_prior_s`` is kept for old configurations: no decision uses it.
+    ``wait_patience`` and ``compile_time_prior_s`` are kept so old configurations parse: no decision uses them
+    (a waiter waits while the holder's lease is renewed, up to ``wait_timeout``).
     """
 
     lease_min_compile_rtts: float = DEFAULT_LEASE_MIN_COMPILE_RTTS
@@ -229,39 +227,26 @@ class FlightPolicy:
             return True
         return round_trip_s is not None and estimate_s < self.lease_min_compile_rtts * round_trip_s
 
-    def wait_plan(self, store: EntryStore, lease_ttl_s: float = math.inf,
-                  clock: Callable[[], float] = time.monotonic) -> FlightWait:
-        """How to wait, from now on ``clock``, for another node's compile; its estimate is clamped to ``lease_ttl_s``."""
-        return FlightWait(self, store, lease_ttl_s, clock, clock())
+    def wait_plan(self, store: EntryStore, clock: Callable[[], float] = time.monotonic) -> FlightWait:
+        """How to wait, from now on ``clock``, for another node's compile."""
+        return FlightWait(self, store, clock, clock())
 
 
 @dataclasses.dataclass(frozen=True)
 class FlightWait:
     """A waiter's plan (:class:`~tiered_progcache.cluster.lease.WaitPlan`), read live from the store's latency. Immutable.
 
-    Poll period: ``max(floor, R, POLL_GROWTH x the time waited so far)``. Patience: None (wait
-    while the holder's lease is renewed) unless ``wait_patience`` is set and the holder's lease
-    carries its estimate, then ``wait_patience x C + LANDING_RTTS x R + P``, ``C`` clamped to the lease TTL.
+    Poll period: ``max(floor, R, POLL_GROWTH x the time waited so far)``.
     """
 
     policy: FlightPolicy
     store: EntryStore
-    lease_ttl_s: float = math.inf
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
 
-    def _network_period(self) -> float:
-        return max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
-
     def poll_period(self) -> float:
-        return max(self._network_period(), POLL_GROWTH * (self.clock() - self.started))
-
-    def patience(self, holder_estimate_s: float | None) -> float | None:
-        factor = self.policy.wait_patience
-        if factor is None or holder_estimate_s is None:
-            return None  # no evidence about this kernel: the holder's liveness decides
-        compile_s = min(holder_estimate_s, self.lease_ttl_s)
-        return factor * compile_s + LANDING_RTTS * (self.store.round_trip_s or 0.0) + self._network_period()
+        network = max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
+        return max(network, POLL_GROWTH * (self.clock() - self.started))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -227,11 +227,11 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
                 return found
             decide("no_lease")
             return work.produce()
-        lease = RemoteLease(leases, name, lease_ttl, compile_estimate_s=_clamped(decide.estimate_s))
+        lease = RemoteLease(leases, name, lease_ttl)
         # The lease first, then the look: a holder pays one look, and a waiter's look right
         # after the taken lease also finds what another process of this node just stored.
         waited = wait_for_lease(lease, work.find, max(0.0, deadline - time.monotonic()),
-                                plan=cache.flight_policy.wait_plan(shared, lease_ttl),
+                                plan=cache.flight_policy.wait_plan(shared),
                                 open_failure=lambda sealed: FailureRecord.open(shared, name, sealed))
         if not waited.held:
             decide(_CHOICES[waited.outcome], waited.waited_s)
@@ -261,15 +261,9 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
 _CHOICES = {
     WaitOutcome.FOUND: "waited",
     WaitOutcome.FAILED: "failed",
-    WaitOutcome.PATIENCE: "gave_up",
     WaitOutcome.TIMEOUT: "gave_up",
     WaitOutcome.STORE_FAILED: "no_lease",
 }
-
-
-def _clamped(estimate_s: float | None) -> float | None:
-    """An estimate a lease document can carry (finite, non-negative), else None."""
-    return estimate_s if estimate_s is not None and 0.0 <= estimate_s < float("inf") else None
 
 
 def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception) -> None:
