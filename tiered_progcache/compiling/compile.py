@@ -15,10 +15,9 @@ What ``Program.compile(cache=...)`` does, plus three things it cannot:
   was compiled from, where, when, how long), and with ``explain_misses`` on the cache
   (``TIERED_PROGCACHE_EXPLAIN=1``) each miss logs why it missed (:mod:`.explain`).
 
-The compiler's exceptions reach the caller unchanged. Every lock and lease is
-released on every path out, and every wait is bounded (``wait_timeout``): whoever
-runs out of patience compiles itself, so a crashed or stuck holder costs time,
-never a hang.
+The compiler's exceptions reach the caller unchanged. The flight across threads,
+processes and nodes is :mod:`tiered_progcache.cluster.singleflight`'s: locks released on
+every path, every wait bounded by ``wait_timeout``.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
@@ -222,14 +221,11 @@ def _header_scans_dir(cache: TieredProgramCache) -> str | None:
     return local.header_scans_dir if local is not None else None
 
 
-class _Outcome:
+class _Outcome(NamedTuple):
     """What the thread that compiled hands to the threads that waited for it."""
 
-    __slots__ = ("data", "mapping")
-
-    def __init__(self, data: bytes, mapping: SymbolMapping | None) -> None:
-        self.data = data
-        self.mapping = mapping
+    data: bytes
+    mapping: SymbolMapping | None
 
 
 def compile(  # noqa: A001 - the name users look for; the builtin is not used here
@@ -254,36 +250,24 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     ...                                name_expressions=["scale<float>"])
     >>> kernel = obj.get_kernel("scale<float>")          # works on a hit too
 
-    The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with
-    the digest of the headers the compile can read (only when it reads any, so
-    plain compiles share entries with ``Program.compile(cache=...)``). With
-    ``portable_keys`` (default) include directories and other paths are keyed by
-    role (``I0``, ``I1``, the source's directory) and header content, not location,
-    so hosts with the same headers under other roots share entries; ``False`` keys by
-    path, as before (:func:`tiered_progcache.compiling.keys.compile_key`). On a miss,
-    with ``single_flight`` (default), one thread per process, one process per
-    local cache directory and one node per remote compiles; the others wait up to
-    ``wait_timeout`` seconds and get its entry. Across nodes the cache's flight policy
-    decides: a lease only for compiles worth at least ``lease_min_compile_rtts`` round
-    trips, and a waiting node compiles itself after about one compile's time
-    (``wait_patience``; docs/cluster.md, "When nodes wait"). ``lease_ttl`` bounds how long a
-    crashed node holds the others up. ``header_recheck_s`` lets a process trust a
-    header scan that long before looking at the headers again (0: every call, which
-    with inotify costs one ``poll(2)``; a header edited within the window is not seen
-    by this process until it passes). Header scans persist in the cache's local
-    directory (``header-scans/``), so a new process validates one instead of scanning.
-    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is
-    used as a chain of one tier (:func:`~tiered_progcache.chain.tiered.as_chain`): its failures
-    are misses and dropped writes, as a chain tier's are.
+    The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with the
+    digest of the headers the compile can read (only when it reads any, so plain compiles
+    share entries with ``Program.compile(cache=...)``). ``portable_keys`` (default) keys
+    include directories by role and header content, not location
+    (:func:`tiered_progcache.compiling.keys.compile_key`). On a miss, with ``single_flight``
+    (default), one thread per process, one process per local directory and one node per
+    remote compiles; the others wait up to ``wait_timeout`` seconds and get its entry. Which
+    of the flight's three cases a miss takes (short: race the lookup; the lease; the node lock
+    only) is :func:`tiered_progcache.cluster.singleflight.plan`'s (docs/cluster.md, "When
+    nodes wait"). ``lease_ttl`` bounds how long a crashed node holds the others up.
+    ``header_recheck_s`` lets a process trust a header scan that long (0: look every call).
+    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is used
+    as a chain of one tier (:func:`~tiered_progcache.chain.tiered.as_chain`).
 
     ``single_flight``, ``wait_timeout``, ``lease_ttl``, ``header_recheck_s`` and
-    ``portable_keys`` are settings too: left out (None), each is the cache's
-    (``cache.settings``; ``TIERED_PROGCACHE_WAIT_TIMEOUT`` and the rest for the default
-    cache), else its default (on, 300 s, 60 s, 0 s, on; docs/configuration.md).
-
-    Safe from any number of threads and processes at once, on one cache or many.
-    Compiler errors propagate to the caller and to the threads waiting on it;
-    waiting processes and nodes retry the compile and get the error themselves.
+    ``portable_keys`` left out (None) are the cache's settings (docs/configuration.md).
+    Safe from any number of threads and processes at once. Compiler errors propagate to the
+    caller and to the threads and nodes waiting on it.
     """
     names = check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
                             single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
@@ -323,18 +307,33 @@ def _compile_declined(
         _declined += 1
     if cache.explain_misses:
         logger.info("not cached %s: %s", compiled.key[:8].hex(), compiled.declined)
+    return _run_compiler(compiled.key, source, code_type, options, target, names, logs)[0]
+
+
+def _run_compiler(key: bytes, source: str | bytes, code_type: str, options: ProgramOptions, target: str,
+                  names: tuple[str | bytes, ...], logs: Any, tally: Any = None) -> tuple[ObjectCode, float]:
+    """The compiler's output and wall time, counted and handed to the ``on_compile`` hooks (failures too)."""
     started = time.perf_counter()
     program = Program(source, code_type, options)
     try:
         obj = program.compile(target, name_expressions=names, logs=logs)
     except BaseException:
-        _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=False))
+        failed_after = time.perf_counter() - started
+        compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
+        if tally is not None:
+            tally.count_compile(failed_after)
+        _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
         raise
     finally:
         program.close()
-        del program  # as in _compile_and_store
-    _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=True))
-    return obj
+        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
+        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
+        del program
+    seconds = time.perf_counter() - started
+    if tally is not None:
+        tally.count_compile(seconds)
+    _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
+    return obj, seconds
 
 
 def _find(
@@ -409,26 +408,9 @@ def _compile_and_store(
 ) -> tuple[ObjectCode, _Outcome]:
     """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
     key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
-    started = time.perf_counter()
-    program = Program(job.source, code_type, job.options)
-    try:
-        obj = program.compile(target, name_expressions=names, logs=job.logs)
-    except BaseException:
-        failed_after = time.perf_counter() - started
-        compile_times.record(code_type, target, math.nan, job.size)  # not a rate, but the compiler's first use is past
-        cache.compile_tally.count_compile(failed_after)
-        _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
-        raise
-    finally:
-        program.close()
-        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
-        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
-        del program
-    seconds = time.perf_counter() - started
-    compile_times.record(code_type, target, seconds, job.size)  # what single-flight plans the next compile with
+    obj, seconds = _run_compiler(key, job.source, code_type, job.options, target, names, job.logs, cache.compile_tally)
+    compile_times.record(code_type, target, seconds, job.size)  # what the flight plans the next compile with
     _save_times(cache)
-    cache.compile_tally.count_compile(seconds)
-    _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     _remember_seconds((id(cache.identity), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
