@@ -745,6 +745,18 @@ def test_a_persisted_value_loads_only_if_it_is_a_plausible_number(tmp_path, valu
         assert other.predict("c++", "cubin", 1) is None and other.round_trip("s3://b") is None
 
 
+def test_a_compile_times_file_is_read_up_to_64_kib_exactly(tmp_path):
+    import json as _json
+
+    doc = _json.dumps({"format": "tiered-progcache/compile-times", "version": 2,
+                       "kinds": {"c++/cubin": {"s_per_byte": 0.5}}})
+    for size, loaded in ((65536, 0.5), (65537, None)):  # whole within the bound; one byte over: cut, not read
+        (tmp_path / COMPILE_TIMES_FILE).write_text(" " * (size - len(doc)) + doc)
+        times = CompileTimes()
+        times.load(tmp_path)
+        assert times.predict("c++", "cubin", 1) == loaded, size
+
+
 def test_a_save_that_cannot_rename_raises_oserror_and_leaves_nothing_staged(tmp_path):
     (tmp_path / COMPILE_TIMES_FILE).mkdir()  # the rename onto a directory fails
     times = _warm(CompileTimes())
