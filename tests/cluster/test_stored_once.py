@@ -128,3 +128,45 @@ def test_a_rejected_entry_is_replaced_by_the_next_upload(tmp_path, shared):
         other[b"k" * 32] = b"\x7fELF" + bytes(66)  # an entry that verifies: never rewritten
         assert other.flush(JOIN_S)
     assert store.read_entry(name) == b"\x7fELF" + bytes(65)
+
+
+def test_two_nodes_taking_leases_store_each_entry_once(tmp_path, s3_bucket):
+    """Two nodes compile the same three kernels at once through the lease (k = 0: never short): on moto
+    (real HTTP), every entry and manifest is PUT once and stored once, and the cluster compiles each once."""
+    compiled: list[bytes] = []
+    stop = tpc.on_compile(lambda e: compiled.append(e.key))
+    opened = [RemoteProgramCache.from_url(s3_bucket.url, storage_options={
+        **s3_bucket.storage_options, "skip_instance_cache": True}, strict=True) for _ in range(2)]
+    logs = [PutLog(store) for store in opened]
+    nodes = [TieredProgramCache(tiers=[InMemoryProgramCache(), (store, TierPolicy("remote", write="background",
+                                                                                  shared=True))],
+                                lease_min_compile_rtts=0.0) for store in opened]
+    go = threading.Barrier(2)
+
+    def node(cache: TieredProgramCache) -> None:
+        go.wait(JOIN_S)
+        for i in (350, 351, 352):
+            tpc.compile(kernel(i), "c++", options(), cache=cache)
+
+    threads = [threading.Thread(target=node, args=(cache,)) for cache in nodes]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_S)
+        for cache in nodes:
+            assert cache.flush(JOIN_S)
+        for t in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-lease-")]:
+            t.join(JOIN_S)
+    finally:
+        stop()
+        for cache in nodes:
+            cache.close()
+    keys = [make_program_cache_key(code=kernel(i), code_type="c++", options=options(), target_type="cubin")
+            for i in (350, 351, 352)]
+    names = {entry_name(k) for k in keys} | {entry_name(manifest_key(k)) for k in keys}
+    stored = logs[0].stored() + logs[1].stored()
+    assert {n: stored[n] for n in names} == dict.fromkeys(names, 1)
+    entry_puts = collections.Counter(k for log in logs for k, _ in log.puts if "/leases/" not in k)
+    assert sorted(entry_puts.values()) == [1] * 6  # nobody even tried twice
+    assert sorted(compiled) == sorted(keys)
