@@ -940,3 +940,38 @@ def test_a_kind_never_timed_is_predicted_at_20_ms_plus_2_us_per_byte_of_its_size
     assert untimed_estimate(compile_size(300, 1)) - untimed_estimate(compile_size(300, 0)) == pytest.approx(0.016384)
     assert untimed_estimate(0) == pytest.approx(0.020002)  # a size is at least one byte
     assert compile_times.predict("c++", "cubin", 1143) is None  # used only where nothing of the kind was timed
+
+
+def test_describe_says_each_case_and_why_word_for_word(tmp_path):
+    """What ``explain`` prints per case: the case, C, and R against the threshold (or why there is no lease)."""
+    from cuda.core.utils import InMemoryProgramCache
+
+    from tiered_progcache.chain.policy import TierPolicy
+    from tiered_progcache.cluster.singleflight import describe, plan
+
+    alone = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    assert plan(alone, 0.02) == ("node", None)
+    assert describe(alone, 0.02) == "node: no shared tier, the node lock only (C 20.0 ms)"
+    (tmp_path / "remote").mkdir()
+    unknown = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path)], lease_min_compile_rtts=2.0)
+    assert plan(unknown, 0.001) == ("lease", None)
+    assert describe(unknown, 0.001) == (
+        "lease: C 1.0 ms >= 2 x R unknown: one node compiles, the others wait for its entry")
+    read_only = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}", read_only=True)
+    read_only.runner.latency = LatencyTracker()
+    read_only.runner.latency.record(0.05)
+    node = TieredProgramCache(tiers=[InMemoryProgramCache(), (read_only, TierPolicy("remote", shared=True,
+                                                                                     read_only=True))])
+    assert plan(node, 1.0) == ("node", 0.05)
+    assert describe(node, 1.0) == ("node: the shared store takes no lease (no atomic create, read-only or down): "
+                                   "node lock only (C 1000.0 ms, R 50.0 ms)")
+    admitting = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 0.01)],
+                                   min_upload_compile_s=0.5)
+    assert plan(admitting, 0.4) == ("short", 0.01)
+    assert describe(admitting, 0.4) == ("short: C 400.0 ms < min_upload_compile_s (not uploaded): the compile races "
+                                        "the shared lookup, no lease")
+    assert describe(admitting, 0.5) == "lease: C 500.0 ms >= 1 x R 10.0 ms: one node compiles, the others wait for its entry"
+    racing = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 0.01)])
+    assert describe(racing, 0.005) == "short: C 5.0 ms < 1 x R 10.0 ms: the compile races the shared lookup, no lease"
+    for cache in (alone, unknown, node, admitting, racing):
+        cache.close()
