@@ -975,3 +975,42 @@ def test_describe_says_each_case_and_why_word_for_word(tmp_path):
     assert describe(racing, 0.005) == "short: C 5.0 ms < 1 x R 10.0 ms: the compile races the shared lookup, no lease"
     for cache in (alone, unknown, node, admitting, racing):
         cache.close()
+
+
+def test_at_exactly_the_upload_threshold_a_short_compile_is_short_by_its_round_trips(tmp_path):
+    from cuda.core.utils import InMemoryProgramCache
+
+    from tiered_progcache.cluster.singleflight import describe
+
+    (tmp_path / "remote").mkdir()
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 1.0)], min_upload_compile_s=0.5)
+    assert describe(cache, 0.5) == "short: C 500.0 ms < 1 x R 1000.0 ms: the compile races the shared lookup, no lease"
+    cache.close()
+
+
+@pytest.mark.parametrize("found, made, outcome", [
+    (None, ValueError("compile failed"), "raises"),        # a miss and a failed compile: the compile's error
+    (OSError("lookup failed"), ("made", "shared"), "made"),  # a failed lookup is a miss: the compile's result
+    (("found", "shared"), ValueError("compile failed"), "shared"),  # a failed compile loses to a hit (adopted)
+])
+def test_a_race_hands_each_sides_failure_to_the_right_place(tmp_path, decisions, found, made, outcome):
+    from tiered_progcache.cluster.singleflight import run_once
+
+    def side(value):
+        def call():
+            if isinstance(value, Exception):
+                raise value
+            return value
+        return call
+
+    cache = _cache_at(tmp_path, 0.05)
+    try:
+        work = Work(find=side(found), produce=side(made), adopt=lambda shared: shared)
+        if outcome == "raises":
+            with pytest.raises(ValueError, match="compile failed"):
+                run_once(cache, b"race key", work, wait_timeout=30, lease_ttl=60, case="short", estimate_s=0.01)
+        else:
+            assert run_once(cache, b"race key", work, wait_timeout=30, lease_ttl=60, case="short",
+                            estimate_s=0.01) == outcome
+    finally:
+        cache.close()
