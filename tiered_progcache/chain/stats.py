@@ -100,7 +100,8 @@ class CacheStats(Mapping[str, TierStats]):
 
     tiers: tuple[tuple[str, TierStats], ...]
     #: Flight decisions across nodes, decision -> count (every one of :data:`FLIGHT_DECISIONS`).
-    flight: Mapping[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(FLIGHT_DECISIONS, 0))
+    flight: Mapping[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(FLIGHT_DECISIONS, 0),
+                                                  hash=False)
 
     def __getitem__(self, name: str) -> TierStats:
         for tier_name, tier_stats in self.tiers:
