@@ -801,6 +801,9 @@ def test_a_new_process_knows_r_before_its_first_kernel_from_what_the_node_measur
         assert cache.shared_store.round_trip_s == 0.25 and latency.recorded == 1
         singleflight.predict(cache, "c++", "cubin", 1000)
         assert latency.recorded == 1  # seeded once per process and store
+        latency.__init__()  # a store that has timed nothing: R is what the node persisted for it
+        assert cache.shared_store.round_trip_s is None and singleflight.round_trip(cache.shared_store) == 0.25
+        latency.record(0.25)
         assert singleflight.plan(cache, 0.2) == ("short", 0.25) and singleflight.plan(cache, 0.3) == ("lease", 0.25)
         assert singleflight.describe(cache, 0.2) == (
             "short: C 200.0 ms < 1 x R 250.0 ms: the compile races the shared lookup, no lease")
