@@ -31,14 +31,16 @@ def _isolated_user_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(autouse=True)
 def _fresh_node_compile_times():
     """Every test starts as a fresh node: no compile timed (the flight policy predicts nothing)."""
-    compile_module = __import__("importlib").import_module("tiered_progcache.compiling.compile")
+    from tiered_progcache.cluster import singleflight
     from tiered_progcache.cluster.flightpolicy import compile_times
 
     compile_times.clear()
-    compile_module._times_loaded.clear()
+    singleflight._loaded.clear()
+    singleflight._seeded.clear()
     yield
     compile_times.clear()
-    compile_module._times_loaded.clear()
+    singleflight._loaded.clear()
+    singleflight._seeded.clear()
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ MODULE_RESETS = {
     "tiered_progcache.cluster.locks._drop_lock_fds_after_fork",
     "tiered_progcache.stores.runner._after_fork_in_child",
     "tiered_progcache.chain.writeback._after_fork_in_child",
-    "tiered_progcache.cluster.flightpolicy.HitLessons._after_fork_in_child",
 }
 
 

@@ -604,14 +604,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "wait_patience", FACTOR_OR_NONE, DEFAULT_WAIT_PATIENCE,
-        "opt-in: a node waiting for another node's compile compiles itself after this many of the holder's "
-        "estimated compile times plus the upload's round trips (none, the default: wait while the holder's "
-        "lease is renewed, up to compile()'s wait_timeout)",
+        "unused (kept so old configurations parse): a waiter waits while the holder's lease is renewed, "
+        "up to compile()'s wait_timeout",
         env="WAIT_PATIENCE", flag="--wait-patience",
-        doc="opt-in: a node waiting for another node's compile compiles itself after this many of the holder's "
-        "estimated compile times (from its lease, clamped to the lease TTL) plus four round trips and one poll "
-        "period; `none` (default): wait while the holder's lease is renewed, up to `wait_timeout` "
-        "([cluster.md](cluster.md#when-nodes-wait))",
+        doc="unused, kept so old configurations still parse: a node waiting for another node's compile waits while "
+        "the holder's lease is renewed, up to `wait_timeout` ([cluster.md](cluster.md#when-nodes-wait))",
     ),
     Setting(
         "compile_time_prior_s", SECONDS, DEFAULT_COMPILE_TIME_PRIOR_S,

@@ -30,7 +30,7 @@ VALUE = b"\x7fELF\x02\x01" + bytes(58) + hashlib.sha256(b"raced").digest() * 20
 def _held(store: EntryStore) -> tuple[WrapperEntryStore, Gate]:
     """``store`` with each write, once the worker has it, held inside the tier's write until the gate opens."""
     wrapped = WrapperEntryStore(store)
-    return wrapped, wrapped.hold("write_entry", timeout=60)
+    return wrapped, wrapped.hold("create_entry", timeout=60)
 
 
 class _OpenOnRecord(logging.Handler):

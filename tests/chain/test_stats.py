@@ -209,3 +209,18 @@ def test_count_methods_are_the_one_place_for_the_frequent_counters(frequent_thre
     ops = threads * rounds
     assert (snap.hits, snap.misses, snap.writes, snap.promotions) == (ops, ops, ops, ops)
     assert (snap.bytes_read, snap.bytes_written) == (3 * ops, 5 * ops)
+
+
+def test_stats_count_each_flight_decision_and_a_difference_keeps_only_the_run():
+    from tiered_progcache.chain.stats import FLIGHT_DECISIONS
+
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    assert cache.stats().flight == dict.fromkeys(FLIGHT_DECISIONS, 0)
+    cache.flight_counts.count("held")
+    before = cache.stats()
+    for decision in FLIGHT_DECISIONS:
+        cache.flight_counts.count(decision)
+    run = cache.stats() - before
+    assert run.flight == dict.fromkeys(FLIGHT_DECISIONS, 1) and cache.stats().flight["held"] == 2
+    with pytest.raises(ValueError, match="unknown flight decision 'raced'"):
+        cache.flight_counts.count("raced")

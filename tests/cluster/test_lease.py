@@ -534,7 +534,7 @@ def test_the_first_look_and_the_first_lease_read_run_side_by_side():
             return super().read(name)
 
     leases, clock = SignallingLeases(), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.3)
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     assert holder.try_acquire()
     try:
         first_look = []
@@ -548,7 +548,7 @@ def test_the_first_look_and_the_first_lease_read_run_side_by_side():
     finally:
         holder.release()
     assert first_look == [True]
-    assert waited.found == "entry" and waited.holder_estimate_s == 0.3  # the read's answer was used
+    assert waited.found == "entry"
 
 
 def test_a_waiter_holds_the_entry_within_one_poll_period_of_its_landing():
@@ -565,65 +565,6 @@ def test_a_waiter_holds_the_entry_within_one_poll_period_of_its_landing():
         assert landed_at <= waited.waited_s < landed_at + 0.05 + 1e-9, (landed_at, waited.waited_s)
 
 
-def test_the_waiter_gives_up_after_exactly_its_patience_and_leaves_the_lease_alone():
-    leases, clock = DictLeases(), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
-    assert holder.try_acquire()
-    try:
-        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
-        waited = clock.wait_for(waiter, 300, plan=FixedWait(poll_s=0.05, patience_s=0.7))
-        assert (waited.found, waited.held, waited.outcome) == (None, False, WaitOutcome.PATIENCE)
-        assert waited.waited_s == pytest.approx(0.7) and clock.mono == pytest.approx(0.7)
-        info = waiter.read()
-        assert isinstance(info, LeaseInfo) and info.token == holder.token  # still the holder's
-    finally:
-        holder.release()
-
-
-class PatienceOfTwiceTheEstimate:
-    """A plan whose patience is twice the holder's estimate (1 s when the lease carries none)."""
-
-    def poll_period(self) -> float:
-        return 0.05
-
-    def patience(self, holder_estimate_s):
-        return 1.0 if holder_estimate_s is None else 2 * holder_estimate_s
-
-
-def test_the_patience_is_sized_by_the_estimate_in_the_holders_lease():
-    for estimate, gives_up_at in ((0.4, 0.8), (None, 1.0), (3.0, 6.0)):
-        leases, clock = DictLeases(), SteppedClock()
-        holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=estimate)
-        assert holder.try_acquire()
-        waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
-        waited = clock.wait_for(waiter, 300, plan=PatienceOfTwiceTheEstimate())
-        holder.release()
-        assert waited.outcome is WaitOutcome.PATIENCE and waited.holder_estimate_s == estimate
-        assert waited.waited_s == pytest.approx(gives_up_at)
-
-
-def test_a_new_holder_restarts_the_patience():
-    """Holder A hands over to holder B at 0.3 s; the waiter sees B at its 1 s re-read and waits B's patience."""
-    leases, clock = DictLeases(), SteppedClock()
-    first = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.75)
-    second = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=0.75)
-    assert first.try_acquire()
-
-    def hand_over() -> None:
-        if clock.mono >= 0.3 and first.held:
-            first.release()
-            assert second.try_acquire()
-
-    clock.on_sleep.append(hand_over)
-    waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
-    try:
-        waited = clock.wait_for(waiter, 300, plan=PatienceOfTwiceTheEstimate())
-    finally:
-        second.release()
-    assert waited.outcome is WaitOutcome.PATIENCE
-    assert waited.waited_s == pytest.approx(1.0 + 1.5)  # the re-read at 1 s, then 2 x 0.75
-
-
 def test_a_failed_holders_release_is_seen_at_the_next_lease_reread_and_the_waiter_takes_it():
     leases, clock = DictLeases(), SteppedClock()
     holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
@@ -636,34 +577,17 @@ def test_a_failed_holders_release_is_seen_at_the_next_lease_reread_and_the_waite
     waiter.release()
 
 
-def test_the_holders_estimate_is_in_its_lease_and_documents_without_one_still_read():
-    leases = DictLeases()
-    holder = RemoteLease(leases, NAME, ttl_s=60, compile_estimate_s=0.25)
-    assert holder.try_acquire()
-    info = holder.read()
-    assert isinstance(info, LeaseInfo) and info.compile_estimate_s == 0.25
-    holder.release()
-    old = _stale_document(expires_at=time.time() + 60)  # as holders wrote them before: no estimate
-    assert "compile_estimate_s" not in json.loads(old)
-    leases.objects[NAME] = old
-    info = RemoteLease(leases, NAME, 60).read()
-    assert isinstance(info, LeaseInfo) and info.holder == "gone:1" and info.compile_estimate_s is None
-
-
-@pytest.mark.parametrize("bad", [-1, "0.5", True, float("inf"), float("nan"), None, [1]])
-def test_a_bad_estimate_in_a_lease_reads_as_none(bad):
+def test_an_estimate_in_a_lease_written_by_an_older_holder_is_ignored():
     leases = DictLeases()
     doc = json.loads(_stale_document(expires_at=time.time() + 60))
-    doc["compile_estimate_s"] = bad
+    doc["compile_estimate_s"] = 1e6  # older holders wrote one for waiters' patience: no reader uses it now
     leases.objects[NAME] = json.dumps(doc).encode()
     info = RemoteLease(leases, NAME, 60).read()
-    assert isinstance(info, LeaseInfo) and info.compile_estimate_s is None
-
-
-@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan")])
-def test_a_holder_refuses_a_bad_estimate(bad):
-    with pytest.raises(ValueError, match="compile_estimate_s"):
-        RemoteLease(DictLeases(), NAME, 60, compile_estimate_s=bad)
+    assert isinstance(info, LeaseInfo) and info.holder == "gone:1"
+    holder = RemoteLease(leases, "other", ttl_s=60)
+    assert holder.try_acquire()
+    assert "compile_estimate_s" not in json.loads(leases.objects["other"])
+    holder.release()
 
 
 def test_a_free_lease_is_taken_without_looking_for_a_result_or_pausing():
@@ -812,7 +736,7 @@ def _planted(leases: LeaseStore, clock: SteppedClock, **fields: object) -> bytes
 @pytest.mark.parametrize("claims", [{"expires_at": 1e12}, {"expires_at": 1e12, "compile_estimate_s": 1e6},
                                     {"expires_at": float("inf")}])
 def test_a_lease_nobody_renews_is_broken_one_ttl_after_it_was_first_seen_whatever_it_claims(claims):
-    """A hostile or corrupt lease (an expiry in 33658 AD, a 1e6 s estimate) costs a waiter one TTL, not its timeout."""
+    """A hostile or corrupt lease (an expiry in 33658 AD, a 1e6 s estimate of old) costs a waiter one TTL, not its timeout."""
     leases, clock = DictLeases(), SteppedClock()
     _planted(leases, clock, **claims)
     waiter = RemoteLease(leases, NAME, ttl_s=5, clock=clock.time)
@@ -822,10 +746,10 @@ def test_a_lease_nobody_renews_is_broken_one_ttl_after_it_was_first_seen_whateve
     assert 5.0 <= waited.waited_s <= 5.0 + EXPIRY_SLACK_S
 
 
-def test_a_holder_that_keeps_renewing_is_waited_for_past_its_ttl_and_past_its_estimate():
-    """Liveness is the renewals: a holder whose lease says 0.01 s but renews every second is waited for 20 s."""
+def test_a_holder_that_keeps_renewing_is_waited_for_past_its_ttl():
+    """Liveness is the renewals: a holder that renews every second is waited for 20 s (its TTL is 3 s)."""
     leases, clock = DictLeases(), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time, compile_estimate_s=0.01)
+    holder = RemoteLease(leases, NAME, ttl_s=3, clock=clock.time)
     assert holder.try_acquire()
     renewed = [0.0]
 
@@ -1023,19 +947,17 @@ class _FailingReadsAfter(DictLeases):
         return super().read(name)
 
 
-@pytest.mark.parametrize("ok_reads, holder_estimate, waited_s", [(0, None, 0.0), (1, 7.0, LEASE_RECHECK_S)])
-def test_a_lease_read_that_fails_ends_the_wait_as_store_failed_with_the_holders_estimate_if_seen(
-        ok_reads, holder_estimate, waited_s):
+@pytest.mark.parametrize("ok_reads, waited_s", [(0, 0.0), (1, LEASE_RECHECK_S)])
+def test_a_lease_read_that_fails_ends_the_wait_as_store_failed(ok_reads, waited_s):
     """The first read runs beside the first look, on a thread of its own; a failing read ends the wait at once."""
     leases, clock = _FailingReadsAfter(ok_reads), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     assert holder.try_acquire()
     try:
         waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30)
     finally:
         holder.release()
     assert (waited.outcome, waited.held, waited.found) == (WaitOutcome.STORE_FAILED, False, None)
-    assert waited.holder_estimate_s == holder_estimate
     assert waited.waited_s == pytest.approx(waited_s)
     assert leases.readers[0] == "tiered-progcache-lease-read"
 
@@ -1091,44 +1013,28 @@ def test_each_break_says_whose_lease_and_why(caplog):
     assert _breaks(caplog) == [f"lease {where} held by {me.holder} is gone (its process died on this host); breaking it"]
 
 
-def test_a_holder_that_releases_between_rereads_is_looked_behind_once_and_its_estimate_reported():
+def test_a_holder_that_releases_between_rereads_is_looked_behind_once():
     """The holder releases; the waiter's next lease read finds none and looks once more: the entry is up."""
     leases, clock = DictLeases(), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     assert holder.try_acquire()
     clock.on_sleep.append(holder.release)  # during the waiter's first pause, before any poll
     waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30,
                             poll=lambda: "entry" if leases.read(NAME) is None else None,
                             plan=FixedWait(poll_s=10.0))
-    assert (waited.outcome, waited.found, waited.holder_estimate_s) == (WaitOutcome.FOUND, "entry", 7.0)
+    assert (waited.outcome, waited.found) == (WaitOutcome.FOUND, "entry")
     assert clock.sleeps == [LEASE_RECHECK_S]
-
-
-@pytest.mark.parametrize("estimate, said", [(None, "?"), (7.0, "7")])
-def test_a_waiter_out_of_patience_says_how_long_for_which_estimate_and_lease(caplog, estimate, said):
-    caplog.set_level("INFO", logger="tiered_progcache.cluster.lease")
-    leases, clock = DictLeases(), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=estimate)
-    assert holder.try_acquire()
-    try:
-        waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 300,
-                                plan=FixedWait(poll_s=0.5, patience_s=2.0))
-    finally:
-        holder.release()
-    assert waited.outcome is WaitOutcome.PATIENCE
-    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.cluster.lease"] == [
-        f"waited 2 s (the patience for an estimated {said} s compile) for lease dict://leases/{NAME}; compiling here"]
 
 
 def test_a_waiter_that_runs_out_of_time_says_timeout():
     leases, clock = DictLeases(), SteppedClock()
-    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time, compile_estimate_s=7.0)
+    holder = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     assert holder.try_acquire()
     try:
         waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 2.0, plan=FixedWait(poll_s=0.5))
     finally:
         holder.release()
-    assert (waited.outcome, waited.held, waited.found, waited.holder_estimate_s) == (WaitOutcome.TIMEOUT, False, None, 7.0)
+    assert (waited.outcome, waited.held, waited.found) == (WaitOutcome.TIMEOUT, False, None)
     assert waited.waited_s == pytest.approx(2.0)
 
 

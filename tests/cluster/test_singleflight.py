@@ -37,6 +37,23 @@ def options() -> ProgramOptions:
     return ProgramOptions(arch=ARCH)
 
 
+class Work:
+    """A :class:`~tiered_progcache.cluster.singleflight.Flight` made of three callables, for tests of ``run_once``."""
+
+    def __init__(self, find, produce, adopt) -> None:
+        self._find, self._produce, self._adopt = find, produce, adopt
+
+    def find(self, shared_only: bool = False):
+        return self._find()
+
+    def produce(self, dropped=None):
+        return self._produce()
+
+    def adopt(self, shared, found: bool = False):
+        return self._adopt(shared)
+
+
+
 def log_compiles(log_path: str) -> None:
     """Append ``<pid> <key hex> <ok>`` to ``log_path`` for each compiler run in this process."""
 
@@ -263,11 +280,9 @@ def test_a_thread_waiting_on_a_stuck_leader_gives_up_after_wait_timeout_and_comp
     assert out["leader"] == out["follower"]
 
 
-def test_a_race_without_a_produce_unless_runs_produce():
-    """``Work.produce_unless`` defaults to ``produce``: a raced miss returns what ``produce`` made.
-
-    Each side runs on a thread named for what it does and the entry (what a thread dump shows)."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+def test_a_race_runs_the_lookup_and_the_work_on_threads_named_for_them():
+    """A raced miss returns what ``produce`` made; each side runs on a thread named for what it does and the entry."""
+    from tiered_progcache.cluster.singleflight import run_once
     from tiered_progcache.stores.store import entry_name
 
     cache = TieredProgramCache(tiers=[InMemoryProgramCache()])
@@ -284,7 +299,7 @@ def test_a_race_without_a_produce_unless_runs_produce():
         return "made", "shared"
 
     work = Work(find=find, produce=produce, adopt=lambda shared: shared)
-    assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, race=True) == "made"
+    assert run_once(cache, b"raced key", work, wait_timeout=30, lease_ttl=60, case="short") == "made"
     assert looked.wait(JOIN_S)
     short = entry_name(b"raced key")[:8]
     assert (threads["produce"].name, threads["produce"].daemon) == (f"tiered-progcache-race-{short}", False)
@@ -293,7 +308,7 @@ def test_a_race_without_a_produce_unless_runs_produce():
 
 def test_a_follower_whose_leader_was_interrupted_takes_its_own_turn():
     """The leader stops on a BaseException (as KeyboardInterrupt would): its follower does the work itself."""
-    from tiered_progcache.cluster.singleflight import Work, followers, run_once
+    from tiered_progcache.cluster.singleflight import followers, run_once
 
     class Interrupted(BaseException):
         pass

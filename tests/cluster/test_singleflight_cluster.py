@@ -28,7 +28,7 @@ from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
 from test_compile import RemoteWithoutAtomicCreate
-from test_singleflight import BROKEN, collect_outcomes, kernel, options
+from test_singleflight import Work, BROKEN, collect_outcomes, kernel, options
 
 SPAWN = mp.get_context("spawn")
 JOIN_S = 90
@@ -37,7 +37,7 @@ LEASE_TTL_S = 2.0
 #: waiter waits for the holder (up to wait_timeout). The default policy compiles short kernels
 #: without a lease and stops waiting after about a compile's time (test_flight_policy.py), which on
 #: a loaded test machine would let a waiter compile a kernel its holder was still compiling.
-WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0, "wait_patience": None}
+WAIT_FOR_HOLDER = {"lease_min_compile_rtts": 0.0}
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -278,7 +278,7 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     remote_a = WrapperEntryStore(RemoteProgramCache.from_url(url))
-    upload = remote_a.hold("write_entry", timeout=JOIN_S)  # "the upload has not landed yet" as a state
+    upload = remote_a.hold("create_entry", timeout=JOIN_S)  # "the upload has not landed yet" as a state
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote_a],
                                 **WAIT_FOR_HOLDER)
     start = tpc.compile_count()
@@ -317,7 +317,7 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
     key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
     remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
-    gates = {k: remote.hold("write_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
+    gates = {k: remote.hold("create_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
                                 **WAIT_FOR_HOLDER)
     try:
@@ -346,7 +346,7 @@ class UnsealingRemote(RemoteProgramCache):
 def test_a_failure_that_cannot_be_sealed_releases_the_lease_and_says_why(tmp_path, caplog):
     """The holder's work fails and its record cannot be sealed: the error reaches the caller, the lease is
     deleted (its waiters retry rather than wait out its TTL), and the warning names the entry and the cause."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir()
@@ -377,7 +377,7 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
     from cuda.core.utils import make_program_cache_key
 
     from tiered_progcache.chain import exitbudget
-    from tiered_progcache.cluster import singleflight
+    from tiered_progcache.cluster import flightpolicy
 
     class RecordingBudget(exitbudget.ExitBudget):
         """An exit budget of its own, recording each thread it is asked to wait for."""
@@ -392,7 +392,7 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
 
     budget = RecordingBudget()
     monkeypatch.setattr(exitbudget, "PROCESS", budget)
-    monkeypatch.setattr(singleflight, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(flightpolicy, "UPLOAD_FLUSH_TIMEOUT_S", 1.0)
     key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
     stuck = threading.Event()
@@ -400,10 +400,10 @@ def test_an_upload_that_does_not_land_releases_the_lease_after_the_flush_timeout
     class StuckUploadRemote(RemoteProgramCache):
         """A real file:// remote whose upload of ``key`` waits until the test ends: it never lands meanwhile."""
 
-        def __setitem__(self, k, value) -> None:
-            if bytes(k) == key:
+        def create_entry(self, entry, payload) -> bool:  # an upload is a conditional create
+            if entry == name:
                 assert stuck.wait(JOIN_S)
-            super().__setitem__(k, value)
+            return super().create_entry(entry, payload)
 
     remote = StuckUploadRemote.from_url(f"file://{tmp_path / 'remote'}")
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
@@ -438,7 +438,7 @@ class RemoteWithoutLeases(RemoteProgramCache):
 ])
 def test_a_store_that_cannot_hold_leases_is_said_once_per_store(tmp_path, caplog, remote_class, says):
     """Node-level single-flight only, and a warning naming each such store once (not once per compile)."""
-    from tiered_progcache.cluster.singleflight import Work, run_once
+    from tiered_progcache.cluster.singleflight import run_once
 
     caplog.set_level("WARNING", logger="tiered_progcache.cluster.singleflight")
     locations = []

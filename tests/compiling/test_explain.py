@@ -12,6 +12,8 @@ from cuda.core import ProgramOptions
 
 import tiered_progcache
 from tiered_progcache import LocalDir, TieredProgramCache, TierPolicy
+from tiered_progcache.cluster.flightpolicy import compile_size
+from tiered_progcache.cluster.singleflight import describe, predict
 from tiered_progcache.compiling.explain import MAX_MANIFEST_READS, Difference, explain
 from tiered_progcache.compiling.manifest import (
     MAX_MANIFEST_BYTES,
@@ -151,11 +153,26 @@ def test_a_miss_with_nothing_similar_says_so(tmp_path, include):
         tiered_progcache.compile(SRC, "c++", _opts(include), cache=cache)
         report = explain(OTHER, "c++", _opts(include), cache=cache)
     assert (report.hit, report.candidates, report.manifests_read) == (False, (), 1)
+    c_ms = predict(cache, "c++", "cubin", compile_size(len(OTHER), len(report.inputs.headers))) * 1e3
     assert report.lines() == (
         f"miss: entry {report.entry} is in no tier",
         "nothing similar stored: none of the 1 manifests read has the same source, kernels or name expressions",
+        f"flight: node: no shared tier, the node lock only (C {c_ms:.1f} ms)",
     )
     assert report.one_line() == f"miss {report.entry}: nothing similar stored (1 manifests read)"
+
+
+@pytest.mark.parametrize("rtts, case", [(0.0, "lease"), (1e9, "short")])
+def test_explain_says_which_flight_case_a_miss_takes_with_its_c_and_r(tmp_path, rtts, case):
+    """A cache with a shared tier: the case (short: races the lookup; lease) from the predicted C and the store's R."""
+    (tmp_path / "remote").mkdir()
+    with TieredProgramCache(tmp_path / "c", remote=(tmp_path / "remote").as_uri(), lease_min_compile_rtts=rtts) as cache:
+        report = explain(OTHER, "c++", ProgramOptions(arch="sm_80"), cache=cache)
+        c = predict(cache, "c++", "cubin", compile_size(len(OTHER), 0))
+        r = cache.shared_store.round_trip_s
+    assert report.flight == describe(cache, c) and report.lines()[-1] == f"flight: {report.flight}"
+    sign = ">=" if case == "lease" else "<"
+    assert report.flight.startswith(f"{case}: C {c * 1e3:.1f} ms {sign} {rtts:g} x R {r * 1e3:.1f} ms: ")
 
 
 def test_an_empty_cache_is_a_plain_miss(tmp_path):
@@ -346,7 +363,7 @@ def test_a_tier_that_fails_is_a_note_not_an_exception(tmp_path, include):
         report = explain(SRC, "c++", _opts(include, std="c++20"), cache=cache)
     assert (report.hit, report.candidates) == (False, ())
     assert report.notes == ("tier remote: could not list it (PermissionError: ListBucket denied)",)
-    assert report.lines()[-1] == "note: tier remote: could not list it (PermissionError: ListBucket denied)"
+    assert report.lines()[-2] == "note: tier remote: could not list it (PermissionError: ListBucket denied)"
 
 
 def test_on_redis_a_hit_and_a_miss_are_explained(tmp_path, include, redis_url):

@@ -215,7 +215,7 @@ def test_stats_run_prometheus_prints_the_runs_counters(tmp_path):
         (s.name, s.labels["tier"]): s.value
         for family in text_string_to_metric_families(proc.stdout)
         for s in family.samples
-        if s.name.endswith("_total") and "tier" in s.labels
+        if s.name.endswith("_total") and "tier" in s.labels  # (the flight decisions are per cache)
     }
     for tier, fields in seen.items():
         for field in COUNTER_FIELDS:

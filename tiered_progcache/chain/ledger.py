@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..stores import fsutil
-from .stats import CacheStats, CompileTally, CompileTotals, TierCounters, TierStats
+from .stats import FLIGHT_DECISIONS, CacheStats, CompileTally, CompileTotals, FlightCounts, TierCounters, TierStats
 
 if TYPE_CHECKING:
     from .tiered import TieredProgramCache
@@ -60,12 +60,13 @@ class Totals:
     uncacheable: tuple[tuple[str, int], ...] = ()
     #: (tier, {"hits", "misses", "errors", "timeouts"}) per tier, in first-seen order (reports that carry them).
     tiers: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    flight: tuple[tuple[str, int], ...] = ()  # flight decisions across nodes (docs/cluster.md), decision -> count
 
     def cache_stats(self) -> CacheStats:
         """The totals as a :class:`CacheStats` (counters only): what ``stats --prometheus`` exports."""
         tiers = tuple((name, TierStats(**dict(counts))) for name, counts in self.tiers)
         compiling = CompileTotals(self.compiles, self.compile_seconds, self.saved_seconds, self.uncacheable)
-        return CacheStats(tiers, compiling)
+        return CacheStats(tiers, compiling, {**dict.fromkeys(FLIGHT_DECISIONS, 0), **dict(self.flight)})
 
     @property
     def hit_count(self) -> int:
@@ -76,21 +77,25 @@ class Totals:
         out["hits"] = dict(self.hits)
         out["uncacheable"] = dict(self.uncacheable)
         out["tiers"] = {name: dict(counts) for name, counts in self.tiers}
+        out["flight"] = dict(self.flight)
         return out
 
 
 class _Book:
     """One cache's counters and what it reported last (so each report adds only what is new)."""
 
-    def __init__(self, path: Path, tiers: list[tuple[str, Any]], tally: CompileTally) -> None:
+    def __init__(self, path: Path, tiers: list[tuple[str, Any]], tally: CompileTally,
+                 flight: FlightCounts | None = None) -> None:
         self.path = path
         self.tiers = tiers
         self.tally = tally
+        self.flight = flight
         self.pid = os.getpid()
         self._lock = threading.Lock()
         # From zero, not from the counters now: a remote's failed probe at construction is counted before this.
         self._sent: tuple[dict[str, tuple[int, int, int, int]], CompileTotals] = (
             {name: (0, 0, 0, 0) for name, _ in tiers}, CompileTotals())
+        self._sent_flight: dict[str, int] = {}
 
     def _now(self) -> tuple[dict[str, tuple[int, int, int, int]], CompileTotals]:
         return {name: (c.hits, c.misses, c.errors, c.timeouts) for name, c in self.tiers}, self.tally.snapshot()
@@ -102,6 +107,9 @@ class _Book:
             tiers, totals = self._now()
             sent_tiers, sent_totals = self._sent
             self._sent = (tiers, totals)
+            flight = self.flight.snapshot() if self.flight is not None else {}
+            flown = {k: n - self._sent_flight.get(k, 0) for k, n in flight.items() if n != self._sent_flight.get(k, 0)}
+            self._sent_flight = flight
         delta = {name: tuple(a - b for a, b in zip(now, sent_tiers[name])) for name, now in tiers.items()}
         done = totals - sent_totals
         if not tiers:
@@ -126,6 +134,8 @@ class _Book:
             "uncacheable": dict(done.uncacheable),
             "tiers": {name: dict(zip(_TIER_FIELDS, d)) for name, d in delta.items()},
         }
+        if flown:
+            line["flight"] = flown
         append_line(self.path, json.dumps(line, separators=(",", ":")) + "\n")
 
 
@@ -138,7 +148,8 @@ _hooked = False
 def register(cache: TieredProgramCache, local_root: str | os.PathLike[str]) -> None:
     """Report ``cache``'s counters to ``<local_root>/stats.jsonl`` at exit and at ``close()``."""
     global _hooked
-    book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
+    book = _Book(Path(local_root) / LEDGER_FILE, [(t.name, t.counters) for t in cache.tiers], cache.compile_tally,
+                 cache.flight_counts)
     with _lock:
         _books[cache] = book
         _all.append(book)
@@ -201,6 +212,7 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
     hits: dict[str, int] = {}
     tiers: dict[str, dict[str, int]] = {}
     uncacheable: dict[str, int] = {}
+    flight: dict[str, int] = {}
     sums = dict.fromkeys(("lookups", "misses", "errors", "timeouts", "compiles"), 0)
     seconds = dict.fromkeys(("compile_seconds", "saved_seconds"), 0.0)
     reports, zeroed_at = 0, None
@@ -234,6 +246,9 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
                 for reason, n in given.items() if isinstance(given, dict) else ():
                     if isinstance(n, int) and not isinstance(n, bool):
                         uncacheable[reason] = uncacheable.get(reason, 0) + n
+                for decision, n in (doc["flight"].items() if isinstance(doc.get("flight"), dict) else ()):
+                    if isinstance(n, int) and not isinstance(n, bool):
+                        flight[str(decision)] = flight.get(str(decision), 0) + n
                 for field in sums:
                     if isinstance(doc.get(field), int):
                         sums[field] += doc[field]
@@ -245,7 +260,7 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
     return Totals(hits=tuple(hits.items()), reports=reports, zeroed_at=zeroed_at,
                   uncacheable=tuple(sorted(uncacheable.items())),
                   tiers=tuple((name, tuple(counts.items())) for name, counts in tiers.items()),
-                  **sums, **seconds)  # fmt: skip
+                  flight=tuple(flight.items()), **sums, **seconds)  # fmt: skip
 
 
 def zero(local_root: str | os.PathLike[str], *, now: float | None = None) -> None:

@@ -21,12 +21,15 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
-__all__ = ["GIL_DISABLED", "UNCACHEABLE_REASONS", "CacheStats", "CompileTally", "CompileTotals", "MetadataKey",
-           "TierCounters", "TierStats", "uncacheable_reason"]
+__all__ = ["FLIGHT_DECISIONS", "GIL_DISABLED", "UNCACHEABLE_REASONS", "CacheStats", "CompileTally", "CompileTotals",
+           "FlightCounts", "MetadataKey", "TierCounters", "TierStats", "uncacheable_reason"]
 
 #: True on a free-threaded build running without the GIL: plain ``+=`` on a shared int loses counts there.
 GIL_DISABLED = hasattr(sys, "_is_gil_enabled") and not sys._is_gil_enabled()
 _LATENCY_WINDOW = 2048  # most recent samples kept per operation for percentiles
+
+#: The decisions a missed compile's flight across nodes ends in (docs/cluster.md, "Every decision counted").
+FLIGHT_DECISIONS = ("raced_won", "raced_found", "held", "waited", "found_under_lease", "failed", "gave_up", "no_lease")
 
 #: Fields of :class:`TierStats` that count events and so subtract; the others are
 #: gauges (entries held, latency percentiles) that a difference keeps from ``after``.
@@ -98,6 +101,9 @@ class CacheStats(Mapping[str, TierStats]):
     tiers: tuple[tuple[str, TierStats], ...]
     #: What ``compile()`` and ``Program.compile(cache=...)`` did through the chain: NVRTC runs, seconds, uncacheable.
     compiling: CompileTotals = dataclasses.field(default_factory=lambda: CompileTotals())
+    #: Flight decisions across nodes, decision -> count (every one of :data:`FLIGHT_DECISIONS`).
+    flight: Mapping[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(FLIGHT_DECISIONS, 0),
+                                                  hash=False)
 
     def __getitem__(self, name: str) -> TierStats:
         for tier_name, tier_stats in self.tiers:
@@ -118,6 +124,7 @@ class CacheStats(Mapping[str, TierStats]):
         return CacheStats(
             tuple((name, now - earlier[name]) if name in earlier else (name, now) for name, now in self.tiers),
             self.compiling - other.compiling,
+            {decision: n - other.flight.get(decision, 0) for decision, n in self.flight.items()},
         )
 
     @property
@@ -320,3 +327,24 @@ class MetadataKey(bytes):
     """
 
     __slots__ = ()
+
+
+class FlightCounts:
+    """How many flights across nodes ended in each decision (:data:`FLIGHT_DECISIONS`) through one cache; thread-safe."""
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(FLIGHT_DECISIONS, 0)
+        self._lock = threading.Lock()
+
+    def count(self, decision: str) -> None:
+        """One more flight that ended in ``decision``; ValueError for a name not in :data:`FLIGHT_DECISIONS`."""
+        if decision not in FLIGHT_DECISIONS:
+            raise ValueError(f"unknown flight decision {decision!r}; expected one of {', '.join(FLIGHT_DECISIONS)}")
+        with self._lock:
+            self._counts[decision] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)

@@ -32,7 +32,7 @@ from .policy import TierPolicy
 from ..stores.ratelimit import RateLimitedLogger
 from ..settings import DEFAULT_MAX_PENDING_UPLOAD_BYTES, DEFAULT_MAX_PENDING_UPLOADS
 from .stats import TierCounters, TierStats
-from ..stores.store import EntryStore
+from ..stores.store import EntryStore, entry_name
 from .writeback import WriteBackQueue
 
 __all__ = ["DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "Outcome", "Tier", "bare_policy", "classify", "default_policy"]
@@ -196,6 +196,10 @@ def _measurer(resource: ProgramCacheResource, local: LocalDir | None) -> Callabl
 
 # -- the tier ------------------------------------------------------------------------------------
 
+#: Rejected keys a tier remembers for replacement at most (more are simply not replaced by this process).
+_MAX_REJECTED = 4096
+
+
 
 class Tier:
     """A resource in the chain, adapted once. Thread-safe as far as its resource is.
@@ -207,7 +211,7 @@ class Tier:
     """
 
     __slots__ = ("resource", "policy", "counters", "writeback", "entries", "local", "in_memory", "location",
-                 "_read", "_measure", "_warn")  # fmt: skip
+                 "_read", "_measure", "_warn", "_create", "_rejected")  # fmt: skip
 
     def __init__(
         self,
@@ -231,6 +235,10 @@ class Tier:
         self.location: str = (self.entries.location if self.entries is not None
                               else f"{type(resource).__name__}, this process")  # fmt: skip
         self._read = _reader(resource, self.local)
+        #: Writes here are conditional creates (a shared store that has an atomic one): never a rewrite.
+        self._create: EntryStore | None = (self.entries if policy.shared and self.entries is not None
+                                           and self.entries.atomic_create else None)  # fmt: skip
+        self._rejected: set[bytes] = set()  # keys this tier held corrupt or forged: the next write replaces them
         self._measure = _measurer(resource, self.local)
         self.counters = TierCounters()
         self.writeback: WriteBackQueue | None = None
@@ -275,6 +283,8 @@ class Tier:
         except Exception as exc:
             self.counters.record_get((time.perf_counter() - started) * 1e3)
             self.record_read_failure(exc)
+            if self._create is not None and isinstance(exc, EntryRejected) and len(self._rejected) < _MAX_REJECTED:
+                self._rejected.add(key)
             return None
         counters = self.counters
         counters.record_get((time.perf_counter() - started) * 1e3)
@@ -323,16 +333,27 @@ class Tier:
             self.counters.count_promotion()
 
     def _write_now(self, key: bytes, data: bytes) -> bool:
+        """Write ``key``; False if it failed or, on a tier of conditional creates, the entry was there already.
+
+        An entry on such a tier, once written, is never rewritten (its MODIFIED time is its birth), unless
+        this tier rejected what it held under that key (corrupt or forged): that one is replaced.
+        """
         started = time.perf_counter()
         try:
-            self.resource[key] = data
+            if self._create is not None and key not in self._rejected:
+                written = self._create.create_entry(entry_name(key), data)
+            else:
+                self.resource[key] = data
+                self._rejected.discard(key)
+                written = True
         except Exception as exc:
             self._failed("write", exc)
             return False
         counters = self.counters
         counters.record_put((time.perf_counter() - started) * 1e3)
-        counters.count_write(len(data))
-        return True
+        if written:
+            counters.count_write(len(data))
+        return written
 
     def delete(self, key: bytes) -> bool:
         """Remove ``key`` (and cancel its queued upload); True if this tier held it.

@@ -23,7 +23,7 @@ from ..stores.localdir import KEYED_READS, LocalDir, default_local_dir
 from .policy import TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import STATS_FILE_ENV, by_name, remote_urls
-from .stats import GIL_DISABLED, CacheStats, CompileTally, MetadataKey
+from .stats import GIL_DISABLED, CacheStats, CompileTally, FlightCounts, MetadataKey
 from ..stores.ratelimit import RateLimitedLogger
 from ..stores.store import EntryStore
 from ..stores.breaker import CircuitBreaker
@@ -157,6 +157,7 @@ class TieredProgramCache(ProgramCacheResource):
                                and self._first.in_memory is not None else None)  # fmt: skip
         self._recency_depth = local_depth
         self._recency_hits = 0
+        self._flight_counts = FlightCounts()
         self._identity = identity
         self._settings = settings
         local_depth = next((i for i, t in enumerate(tiers) if t.local is not None), len(tiers))
@@ -231,9 +232,15 @@ class TieredProgramCache(ProgramCacheResource):
         """The compiler runs and seconds :func:`tiered_progcache.compiling.compile` spent and saved through this cache."""
         return self._compile_tally
 
+    @property
+    def flight_counts(self) -> FlightCounts:
+        """The flight decisions across nodes :func:`tiered_progcache.compiling.compile` made through this cache."""
+        return self._flight_counts
+
     def stats(self) -> CacheStats:
-        """An immutable per-tier snapshot; ``after - before`` gives one run's counters."""
-        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers), self._compile_tally.snapshot())
+        """An immutable per-tier snapshot, the compiles and the flight decisions; ``after - before`` gives one run's."""
+        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers), self._compile_tally.snapshot(),
+                          self._flight_counts.snapshot())
 
     def __repr__(self) -> str:
         chain = " -> ".join(f"{t.name}:{type(t.resource).__name__}" for t in self._tiers)

@@ -22,7 +22,6 @@ import dataclasses
 import enum
 import hashlib
 import json
-import math
 import logging
 import os
 import socket
@@ -164,8 +163,6 @@ def _start_ticks(pid: int) -> int | None:
 class LeaseInfo:
     """What a lease object says: who holds it and until when (holder's wall clock). Immutable.
 
-    ``compile_estimate_s`` is how long the holder expected its compile to take when it took
-    the lease (None in documents written before holders wrote it, or with a bad value).
     ``failure`` is the sealed failure record of a holder whose work failed
     (:meth:`RemoteLease.publish_failure`; None while it works), still to be opened and checked.
     """
@@ -176,7 +173,6 @@ class LeaseInfo:
     expires_at: float
     raw: bytes
     process: HolderProcess | None = None
-    compile_estimate_s: float | None = None
     failure: bytes | None = None
 
     def expired(self, now: float | None = None) -> bool:
@@ -200,7 +196,7 @@ def _parse_lease(raw: bytes) -> LeaseInfo | None:
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
     return LeaseInfo(holder, token, acquired_at, expires_at, raw, HolderProcess.from_json(doc.get("process")),
-                     _seconds_or_none(doc.get("compile_estimate_s")), _failure_or_none(doc.get("failure")))
+                     _failure_or_none(doc.get("failure")))
 
 
 def _failure_or_none(value: object) -> bytes | None:
@@ -213,17 +209,10 @@ def _failure_or_none(value: object) -> bytes | None:
         return None
 
 
-def _seconds_or_none(value: object) -> float | None:
-    """A non-negative, finite number of seconds from a lease document; None for anything else."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if 0 <= value < math.inf else None
-
-
 class RemoteLease:
     """One holder's attempt at the lease ``name`` in ``leases``.
 
-    >>> lease = RemoteLease(shared.leases(), entry_name(key), ttl_s=60, compile_estimate_s=0.8)
+    >>> lease = RemoteLease(shared.leases(), entry_name(key), ttl_s=60)
     >>> if lease.try_acquire():
     ...     try: compile_and_upload()
     ...     finally: lease.release()
@@ -231,7 +220,6 @@ class RemoteLease:
     Safe across threads, processes and hosts when ``leases.atomic_create`` is True;
     one instance is one attempt by one holder. ``clock`` is the wall clock the
     expiry is written and judged by (injectable so tests can step it).
-    ``compile_estimate_s`` goes into the document for waiters to size their patience by.
     """
 
     def __init__(
@@ -241,18 +229,13 @@ class RemoteLease:
         ttl_s: float,
         *,
         clock: Callable[[], float] = time.time,
-        compile_estimate_s: float | None = None,
     ) -> None:
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
-        if compile_estimate_s is not None and _seconds_or_none(compile_estimate_s) is None:
-            raise ValueError(f"compile_estimate_s must be a non-negative, finite number or None, "
-                             f"got {compile_estimate_s!r}")
         self.leases = leases
         self.name = name
         self.ttl_s = float(ttl_s)
         self.clock = clock
-        self.compile_estimate_s = compile_estimate_s
         self.token = uuid.uuid4().hex
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self.process = HolderProcess.current()
@@ -276,8 +259,6 @@ class RemoteLease:
             "expires_at": now + (self.ttl_s if ttl_s is None else ttl_s),
             "process": self.process.as_json(),
         }
-        if self.compile_estimate_s is not None:
-            doc["compile_estimate_s"] = self.compile_estimate_s  # readers that predate it ignore it
         if failure is not None:
             doc["failure"] = base64.b64encode(failure).decode("ascii")
         return json.dumps(doc, sort_keys=True).encode()
@@ -390,30 +371,20 @@ class RemoteLease:
 
 
 class WaitPlan(Protocol):
-    """How a waiter waits (:mod:`.flightpolicy` makes the real one from the remote's latency and compile times)."""
+    """How often a waiter looks (:mod:`.flightpolicy` makes the real one from the remote's latency)."""
 
     def poll_period(self) -> float:
         """Seconds from the start of one look for the holder's result to the start of the next."""
 
-    def patience(self, holder_estimate_s: float | None) -> float | None:
-        """Seconds to wait for a holder before doing the work without the lease; None: only the timeout.
-
-        ``holder_estimate_s`` is the compile time the holder wrote into its lease (None if it wrote none).
-        """
-
 
 @dataclasses.dataclass(frozen=True)
 class FixedWait:
-    """A plan with a fixed poll period and patience (None: wait up to the timeout). Immutable."""
+    """A plan with a fixed poll period. Immutable."""
 
     poll_s: float = DEFAULT_POLL_S
-    patience_s: float | None = None
 
     def poll_period(self) -> float:
         return self.poll_s
-
-    def patience(self, holder_estimate_s: float | None) -> float | None:
-        return self.patience_s
 
 
 class WaitOutcome(str, enum.Enum):
@@ -422,7 +393,6 @@ class WaitOutcome(str, enum.Enum):
     HELD = "held"  # the caller holds the lease: do the work, then release it
     FOUND = "found"  # poll() returned the holder's result
     FAILED = "failed"  # the holder published its failure: raise it (``LeaseWait.failure``)
-    PATIENCE = "patience"  # waited the plan's patience: do the work without the lease
     TIMEOUT = "timeout"  # the caller's timeout ran out: do the work without the lease
     STORE_FAILED = "store failed"  # the lease store raised: do the work without the lease
 
@@ -431,16 +401,13 @@ class WaitOutcome(str, enum.Enum):
 class LeaseWait(Generic[T]):
     """What :func:`wait_for_lease` found: the holder's result, the lease, its failure, or none of them. Immutable.
 
-    ``waited_s`` is measured on the wait's clock; ``holder_estimate_s`` is what the last
-    holder seen wrote into its lease (None if none was seen or it wrote none);
-    ``failure`` what ``open_failure`` made of the holder's failure record (outcome FAILED only).
+    ``waited_s`` is measured on the wait's clock; ``failure`` what ``open_failure`` made of the holder's failure record (outcome FAILED only).
     """
 
     found: T | None
     held: bool
     outcome: WaitOutcome
     waited_s: float
-    holder_estimate_s: float | None = None
     failure: object | None = None
 
 
@@ -453,68 +420,39 @@ def wait_for_lease(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], object] = time.sleep,
     open_failure: Callable[[bytes], object | None] | None = None,
-    taken: bool = False,
 ) -> LeaseWait[T]:
-    """Take ``lease``, or wait for whoever holds it to produce the result.
+    """Take ``lease``, or wait for whoever holds it to produce the result (``poll()`` not None).
 
     >>> waited = wait_for_lease(lease, lambda: cache.get(key), timeout=300, plan=policy_plan)
     >>> waited.held, waited.found, waited.outcome
 
-    ``held`` True: this caller now holds the lease (do the work, then ``lease.release()``).
-    ``found`` not None: ``poll()`` found the holder's result. Outcome FAILED: the holder
-    published its failure and ``failure`` holds what ``open_failure`` made of it (raise it).
-    Otherwise the plan's patience or the timeout ran out, or the store failed (do the work
-    without a lease). ``taken``: the caller's own create of ``lease`` just found it taken
-    (it sent it beside its lookup), so the wait starts there, without a create of its own.
-
-    A waiter looks for the result once right after finding the lease taken (reading the
-    lease on a helper thread meanwhile: one round trip for both), then every
-    ``plan.poll_period()`` seconds (start to start: one look in flight at a time), so it
-    learns the result landed within about one period and one request. Without
-    ``open_failure`` the lease is re-read only every ``LEASE_RECHECK_S`` and at its expiry
-    (it matters only for a holder that crashed or failed); with it, beside every look, so a
-    published failure is seen within one period too (two requests a period).
-
-    A holder is live while its lease is renewed: a lease whose bytes have not changed for
-    ``lease.ttl_s`` (this waiter's TTL, on ``clock``) counts as expired whatever it says,
-    as does one past its stated expiry or whose holder ran on this host and is gone. An
-    expired lease is broken and retaken, so a crash costs the others at most the TTL; a
-    released one is looked behind once (its holder releases once its result is up), then
-    retaken; bytes that are not a lease (a partial write, garbage) are given one TTL, then
-    broken. No value in a lease can make a wait longer than one TTL past the last renewal
-    seen, or longer than ``timeout``. The patience (None: wait while the holder lives) runs
-    from the start of the wait for the first holder seen, and starts again for a new one.
-
-    ``timeout`` and the patience are measured on ``clock`` (monotonic) and the pauses
-    taken with ``sleep``; the stated expiry is judged on the lease's own wall clock. Both
-    are injectable so tests can step time. Any number of threads, processes and hosts may
-    wait on one lease at once, each with its own :class:`RemoteLease`; ``poll`` is called
+    ``held``: do the work, then ``lease.release()``. Outcome FAILED: the holder published its
+    failure, ``failure`` is what ``open_failure`` made of it (raise it). TIMEOUT or STORE_FAILED:
+    do the work without a lease. A live holder (its lease renewed) is waited for; one whose lease
+    is past its expiry, unchanged for ``lease.ttl_s``, or whose process died on this host is
+    broken and retaken, so no value in a lease can make a wait longer than one TTL past the last
+    renewal seen, nor longer than ``timeout``. docs/cluster.md ("When nodes wait") has the timing.
+    ``clock`` (monotonic) and ``sleep`` are injectable so tests can step time; ``poll`` is called
     from the calling thread only.
     """
     plan = plan if plan is not None else FixedWait()
     started = clock()
     deadline = started + timeout
 
-    def ended(outcome: WaitOutcome, found: T | None = None, estimate: float | None = None,
-              failure: object | None = None) -> LeaseWait[T]:
-        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, estimate, failure)
+    def ended(outcome: WaitOutcome, found: T | None = None, failure: object | None = None) -> LeaseWait[T]:
+        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, failure)
 
     try:
-        if not taken and lease.try_acquire():
+        if lease.try_acquire():
             return ended(WaitOutcome.HELD)
     except Exception as exc:
         _log_store_failure(exc)
         return ended(WaitOutcome.STORE_FAILED)
-    # Taken. Look for the holder's result (it may have just published, and then there is no
-    # point waiting) and read its lease side by side: one round trip for both.
+    # Taken. Look for the holder's result and read its lease side by side: one round trip for both.
     pending_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
     found = poll()
     if found is not None:
         return ended(WaitOutcome.FOUND, found)
-    first_patience = plan.patience(None)
-    patience_end = None if first_patience is None else started + first_patience
-    holder_token: str | None = None
-    holder_estimate: float | None = None
     seen_raw: bytes | None = None  # the lease's bytes as last read, and when they last changed
     seen_since = started
     unreadable_since: float | None = None
@@ -528,7 +466,7 @@ def wait_for_lease(
                 info = lease.read() if pending_read is None else pending_read.result()  # bounded by the store
             except Exception as exc:
                 _log_store_failure(exc)
-                return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+                return ended(WaitOutcome.STORE_FAILED)
             pending_read = None
             wall = lease.clock()
             raw = info.raw if isinstance(info, LeaseInfo) else info
@@ -540,7 +478,7 @@ def wait_for_lease(
                 # Released: the holder is done (its result is up: look once more) or failed.
                 found = poll()
                 if found is not None:
-                    return ended(WaitOutcome.FOUND, found, holder_estimate)
+                    return ended(WaitOutcome.FOUND, found)
                 retake = True
             elif isinstance(info, LeaseInfo):
                 unreadable_since = None
@@ -549,7 +487,7 @@ def wait_for_lease(
                 if live and info.failure is not None and open_failure is not None:
                     failure = open_failure(info.failure)  # its holder is done (and may be gone): it failed
                     if failure is not None:
-                        return ended(WaitOutcome.FAILED, estimate=info.compile_estimate_s, failure=failure)
+                        return ended(WaitOutcome.FAILED, failure=failure)
                 if not live or info.holder_gone():
                     reason = ("expired" if info.expired(wall) else
                               f"not renewed for {unrenewed_for:.3g} s" if stale else
@@ -559,12 +497,6 @@ def wait_for_lease(
                         lease.break_if_unchanged(info.raw)
                     retake = True
                 else:
-                    if info.token != holder_token:
-                        # A holder (a new one: the last one failed or died): its estimate, and patience for it.
-                        since = started if holder_token is None else now
-                        holder_token, holder_estimate = info.token, info.compile_estimate_s
-                        patience = plan.patience(holder_estimate)
-                        patience_end = None if patience is None else since + patience
                     recheck_at = now + min(LEASE_RECHECK_S, max(0.0, info.expires_at - wall) + EXPIRY_MARGIN_S,
                                            lease.ttl_s - unrenewed_for + EXPIRY_MARGIN_S)
             else:
@@ -582,10 +514,10 @@ def wait_for_lease(
             if retake:
                 try:
                     if lease.try_acquire():
-                        return ended(WaitOutcome.HELD, estimate=holder_estimate)
+                        return ended(WaitOutcome.HELD)
                 except Exception as exc:
                     _log_store_failure(exc)
-                    return ended(WaitOutcome.STORE_FAILED, estimate=holder_estimate)
+                    return ended(WaitOutcome.STORE_FAILED)
                 quick_retries += 1  # someone else took it: read it again to learn the new holder
                 if quick_retries <= QUICK_RETRIES:
                     recheck_at = now
@@ -596,11 +528,7 @@ def wait_for_lease(
                 quick_retries = 0
         if now >= deadline:
             logger.info("waited %.3g s for lease %s; going ahead without it", timeout, lease.location)
-            return ended(WaitOutcome.TIMEOUT, estimate=holder_estimate)
-        if patience_end is not None and now >= patience_end:
-            logger.info("waited %.3g s (the patience for an estimated %s s compile) for lease %s; compiling here",
-                        now - started, "?" if holder_estimate is None else f"{holder_estimate:.3g}", lease.location)
-            return ended(WaitOutcome.PATIENCE, estimate=holder_estimate)
+            return ended(WaitOutcome.TIMEOUT)
         if recheck_at <= now:
             continue
         if now >= next_poll:
@@ -609,12 +537,11 @@ def wait_for_lease(
                 pending_read = _read_aside(lease)  # the lease beside the look: a failure is seen as soon
             found = poll()
             if found is not None:
-                return ended(WaitOutcome.FOUND, found, holder_estimate)
+                return ended(WaitOutcome.FOUND, found)
             if pending_read is not None:
                 recheck_at = now
             continue
-        wake = min(next_poll, recheck_at, deadline, patience_end if patience_end is not None else deadline)
-        sleep(max(0.0, wake - now))
+        sleep(max(0.0, min(next_poll, recheck_at, deadline) - now))
 
 
 def _read_aside(lease: RemoteLease) -> concurrent.futures.Future[LeaseInfo | None | bytes]:

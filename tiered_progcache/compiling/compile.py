@@ -15,22 +15,21 @@ What ``Program.compile(cache=...)`` does, plus three things it cannot:
   was compiled from, where, when, how long), and with ``explain_misses`` on the cache
   (``TIERED_PROGCACHE_EXPLAIN=1``) each miss logs why it missed (:mod:`.explain`).
 
-The compiler's exceptions reach the caller unchanged. Every lock and lease is
-released on every path out, and every wait is bounded (``wait_timeout``): whoever
-runs out of patience compiles itself, so a crashed or stuck holder costs time,
-never a hang.
+The compiler's exceptions reach the caller unchanged. The flight across threads,
+processes and nodes is :mod:`tiered_progcache.cluster.singleflight`'s: locks released on
+every path, every wait bounded by ``wait_timeout``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
@@ -38,14 +37,7 @@ from cuda.core.utils import ProgramCacheResource
 from .compileargs import check_arguments, knobs_for
 from ..chain.defaultcache import default_cache
 from .explain import explain_key
-from ..cluster.flightpolicy import (
-    LESSON_WAIT_RTTS,
-    POLL_FLOOR_S,
-    compile_size,
-    compile_times,
-    hit_lessons,
-    untimed_estimate,
-)
+from ..cluster.flightpolicy import compile_size, compile_times
 from ..hooks import call_each, subscribe
 from .keys import CompileKey, compile_key
 from . import direct
@@ -57,7 +49,7 @@ from .manifest import (
     encode_manifest,
     manifest_key,
 )
-from ..cluster.singleflight import Work, run_once, takes_cluster_leases
+from ..cluster.singleflight import SHORT, plan, predict, run_once
 from ..settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from ..stores.store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -230,14 +222,11 @@ def _header_scans_dir(cache: TieredProgramCache) -> str | None:
     return local.header_scans_dir if local is not None else None
 
 
-class _Outcome:
+class _Outcome(NamedTuple):
     """What the thread that compiled hands to the threads that waited for it."""
 
-    __slots__ = ("data", "mapping")
-
-    def __init__(self, data: bytes, mapping: SymbolMapping | None) -> None:
-        self.data = data
-        self.mapping = mapping
+    data: bytes
+    mapping: SymbolMapping | None
 
 
 def compile(  # noqa: A001 - the name users look for; the builtin is not used here
@@ -262,36 +251,24 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     ...                                name_expressions=["scale<float>"])
     >>> kernel = obj.get_kernel("scale<float>")          # works on a hit too
 
-    The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with
-    the digest of the headers the compile can read (only when it reads any, so
-    plain compiles share entries with ``Program.compile(cache=...)``). With
-    ``portable_keys`` (default) include directories and other paths are keyed by
-    role (``I0``, ``I1``, the source's directory) and header content, not location,
-    so hosts with the same headers under other roots share entries; ``False`` keys by
-    path, as before (:func:`tiered_progcache.compiling.keys.compile_key`). On a miss,
-    with ``single_flight`` (default), one thread per process, one process per
-    local cache directory and one node per remote compiles; the others wait up to
-    ``wait_timeout`` seconds and get its entry. Across nodes the cache's flight policy
-    decides: a lease only for compiles worth at least ``lease_min_compile_rtts`` round
-    trips, and a waiting node compiles itself after about one compile's time
-    (``wait_patience``; docs/cluster.md, "When nodes wait"). ``lease_ttl`` bounds how long a
-    crashed node holds the others up. ``header_recheck_s`` lets a process trust a
-    header scan that long before looking at the headers again (0: every call, which
-    with inotify costs one ``poll(2)``; a header edited within the window is not seen
-    by this process until it passes). Header scans persist in the cache's local
-    directory (``header-scans/``), so a new process validates one instead of scanning.
-    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is
-    used as a chain of one tier (:func:`~tiered_progcache.chain.tiered.as_chain`): its failures
-    are misses and dropped writes, as a chain tier's are.
+    The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with the
+    digest of the headers the compile can read (only when it reads any, so plain compiles
+    share entries with ``Program.compile(cache=...)``). ``portable_keys`` (default) keys
+    include directories by role and header content, not location
+    (:func:`tiered_progcache.compiling.keys.compile_key`). On a miss, with ``single_flight``
+    (default), one thread per process, one process per local directory and one node per
+    remote compiles; the others wait up to ``wait_timeout`` seconds and get its entry. Which
+    of the flight's three cases a miss takes (short: race the lookup; the lease; the node lock
+    only) is :func:`tiered_progcache.cluster.singleflight.plan`'s (docs/cluster.md, "When
+    nodes wait"). ``lease_ttl`` bounds how long a crashed node holds the others up.
+    ``header_recheck_s`` lets a process trust a header scan that long (0: look every call).
+    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is used
+    as a chain of one tier (:func:`~tiered_progcache.chain.tiered.as_chain`).
 
     ``single_flight``, ``wait_timeout``, ``lease_ttl``, ``header_recheck_s`` and
-    ``portable_keys`` are settings too: left out (None), each is the cache's
-    (``cache.settings``; ``TIERED_PROGCACHE_WAIT_TIMEOUT`` and the rest for the default
-    cache), else its default (on, 300 s, 60 s, 0 s, on; docs/configuration.md).
-
-    Safe from any number of threads and processes at once, on one cache or many.
-    Compiler errors propagate to the caller and to the threads waiting on it;
-    waiting processes and nodes retry the compile and get the error themselves.
+    ``portable_keys`` left out (None) are the cache's settings (docs/configuration.md).
+    Safe from any number of threads and processes at once. Compiler errors propagate to the
+    caller and to the threads and nodes waiting on it.
     """
     names = check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
                             single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
@@ -307,107 +284,18 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     if compiled.declined is not None:
         return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
     size = compile_size(len(source), len(compiled.headers))
-    estimate = _predict(cache, code_type, target, size)
-    # A compile predicted short against the round trip races the shared lookup (a kind never
-    # timed: predicted from its size), and one of unknown length sends the shared lookup
-    # beside its lease create: both look nearby first.
-    planned = untimed_estimate(size) if estimate is None else estimate
-    race = single_flight and _races(cache, planned)
-    unknown = single_flight and not race and estimate is None and takes_cluster_leases(cache)
-    found = _find(cache, key, target, options, names, nearby_only=race or unknown)
+    estimate = predict(cache, code_type, target, size)
+    case, _ = plan(cache, estimate) if single_flight else (None, None)
+    found = _find(cache, key, target, options, names, nearby_only=case == SHORT)  # a short race looks nearby first
     if found is not None:
         _record_hit(cache, key)
-        if estimate is None:
-            _learn_from_hit(cache, key, code_type, target, size, read_shared=False)
         return found[0]
     if cache.explain_misses:
         _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
-    job = _Job(compiled, source, code_type, options, target, names, extra_digest, logs, size)
-    if not single_flight:
+    job = _Job(cache, compiled, source, code_type, options, target, names, extra_digest, logs, size)
+    if case is None:
         return _compile_and_store(cache, job)[0]
-
-    # Racing, the nearby tiers have missed already: the race's lookup is the shared tier's,
-    # and its hit is counted only if it is the answer (found).
-    if race:
-        find = functools.partial(_find, cache, key, target, options, names, shared_only=True)
-    else:
-        find = functools.partial(_find_after_waiting, cache, key, target, options, names)
-    produce = functools.partial(_compile_and_store, cache, job)
-
-    def produce_unless(dropped: threading.Event) -> tuple[ObjectCode, _Outcome]:
-        return _compile_and_store(cache, job, dropped)
-
-    def adopt(outcome: _Outcome) -> ObjectCode:
-        return _wrap(outcome.data, target, options, outcome.mapping)
-
-    def found() -> None:
-        _record_hit(cache, key)
-
-    look = None
-    if unknown:
-        look = functools.partial(_find_after_waiting, cache, key, target, options, names, shared_only=True)
-        _learn_from_hit(cache, key, code_type, target, size)  # the manifest read goes out beside the lookup
-    obj = run_once(cache, key, Work(find, produce, adopt, produce_unless, found, look), wait_timeout=wait_timeout,
-                   lease_ttl=lease_ttl, compile_estimate_s=planned if race else estimate, race=race)
-    if estimate is None:
-        _learn_from_hit(cache, key, code_type, target, size)  # served another's entry: what did it take?
-    return obj
-
-
-def _learn_from_hit(cache: TieredProgramCache, key: bytes, code_type: str, target: str, size: int,
-                    read_shared: bool = True) -> None:
-    """Where this node has no estimate for the kind, learn it from the compile time in entry ``key``'s manifest.
-
-    From what the hit's tally already read on this node, at once; otherwise, with
-    ``read_shared`` (the lookup went to the shared tier anyway), the manifest is read from
-    the chain (a promoted hit brings the binary alone) on a daemon thread, off the hit's
-    path (:class:`~.flightpolicy.HitLessons`). A hit nearby never costs a request.
-    """
-    if compile_times.predict(code_type, target, size) is not None:
-        return
-    seconds = _saved.get((id(cache.identity), key))
-    if seconds is not None:
-        if compile_times.learn(code_type, target, seconds, size):
-            _save_times(cache)
-        return
-    if not read_shared or cache.shared_store is None:
-        return
-    hit_lessons.start((code_type, target), key, functools.partial(_manifest_seconds, cache, key), size,
-                      on_learned=functools.partial(_save_times, cache))
-
-
-#: Local directories whose persisted compile times this process has read (each once).
-_times_loaded: set[str] = set()
-
-
-def _times_dir(cache: TieredProgramCache) -> str | None:
-    local = cache.local_store
-    return None if local is None else os.fspath(local.root)
-
-
-def _predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float | None:
-    """The compile time this node predicts for a compile of ``size``; None where it has timed none of the kind."""
-    directory = _times_dir(cache)
-    if directory is not None and directory not in _times_loaded:
-        with _counter_lock:
-            _times_loaded.add(directory)
-        compile_times.load(directory)
-    estimate = compile_times.predict(code_type, target, size)
-    if estimate is None and hit_lessons.in_flight((code_type, target)):
-        # A hit's manifest is being read (sent with that hit's lookup or right after it): plan with what it brings.
-        shared = cache.shared_store
-        round_trip = (shared.round_trip_s if shared is not None else None) or 0.0
-        hit_lessons.wait((code_type, target), LESSON_WAIT_RTTS * round_trip + POLL_FLOOR_S)
-        estimate = compile_times.predict(code_type, target, size)
-    return estimate
-
-
-def _races(cache: TieredProgramCache, estimate: float | None) -> bool:
-    """True where the policy predicts the compile short against the shared store's round trip."""
-    if estimate is None:
-        return False
-    shared = cache.shared_store
-    return shared is not None and cache.flight_policy.races(estimate, shared.round_trip_s)
+    return run_once(cache, key, job, wait_timeout=wait_timeout, lease_ttl=lease_ttl, case=case, estimate_s=estimate)
 
 
 def _compile_declined(
@@ -421,19 +309,33 @@ def _compile_declined(
     if cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`, by reason
         logger.warning("not cached %s, compiled every time (counted as uncacheable): %s", compiled.key[:8].hex(),
                        compiled.declined)  # fmt: skip
+    return _run_compiler(compiled.key, source, code_type, options, target, names, logs, cache.compile_tally)[0]
+
+
+def _run_compiler(key: bytes, source: str | bytes, code_type: str, options: ProgramOptions, target: str,
+                  names: tuple[str | bytes, ...], logs: Any, tally: Any = None) -> tuple[ObjectCode, float]:
+    """The compiler's output and wall time, counted and handed to the ``on_compile`` hooks (failures too)."""
     started = time.perf_counter()
     program = Program(source, code_type, options)
     try:
         obj = program.compile(target, name_expressions=names, logs=logs)
     except BaseException:
-        _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=False))
+        failed_after = time.perf_counter() - started
+        compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
+        if tally is not None:
+            tally.count_compile(failed_after)
+        _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
         raise
     finally:
-        cache.compile_tally.count_compile(time.perf_counter() - started)  # an NVRTC run, failed or not
         program.close()
-        del program  # as in _compile_and_store
-    _record_compile(CompileEvent(compiled.key, code_type, target, time.perf_counter() - started, ok=True))
-    return obj
+        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
+        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
+        del program
+    seconds = time.perf_counter() - started
+    if tally is not None:
+        tally.count_compile(seconds)
+    _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
+    return obj, seconds
 
 
 def _find(
@@ -463,21 +365,6 @@ def _find(
     return _wrap(data, target, options, mapping), _Outcome(data, mapping)
 
 
-def _find_after_waiting(
-    cache: TieredProgramCache,
-    key: bytes,
-    target: str,
-    options: ProgramOptions,
-    names: tuple[str | bytes, ...],
-    shared_only: bool = False,
-) -> tuple[ObjectCode, _Outcome] | None:
-    """:func:`_find` once single-flight gave this caller its turn: a hit here is another's compile, saved."""
-    found = _find(cache, key, target, options, names, shared_only=shared_only)
-    if found is not None:
-        _record_hit(cache, key)
-    return found
-
-
 def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
     name = options.name or ""
     return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
@@ -485,8 +372,9 @@ def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapp
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
-    """One compile to run: its key and everything the compiler and the manifest need."""
+    """One missed compile: its key and everything the compiler and the manifest need, and the flight's three verbs."""
 
+    cache: TieredProgramCache
     compiled: CompileKey
     source: str | bytes
     code_type: str
@@ -497,31 +385,34 @@ class _Job:
     logs: Any
     size: int
 
+    def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Outcome] | None:
+        """The entry, once single-flight gave this caller its turn (a hit is another's compile, saved).
+
+        ``shared_only`` (a race's lookup): the shared tiers alone, and its hit is recorded only if it is the answer.
+        """
+        found = _find(self.cache, self.compiled.key, self.target, self.options, self.names, shared_only=shared_only)
+        if found is not None and not shared_only:
+            _record_hit(self.cache, self.compiled.key)
+        return found
+
+    def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Outcome]:
+        return _compile_and_store(self.cache, self, dropped)
+
+    def adopt(self, outcome: _Outcome, found: bool = False) -> ObjectCode:
+        """Another thread's outcome as this one's result; ``found``: it came from a race's lookup (a hit)."""
+        if found:
+            _record_hit(self.cache, self.compiled.key)
+        return _wrap(outcome.data, self.target, self.options, outcome.mapping)
+
 
 def _compile_and_store(
     cache: TieredProgramCache, job: _Job, dropped: threading.Event | None = None
 ) -> tuple[ObjectCode, _Outcome]:
     """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
     key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
-    started = time.perf_counter()
-    program = Program(job.source, code_type, job.options)
-    try:
-        obj = program.compile(target, name_expressions=names, logs=job.logs)
-    except BaseException:
-        failed_after = time.perf_counter() - started
-        cache.compile_tally.count_compile(failed_after)
-        _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
-        raise
-    finally:
-        program.close()
-        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
-        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
-        del program
-    seconds = time.perf_counter() - started
-    compile_times.record(code_type, target, seconds, job.size)  # what single-flight plans the next compile with
+    obj, seconds = _run_compiler(key, job.source, code_type, job.options, target, names, job.logs, cache.compile_tally)
+    compile_times.record(code_type, target, seconds, job.size)  # what the flight plans the next compile with
     _save_times(cache)
-    cache.compile_tally.count_compile(seconds)
-    _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     _remember_seconds((id(cache.identity), key), round(seconds, 6))  # what the manifest records
     data = bytes(obj.code)
     mapping = dict(obj.symbol_mapping) if names else None
@@ -545,10 +436,14 @@ def _compile_and_store(
 
 
 def _save_times(cache: TieredProgramCache) -> None:
-    """Keep this node's compile times in its local directory for its next process; a failure costs only that."""
-    directory = _times_dir(cache)
-    if directory is None:
+    """Keep this node's compile rates and its store's round trip in its local directory for its next process."""
+    local = cache.local_store
+    if local is None:
         return
+    directory = os.fspath(local.root)
+    shared = cache.shared_store
+    if shared is not None:
+        compile_times.note_round_trip(shared.location, shared.round_trip_s)
     try:
         compile_times.save(directory)
     except OSError as exc:

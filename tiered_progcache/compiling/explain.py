@@ -51,6 +51,8 @@ from .manifest import (
 from ..stores.store import EntryStore, StoredEntry, check_entry_name, entry_name
 from .symbols import symbols_key
 from ..chain.tiered import TieredProgramCache, as_chain
+from ..cluster.flightpolicy import compile_size
+from ..cluster.singleflight import describe, predict
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -167,6 +169,8 @@ class Explanation:
     unreadable: tuple[Unreadable, ...]
     manifests_read: int
     notes: tuple[str, ...]
+    #: The flight case a miss takes in this cache and why, with its predicted ``C`` and the store's ``R``.
+    flight: str = ""
 
     def lines(self) -> tuple[str, ...]:
         out: list[str] = []
@@ -186,6 +190,8 @@ class Explanation:
                            "the same source, kernels or name expressions")  # fmt: skip
         out += [f"unreadable manifest beside entry {u.entry} in tier {u.tier}: {u.reason}" for u in self.unreadable]
         out += [f"note: {note}" for note in self.notes]
+        if self.flight:
+            out.append(f"flight{' (on a miss)' if self.hit else ''}: {self.flight}")
         return tuple(out)
 
     def __str__(self) -> str:
@@ -392,6 +398,24 @@ def explain_key(
     extra_digest: bytes | None,
 ) -> Explanation:
     """:func:`explain` for a key already computed (``compile()`` calls this on a miss). Never raises for a tier."""
+    chain = as_chain(cache)
+    explained = _explained(compiled, source, code_type, options, target, chain, names, extra_digest)
+    if compiled.declined is not None:
+        return explained
+    size = compile_size(len(source), len(compiled.headers))
+    return dataclasses.replace(explained, flight=describe(chain, predict(chain, code_type, target, size)))
+
+
+def _explained(
+    compiled: CompileKey,
+    source: str | bytes,
+    code_type: str,
+    options: ProgramOptions,
+    target: str,
+    cache: ProgramCacheResource,
+    names: tuple[str | bytes, ...],
+    extra_digest: bytes | None,
+) -> Explanation:
     key = compiled.key
     name = entry_name(key)
     inputs = compile_inputs(compiled, source, code_type, options, target, names, extra_digest)

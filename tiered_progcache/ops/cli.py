@@ -656,6 +656,7 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
     print(f"misses                  {totals.misses}")
     print(f"NVRTC runs              {totals.compiles} ({totals.compile_seconds:.2f} s compiling)")
     print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)")
+    print(f"flight decisions        {_flight_line(dict(totals.flight))}")
     print(f"errors                  {totals.errors} (timeouts {totals.timeouts}; a failing tier's reads count as misses too)")
     _print_uncacheable(totals.uncacheable, 24)
     size = format_size(local["bytes"])
@@ -679,6 +680,11 @@ def _print_uncacheable(by_reason: tuple[tuple[str, int], ...], width: int) -> No
     total = sum(n for _, n in by_reason)
     reasons = ", ".join(f"{reason} {n}" for reason, n in by_reason)
     print(f"{'uncacheable':<{width}}{total}{f' ({reasons}; compiled every time)' if total else ''}")
+
+
+def _flight_line(flight: dict[str, int]) -> str:
+    """The flight decisions that happened, ``raced_won 3, held 1`` (docs/cluster.md), or ``none``."""
+    return ", ".join(f"{decision} {n}" for decision, n in flight.items() if n) or "none"
 
 
 def _write_prometheus(args: argparse.Namespace, text: str) -> None:
@@ -729,7 +735,7 @@ def _stats_of_run(args: argparse.Namespace) -> int:
                      "misses": totals.misses, "compiles": compiled.compiles,
                      "compile_seconds": round(compiled.compile_seconds, 6),
                      "saved_seconds": round(compiled.saved_seconds, 6), "uncacheable": dict(compiled.uncacheable),
-                     "tiers": tiers})  # fmt: skip
+                     "tiers": tiers, "flight": dict(totals.flight)})  # fmt: skip
     else:
         _print_run_table(run, compiled)
     return run.exit_code
@@ -756,6 +762,7 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
     print(f"NVRTC runs   {compiled.compiles} ({compiled.compile_seconds:.2f} s compiling; "
           f"{compiled.saved_seconds:.2f} s saved by hits)")  # fmt: skip
     _print_uncacheable(compiled.uncacheable, 13)
+    print(f"flight       {_flight_line(dict(totals.flight))}")
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]
     rows = [[name] + [format_size(v) if c.startswith("bytes") else str(v) for c, v in ((c, s.as_dict()[c]) for c in _RUN_COLUMNS)]
             for name, s in totals.tiers]  # fmt: skip

@@ -122,6 +122,12 @@ def stats_families(stats: Iterable[tuple[str, CacheStats]], *, counters: bool = 
     families += [entries, held]
     if counters:
         families.append(latency)
+        flight = CounterMetricFamily(f"{PREFIX}_flight_decisions", "missed compiles by the flight decision across "
+                                     "nodes they ended in (docs/cluster.md)", labels=["cache", "decision"])
+        for cache_name, snapshot in pairs:
+            for decision, n in snapshot.flight.items():
+                flight.add_metric([cache_name, decision], n)
+        families.append(flight)
     return families
 
 

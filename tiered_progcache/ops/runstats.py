@@ -21,19 +21,21 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..settings import STATS_FILE_ENV  # the file caches append their exit report to; unset: none
-from ..chain.stats import COUNTER_FIELDS, CacheStats, CompileTally, CompileTotals, TierCounters, TierStats
+from ..chain.stats import (COUNTER_FIELDS, FLIGHT_DECISIONS, CacheStats, CompileTally, CompileTotals, FlightCounts,
+                           TierCounters, TierStats)
 
 if TYPE_CHECKING:
     from ..chain.tiered import TieredProgramCache
 
-__all__ = ["STATS_FILE_ENV", "compile_totals", "pids", "read_reports", "register", "register_counters", "sum_reports"]
+__all__ = ["STATS_FILE_ENV", "compile_totals", "flight_totals", "pids", "read_reports", "register", "register_counters",
+           "sum_reports"]
 
 logger = logging.getLogger(__name__)
 
 
 # One record per registered cache: (pid at registration, [(tier name, counters)], its compile tally).
 # It holds the counters, not the cache, so a cache dropped early frees its memory tier.
-_Record = tuple[int, list[tuple[str, Any]], CompileTally]
+_Record = tuple[int, list[tuple[str, Any]], CompileTally, FlightCounts | None]
 _records: list[_Record] = []
 _lock = threading.Lock()
 _hooked = False
@@ -46,7 +48,7 @@ def register(cache: TieredProgramCache) -> None:
         return
     if any(t.entries is not None and t.entries.namespace == "triton" for t in cache.tiers):
         return  # Triton's chain: its manager reports it as the ``triton-remote`` tier (register_counters)
-    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally)
+    record = (os.getpid(), [(t.name, t.counters) for t in cache.tiers], cache.compile_tally, cache.flight_counts)
     with _lock:
         _records.append(record)
         if not _hooked:
@@ -66,7 +68,7 @@ def register_counters(tiers: list[tuple[str, Any]], tally: CompileTally) -> None
     if not os.environ.get(STATS_FILE_ENV):
         return
     with _lock:
-        _records.append((os.getpid(), tiers, tally))
+        _records.append((os.getpid(), tiers, tally, None))
         if not _hooked:
             atexit.register(_report_at_exit)
             _hooked = True
@@ -76,17 +78,18 @@ def _report_at_exit() -> None:
     path = os.environ.get(STATS_FILE_ENV)
     with _lock:
         # A forked child inherits the parent's records; only the registering process reports them.
-        records = [(tiers, tally) for pid, tiers, tally in _records if pid == os.getpid()]
+        records = [(tiers, tally, flight) for pid, tiers, tally, flight in _records if pid == os.getpid()]
         _records.clear()
     if not path or not records:
         return
     lines = []
-    for tiers, tally in records:
+    for tiers, tally, flight in records:
         snapshot = CacheStats(tuple((name, counters.snapshot()) for name, counters in tiers))
         done = tally.snapshot()
         report = {"pid": os.getpid(), "tiers": snapshot.as_dict(), "compiles": done.compiles,
                   "compile_seconds": round(done.compile_seconds, 6), "saved_seconds": round(done.saved_seconds, 6),
-                  "uncacheable": dict(done.uncacheable)}  # fmt: skip
+                  "uncacheable": dict(done.uncacheable),
+                  "flight": flight.snapshot() if flight is not None else dict.fromkeys(FLIGHT_DECISIONS, 0)}  # fmt: skip
         lines.append(json.dumps(report, separators=(",", ":")) + "\n")
     _append(path, "".join(lines).encode())
 
@@ -135,7 +138,20 @@ def sum_reports(reports: Iterable[Mapping[str, Any]]) -> CacheStats:
                 value = fields.get(field)
                 if isinstance(value, int):
                     tier[field] += value
-    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()), compile_totals(reports))
+    return CacheStats(tuple((name, TierStats(**counts)) for name, counts in totals.items()), compile_totals(reports),
+                      flight_totals(reports))
+
+
+def flight_totals(reports: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The flight decisions of every report, each of ``FLIGHT_DECISIONS`` (reports from before them count 0)."""
+    totals = dict.fromkeys(FLIGHT_DECISIONS, 0)
+    for report in reports:
+        counts = report.get("flight")
+        for decision in totals:
+            n = counts.get(decision) if isinstance(counts, dict) else None
+            if isinstance(n, int) and not isinstance(n, bool):
+                totals[decision] += n
+    return totals
 
 
 def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:

@@ -121,6 +121,10 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         """The median of this store's recent single requests (its runner times each), in seconds."""
         return self._runner.latency.median()
 
+    def seed_round_trip(self, seconds: float) -> None:
+        """One sample beside the live ones, so ``R`` is known and steady before the first kernel."""
+        self._runner.latency.record(seconds)
+
     @property
     def startup_failure(self) -> BaseException | None:
         """The probe failure that opened the breaker at construction (see ``EntryStore.startup_failure``)."""

@@ -164,6 +164,9 @@ class EntryStore(abc.ABC):
         """The deadline of one request to this store, in seconds; None where it has none (a local directory)."""
         return None
 
+    def seed_round_trip(self, seconds: float) -> None:
+        """Count ``seconds`` (what this node measured in an earlier process) as one round trip; nothing here."""
+
     @property
     @abc.abstractmethod
     def max_entry_bytes(self) -> int:

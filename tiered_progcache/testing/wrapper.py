@@ -269,6 +269,9 @@ class WrapperEntryStore(ProgramCacheResource, EntryStore):
         """The round trip given at construction, else the wrapped store's."""
         return self._round_trip_s if self._round_trip_s is not None else self.store.round_trip_s
 
+    def seed_round_trip(self, seconds: float) -> None:
+        self.store.seed_round_trip(seconds)
+
     @property
     def request_timeout_s(self) -> float | None:
         return self.store.request_timeout_s
