@@ -175,6 +175,7 @@ def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols
         assert writer.flush(60)
     for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-lease-")]:
         releaser.join(60)  # the writer's lease releases are done: their requests are not the node's
+    _join_boot_fetch()  # and the writer's own boot fetch (its directory was empty at its first lookup)
     compiled = len(events)
     # A fresh node has timed no compile (the writer's times are this process's).
     from tiered_progcache.cluster.flightpolicy import compile_times
@@ -209,6 +210,7 @@ def test_a_fresh_node_with_the_boot_fetch_asks_one_listing_and_one_batch_beside_
         assert writer.flush(60)
     for releaser in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-lease-")]:
         releaser.join(60)
+    _join_boot_fetch()  # the writer's own boot fetch: its requests are not the node's
     compiled = len(events)
     from tiered_progcache.cluster.flightpolicy import compile_times
 
