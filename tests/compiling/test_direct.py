@@ -123,6 +123,35 @@ def test_a_fresh_node_keys_from_the_set_as_the_scan_would_scanning_nothing_and_h
     assert got.key == recorded.key  # the same headers under another root: host A's entry
 
 
+@pytest.mark.parametrize("linked", ["recorder", "node"])
+def test_a_root_reached_through_a_symbolic_link_on_one_host_and_a_plain_directory_on_the_other_shares_the_set(
+        tmp_path, monkeypatch, linked):
+    """CI's CCCL is often reached through a link above it (``/usr/local/cuda`` -> ``cuda-13.0``), a node's
+    copy is a plain directory, or the other way round: the set holds on both, with the scan's own key,
+    and an edit behind the link is still a miss that scans."""
+    chain = as_chain(InMemoryProgramCache())
+    real = _tree(tmp_path / "real" / "cuda-13.0" / "targets")
+    (tmp_path / "link").mkdir()
+    os.symlink(real, tmp_path / "link" / "cuda")
+    copy = tmp_path / "node" / "opt" / "v"
+    shutil.copytree(real, copy)
+    recorder, node = (tmp_path / "link" / "cuda", copy) if linked == "recorder" else (copy, tmp_path / "link" / "cuda")
+    for work in ("wa", "wb"):
+        (tmp_path / work).mkdir()
+    monkeypatch.chdir(tmp_path / "wa")
+    recorded, hit = _direct(chain, recorder)
+    assert hit == 0
+    monkeypatch.chdir(tmp_path / "wb")
+    scans = headerscan.scans_run()
+    got, hit = _direct(chain, node)
+    assert (hit, headerscan.scans_run() - scans) == (1, 0)
+    assert got.key == recorded.key == _scan_key(node).key
+    _edit(real / "include" / "lib" / "config.h")
+    _edit(copy / "include" / "lib" / "config.h")
+    got, hit = _direct(chain, node)
+    assert hit == 0 and got.key != recorded.key and got.key == _scan_key(node).key
+
+
 def _edit(path: Path, text: str = "#define EDITED 1\n") -> None:
     with open(path, "a") as fh:
         fh.write(text)
@@ -173,8 +202,8 @@ def test_include_roots_laid_out_otherwise_or_retargeted_are_a_miss(cluster, tmp_
     # An include root reached through a symbolic link, retargeted at a tree with one header edited.
     link = tmp_path / "link"
     link.symlink_to(b)
-    assert _direct(chain, link)[1] == 0  # roots whose realpaths lie otherwise: another layout, recorded
-    assert _direct(chain, link)[1] == 1  # and held by the next fresh process
+    assert _direct(chain, link)[1] == 1  # the same tree through a link: the set holds (roots spelled or resolved)
+    assert _direct(chain, link)[1] == 1  # and for the next fresh process
     edited = tmp_path / "edited"
     shutil.copytree(b, edited)
     _edit(edited / "include/lib/detail/core.h")

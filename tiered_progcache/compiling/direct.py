@@ -185,12 +185,18 @@ def _include_roots(roots: Sequence[str], options: Any) -> list[int]:
 
 
 def _mask(path: str, roots: Sequence[str], keep: int = -1) -> int:
-    """Which roots ``path`` lies under (textually, itself included): one bit per root, of those in ``keep``."""
+    """Which roots ``path`` lies under (textually, itself included), of those in ``keep``: one bit per root,
+    a root as spelled and as resolved folded into one bit. A host that reaches a root through a symbolic
+    link (``/usr/local/cuda/include/cccl``) and one where it is a plain directory (a copy) then agree; where
+    spelling and resolution lead apart, the set's ``real`` rows check each directory's realpath."""
     mask = 0
     for i, root in enumerate(roots):
         if path == root or path.startswith(root if root.endswith("/") else root + "/"):
             mask |= 1 << i
-    return mask & keep
+    mask &= keep
+    half = len(roots) // 2
+    low = (1 << half) - 1
+    return (mask | (mask >> half)) & low
 
 
 def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible: Sequence[int]) -> int:
@@ -220,28 +226,33 @@ def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible
 
 
 def _ancestry(path: str, roots: Sequence[str], eligible: Sequence[int]) -> str:
-    """``"k:depth,..."`` for every include root ``k`` that ``path`` is a proper ancestor of ('' for none)."""
-    out = []
+    """``"k:depth,..."`` for every include root ``k`` that ``path`` is a proper ancestor of ('' for none), a
+    root as spelled and as resolved named by one ``k`` (as :func:`_mask` folds them)."""
+    half = len(roots) // 2
+    out = set()
     for k in eligible:
         rel = _under(roots[k], path)
         if rel:
-            out.append(f"{k}:{rel.count('/') + 1}")
-    return ",".join(out)
+            out.add((k % half, rel.count("/") + 1))
+    return ",".join(f"{k}:{depth}" for k, depth in sorted(out))
 
 
-def _place_ancestor(rel: str, roots: Sequence[str], eligible: Sequence[int]) -> str | None:
-    """The directory :func:`_ancestry` named, on this node, if it is an ancestor of exactly those roots
-    (which roots it lies under is the row's mask's to check)."""
+def _place_ancestor(rel: str, roots: Sequence[str], eligible: Sequence[int], resolved: str) -> str | None:
+    """The directory :func:`_ancestry` named, on this node, if it is ``resolved`` (a directory's realpath)
+    and an ancestor of exactly those roots, counted up from the root as spelled or as resolved (which
+    roots it lies under is the row's mask's to check)."""
     first = rel.partition(",")[0]
     k, _, depth = first.partition(":")
-    if not (k.isdigit() and depth.isdigit() and int(k) < len(roots) and 0 < int(depth) < 4096):
+    half = len(roots) // 2
+    if not (k.isdigit() and depth.isdigit() and int(k) < half and 0 < int(depth) < 4096):
         return None
-    path = roots[int(k)]
-    for _ in range(int(depth)):
-        path = os.path.dirname(path)
-    if _ancestry(path, roots, eligible) != rel:
-        return None
-    return path
+    for base in (roots[int(k)], roots[int(k) + half]):
+        path = base
+        for _ in range(int(depth)):
+            path = os.path.dirname(path)
+        if path == resolved and _ancestry(path, roots, eligible) == rel:
+            return path
+    return None
 
 
 def _canon_made(path: str, roots: Sequence[str], textual: dict[str, str], textual_dirs: dict[str, str],
@@ -281,6 +292,29 @@ def _place(index: int, rel: str, roots: Sequence[str]) -> str:
     if not rel:
         return root
     return root + rel if root.endswith("/") else root + "/" + rel
+
+
+def _place_resolved(index: int, rel: str, roots: Sequence[str], resolved: str) -> str:
+    """:func:`_place` of a realpath row: under the root as spelled or as resolved, whichever is ``resolved``
+    on this node (a host that reaches the root through a link names it by the resolved root, one where it
+    is a plain directory by the spelled one); otherwise the recorded root's, for the caller to refuse."""
+    if index >= 0:
+        half = len(roots) // 2
+        for i in (index % half, index % half + half):
+            if _place(i, rel, roots) == resolved:
+                return resolved
+    return _place(index, rel, roots)
+
+
+def _itself(directory: str, roots: Sequence[str], eligible: Sequence[int]) -> str:
+    """The realpath an ``_ITSELF`` row stands for here: the directory's normpath where no link is on the
+    way, or its realpath where that stands to the resolved roots as the normpath does to the spelled ones
+    (``/usr/local/cuda`` -> ``cuda-13.0`` above an include root); otherwise the normpath, to be refused."""
+    norm, resolved = os.path.normpath(directory), os.path.realpath(directory)
+    if resolved != norm and _ancestry(norm, roots, eligible) and (
+            _ancestry(norm, roots, eligible) == _ancestry(resolved, roots, eligible)):
+        return resolved
+    return norm
 
 
 # -- the stored form ----------------------------------------------------------------------------
@@ -628,9 +662,10 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
             return None
         note(index, rel)
         if real_index == _ANCESTOR:
-            real = _place_ancestor(real_rel, roots, eligible)
+            real = _place_ancestor(real_rel, roots, eligible, os.path.realpath(directory))
         else:
-            real = os.path.normpath(directory) if real_index == _ITSELF else _place(real_index, real_rel, roots)
+            real = (_itself(directory, roots, eligible) if real_index == _ITSELF
+                    else _place_resolved(real_index, real_rel, roots, os.path.realpath(directory)))
         if real is None or _mask(real, roots, keep) != real_mask or os.path.realpath(directory) != real:
             return None
         found_role, found_rel = locate(real, roots[len(roots) // 2:][:n_includes], real_source, roots[-1])
