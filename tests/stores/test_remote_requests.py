@@ -55,6 +55,12 @@ class S3Wire:
 
         remote.fs.s3.meta.events.register("before-send", record)
 
+    def sent_during(self, action: Any) -> int:
+        """Requests the watched client sent during ``action`` (this process's other caches excluded)."""
+        before = len(self.sent)
+        action()
+        return len(self.sent) - before
+
     def requests_during(self, action: Any) -> int:
         before = self.proxy.requests
         action()
@@ -197,15 +203,16 @@ def test_compile_on_a_warm_remote_is_one_get_per_kernel_and_one_more_for_symbols
         run = fresh.stats()
         tiered_progcache.compile(plain, "c++", options, cache=fresh)
         # The lease case looks before anything else: a hit costs the entry's read alone (one lookup of the
-        # remote tier; no lease, listing or probe on the wire). After tests/ops/ in one process s3fs was
-        # seen to send that read's GET twice (the tier read once): the wire count is the client's sends.
+        # remote tier; no lease, listing or probe sent). After tests/ops/ in one process s3fs was
+        # seen to send that read's GET twice (the tier read once).
         remote = (fresh.stats() - run)["remote"]
         assert (remote.hits, remote.misses, remote.errors) == (1, 0, 0)
         assert set(s3_wire.sent) == {("GET", "entry")}
-        assert s3_wire.proxy.requests - before == len(s3_wire.sent)
+        # (Counted by the client: a cache another module left open may re-probe a dead endpoint at the port
+        # this proxy now has, and the proxy would count that request too.)
         del s3_wire.sent[:]
         # name_expressions: the symbol mapping is a second entry by design (docs/remote-format.md)
-        assert s3_wire.requests_during(lambda: tiered_progcache.compile(
+        assert s3_wire.sent_during(lambda: tiered_progcache.compile(
             templated, "c++", options, cache=fresh, name_expressions=["fill<float>"])) == 2
         assert s3_wire.sent == [("GET", "entry")] * 2  # a kind it knows: no lease, no probe, no listing on a hit
     assert len(events) == compiled  # every kernel came from the remote
@@ -235,12 +242,12 @@ def test_a_fresh_node_with_the_boot_fetch_asks_one_listing_and_one_batch_beside_
         tiered_progcache.compile(plain, "c++", options, cache=fresh)
         _join_boot_fetch()
         # One listing and the entries' GETs (the trigger's, then the batch's two), as the client sent them
-        # (s3fs may resend a GET: see the test above); the wire saw nothing else.
+        # (s3fs may resend a GET: see the test above); the client sent nothing else.
         sent = collections.Counter(s3_wire.sent)
         assert set(sent) == {("GET", "entry"), ("GET", "bucket")} and sent[("GET", "bucket")] == 1
         assert (fresh.stats()["remote"].hits, fresh.stats()["remote"].misses) == (1, 0)  # the trigger's read alone
-        assert s3_wire.proxy.requests - before == sum(sent.values())
-        assert s3_wire.requests_during(lambda: tiered_progcache.compile(
+        # (Counted by the client, as above.)
+        assert s3_wire.sent_during(lambda: tiered_progcache.compile(
             templated, "c++", options, cache=fresh, name_expressions=["fill<float>"])) == 0
     assert len(events) == compiled
 
