@@ -132,3 +132,36 @@ def test_a_pruned_kernel_takes_its_manifest_and_a_kept_one_keeps_it(store, tmp_p
     capped = prune(store, max_bytes=sizes[new] + sizes[manifest_name(new)], dry_run=False)
     assert [c.entry.name for c in capped.doomed] == [mid, manifest_name(mid)] and capped.removed == 2
     assert {e.name for e in store.iter_entries()} == {new, manifest_name(new)}
+
+
+def test_a_pruned_kernel_takes_its_symbol_map_and_manifest_and_the_cap_counts_all_three(store, tmp_path):
+    """A name-expression kernel is three entries (binary, manifest, symbol map): one unit to plan and delete."""
+    from tiered_progcache.compiling.manifest import manifest_name
+    from tiered_progcache.compiling.symbols import symbols_name
+
+    root = tmp_path / "store"
+    now = time.time()
+    old, mid, new = entry_name(b"old"), entry_name(b"mid"), entry_name(b"new")
+    for name in (old, mid, new):
+        for companion in (manifest_name(name), symbols_name(name)):
+            store.write_entry(companion, b"{}" * 50)
+            os.utime(root / "entries" / companion[:2] / companion[2:], (now - 60, now - 60))
+    sizes = {e.name: e.size for e in store.iter_entries()}
+    unit = {name: sizes[name] + sizes[manifest_name(name)] + sizes[symbols_name(name)] for name in (old, mid, new)}
+    # Room for exactly the two youngest units: the oldest goes whole, though its map is a minute old.
+    capped = prune(store, max_bytes=unit[mid] + unit[new], dry_run=False)
+    assert [c.entry.name for c in capped.doomed] == [old, manifest_name(old), symbols_name(old)]
+    assert capped.removed == 3
+    # One byte less than two units: the next oldest goes too (the cap counts all three members).
+    capped = prune(store, max_bytes=unit[mid] + unit[new] - 1, dry_run=False)
+    assert [c.entry.name for c in capped.doomed] == [mid, manifest_name(mid), symbols_name(mid)]
+    assert {e.name for e in store.iter_entries()} == {new, manifest_name(new), symbols_name(new)}
+
+
+def test_a_symbol_map_is_named_from_its_kernels_name_alone():
+    from tiered_progcache.compiling.symbols import symbols_key, symbols_name
+
+    assert symbols_name(entry_name(b"k")) == entry_name(symbols_key(b"k"))
+    assert symbols_name(entry_name(b"k")) != symbols_name(entry_name(b"j"))
+    with pytest.raises(ValueError, match="not an entry name"):
+        symbols_name("k")

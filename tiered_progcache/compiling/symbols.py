@@ -9,13 +9,13 @@ as latin-1) so a hit returns exactly the types the caller asked with.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
 from ..chain.stats import MetadataKey
+from ..stores.store import entry_name, is_entry_name
 
-__all__ = ["SYMBOLS_FORMAT", "decode_symbols", "encode_symbols", "symbols_key"]
+__all__ = ["SYMBOLS_FORMAT", "decode_symbols", "encode_symbols", "symbols_key", "symbols_name"]
 
 SYMBOLS_FORMAT = "tiered-progcache/symbols"
 _VERSION = 1
@@ -28,9 +28,23 @@ def symbols_key(key: bytes) -> bytes:
 
     A :class:`~tiered_progcache.chain.stats.MetadataKey`: the chain's reads of it count no lookup.
 
+    Derived from the binary's entry name, as the manifest's is, so a listing alone pairs them
+    (:func:`symbols_name`).
+
     >>> cache.get(symbols_key(key))   # b'{"format": "tiered-progcache/symbols", ...}'
     """
-    return MetadataKey(hashlib.sha256(bytes(key) + b"#symbols", usedforsecurity=False).digest())
+    return MetadataKey((entry_name(bytes(key)) + "#symbols").encode())
+
+
+def symbols_name(name: str) -> str:
+    """The entry name of the symbol map of entry ``name``, from the name alone (``prune`` keeps them together).
+
+    >>> symbols_name(entry_name(key)) == entry_name(symbols_key(key))
+    True
+    """
+    if not is_entry_name(name):
+        raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
+    return entry_name((name + "#symbols").encode())
 
 
 def _tagged(value: str | bytes) -> list[str]:

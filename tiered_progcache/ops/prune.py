@@ -7,9 +7,9 @@ shared bucket are pruned by the same code. Age is time since
 where the store records reads (the local directory), since the write otherwise.
 An entry a writer replaced after the listing is left alone (``delete_listed``'s guard).
 
-A kernel and its manifest (known by name from the listing) are planned as one: by the
-kernel's age and their two sizes, and deleted together, the kernel first. A manifest left
-behind would be fetched by the next ``warm`` and describe nothing.
+A kernel, its manifest and its symbol map (each known by name from the listing) are planned
+as one unit: by the kernel's age and their sizes together, and deleted together, the kernel
+first. A manifest or map left behind would be fetched by the next ``warm`` and describe nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..compiling.manifest import manifest_name
+from ..compiling.symbols import symbols_name
 from ..errors import one_line
 from ..stores.store import EntryStore, StoredEntry
 
@@ -94,21 +95,21 @@ def plan_prune(
     return sorted(doomed, key=_oldest_first, reverse=True)
 
 
-def _with_manifests(
-    entries: list[StoredEntry],
-) -> tuple[list[StoredEntry], dict[str, tuple[StoredEntry, StoredEntry]]]:
-    """The entries to plan with, a kernel and its manifest as one (the kernel's name and age, both sizes),
-    and for each such kernel (kernel, manifest)."""
+def _units(entries: list[StoredEntry]) -> tuple[list[StoredEntry], dict[str, tuple[StoredEntry, ...]]]:
+    """The entries to plan with, a kernel and its metadata as one (the kernel's name and age, all the
+    sizes), and for each kernel that has metadata listed, (kernel, manifest and/or symbol map)."""
     by_name = {e.name: e for e in entries}
-    companions: dict[str, tuple[StoredEntry, StoredEntry]] = {}
+    units: dict[str, tuple[StoredEntry, ...]] = {}
+    taken: set[str] = set()
     for e in entries:
-        manifest = by_name.get(manifest_name(e.name))
-        if manifest is not None and e.name not in companions and manifest.name not in companions:
-            companions[e.name] = (e, manifest)
-    paired = {m.name for _, m in companions.values()}
-    units = [dataclasses.replace(e, size=e.size + companions[e.name][1].size) if e.name in companions else e
-             for e in entries if e.name not in paired]  # fmt: skip
-    return units, companions
+        metadata = tuple(m for m in (by_name.get(manifest_name(e.name)), by_name.get(symbols_name(e.name)))
+                         if m is not None and m.name not in taken and m.name != e.name)  # fmt: skip
+        if metadata and e.name not in taken:
+            units[e.name] = (e, *metadata)
+            taken.update(m.name for m in metadata)
+    planned = [dataclasses.replace(e, size=sum(m.size for m in units[e.name])) if e.name in units else e
+               for e in entries if e.name not in taken or e.name in units]  # fmt: skip
+    return planned, units
 
 
 def prune(
@@ -132,13 +133,10 @@ def prune(
     if now is None:
         now = time.time()
     entries = list(store.iter_entries())
-    units, companions = _with_manifests(entries)
-    doomed = []
-    for unit in plan_prune(units, now=now, older_than=older_than, max_bytes=max_bytes):
-        kernel, manifest = companions.get(unit.entry.name, (unit.entry, None))
-        doomed.append(PruneCandidate(kernel, unit.age))
-        if manifest is not None:
-            doomed.append(PruneCandidate(manifest, unit.age))
+    planned, units = _units(entries)
+    doomed = [PruneCandidate(member, unit.age)
+              for unit in plan_prune(planned, now=now, older_than=older_than, max_bytes=max_bytes)
+              for member in units.get(unit.entry.name, (unit.entry,))]  # fmt: skip
     report = PruneReport(
         location=store.location,
         listed=len(entries),
