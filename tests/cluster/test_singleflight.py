@@ -346,3 +346,18 @@ def test_a_follower_whose_leader_was_interrupted_takes_its_own_turn():
     for t in (lead, follow):
         t.join(JOIN_S)
     assert outcomes == {"leader": "interrupted", "follower": "mine"}
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["node-lock", "lease"])
+def test_a_miss_that_compiles_is_one_lookup_though_the_flight_looks_again(tmp_path, remote):
+    """The look again under the node lock or the lease is the same lookup: hits + misses = compile() calls."""
+    shared = {"remote": (tmp_path / "bucket").as_uri(), "create_remote_root": True, "lease_min_compile_rtts": 0.0,
+              "boot_fetch_bytes": 0} if remote else {}
+    with TieredProgramCache(tmp_path / "node", strict=True, **shared) as cache:
+        tpc.compile(kernel(7), "c++", options(), cache=cache)  # a miss: it compiles under the lock (and lease)
+        tpc.compile(kernel(7), "c++", options(), cache=cache)  # a memory hit
+        stats = cache.stats()
+        tiers = ["memory", "local", "remote"] if remote else ["memory", "local"]
+        assert [(stats[t].hits, stats[t].misses) for t in tiers] == [(1, 1)] + [(0, 1)] * (len(tiers) - 1)
+        if remote:
+            assert cache.flight_counts.snapshot()["held"] == 1

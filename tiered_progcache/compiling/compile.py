@@ -36,6 +36,7 @@ from cuda.core.utils import ProgramCacheResource
 
 from .compileargs import check_arguments, knobs_for
 from ..chain.defaultcache import default_cache
+from ..chain.stats import MetadataKey
 from .explain import explain_key
 from ..cluster.flightpolicy import compile_size, compile_times
 from ..hooks import call_each, subscribe
@@ -346,14 +347,17 @@ def _find(
     names: tuple[str | bytes, ...],
     nearby_only: bool = False,
     shared_only: bool = False,
+    recheck: bool = False,
 ) -> tuple[ObjectCode, _Outcome] | None:
     """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None.
 
     ``nearby_only``: only the tiers in front of the shared one (the chain's ``get_nearby``);
-    ``shared_only``: only the others (``get_shared``).
+    ``shared_only``: only the others (``get_shared``). ``recheck``: a look again after a miss
+    (under the node lock or the lease), read as metadata is, so each ``compile()`` call is one
+    lookup in ``hits``/``misses``; what the look again found is the flight's decision.
     """
     get = cache.get_nearby if nearby_only else cache.get_shared if shared_only else cache.get
-    data = get(key)
+    data = get(MetadataKey(key)) if recheck else get(key)
     if data is None:
         return None
     mapping = None
@@ -390,7 +394,8 @@ class _Job:
 
         ``shared_only`` (a race's lookup): the shared tiers alone, and its hit is recorded only if it is the answer.
         """
-        found = _find(self.cache, self.compiled.key, self.target, self.options, self.names, shared_only=shared_only)
+        found = _find(self.cache, self.compiled.key, self.target, self.options, self.names, shared_only=shared_only,
+                      recheck=not shared_only)
         if found is not None and not shared_only:
             _record_hit(self.cache, self.compiled.key)
         return found
