@@ -399,9 +399,19 @@ def test_a_failing_store_means_no_lease_and_no_wait():
     assert clock.sleeps == []
 
 
-def test_ttl_must_be_positive():
-    with pytest.raises(ValueError, match="ttl_s"):
-        RemoteLease(DictLeases(), NAME, ttl_s=0)
+@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf"), 1e10, 1e300])
+def test_ttl_must_be_positive_and_at_most_a_year(ttl):
+    with pytest.raises(ValueError, match="ttl_s must be positive and at most 31536000 seconds"):
+        RemoteLease(DictLeases(), NAME, ttl_s=ttl)
+
+
+def test_the_longest_ttl_is_one_the_renewer_can_wait_a_third_of():
+    """The renewer waits ``ttl_s / 3`` on an Event: past ``threading.TIMEOUT_MAX`` it would die at once."""
+    lease = RemoteLease(DictLeases(), NAME, ttl_s=365 * 86400.0)
+    assert lease.ttl_s / 3 <= threading.TIMEOUT_MAX
+    assert lease.try_acquire() and lease.held
+    lease.release()
+    assert not lease.held and lease._renewer is not None and not lease._renewer.is_alive()
 
 
 # -- the holder process, as a waiter on its host judges it ------------------------------------------

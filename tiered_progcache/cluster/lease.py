@@ -30,6 +30,7 @@ import time
 import uuid
 from typing import Callable, Generic, Protocol, TypeVar
 
+from ..settings import MAX_SECONDS
 from ..stores.ratelimit import log_once
 from ..stores.store import LeaseStore
 
@@ -230,8 +231,9 @@ class RemoteLease:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not ttl_s > 0:
-            raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+        if not 0 < ttl_s <= MAX_SECONDS:  # NaN fails both; the renewer waits a third of it
+            raise ValueError(f"ttl_s must be positive and at most {MAX_SECONDS:.0f} seconds (a year, the longest "
+                             f"wait the library schedules), got {ttl_s!r}")
         self.leases = leases
         self.name = name
         self.ttl_s = float(ttl_s)
