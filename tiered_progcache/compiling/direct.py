@@ -45,7 +45,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cachetools
@@ -199,6 +199,24 @@ def _mask(path: str, roots: Sequence[str], keep: int = -1) -> int:
     return (mask | (mask >> half)) & low
 
 
+def _file_masks(roots: Sequence[str], keep: int) -> Callable[[str], int]:
+    """:func:`_mask` of files, computed once per directory (a few dozen hold a CCCL kernel's ~700 headers):
+    a file lies under a root exactly when its directory, with a trailing slash, does (unless it is a root)."""
+    by_directory: dict[str, int] = {}
+    root_set = frozenset(roots)
+
+    def mask_of(path: str) -> int:
+        directory, slash, _ = path.rpartition("/")
+        if not slash or path in root_set:
+            return _mask(path, roots, keep)
+        mask = by_directory.get(directory)
+        if mask is None:
+            mask = by_directory[directory] = _mask(directory + "/", roots, keep)
+        return mask
+
+    return mask_of
+
+
 def _mask_keep(source: str | bytes, options: Any, roots: Sequence[str], eligible: Sequence[int]) -> int:
     """The roots whose bits a set's masks compare: all of them, unless nothing the scanner reads from the
     source's directory or the working directory can lead into an include directory (no computed include in
@@ -306,11 +324,12 @@ def _place_resolved(index: int, rel: str, roots: Sequence[str], resolved: str) -
     return _place(index, rel, roots)
 
 
-def _itself(directory: str, roots: Sequence[str], eligible: Sequence[int]) -> str:
+def _itself(directory: str, roots: Sequence[str], eligible: Sequence[int], resolved: str) -> str:
     """The realpath an ``_ITSELF`` row stands for here: the directory's normpath where no link is on the
-    way, or its realpath where that stands to the resolved roots as the normpath does to the spelled ones
-    (``/usr/local/cuda`` -> ``cuda-13.0`` above an include root); otherwise the normpath, to be refused."""
-    norm, resolved = os.path.normpath(directory), os.path.realpath(directory)
+    way, or its realpath ``resolved`` where that stands to the resolved roots as the normpath does to the
+    spelled ones (``/usr/local/cuda`` -> ``cuda-13.0`` above an include root); otherwise the normpath, to be
+    refused."""
+    norm = os.path.normpath(directory)
     if resolved != norm and _ancestry(norm, roots, eligible) and (
             _ancestry(norm, roots, eligible) == _ancestry(resolved, roots, eligible)):
         return resolved
@@ -374,20 +393,27 @@ def _rows(value: object, shape: str, n: int) -> bool:
     str, ``h`` a sha256 hex."""
     if not isinstance(value, list):
         return False
+    masks = 1 << n
     for row in value:
         if not isinstance(row, list) or len(row) != len(shape):
             return False
         for item, kind in zip(row, shape):
-            low = {"i": -1, "T": _TEXTUAL_DIR, "R": _ANCESTOR}.get(kind)
-            if low is not None and not (type(item) is int and low <= item < n):
-                return False
-            if kind == "m" and not (type(item) is int and 0 <= item < 1 << n):
-                return False
-            if kind == "s" and not isinstance(item, str):
-                return False
-            if kind == "h" and not _is_hex(item):
+            if kind == "s":
+                if not isinstance(item, str):
+                    return False
+            elif kind == "h":
+                if not _is_hex(item):
+                    return False
+            elif kind == "m":
+                if not (type(item) is int and 0 <= item < masks):
+                    return False
+            elif not (type(item) is int and _LOWEST_INDEX[kind] <= item < n):
                 return False
     return True
+
+
+#: The lowest value of each kind of root index in a row (:func:`_rows`).
+_LOWEST_INDEX = {"i": -1, "T": _TEXTUAL_DIR, "R": _ANCESTOR}
 
 
 def _check_set(one: object) -> None:
@@ -490,11 +516,15 @@ def _covered(found: Sequence[str], real: dict[str, str], roots: Sequence[str], o
     reals = roots[len(roots) // 2:]
     real_source = None if getattr(options, "no_source_include", False) else reals[n_includes]
     out = []
+    located: dict[str, tuple[str, str]] = {}  # by real directory: a few dozen for hundreds of files
     for path in found:
         directory = real.get(os.path.dirname(path) or ".")
         if directory is None:
             return None
-        role, rel = locate(directory, reals[:n_includes], real_source, reals[-1])
+        place = located.get(directory)
+        if place is None:
+            place = located[directory] = locate(directory, reals[:n_includes], real_source, reals[-1])
+        role, rel = place
         name = os.path.basename(path)
         out.append((role, os.path.join(directory, name) if role == "abs" else (f"{rel}/{name}" if rel else name)))
     return out
@@ -661,21 +691,23 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         if directory is None or _mask(directory, roots, keep) != mask:
             return None
         note(index, rel)
+        resolved = os.path.realpath(directory)
         if real_index == _ANCESTOR:
-            real = _place_ancestor(real_rel, roots, eligible, os.path.realpath(directory))
+            real = _place_ancestor(real_rel, roots, eligible, resolved)
         else:
-            real = (_itself(directory, roots, eligible) if real_index == _ITSELF
-                    else _place_resolved(real_index, real_rel, roots, os.path.realpath(directory)))
-        if real is None or _mask(real, roots, keep) != real_mask or os.path.realpath(directory) != real:
+            real = (_itself(directory, roots, eligible, resolved) if real_index == _ITSELF
+                    else _place_resolved(real_index, real_rel, roots, resolved))
+        if real is None or _mask(real, roots, keep) != real_mask or resolved != real:
             return None
         found_role, found_rel = locate(real, roots[len(roots) // 2:][:n_includes], real_source, roots[-1])
         if role and (found_role, "" if found_role == "abs" else found_rel) != (role, role_rel):
             return None  # the scan would name its files otherwise here
         real_checks.append((directory, real))
     paths, covered = [], {}
+    mask_of = _file_masks(roots, keep)
     for index, rel, digest, mask in one["files"]:
         path = _place(index, rel, roots)
-        if _mask(path, roots, keep) != mask:
+        if mask_of(path) != mask:
             return None
         sig = signature(path)
         if sig is None or sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
