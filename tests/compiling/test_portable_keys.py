@@ -382,8 +382,10 @@ from tiered_progcache.compiling.headerscan import scans_run
 
 args = json.loads(sys.argv[1])
 options = ProgramOptions(arch="sm_90", std="c++17", include_path=args["include_path"])
+# lease_min_compile_rtts=0: every miss looks before it compiles (the lease case), so a hit is never raced
+# by this process's compile (which a busy machine could let win): the counts below are exact.
 with TieredProgramCache(args["local_dir"], remote=args["url"], remote_options=args["storage_options"],
-                        strict=True) as cache:
+                        strict=True, lease_min_compile_rtts=0.0) as cache:
     obj = tpc.compile(args["source"], "c++", options, cache=cache)
     flushed = cache.flush(timeout=60)
     remote = cache.stats()["remote"]
