@@ -135,9 +135,8 @@ def test_read_many_and_write_many(redis_url, client):
         assert s.write_many({a: b"A", b: b"B"}) == {a: None, b: None}
         client.set(f"tiered-progcache:entries:{b}", b"garbage")
         got = s.read_many([a, b, c])
-        assert got[a] == b"A"
-        assert isinstance(got[b], EntryRejected)
-        assert type(got[c]) is KeyError
+        assert got.hits == {a: b"A"} and got.missing == {c} and set(got.errors) == {b}
+        assert isinstance(got.errors[b], EntryRejected) and got.failure(b) is got.errors[b]
 
 
 def test_corrupt_and_forged_values_are_rejected_and_counted(redis_url, client):

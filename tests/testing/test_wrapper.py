@@ -13,7 +13,7 @@ from tiered_progcache import TieredProgramCache
 from tiered_progcache.errors import EntryRejected
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
-from tiered_progcache.stores.store import entry_name
+from tiered_progcache.stores.store import BatchRead, entry_name
 from tiered_progcache.testing import (
     EntryStoreTests,
     Gate,
@@ -154,7 +154,7 @@ def test_a_delay_goes_through_the_injected_sleep(remote):
     wrapped.delay(["write_entry", "read_many"], 0.5)
     wrapped.write_entry(NAME, b"x")
     assert clock.now == 1000.5
-    assert wrapped.read_many([NAME]) == {NAME: b"x"}
+    assert wrapped.read_many([NAME]) == BatchRead(hits={NAME: b"x"})
     assert clock.now == 1003.5
     wrapped.read_many([NAME])
     assert clock.now == 1004.0  # the one-off delay is spent

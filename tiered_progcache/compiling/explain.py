@@ -549,11 +549,12 @@ def _miss(
         except Exception as exc:
             notes.append(f"tier {view.name}: could not read manifests ({one_line(exc)})")
             continue
-        for m, result in results.items():
-            entry, listing = wanted[m]
+        for m, (entry, listing) in wanted.items():
             read += 1
-            if isinstance(result, Exception):
-                reason = "gone since listed" if type(result) is KeyError else one_line(result)
+            result = results.hits.get(m)
+            if result is None:
+                error = results.errors.get(m)
+                reason = "gone since listed" if error is None else one_line(error)
                 unreadable.append(Unreadable(entry, view.name, reason))
                 continue
             try:

@@ -644,12 +644,15 @@ def _read_batches(
     out: dict[str, Manifest | str] = {}
     batch = max(1, store.transfer_batch)
     for start in range(0, len(to_read), batch):
-        for m, result in store.read_many(to_read[start : start + batch]).items():
+        chunk = to_read[start : start + batch]
+        got = store.read_many(chunk)
+        for m in chunk:
             name = wanted[m]
-            if absent_ok and type(result) is KeyError:
+            if absent_ok and m in got.missing:
                 continue  # no manifest there either (stored by Program.compile(cache=...))
-            if isinstance(result, Exception):
-                out[name] = f"unreadable manifest: {_reason(result)}"
+            result = got.hits.get(m)
+            if result is None:
+                out[name] = f"unreadable manifest: {_reason(got.failure(m))}"
                 continue
             try:
                 out[name] = decode_manifest(result, entry=name)

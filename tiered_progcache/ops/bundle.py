@@ -160,12 +160,12 @@ def export_bundle(
         with open(staging, "wb") as raw:
             sink: IO[bytes] = zstd.stream_writer(raw, closefd=False) if zstd is not None else raw
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
-                for done, (entry, payload) in enumerate(_read_all(store, listed), start=1):
+                for done, (entry, payload, error) in enumerate(_read_all(store, listed), start=1):
                     if progress is not None:
                         progress(done, len(listed))
-                    if isinstance(payload, BaseException):
+                    if payload is None:
                         failures += 1
-                        logger.warning("export: could not read %s: %s", entry.name, one_line(payload))
+                        logger.warning("export: could not read %s: %s", entry.name, one_line(error))
                         continue
                     kind = MANIFEST if entry.name in manifests else kind_of(payload)
                     if sm is not None and kind == SYMBOLS:
@@ -242,8 +242,8 @@ def _with_their_binaries(
         if mangled:
             wanted[entry.name] = (entry, payload, mangled)
     kept: list[tuple[Any, bytes]] = []
-    for _, binary in _read_all(store, exported) if wanted else ():
-        if isinstance(binary, BaseException):
+    for _, binary, _ in _read_all(store, exported) if wanted else ():
+        if binary is None:
             continue
         for name, (entry, payload, mangled) in list(wanted.items()):
             if all(m in binary for m in mangled):
@@ -289,17 +289,19 @@ def _compressor(compression: str | None) -> Any:
     return zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
 
 
-def _read_all(store: EntryStore, listed: list[Any]) -> Iterator[tuple[Any, bytes | BaseException]]:
-    """Each listed entry with its verified payload (or what its read raised), a store batch at a time."""
+def _read_all(store: EntryStore, listed: list[Any]) -> Iterator[tuple[Any, bytes, None] | tuple[Any, None, Exception]]:
+    """Each listed entry still there, a store batch at a time: (entry, verified payload, None), or
+    (entry, None, what its read raised) where it could not be read."""
     batch = max(1, store.transfer_batch)
     for start in range(0, len(listed), batch):
         chunk = listed[start : start + batch]
-        results = store.read_many([e.name for e in chunk])
+        got = store.read_many([e.name for e in chunk])
         for entry in chunk:
-            result = results.get(entry.name, KeyError(entry.name))
-            if type(result) is KeyError:
-                continue  # gone since listed
-            yield entry, result
+            if entry.name in got.hits:
+                yield entry, got.hits[entry.name], None
+            elif entry.name in got.errors:
+                yield entry, None, got.errors[entry.name]
+            # else gone since listed
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float | None) -> None:

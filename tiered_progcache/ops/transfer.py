@@ -23,7 +23,7 @@ from ..stores.envelope import InvalidEnvelope
 from ..errors import EntryRejected, one_line
 from ..stores.localdir import LocalDir
 from ..compiling.manifest import manifest_name
-from ..stores.store import EntryStore, StoredEntry, check_entry_name
+from ..stores.store import BatchRead, EntryStore, StoredEntry, check_entry_name
 
 __all__ = ["LOCAL_WRITERS", "Progress", "TransferReport", "push", "warm"]
 
@@ -91,7 +91,7 @@ def warm(
     with concurrent.futures.ThreadPoolExecutor(LOCAL_WRITERS, thread_name_prefix="tiered-progcache-warm") as pool:
         landing: list[tuple[str, concurrent.futures.Future[int]]] = []
         for batch in [*_chunks(todo, remote.transfer_batch), []]:
-            fetched = remote.read_many(batch) if batch else {}
+            fetched = remote.read_many(batch) if batch else BatchRead()
             for name, future in landing:
                 try:
                     size, kind = future.result()
@@ -104,7 +104,9 @@ def warm(
             if landing:
                 done += len(landing)
                 _tell(progress, done, len(todo))
-            landing = [(name, pool.submit(_land, local, name, fetched[name])) for name in batch]
+            landing = [
+                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.failure(name))) for name in batch
+            ]
     if failures:
         logger.warning(
             "warm from %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
@@ -195,10 +197,11 @@ def _newest_first(entries: Iterable[StoredEntry], max_bytes: int | None) -> list
     return picked
 
 
-def _land(local: LocalDir, name: str, fetched: bytes | BaseException) -> tuple[int, str]:
-    """Write one fetched (already verified) payload into the local directory; its size and kind."""
-    if isinstance(fetched, BaseException):
-        raise fetched
+def _land(local: LocalDir, name: str, fetched: bytes | None, failure: Exception | None) -> tuple[int, str]:
+    """Write one fetched (already verified) payload into the local directory; its size and kind.
+    Raises ``failure``, why it was not fetched, where it was not."""
+    if fetched is None:
+        raise failure if failure is not None else KeyError(name)
     local.write_entry(name, fetched)
     return len(fetched), kind_of(fetched)
 

@@ -122,8 +122,11 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
     described: dict[str, Manifest] = {}
     batch = max(1, store.transfer_batch)
     for start in range(0, len(small), batch):
-        for name, payload in store.read_many(small[start : start + batch]).items():
-            if isinstance(payload, Exception):
+        chunk = small[start : start + batch]
+        got = store.read_many(chunk)
+        for name in chunk:
+            payload = got.hits.get(name)
+            if payload is None:  # absent or unreadable
                 out[name] = EntryKind(KERNEL)
                 continue
             kind = kind_of(payload)

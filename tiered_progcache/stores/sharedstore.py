@@ -22,7 +22,7 @@ from .breaker import CircuitBreaker
 from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from ..redact import mask_url
 from .runner import FilesystemFactory, RequestRunner
-from .store import EntryStore, check_namespace, entry_name
+from .store import BatchRead, EntryStore, check_namespace, entry_name
 
 __all__ = ["MIN_LIST_TIMEOUT_S", "SharedEntryStore", "checked_seconds", "without_password"]
 
@@ -187,16 +187,16 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
         return self._opened(name, self._fetch_envelope(name))
 
-    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
-        """Verified payloads of ``names``, fetched in one batch under one deadline (``KeyError``/``EntryRejected``/...
-        per failed one)."""
+    def read_many(self, names: list[str]) -> BatchRead:
+        """Verified payloads of ``names``, fetched in one batch under one deadline (absent ones in ``missing``,
+        ``EntryRejected``/... per failed one in ``errors``)."""
         results: dict[str, bytes | Exception] = {}
         for name, fetched in self._fetch_envelopes(list(names)).items():
             try:
                 results[name] = self._opened(name, fetched)
             except Exception as exc:
                 results[name] = exc
-        return results
+        return BatchRead.of(results)
 
     def verify_entry(self, name: str) -> str | None:
         """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""

@@ -29,6 +29,7 @@ __all__ = [
     "ENTRY_NAMESPACES",
     "ENTRY_NAME_LENGTH",
     "STALE_STAGED_AGE_S",
+    "BatchRead",
     "EntryStore",
     "LeaseStore",
     "NodeDirStore",
@@ -73,6 +74,49 @@ def check_namespace(namespace: object) -> str:
     if not isinstance(namespace, str) or namespace not in ENTRY_NAMESPACES:
         raise ValueError(f"namespace must be one of {', '.join(ENTRY_NAMESPACES)}, got {namespace!r}")
     return namespace
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRead:
+    """What one :meth:`EntryStore.read_many` got, per name: its payload, absent, or why its read failed.
+
+    Three fields rather than one mapping of payloads and exceptions, so that no caller
+    sorts values by type (``isinstance(x, Exception)``, ``type(x) is KeyError``): a
+    store sorts each outcome once, here (:meth:`of`). Every name asked for is in
+    exactly one of ``hits``, ``missing`` (not there: what a read raised as a plain
+    ``KeyError``) and ``errors`` (anything else, ``EntryRejected`` included).
+    """
+
+    hits: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    missing: frozenset[str] = frozenset()
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, results: Mapping[str, bytes | Exception]) -> BatchRead:
+        """Sorted from name -> payload or the exception its read raised (a plain ``KeyError``: absent)."""
+        hits: dict[str, bytes] = {}
+        missing: set[str] = set()
+        errors: dict[str, Exception] = {}
+        for name, result in results.items():
+            if type(result) is KeyError:
+                missing.add(name)
+            elif isinstance(result, Exception):
+                errors[name] = result
+            else:
+                hits[name] = result
+        return cls(hits, frozenset(missing), errors)
+
+    @property
+    def failed(self) -> frozenset[str]:
+        """Names whose read failed for a reason other than absence (the keys of ``errors``)."""
+        return frozenset(self.errors)
+
+    def failure(self, name: str) -> Exception | None:
+        """None if ``name`` was read; its error if it failed; else a ``KeyError`` (absent, or not answered)."""
+        if name in self.hits:
+            return None
+        error = self.errors.get(name)
+        return error if error is not None else KeyError(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,8 +265,8 @@ class EntryStore(abc.ABC):
         """Entries per :meth:`read_many`/:meth:`write_many` call in a bulk transfer."""
         return 64
 
-    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
-        """The verified payload of each name, or the exception its read raised (``KeyError`` if absent).
+    def read_many(self, names: list[str]) -> BatchRead:
+        """Each name's verified payload (``hits``), absence (``missing``) or the exception its read raised (``errors``).
 
         Never raises an ``Exception`` for one entry's failure. This default reads one by
         one; a store with a batched read (fsspec's ``cat``, a Redis pipeline) overrides it.
@@ -233,7 +277,7 @@ class EntryStore(abc.ABC):
                 results[name] = self.read_entry(name)
             except Exception as exc:
                 results[name] = exc
-        return results
+        return BatchRead.of(results)
 
     def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
         """Store each payload under its name: ``None`` per success, else the exception it raised.

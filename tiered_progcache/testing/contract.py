@@ -349,6 +349,28 @@ class EntryStoreTests:
         back_door.write(name, raw)
         assert store.read_entry(name) == _payload(53)
 
+    def test_a_batch_read_keeps_hits_misses_and_errors_apart(self, store, back_door):
+        """``read_many`` files each name once: a payload in ``hits``, an absent name in ``missing``,
+        any other failure (a refused envelope) in ``errors``; never an exception among the payloads."""
+        hit, absent, bad = (entry_name(_key(n)) for n in (54, 55, 56))
+        store.write_entry(hit, _payload(54))
+        if store.shared:  # an envelope altered behind the store is refused
+            store.write_entry(bad, _payload(56))
+            raw = back_door.read(bad)
+            assert raw is not None
+            back_door.write(bad, raw[:-1] + bytes([raw[-1] ^ 1]))
+            refused: type[Exception] = EntryRejected
+        else:  # a store without an envelope reads back whatever is there; a name it refuses fails instead
+            bad = "not-an-entry-name"
+            refused = ValueError
+        got = store.read_many([hit, absent, bad])
+        assert got.hits == {hit: _payload(54)}
+        assert got.missing == {absent}
+        assert set(got.errors) == got.failed == {bad} and isinstance(got.errors[bad], refused)
+        assert got.failure(hit) is None and got.failure(bad) is got.errors[bad]
+        assert type(got.failure(absent)) is KeyError
+        assert all(isinstance(payload, bytes) for payload in got.hits.values())
+
     # -- read-only: every write refused, nothing changed -------------------------------------
 
     def test_read_only_refuses_every_write_and_changes_nothing(self, store, read_only_store, request):

@@ -33,7 +33,7 @@ from cuda.core import ObjectCode
 from cuda.core.utils import ProgramCacheResource
 
 from .. import _cudacore
-from ..stores.store import STALE_STAGED_AGE_S, EntryStore, LeaseStore, StoredEntry, entry_name
+from ..stores.store import STALE_STAGED_AGE_S, BatchRead, EntryStore, LeaseStore, StoredEntry, entry_name
 
 __all__ = ["OPERATIONS", "Call", "Gate", "WrapperEntryStore"]
 
@@ -319,7 +319,7 @@ class WrapperEntryStore(ProgramCacheResource, EntryStore):
         self._enter("verify_entry", (name,))
         return self.store.verify_entry(name)
 
-    def read_many(self, names: list[str]) -> dict[str, bytes | Exception]:
+    def read_many(self, names: list[str]) -> BatchRead:
         self._enter("read_many", tuple(names))
         return self.store.read_many(names)
 

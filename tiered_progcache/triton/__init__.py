@@ -55,6 +55,7 @@ from triton.runtime.cache import FileCacheManager
 
 from ..errors import EntryRejected
 from ..chain.stats import CacheStats, CompileTally, TierCounters, TierStats
+from ..stores.store import BatchRead
 from .tritonnames import (
     FRAME_MAGIC,
     GROUP_PREFIX,
@@ -335,13 +336,15 @@ class TieredCacheManager(FileCacheManager):
         """Every member from ``tier`` in one batched read, verified against the record: (file -> bytes,
         file -> stored payload); None unless all are."""
         names = {name_of(self.key, f): f for f in digests}
-        results = _read_many(tier, {name: cache_key(self.key, f) for name, f in names.items()})
+        got = _read_many(tier, {name: cache_key(self.key, f) for name, f in names.items()})
         members: dict[str, bytes] = {}
         payloads: dict[str, bytes] = {}
-        for name, result in results.items():
-            file = names[name]
-            if isinstance(result, Exception):
-                tier.record_read_failure(result)
+        for name, file in names.items():
+            result = got.hits.get(name)
+            if result is None:
+                failure = got.failure(name)
+                assert failure is not None
+                tier.record_read_failure(failure)
                 return None
             try:
                 stored = bytes(result)
@@ -359,22 +362,22 @@ class TieredCacheManager(FileCacheManager):
         return members, payloads
 
 
-def _read_many(tier: Any, keys: Mapping[str, bytes]) -> dict[str, bytes | Exception]:
-    """Entry name -> payload (or the exception its read raised) for ``keys`` (name -> key): one batch where
-    the tier is an entry store (every shared tier is); else one by one (a tier given in code, such as memory,
-    where a read costs no round trip)."""
+def _read_many(tier: Any, keys: Mapping[str, bytes]) -> BatchRead:
+    """What reading ``keys`` (entry name -> key) got, by entry name: one batch where the tier is an entry
+    store (every shared tier is); else one by one (a tier given in code, such as memory, where a read costs
+    no round trip)."""
     if tier.entries is not None:
         try:
             return tier.entries.read_many(list(keys))
         except Exception as exc:  # read_many answers per entry; anything else is the tier failing
-            return dict.fromkeys(keys, exc)
+            return BatchRead.of(dict.fromkeys(keys, exc))
     results: dict[str, bytes | Exception] = {}
     for name, key in keys.items():
         try:
             results[name] = tier.resource[key]
         except Exception as exc:
             results[name] = exc
-    return results
+    return BatchRead.of(results)
 
 
 def _read_local(path: str) -> bytes:
