@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
+import cachetools
 from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
@@ -144,8 +145,9 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
 
 _hit_hooks: list[Callable[[HitEvent], None]] = []
 #: Compile seconds per (cache, key), as the manifests say, for ``on_hit``: each is read once per process.
-_saved: dict[tuple[int, bytes], float | None] = {}
 _MAX_SAVED = 65536
+# An LRU (reads reorder it): read and written under _counter_lock.
+_saved: cachetools.LRUCache[tuple[int, bytes], float | None] = cachetools.LRUCache(_MAX_SAVED)
 
 
 def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
@@ -167,13 +169,13 @@ def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
     local): a hit never costs a request to a shared tier it would not have made. With an
     ``on_hit`` hook subscribed, every tier is asked, as that hook documents.
     """
+    memo = (id(cache.identity), key)
     with _counter_lock:
         hooks = list(_hit_hooks)
+        known = memo in _saved
+        seconds = _saved[memo] if known else None
     tally = cache.compile_tally
-    memo = (id(cache.identity), key)
-    if memo in _saved:
-        seconds = _saved[memo]
-    else:
+    if not known:
         seconds = _manifest_seconds(cache, key, shared=bool(hooks))
         _remember_seconds(memo, seconds)  # once per key and process: later hits are a dict lookup
     tally.count_saved(seconds)
@@ -201,8 +203,6 @@ def _manifest_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool = T
 
 def _remember_seconds(memo: tuple[int, bytes], seconds: float | None) -> None:
     with _counter_lock:
-        if len(_saved) >= _MAX_SAVED:
-            _saved.clear()
         _saved[memo] = seconds
 
 

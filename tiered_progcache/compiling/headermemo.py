@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, Union
 
+import cachetools
+
 from .. import forks
 from . import headerwatch, scanmemo
 from .headerwatch import Subscription
@@ -55,7 +57,7 @@ __all__ = [
 ]
 
 
-#: Files whose digest this process remembers; past this the memo is dropped and rebuilt.
+#: Files whose digest this process remembers; past this the least recently used is forgotten.
 MAX_MEMO_FILES = 200_000
 #: Whole scans remembered (one per distinct source and search configuration).
 MAX_MEMO_SCANS = 4096
@@ -115,7 +117,8 @@ class ValidationCounts:
     paths_statted: int
 
 
-_file_memo: dict[str, tuple[Signature, FileInfo, bool]] = {}  # path -> (signature, info, parsed)
+# path -> (signature, info, parsed); an LRU (reads reorder it), so read and written under _memo_lock
+_file_memo: cachetools.LRUCache[str, tuple[Signature, FileInfo, bool]] = cachetools.LRUCache(MAX_MEMO_FILES)
 _scan_memo: dict[tuple[Any, ...], ScanResult] = {}
 _memo_lock = threading.Lock()
 _files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
@@ -213,7 +216,8 @@ def is_racy(sig: Signature) -> bool:
 
 def known_file(path: str, sig: Signature, *, parse: bool) -> FileInfo | None:
     """The memoized digest of ``path`` if ``sig`` is still its signature (with its includes, if ``parse``)."""
-    cached = _file_memo.get(path)
+    with _memo_lock:
+        cached = _file_memo.get(path)
     if cached is not None and cached[0] == sig and (cached[2] or not parse):
         return cached[1]
     return None
@@ -230,8 +234,6 @@ def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> 
     after = signature(path)
     if after == sig and not is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
-            if len(_file_memo) >= MAX_MEMO_FILES:
-                _file_memo.clear()
             _file_memo[path] = (sig, info, parse)
 
 

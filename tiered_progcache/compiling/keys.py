@@ -56,6 +56,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import cachetools
 from cuda.core import ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
@@ -183,10 +184,11 @@ class _Tokenized:
 
 
 #: Tokenized copies by id(options): a hit costs a look at each field instead of a copy and ``as_bytes``.
-_tokenized: dict[int, _Tokenized] = {}
-_tokenized_lock = threading.Lock()
-#: Copies remembered; past this the memo is dropped and rebuilt.
+#: Copies remembered; past this the least recently used is forgotten.
 MAX_MEMO_OPTIONS = 1024
+# An LRU (reads reorder it): read and written under _tokenized_lock.
+_tokenized: cachetools.LRUCache[int, _Tokenized] = cachetools.LRUCache(MAX_MEMO_OPTIONS)
+_tokenized_lock = threading.Lock()
 
 
 def _keyed_options(options: ProgramOptions, *, portable: bool) -> tuple[_KeyedOptions, bool]:
@@ -198,7 +200,8 @@ def _keyed_options(options: ProgramOptions, *, portable: bool) -> tuple[_KeyedOp
     if not portable:
         return _copy(options), False
     values = tuple(vars(options).values())
-    memo = _tokenized.get(id(options))
+    with _tokenized_lock:
+        memo = _tokenized.get(id(options))
     if memo is not None and memo.options is options and memo.still_matches(values):
         return memo.keyed, memo.path_free
     keyed = _copy(options)
@@ -206,8 +209,6 @@ def _keyed_options(options: ProgramOptions, *, portable: bool) -> tuple[_KeyedOp
     contents = tuple((i, repr(v)) for i, v in enumerate(values) if not isinstance(v, _IMMUTABLE))
     memo = _Tokenized(options, values, contents, os.getcwd() if read_cwd else None, keyed, path_free)
     with _tokenized_lock:
-        if len(_tokenized) >= MAX_MEMO_OPTIONS:
-            _tokenized.clear()
         _tokenized[id(options)] = memo
     return keyed, path_free
 

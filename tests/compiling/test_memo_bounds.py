@@ -1,0 +1,82 @@
+"""The process memos are bounded LRUs: at the bound the least recently used entry goes, never the whole memo.
+
+Each memo's bound is its module constant (checked below); the eviction order is checked on a small
+LRU of the same kind put in its place, through the functions that read and write it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import cachetools
+import pytest
+from cuda.core import ProgramOptions
+
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.compiling import compile as compile_module
+from tiered_progcache.compiling import headermemo, keys
+from tiered_progcache.compiling.headermemo import FileInfo
+
+from header_support import fresh_header_memo  # noqa: F401  (autouse)
+
+
+def test_each_memo_is_bounded_by_its_constant():
+    assert headermemo._file_memo.maxsize == headermemo.MAX_MEMO_FILES == 200_000
+    assert keys._tokenized.maxsize == keys.MAX_MEMO_OPTIONS == 1024
+    assert compile_module._saved.maxsize == compile_module._MAX_SAVED == 65536
+
+
+def _settled(path: str) -> headermemo.Signature:
+    old = time.time() - 60  # past the racy window, so remember_file keeps it
+    os.utime(path, (old, old))
+    return headermemo.signature(path)
+
+
+def test_the_file_memo_forgets_the_least_recently_used_file_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(headermemo, "_file_memo", cachetools.LRUCache(2))
+    monkeypatch.setattr(headermemo, "MAX_MEMO_FILES", 2)  # a wipe at the bound would show
+    paths = [str(tmp_path / f"h{i}.h") for i in range(3)]
+    sigs = []
+    for i, path in enumerate(paths):
+        with open(path, "w") as fh:
+            fh.write(f"#define H{i}\n")
+        sigs.append(_settled(path))
+    info = FileInfo(b"\0" * 32, ())
+    headermemo.remember_file(paths[0], sigs[0], info, parse=False)
+    headermemo.remember_file(paths[1], sigs[1], info, parse=False)
+    assert headermemo.known_file(paths[0], sigs[0], parse=False) is info  # now the most recently used
+    headermemo.remember_file(paths[2], sigs[2], info, parse=False)  # the bound: paths[1] goes
+    assert [headermemo.known_file(p, s, parse=False) is info for p, s in zip(paths, sigs)] == [True, False, True]
+
+
+def test_the_options_memo_forgets_the_least_recently_used_options_only(monkeypatch):
+    monkeypatch.setattr(keys, "_tokenized", cachetools.LRUCache(2))
+    monkeypatch.setattr(keys, "MAX_MEMO_OPTIONS", 2)
+    first, second, third = (ProgramOptions(arch="sm_90", include_path=[f"/opt/i{n}"]) for n in range(3))
+    for options in (first, second, first, third):  # first is used again before third arrives
+        keys._keyed_options(options, portable=True)
+    assert set(keys._tokenized) == {id(first), id(third)}
+
+
+def test_the_saved_seconds_memo_forgets_the_least_recently_used_key_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(compile_module, "_saved", cachetools.LRUCache(2))
+    monkeypatch.setattr(compile_module, "_MAX_SAVED", 2)
+    with TieredProgramCache(tmp_path / "node") as cache:
+        for key in (b"a", b"b", b"a", b"c"):  # no manifests: each remembers None, once
+            compile_module._record_hit(cache, key)
+        memo = id(cache.identity)
+        assert set(compile_module._saved) == {(memo, b"a"), (memo, b"c")}
+
+
+@pytest.mark.parametrize("count", [3, 10])
+def test_a_full_file_memo_keeps_exactly_its_bound(tmp_path, monkeypatch, count):
+    monkeypatch.setattr(headermemo, "_file_memo", cachetools.LRUCache(3))
+    monkeypatch.setattr(headermemo, "MAX_MEMO_FILES", 3)
+    info = FileInfo(b"\0" * 32, ())
+    for i in range(count):
+        path = str(tmp_path / f"f{i}.h")
+        with open(path, "w") as fh:
+            fh.write("x")
+        headermemo.remember_file(path, _settled(path), info, parse=False)
+    assert len(headermemo._file_memo) == 3
