@@ -132,4 +132,4 @@ def test_a_symbol_map_read_from_the_local_tier_is_promoted_and_not_counted(tmp_p
         tiered_progcache.compile(TEMPLATED, "c++", OPTS, cache=fresh, name_expressions=NAMES)
         snap = fresh.stats()
         assert (snap["memory"].misses, snap["local"].hits, snap["local"].misses) == (1, 1, 0)
-        assert snap["memory"].promotions == 2  # the binary and its symbol map
+        assert snap["memory"].promotions == 3  # the binary, its symbol map, and its manifest (the seconds saved)

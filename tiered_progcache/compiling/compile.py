@@ -184,21 +184,16 @@ def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
 
 
 def _manifest_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool = True) -> float | None:
-    """The compile time entry ``key``'s manifest records, read tier by tier (uncounted, not promoted), or None.
-
-    ``shared=False``: only the tiers that are not shared (no request leaves the node).
-    """
-    for resource in [t.resource for t in cache.tiers if shared or not t.policy.shared]:
-        try:
-            data = resource.get(manifest_key(key))
-        except Exception:  # a failing tier: try the next
-            continue
-        if data is not None:
-            try:
-                return compile_seconds_of(data, entry=entry_name(key))
-            except ManifestError:
-                return None
-    return None
+    """The compile time entry ``key``'s manifest records, or None: a metadata read through the chain (no
+    lookup counted; failures counted and skipped by its policy). ``shared=False``: the tiers on this node only."""
+    read = cache.get if shared else cache.get_nearby
+    data = read(MetadataKey(manifest_key(key)))
+    if data is None:
+        return None
+    try:
+        return compile_seconds_of(data, entry=entry_name(key))
+    except ManifestError:
+        return None
 
 
 def _remember_seconds(memo: tuple[int, bytes], seconds: float | None) -> None:
@@ -429,14 +424,10 @@ def _compile_and_store(
         _store(cache, manifest_key(key), _manifest_bytes(job, seconds), seconds)
     except Exception as exc:
         logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
-    try:
-        if names:
-            # The mapping first: whoever sees the binary must find its mapping.
-            _store(cache, symbols_key(key), encode_symbols(mapping or {}), seconds)
-        _store(cache, key, data, seconds)
-        direct.record(cache, job.compiled, job.source, code_type, job.options, target, names, job.extra_digest, seconds)
-    except Exception as exc:  # the chain raises for no tier; a bug must not cost the compile either
-        logger.warning("could not store entry %s: %r", key[:8].hex(), exc)
+    if names:  # the mapping first: whoever sees the binary must find its mapping (the chain's put never raises)
+        _store(cache, symbols_key(key), encode_symbols(mapping or {}), seconds)
+    _store(cache, key, data, seconds)
+    direct.record(cache, job.compiled, job.source, code_type, job.options, target, names, job.extra_digest, seconds)
     return obj, _Outcome(data, mapping)
 
 
