@@ -63,7 +63,7 @@ __all__ = [
 ENV_PREFIX = "TIERED_PROGCACHE_"
 
 #: Not a setting: the file ``tiered-progcache stats --run`` has every cache of the command append its
-#: counters to at exit (:mod:`tiered_progcache.ops.runstats`). Read by every chain however it was built.
+#: counters to at exit (:mod:`tiered_progcache.chain.exitreport`). Read by every chain however it was built.
 STATS_FILE_ENV = ENV_PREFIX + "STATS_FILE"
 
 #: The memory tier's default byte cap: a few thousand typical cubins.

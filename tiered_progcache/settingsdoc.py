@@ -82,8 +82,8 @@ def markdown_table() -> str:
     ]))  # fmt: skip
     rows.append(_row([
         "-", f"`{settings.STATS_FILE_ENV}`", "-", "set by `stats --run`", "unset",
-        "not a setting: when set, every `TieredProgramCache` (however built) appends its counters to this file as "
-        "one JSON line at exit; the command sums them",
+        "not a setting: when set, every `TieredProgramCache` (however built) appends what it counted since its last "
+        "report to this file as one JSON line, at `close()` and at exit; the command sums them",
     ]))  # fmt: skip
     return "\n".join(rows)
 

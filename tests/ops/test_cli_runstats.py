@@ -1,4 +1,5 @@
-"""runstats: the exit report behind `stats --run`, in process (the subprocess path is in test_cli.py)."""
+"""runstats: the exit report behind `stats --run` (chain/exitreport.py), read back in process (the subprocess path is in
+test_cli.py; one hook and one line per sink in test_exitreport.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import pytest
 
 from tiered_progcache import TieredProgramCache
+from tiered_progcache.chain import exitreport
 from tiered_progcache.ops import runstats
 from tiered_progcache.ops.runstats import STATS_FILE_ENV
 
@@ -16,7 +18,7 @@ from tiered_progcache.ops.runstats import STATS_FILE_ENV
 def stats_file(tmp_path, monkeypatch):
     path = tmp_path / "stats.jsonl"
     monkeypatch.setenv(STATS_FILE_ENV, str(path))
-    monkeypatch.setattr(runstats, "_records", [])
+    monkeypatch.setattr(exitreport, "_sources", [])
     return path
 
 
@@ -27,7 +29,7 @@ def test_each_cache_reports_one_line_with_its_counters(tmp_path, stats_file):
     second = TieredProgramCache(tmp_path / "a")
     second.get(b"k")
     del second  # a cache dropped before exit still reports
-    runstats._report_at_exit()
+    exitreport._report_all()
 
     reports = runstats.read_reports(stats_file)
     assert len(reports) == 2
@@ -39,25 +41,24 @@ def test_each_cache_reports_one_line_with_its_counters(tmp_path, stats_file):
     assert (total["memory"].hits, total["memory"].misses, total["local"].hits) == (1, 1, 1)
     assert total["memory"].get_p50_ms is None  # gauges do not add up across processes
 
-    runstats._report_at_exit()  # reported once: a second exit hook call adds nothing
+    exitreport._report_all()  # reported once: a second exit hook call adds nothing
     assert len(runstats.read_reports(stats_file)) == 2
 
 
 def test_no_variable_no_registration(tmp_path, monkeypatch):
     monkeypatch.delenv(STATS_FILE_ENV, raising=False)
-    monkeypatch.setattr(runstats, "_records", [])
+    monkeypatch.setattr(exitreport, "_sources", [])
     TieredProgramCache(tmp_path / "a")
-    assert runstats._records == []
+    assert [s.stats_path for s in exitreport._sources] == [None]  # the directory's counters only
 
 
 def test_records_of_another_process_are_not_reported(tmp_path, stats_file):
     """A forked child inherits its parent's records; only the process that registered them reports."""
     cache = TieredProgramCache(tmp_path / "a")
     cache.get(b"x")
-    pid, tiers, tally, flight = runstats._records[0]
-    runstats._records[0] = (pid + 1, tiers, tally, flight)
-    runstats._report_at_exit()
-    assert not stats_file.exists()
+    exitreport._sources[0].pid += 1
+    exitreport._report_all()
+    assert not stats_file.exists() and not (tmp_path / "a" / "stats.jsonl").exists()
 
 
 def test_reading_skips_lines_that_are_not_reports(tmp_path):
@@ -79,7 +80,7 @@ def test_each_report_carries_the_flight_decisions_and_they_sum_into_stats_and_pr
         first.flight_counts.count("raced_won")
     with TieredProgramCache(tmp_path / "b") as second:
         second.flight_counts.count("held")
-    runstats._report_at_exit()
+    exitreport._report_all()
     reports = runstats.read_reports(stats_file)
     assert [r["flight"]["held"] for r in reports] == [1, 1] and reports[0]["flight"]["raced_won"] == 1
     total = runstats.sum_reports(reports + [{"tiers": {}, "flight": {"held": True, "waited": "2"}}, {"tiers": {}}])

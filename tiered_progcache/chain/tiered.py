@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Union
 from cuda.core import ObjectCode
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
 
-from . import ledger
-from . import exitbudget
+from . import exitbudget, exitreport
 from .bootfetch import boot_fetch_for
 from .._cudacore import as_key_bytes, extract_bytes, memory_cache_recent_keys
 from ..configvalues import ConfigValues
@@ -22,7 +21,7 @@ from ..cluster.flightpolicy import FlightPolicy
 from ..stores.localdir import KEYED_READS, LocalDir, default_local_dir
 from .policy import TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
-from ..settings import STATS_FILE_ENV, by_name, remote_urls
+from ..settings import by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats, CompileTally, FlightCounts, MetadataKey
 from ..stores.ratelimit import RateLimitedLogger
 from ..stores.store import EntryStore
@@ -116,14 +115,10 @@ class TieredProgramCache(ProgramCacheResource):
             identity=self,
             settings=config,
         )
-        if self._local_store is not None:  # `tiered-progcache stats`: the directory's counters, reported at exit
-            ledger.register(self, self._local_store.root)
+        # `tiered-progcache stats` (the local directory's counters) and `stats --run`: reported at exit and close()
+        self._exit_report = exitreport.register_cache(self)
         if config.exit_timeout is not None:
             exitbudget.PROCESS.allow(config.exit_timeout)  # one deadline for the process's exit work
-        if os.environ.get(STATS_FILE_ENV):
-            from ..ops.runstats import register  # `tiered-progcache stats --run`: report at exit
-
-            register(self)
 
     def _assemble(
         self,
@@ -146,6 +141,7 @@ class TieredProgramCache(ProgramCacheResource):
         #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
         self._first_shared = next((i for i, t in enumerate(tiers) if t.policy.shared), len(tiers))
         self._closed = False
+        self._exit_report: exitreport.Source | None = None
         self._min_upload_compile_s = min_upload_compile_s
         self._explain_misses = explain_misses
         self._flight_policy = flight_policy
@@ -479,7 +475,8 @@ class TieredProgramCache(ProgramCacheResource):
             return
         self._closed = True
         self._refresh_read_recency()
-        ledger.report(self)
+        if self._exit_report is not None:
+            self._exit_report.report()
         deadline = None if timeout is None else time.monotonic() + timeout
         for tier in self._tiers:
             if tier.writeback is not None:

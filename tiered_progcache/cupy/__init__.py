@@ -26,16 +26,12 @@ nothing, logs one warning and returns False; CuPy runs with its own cache.
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
 import os
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
-from ..chain.stats import CacheStats, TierCounters
+from ..chain.stats import CacheStats, CompileTally, CompileTotals, TierCounters
 from .cupynames import FRAME_MAGIC, KEY_PREFIX, NAMESPACE, cache_key, describe, frame, header_name, name_of
 
 __all__ = [
@@ -62,11 +58,11 @@ _lock = threading.RLock()
 _chain: Any = None  # TieredProgramCache | None once built
 _chain_built = False
 _local = TierCounters()
+_NO_TALLY = CompileTally()  # CuPy's compiles are its saves (``_local.writes``), not a tally's
 _previous: Any = None  # CuPy's backend before install
 _installed: Any = None  # ours, while installed
 _warned = False
-_reported: dict[str, Any] = {}  # what the last ledger report counted, so each adds only what is new
-_report_hooked = False
+_exit_report: Any = None  # the installed backend's exitreport.Source (reports what is new since its last report)
 
 
 def shared_cache() -> Any:
@@ -118,58 +114,30 @@ def stats() -> CacheStats:
     return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
 
 
-def _counts() -> dict[str, Any]:
-    tiers = [("cupy-local", _local.snapshot())]
+def _counts() -> Any:
+    """CuPy's counts as an exit report carries them: ``cupy-local`` and the shared tiers; its saves are its compiles."""
+    from ..chain.exitreport import Counts, tier_counts
+
     chain = _chain if _chain_built else None
-    if chain is not None:
-        tiers += list(chain.stats().items())
+    tiers = [("cupy-local", _local), *((t.name, t.counters) for t in (chain.tiers if chain is not None else ()))]
+    counted = tier_counts(tiers, _NO_TALLY)
     backend = _installed
-    return {
-        "tiers": {name: (t.hits, t.misses, t.errors) for name, t in tiers},
-        "misses": tiers[-1][1].misses,
-        "compiles": _local.writes,
-        "compile_seconds": backend.compile_seconds if backend is not None else 0.0,
-    }
+    seconds = backend.compile_seconds if backend is not None else 0.0
+    return Counts(counted.tiers, CompileTotals(_local.writes, seconds), {})  # CuPy's entries carry no compile time
 
 
 def report() -> None:
     """Append what CuPy's cache did since the last report to ``<CuPy's directory>/stats.jsonl``.
 
-    The program cache's ledger (:mod:`tiered_progcache.chain.ledger`), so ``tiered-progcache
+    The exit report (:mod:`tiered_progcache.chain.exitreport`), so ``tiered-progcache
     stats --cupy`` shows CuPy's hits per tier, misses and compiles. Run at exit and by
     :func:`uninstall`; never raises.
     """
-    from ..chain import ledger
-
-    with _lock:
-        backend = _installed
-        if backend is None or _reported.get("pid") != os.getpid():
-            return  # not installed, or a forked child (its parent reports its own)
-        now = _counts()
-        sent = _reported.get("counts") or {"tiers": {}, "misses": 0, "compiles": 0, "compile_seconds": 0.0}
-        _reported["counts"] = now
-    delta = {name: [a - b for a, b in zip(c, sent["tiers"].get(name, (0, 0, 0)))] for name, c in now["tiers"].items()}
-    local_hits, local_misses, _ = delta["cupy-local"]
-    compiles = now["compiles"] - sent["compiles"]
-    if not (local_hits + local_misses) and not compiles:
+    source = _exit_report
+    if source is None:
         return
-    line = {
-        "pid": os.getpid(),
-        "time": round(time.time(), 3),
-        "lookups": local_hits + local_misses,
-        "hits": {name: d[0] for name, d in delta.items()},
-        "misses": now["misses"] - sent["misses"],
-        "errors": sum(d[2] for d in delta.values()),
-        "compiles": compiles,
-        "compile_seconds": round(now["compile_seconds"] - sent["compile_seconds"], 6),
-        "saved_seconds": 0.0,  # CuPy's entries carry no compile time
-    }
-    ledger.append_line(Path(backend.cache_dir) / ledger.LEDGER_FILE, json.dumps(line, separators=(",", ":")) + "\n")
-
-
-def _report_at_exit() -> None:
     try:
-        report()
+        source.report()
     except Exception as exc:  # never fail an interpreter's exit
         logger.debug("could not report CuPy cache stats: %r", exc)
 
@@ -187,7 +155,7 @@ def install(cache_dir: str | os.PathLike[str] | None = None) -> bool:
     ``cache_dir``: CuPy's directory (default ``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``).
     No remote is contacted here. Idempotent; thread-safe.
     """
-    global _previous, _installed, _report_hooked
+    global _previous, _installed, _exit_report
     with _lock:
         if _installed is not None:
             return True
@@ -223,11 +191,10 @@ def install(cache_dir: str | os.PathLike[str] | None = None) -> bool:
         _previous = private.current_backend()
         private.set_backend(backend)
         _installed = backend
-        _reported.clear()
-        _reported.update(pid=os.getpid(), counts=_counts())
-        if not _report_hooked:
-            atexit.register(_report_at_exit)
-            _report_hooked = True
+        from ..chain import exitreport
+
+        # Its directory's `stats.jsonl` only: the shared chain reports itself to a `stats --run` file.
+        _exit_report = exitreport.register(_counts, local_root=backend.cache_dir, stats_path=None, baseline=_counts())
         if compile_problem is None:
             private.wrap_compile(compile_context)
         else:
@@ -243,16 +210,17 @@ def installed() -> Any:
 
 def uninstall() -> None:
     """Put back the backend CuPy had before :func:`install` and CuPy's own ``_compile_with_cache_cuda``."""
-    global _previous, _installed
+    global _previous, _installed, _exit_report
     with _lock:
         if _installed is None:
             return
         from . import _cupyprivate as private
 
-        _report_at_exit()
+        if _exit_report is not None:
+            _exit_report.close()  # its last report: a later install() reports from its own start
         private.unwrap_compile()
         private.set_backend(_previous)
-        _previous = _installed = None
+        _previous = _installed = _exit_report = None
 
 
 def _reset_for_tests() -> None:

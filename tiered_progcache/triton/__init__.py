@@ -202,12 +202,9 @@ def _report_from(cache_dir: str, *, shared: bool) -> None:
         tiers: list[tuple[str, Any]] = [("triton-local", _local)]
         if shared:
             tiers.append(("triton-remote", _SharedGroups(_remote)))
-    from ..chain import ledger
-    from ..ops import runstats
+    from ..chain import exitreport
 
-    tally = CompileTally()
-    ledger.register_counters(root, tiers, tally)
-    runstats.register_counters(tiers, tally)
+    exitreport.register_counters(root, tiers, CompileTally())
 
 
 # -- the cache manager ----------------------------------------------------------------------
