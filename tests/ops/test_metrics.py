@@ -296,3 +296,28 @@ def test_the_unregister_function_does_not_keep_the_cache_alive(tmp_path):
     unregister()  # an old unregister never drops a later cache registered under the same name
     assert ("tiered_progcache_misses_total", (("cache", "kept"), ("tier", "local"))) in _scrape(registry)
     later.close()
+
+
+def test_a_registry_subscribes_its_hooks_only_while_a_cache_is_registered(tmp_path):
+    """Its hit hook reads each hit's manifest (a request where that is remote): a registry with no cache
+    left must not keep it, or every later hit of the process pays the read."""
+    from tiered_progcache.compiling import compile as compile_module
+
+    baseline = (len(compile_module._hooks), len(compile_module._hit_hooks))
+    registry = prometheus_client.CollectorRegistry()
+    with TieredProgramCache(tmp_path / "a") as first, TieredProgramCache(tmp_path / "b") as second:
+        stop_first = metrics.register(first, registry, name="one")
+        stop_second = metrics.register(second, registry, name="two")
+        assert (len(compile_module._hooks), len(compile_module._hit_hooks)) == (baseline[0] + 1, baseline[1] + 1)
+        stop_first()
+        assert len(compile_module._hit_hooks) == baseline[1] + 1  # "two" is still registered
+        tiered_progcache.compile(K_NEW, "c++", OPTS, cache=second)
+        stop_second()
+        assert (len(compile_module._hooks), len(compile_module._hit_hooks)) == baseline
+        runs = _scrape(registry)[("tiered_progcache_compile_seconds_count", (("outcome", "ok"),))]
+        tiered_progcache.compile(K_LOCAL, "c++", OPTS, cache=second)  # not counted: nothing registered
+        again = metrics.register(second, registry, name="two")  # subscribed again, counters kept
+        assert len(compile_module._hit_hooks) == baseline[1] + 1
+        assert _scrape(registry)[("tiered_progcache_compile_seconds_count", (("outcome", "ok"),))] == runs == 1
+        again()
+    assert (len(compile_module._hooks), len(compile_module._hit_hooks)) == baseline

@@ -202,20 +202,33 @@ class _CompileCounts:
 
 
 class _Collector:
-    """One per registry: every cache registered with it (held weakly) and the process's compiler runs."""
+    """One per registry: every cache registered with it (held weakly) and the process's compiler runs.
+
+    Its compile and hit hooks are subscribed while a cache is registered with it: the hit hook reads
+    each hit's manifest, so a registry whose caches were all unregistered costs no hit a request.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._caches: dict[str, weakref.ref[TieredProgramCache]] = {}
         self.compiles = _CompileCounts()
-        stop_compiles = on_compile(self.compiles)
-        stop_hits = on_hit(self.compiles.saved)
+        self._unsubscribe: Callable[[], None] | None = None
 
-        def unsubscribe() -> None:
-            stop_compiles()
-            stop_hits()
+    def _hooks_follow_caches(self) -> None:
+        """Subscribe the hooks if a registered cache is alive, else unsubscribe them (``self._lock`` held)."""
+        alive = any(ref() is not None for ref in self._caches.values())
+        if alive and self._unsubscribe is None:
+            stop_compiles = on_compile(self.compiles)
+            stop_hits = on_hit(self.compiles.saved)
 
-        self.unsubscribe: Callable[[], None] = unsubscribe
+            def unsubscribe() -> None:
+                stop_compiles()
+                stop_hits()
+
+            self._unsubscribe = unsubscribe
+        elif not alive and self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
     def add(self, name: str, cache: TieredProgramCache) -> weakref.ref[TieredProgramCache]:
         """Hold ``cache`` weakly under ``name``; the reference returned is what :meth:`remove` takes."""
@@ -224,6 +237,7 @@ class _Collector:
             if live is not None and live() is not None:
                 raise ValueError(f"a cache named {name!r} is already registered with this registry")
             held = self._caches[name] = weakref.ref(cache)
+            self._hooks_follow_caches()
         return held
 
     def remove(self, name: str, held: weakref.ref[TieredProgramCache]) -> None:
@@ -231,6 +245,7 @@ class _Collector:
         with self._lock:
             if self._caches.get(name) is held:
                 del self._caches[name]
+            self._hooks_follow_caches()
 
     def _live(self) -> Iterator[tuple[str, TieredProgramCache]]:
         with self._lock:
@@ -256,6 +271,9 @@ def register(cache: TieredProgramCache, registry: Any = None, *, name: str = "de
     label, so several caches can share one registry (a second cache under a name in use
     is a ``ValueError``). The cache is held weakly, by the registry and by the function
     returned alike: a cache that is gone stops being reported, whoever keeps the unregister.
+    While a cache is registered, the registry counts the process's compiler runs and each
+    hit's saved seconds (read from its manifest, once per key); once the last is unregistered
+    it stops (its counters keep their values).
     """
     from ..chain.tiered import require_chain
 
