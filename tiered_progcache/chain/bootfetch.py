@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 from ..errors import one_line
 from ..settings import DEFAULT_REMOTE_TIMEOUT_S
 from ..stores.localdir import LocalDir
-from ..compiling.manifest import manifest_name
-from ..stores.store import EntryStore, StoredEntry, entry_name
+from ..stores.store import EntryStore, StoredEntry, entry_name, manifest_name
 
 if TYPE_CHECKING:
     from ..ops.transfer import TransferReport

@@ -702,7 +702,8 @@ def _write_prometheus(args: argparse.Namespace, text: str) -> None:
 
 
 def _held(tier: str, store: EntryStore) -> dict[str, Any]:
-    from ..stores.kinds import classify, count_kinds
+    from ..stores.kinds import count_kinds
+    from .classify import classify
 
     entries = list(store.iter_entries())
     kernels, metadata = count_kinds(classify(store, entries).values())
@@ -773,7 +774,8 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from ..stores.kinds import classify, count_kinds
+    from ..stores.kinds import count_kinds
+    from .classify import classify
 
     now = time.time()
     with _store(args) as store:
