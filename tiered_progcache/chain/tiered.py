@@ -32,7 +32,7 @@ from .downmemo import DOWN_MEMO_S, DownMemo, RemoteDown
 from .tier import Tier, bare_policy, default_policy
 
 if TYPE_CHECKING:
-    from ..ops.transfer import TransferReport
+    from .transfer import TransferReport
 
 __all__ = ["CacheStores", "TieredProgramCache", "as_chain", "default_chain", "require_chain", "shared_tier", "stores_of"]
 
@@ -499,7 +499,7 @@ class TieredProgramCache(ProgramCacheResource):
 
         After it, ``compile()`` of anything it fetched asks the remote nothing.
         """
-        from ..ops import transfer
+        from . import transfer
 
         remote, local = self._remote_and_local("warm")
         return transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
@@ -509,7 +509,7 @@ class TieredProgramCache(ProgramCacheResource):
 
         >>> cache.push().entries
         """
-        from ..ops import transfer
+        from . import transfer
 
         remote, local = self._remote_and_local("push")
         return transfer.push(local, remote, names, progress=progress)

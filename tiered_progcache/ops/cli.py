@@ -4,7 +4,7 @@ Configured like the library: ``TIERED_PROGCACHE_*`` variables, overridden by fla
 Exit codes: 0 ok, 1 problems found (or a transfer or delete failed), 2 usage error.
 A user's mistake is one line on stderr, never a traceback. This module parses and
 prints; the work is done by the library (:mod:`~tiered_progcache.ops.prune`,
-:mod:`~tiered_progcache.ops.transfer`, :mod:`~tiered_progcache.ops.supervise`) over the
+:mod:`~tiered_progcache.chain.transfer`, :mod:`~tiered_progcache.ops.supervise`) over the
 :class:`~tiered_progcache.stores.store.EntryStore` protocol.
 """
 
@@ -859,7 +859,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     """``warm`` (remote -> local) or ``push`` (local -> remote)."""
-    from . import transfer
+    from ..chain import transfer
 
     given = list(args.names)
     max_bytes = None

@@ -270,7 +270,7 @@ class EntryStore(abc.ABC):
             return "missing"
         return None
 
-    # -- bulk: what warm and push use (tiered_progcache.ops.transfer) --------------------------
+    # -- bulk: what warm and push use (tiered_progcache.chain.transfer) --------------------------
 
     @property
     def transfer_batch(self) -> int:
