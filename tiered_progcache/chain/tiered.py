@@ -17,9 +17,8 @@ from .bootfetch import boot_fetch_for
 from .._cudacore import as_key_bytes, extract_bytes, memory_cache_recent_keys
 from ..configvalues import ConfigValues
 from ..errors import DeleteFailed, one_line
-from ..cluster.flightpolicy import FlightPolicy
 from ..stores.localdir import KEYED_READS, LocalDir, default_local_dir
-from .policy import TierPolicy
+from .policy import FlightPolicy, TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats, CompileTally, FlightCounts, MetadataKey
