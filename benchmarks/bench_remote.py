@@ -44,7 +44,7 @@ from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache
 from tiered_progcache import TieredProgramCache
-from tiered_progcache.ops import transfer
+from tiered_progcache.chain import transfer
 from tiered_progcache.stores.envelope import FIRST_READ_BYTES
 from tiered_progcache.cluster.lease import RemoteLease
 from tiered_progcache.stores.localdir import LocalDir

@@ -1,4 +1,4 @@
-"""No import cycles in tiered_progcache, function-level imports included.
+"""No import cycles in tiered_progcache, and imports that point down the layers only, function-level imports included.
 
 Every module under ``tiered_progcache/`` (subpackages too) is parsed with ``ast``; each
 ``import`` and ``from ... import`` anywhere in it (module level, in a function, in a
@@ -9,6 +9,11 @@ one, else a name of the package), and importing ``a.b.c`` also imports the packa
 ``a.b`` on the way that the importer is not inside already. A lazy import of another
 module of the package is allowed only where it breaks no cycle (it defers import cost);
 a cycle fails the test, naming each import in it by file and line.
+
+The packages are layers (:data:`LAYERS`, low to high: the top-level helpers, ``stores/``,
+``chain/``, ``config``, ``cluster/``, ``compiling/``, ``triton/`` and ``cupy/``, ``ops/``,
+then what users import); a module imports only its own layer and those below, so a low
+module can be read, tested and moved without the ones above it.
 """
 
 from __future__ import annotations
@@ -101,12 +106,15 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str, known: Mapping[str
     return targets
 
 
-def imports(package_dir: Path, *, lazy_only: bool = False) -> list[Import]:
+def imports(package_dir: Path, *, lazy_only: bool = False, root_names: bool = False) -> list[Import]:
     """Every import of one module of the package by another (see the module docstring for what counts).
 
     ``lazy_only``: only those inside functions, and without the packages on the way.
+    ``root_names``: also a name taken from the top package's ``__init__`` (``from .. import compile``) by a module
+    below it: never a cycle (the top package is being imported already), but a use of the facade, for the layer rule.
     """
     known = modules(package_dir)
+    root = package_dir.name
     edges = []
     for name, (path, is_package) in known.items():
         package = name if is_package else name.rpartition(".")[0]
@@ -116,15 +124,15 @@ def imports(package_dir: Path, *, lazy_only: bool = False) -> list[Import]:
                 continue
             for target in _targets(node, package, known):
                 for imported in [target] if lazy_only else [*_ancestors(target), target]:
-                    if imported not in inside:
+                    if imported not in inside or (root_names and imported == target == root != name):
                         edges.append(Import(name, imported, path, node.lineno))
     return edges
 
 
 @functools.cache
-def _package_imports(lazy_only: bool = False) -> tuple[Import, ...]:
+def _package_imports(lazy_only: bool = False, root_names: bool = False) -> tuple[Import, ...]:
     """The package's own graph, parsed once per test run."""
-    return tuple(imports(PACKAGE_DIR, lazy_only=lazy_only))
+    return tuple(imports(PACKAGE_DIR, lazy_only=lazy_only, root_names=root_names))
 
 
 def find_cycle(edges: list[Import]) -> list[Import] | None:
@@ -163,49 +171,114 @@ def test_the_package_has_no_import_cycle():
 def test_the_graph_sees_lazy_imports_and_leaves_out_type_checking_ones():
     """Not vacuous: a function-level import is an edge, a TYPE_CHECKING one is not, and the graph is the whole package."""
     edges = {(e.source, e.target) for e in _package_imports()}
-    assert ("tiered_progcache.chain.tiered", "tiered_progcache.ops.transfer") in edges  # inside TieredProgramCache.warm
+    assert ("tiered_progcache.chain.tiered", "tiered_progcache.chain.transfer") in edges  # inside TieredProgramCache.warm
+    assert ("tiered_progcache.cupy", "tiered_progcache.config") in edges  # inside a function of cupy/__init__.py
     assert ("tiered_progcache.chain.exitreport", "tiered_progcache.chain.tiered") not in edges  # only under TYPE_CHECKING
     assert ("tiered_progcache", "tiered_progcache.compiling.compile") in edges
     assert any(source.startswith("tiered_progcache.testing.") for source, _ in edges)  # subpackages are read
     assert len({source for source, _ in edges}) >= 40
 
 
-#: The ops/ modules chain/ may import (the ops package itself aside): each imports nothing from chain/ itself (checked
-#: below), so chain/ and ops/ never import each other through it. ops/transfer.py (warm, push, the boot fetch's batch)
-#: copies between stores; moved under stores/ it would leave this empty. The exit report (chain/exitreport.py),
-#: once chain/tiered.py -> ops/runstats.py -> chain/, is no longer one.
-CHAIN_MAY_IMPORT_FROM_OPS = frozenset({"tiered_progcache.ops.transfer"})
+#: The layers, low to high: a module imports only modules of its own layer or a lower one (function-level imports
+#: too; TYPE_CHECKING ones never run). A module's layer is its own entry, else its subpackage's; a module in none
+#: fails the test (a new module is placed here). Within a layer, the cycle test above is the rule.
+LAYERS: tuple[tuple[str, frozenset[str], str], ...] = tuple((name, frozenset(f"tiered_progcache{m}" for m in members), why)
+                                                            for name, members, why in [  # fmt: skip
+    ("helpers", {"._cudacore", ".settings", ".settingsdoc", ".errors", ".forks", ".hooks", ".redact", ".units", ".urls",
+                 ".configfile", ".configvalues", ".samples"},
+     "what every package may import: the settings table, cuda-core's calls and small helpers"),
+    ("stores", {".stores"}, "where entries live, and how a stored entry is framed, named and told apart"),
+    ("chain", {".chain"}, "the tiers in order over the stores, their policies (the flight policy's too), bulk transfer"),
+    ("config", {".config"}, "CacheConfig: the settings resolved, and build(), which makes the chain"),
+    ("cluster", {".cluster"}, "compile once per cluster, on a chain"),
+    ("compiling", {".compiling"}, "one compile: its key, headers, manifests, through the chain and the cluster"),
+    ("backends", {".triton", ".cupy"}, "Triton's and CuPy's caches on the same tiers (nothing of ops/)"),
+    ("ops", {".ops"}, "what operators run, over all of the above (the CLI also lists Triton's and CuPy's directories)"),
+    ("faces", {"", ".__main__", ".metrics", ".testing"},
+     "what users import or run: the package's names, python -m, tiered_progcache.metrics, the test kit; none imported"),
+])
+
+#: Imports known to point up, each a (importer, imported) pair: none left. Listed here, one would not fail the test.
+KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 
-def chain_imports_of_ops(edges: list[Import], allowed: frozenset[str] = CHAIN_MAY_IMPORT_FROM_OPS) -> list[Import]:
-    """Imports by a chain/ module of an ops/ module (function-level ones included) not in ``allowed``."""
-    chain, ops = "tiered_progcache.chain", "tiered_progcache.ops"
-    return [e for e in edges if (e.source == chain or e.source.startswith(chain + "."))
-            and e.target.startswith(ops + ".") and e.target not in allowed]  # fmt: skip
+def layer_of(module: str, layers: tuple[tuple[str, frozenset[str], str], ...] = LAYERS) -> int | None:
+    """The index in ``layers`` of ``module``'s layer: its own entry, else its nearest subpackage's (not the top one's)."""
+    for name in [module, *_ancestors(module)[:0:-1]]:
+        for index, (_, members, _) in enumerate(layers):
+            if name in members:
+                return index
+    return None
 
 
-def test_chain_imports_nothing_from_ops_and_the_allowed_modules_import_nothing_from_chain():
-    """chain/ is below ops/: the exit report lives in chain/, and ops/runstats.py only reads what it wrote."""
-    edges = list(_package_imports())
-    offenders = chain_imports_of_ops(edges)
-    assert not offenders, "chain/ imports ops/:\n  " + "\n  ".join(map(str, offenders))
-    for allowed in sorted(CHAIN_MAY_IMPORT_FROM_OPS | {"tiered_progcache.ops"}):
-        back = [str(e) for e in edges if e.source == allowed and e.target.startswith("tiered_progcache.chain")]
-        assert not back, f"{allowed} is imported by chain/ and imports it: " + ", ".join(back)
+def upward_imports(edges: list[Import], layers: tuple[tuple[str, frozenset[str], str], ...] = LAYERS) -> list[Import]:
+    """Imports of a module of a higher layer than the importer's."""
+    return [e for e in edges if (layer_of(e.source, layers) or 0) < (layer_of(e.target, layers) or 0)]
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(name for name in modules(PACKAGE_DIR) if layer_of(name) is None)
+    assert not unplaced, "modules LAYERS does not place: " + ", ".join(unplaced)
+
+
+def test_imports_point_down_only():
+    """No module imports one of a higher layer (LAYERS), at the top or inside a function."""
+    edges = list(_package_imports(root_names=True))
+    upward = [e for e in upward_imports(edges) if (e.source, e.target) not in KNOWN_UPWARD]
+    assert not upward, "imports of a higher layer:\n  " + "\n  ".join(
+        f"{e}  [{LAYERS[layer_of(e.source) or 0][0]} -> {LAYERS[layer_of(e.target) or 0][0]}]" for e in upward)
     pairs = {(e.source, e.target) for e in edges}
+    gone = sorted(KNOWN_UPWARD - pairs)
+    assert not gone, f"KNOWN_UPWARD lists imports that are gone: {gone}"
     assert ("tiered_progcache.ops.runstats", "tiered_progcache.chain.stats") in pairs  # ops/ reads down
-    assert ("tiered_progcache.chain.tiered", "tiered_progcache.chain.exitreport") in pairs
+    assert ("tiered_progcache.cluster.flightpolicy", "tiered_progcache.chain.policy") in pairs  # the re-export
+    assert ("tiered_progcache.compiling.manifest", "tiered_progcache.stores.kinds") in pairs  # formats live low
 
 
 def test_the_checker_finds_a_function_level_import_of_ops_from_chain(tmp_path):
     root = _package(tmp_path, {
         "chain/tiered.py": "def __init__(self):\n    if True:\n        from ..ops.runstats import register\n",
-        "chain/bootfetch.py": "def f():\n    from ..ops import transfer\n",
-        "ops/runstats.py": "", "ops/transfer.py": "",
+        "chain/bootfetch.py": "def f():\n    from . import transfer\n",
+        "chain/transfer.py": "from ..stores.store import entry_name\n", "stores/store.py": "",
+        "ops/runstats.py": "from ..chain.stats import Stats\n", "chain/stats.py": "",
     })  # fmt: skip
-    found = chain_imports_of_ops(imports(root))
+    found = upward_imports(imports(root, root_names=True))
     assert [(e.source, e.target, e.line) for e in found] == [
+        ("tiered_progcache.chain.tiered", "tiered_progcache.ops", 3),
         ("tiered_progcache.chain.tiered", "tiered_progcache.ops.runstats", 3)]
+
+
+@pytest.mark.parametrize(
+    "files, found",
+    [
+        pytest.param({"stores/kinds.py": "from ..compiling.manifest import MANIFEST_FORMAT\n", "compiling/manifest.py": ""},
+                     [("stores.kinds", "compiling"), ("stores.kinds", "compiling.manifest")], id="top-level-absolute-up"),
+        pytest.param({"chain/tiered.py": "import tiered_progcache.cluster.flightpolicy\n", "cluster/flightpolicy.py": ""},
+                     [("chain.tiered", "cluster"), ("chain.tiered", "cluster.flightpolicy")], id="import-statement"),
+        pytest.param({"settings.py": "def f():\n    from .chain import tiered\n", "chain/tiered.py": ""},
+                     [("settings", "chain"), ("settings", "chain.tiered")], id="a-helper-reaching-up"),
+        pytest.param({"compiling/compile.py": "def f():\n    from .. import TieredProgramCache\n"},
+                     [("compiling.compile", "")], id="a-name-of-the-facade"),
+        pytest.param({"configfile.py": "", "config.py": "from .chain.tiered import T\n", "chain/tiered.py": "",
+                      "ops/cli.py": "from ..config import C\nfrom ..cupy import cupydir\n", "cupy/cupydir.py": ""},
+                     [], id="config-above-chain-and-backends-below-ops"),
+        pytest.param({"stores/kinds.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..ops import cli\n",
+                      "ops/cli.py": ""}, [], id="type-checking-only"),
+    ],
+)
+def test_the_checker_finds_each_kind_of_upward_import(tmp_path, files, found):
+    edges = upward_imports(imports(_package(tmp_path, files), root_names=True))
+    assert sorted((e.source, e.target) for e in edges) == sorted(
+        (f"tiered_progcache.{a}".rstrip("."), f"tiered_progcache.{b}".rstrip(".")) for a, b in found)
+
+
+def test_the_layer_of_a_module_is_its_own_else_its_subpackages():
+    assert LAYERS[layer_of("tiered_progcache.stores.kinds") or 0][0] == "stores"
+    assert LAYERS[layer_of("tiered_progcache.config") or 0][0] == "config"
+    assert LAYERS[layer_of("tiered_progcache.configvalues") or 0][0] == "helpers"  # not config's: its own entry
+    assert LAYERS[layer_of("tiered_progcache") or 0][0] == "faces"
+    assert layer_of("tiered_progcache.newhelper") is None  # the top package's layer is not inherited
+    assert layer_of("tiered_progcache.newpackage.module") is None
 
 
 def test_the_former_cycles_stay_broken():

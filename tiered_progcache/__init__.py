@@ -58,7 +58,7 @@ def __getattr__(name: str) -> object:
 
         return RedisProgramCache
     if name == "TransferReport":
-        from .ops.transfer import TransferReport
+        from .chain.transfer import TransferReport
 
         return TransferReport
     if name == "CacheConfig":

@@ -14,7 +14,7 @@ import pytest
 
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
-from tiered_progcache.ops import transfer
+from tiered_progcache.chain import transfer
 from tiered_progcache.cluster.flightpolicy import compile_times
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.compiling.manifest import manifest_name

@@ -16,7 +16,7 @@ from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing.slowfs import SlowFileSystem
-from tiered_progcache.ops.transfer import push, warm
+from tiered_progcache.chain.transfer import push, warm
 from support import FakeClock
 
 NAMES = [entry_name(f"k{i}".encode()) for i in range(5)]

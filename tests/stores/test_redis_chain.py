@@ -9,7 +9,7 @@ from cuda.core import ProgramOptions
 
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
-from tiered_progcache.ops import transfer
+from tiered_progcache.chain import transfer
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.compiling.manifest import manifest_name
 from tiered_progcache.stores.remote import RemoteProgramCache

@@ -12,13 +12,13 @@ from cuda.core.utils import FileStreamProgramCache
 from fsspec.implementations.memory import MemoryFileSystem
 
 from tiered_progcache import EntryRejected, TieredProgramCache, TierUnavailable
-from tiered_progcache.ops import transfer
+from tiered_progcache.chain import transfer
 from tiered_progcache.stores.breaker import CircuitBreaker
 from tiered_progcache.stores.envelope import MAGIC, EnvelopeCodec
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import entry_name
-from tiered_progcache.ops.transfer import TransferReport
+from tiered_progcache.chain.transfer import TransferReport
 from tiered_progcache.testing.servers import blackhole_server, moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
 from support import FakeClock

@@ -17,7 +17,7 @@ from tiered_progcache.errors import EntryRejected
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import entry_name
-from tiered_progcache.ops.transfer import push
+from tiered_progcache.chain.transfer import push
 
 ELF = b"\x7fELF\x02\x01" + bytes(46) + (64).to_bytes(2, "little") + bytes(10)  # an ELF64 header (e_ehsize 64), no tables
 

@@ -1,1 +1,1 @@
-"""The chain: tiers in order, what each tier's policy is, write-back, counters."""
+"""The chain: tiers in order, what each tier's policy is, write-back, bulk transfer, counters."""

@@ -5,7 +5,7 @@ round trip per kernel. On the chain's first lookup that reaches the shared tier,
 local directory empty, one background thread lists the store once (at most
 :data:`MAX_LISTED` entries), picks the newest entries within the byte budget (manifests of
 listed entries left behind, as ``warm`` does) and reads them in one concurrent batch into
-the local directory through :func:`tiered_progcache.ops.transfer.warm`, verified. The
+the local directory through :func:`tiered_progcache.chain.transfer.warm`, verified. The
 triggering lookup goes on as before; a later lookup of a name in the batch waits for the
 batch (at most the store's request deadline) and reads it locally; any other is looked up
 as before. A failing fetch costs only itself: it is logged once and changes no answer.
@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING
 from ..errors import one_line
 from ..settings import DEFAULT_REMOTE_TIMEOUT_S
 from ..stores.localdir import LocalDir
-from ..compiling.manifest import manifest_name
-from ..stores.store import EntryStore, StoredEntry, entry_name
+from ..stores.store import EntryStore, StoredEntry, entry_name, manifest_name
 
 if TYPE_CHECKING:
-    from ..ops.transfer import TransferReport
+    from .transfer import TransferReport
 
 __all__ = ["MAX_LISTED", "BootFetch", "boot_fetch_for", "newest_within"]
 
@@ -113,7 +112,7 @@ class BootFetch:
         threading.Thread(target=self._run, args=(trigger,), name="tiered-progcache-boot-fetch", daemon=True).start()
 
     def _run(self, trigger: str) -> None:
-        from ..ops import transfer
+        from . import transfer
 
         started = time.perf_counter()
         try:

@@ -17,9 +17,8 @@ from .bootfetch import boot_fetch_for
 from .._cudacore import as_key_bytes, extract_bytes, memory_cache_recent_keys
 from ..configvalues import ConfigValues
 from ..errors import DeleteFailed, one_line
-from ..cluster.flightpolicy import FlightPolicy
 from ..stores.localdir import KEYED_READS, LocalDir, default_local_dir
-from .policy import TierPolicy
+from .policy import FlightPolicy, TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import by_name, remote_urls
 from .stats import GIL_DISABLED, CacheStats, CompileTally, FlightCounts, MetadataKey
@@ -32,7 +31,7 @@ from .downmemo import DOWN_MEMO_S, DownMemo, RemoteDown
 from .tier import Tier, bare_policy, default_policy
 
 if TYPE_CHECKING:
-    from ..ops.transfer import TransferReport
+    from .transfer import TransferReport
 
 __all__ = ["CacheStores", "TieredProgramCache", "as_chain", "default_chain", "require_chain", "shared_tier", "stores_of"]
 
@@ -499,7 +498,7 @@ class TieredProgramCache(ProgramCacheResource):
 
         After it, ``compile()`` of anything it fetched asks the remote nothing.
         """
-        from ..ops import transfer
+        from . import transfer
 
         remote, local = self._remote_and_local("warm")
         return transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
@@ -509,7 +508,7 @@ class TieredProgramCache(ProgramCacheResource):
 
         >>> cache.push().entries
         """
-        from ..ops import transfer
+        from . import transfer
 
         remote, local = self._remote_and_local("push")
         return transfer.push(local, remote, names, progress=progress)

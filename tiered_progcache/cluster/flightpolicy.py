@@ -12,7 +12,8 @@ never timed):
 * ``node``: a shared store that cannot hold leases (no atomic create, read-only, down):
   the node lock only.
 
-Every constant the policy uses is in the table below, with its reason; docs/cluster.md
+Every constant the policy uses is in the table below, with its reason (the two poll constants, with
+:class:`FlightPolicy`, in :mod:`tiered_progcache.chain.policy`, re-exported here); docs/cluster.md
 ("When nodes wait") has the arithmetic. Every decision is counted on the chain
 (``cache.stats().flight``), reported to hooks (:func:`on_flight`) and logged at DEBUG.
 """
@@ -27,12 +28,10 @@ import math
 import os
 import tempfile
 import threading
-import time
 from typing import Any, Callable
 
+from ..chain.policy import POLL_FLOOR_S, POLL_GROWTH, FlightPolicy, FlightWait
 from ..hooks import call_each, subscribe
-from ..settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_RTTS, DEFAULT_WAIT_PATIENCE
-from ..stores.store import EntryStore
 
 __all__ = [
     "COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES",
@@ -45,11 +44,9 @@ logger = logging.getLogger(__name__)
 
 # -- the constants, each with its reason (tests/cluster/test_flightpolicy.py pins every one) ----------------
 
-#: The shortest poll period: on a store that answers in microseconds (a local path) a waiter still pauses.
-POLL_FLOOR_S = 0.01
-#: A waiter's poll period grows to this fraction of the time waited so far: a long compile is
-#: learned of at most 2% late, and seven waiters polling do not slow its holder down.
-POLL_GROWTH = 0.02
+# POLL_FLOOR_S (10 ms, the shortest poll period) and POLL_GROWTH (2% of the time waited so far) are defined in
+# chain/policy.py with FlightPolicy and FlightWait, which the chain holds (below cluster/); imported above, re-exported.
+
 #: Weight of the newest compile in the running rate: a few compiles follow a change of load.
 COMPILE_TIME_WEIGHT = 0.3
 #: What one header weighs in a compile's size, in bytes of source (a header costs NVRTC about that much).
@@ -199,54 +196,6 @@ def _persisted(value: object) -> float | None:
 
 #: The process's compile times: ``compile()`` records every successful compiler run here (and in the local directory).
 compile_times = CompileTimes()
-
-
-@dataclasses.dataclass(frozen=True)
-class FlightPolicy:
-    """The knobs of cross-node single-flight (settings rows of the same names). Immutable.
-
-    ``min_upload_compile_s`` is the chain's admission threshold: an entry that will not be
-    uploaded is never worth a lease (nobody could get it from the holder).
-    ``wait_patience`` and ``compile_time_prior_s`` are kept so old configurations parse: no decision uses them
-    (a waiter waits while the holder's lease is renewed, up to ``wait_timeout``).
-    """
-
-    lease_min_compile_rtts: float = DEFAULT_LEASE_MIN_COMPILE_RTTS
-    wait_patience: float | None = DEFAULT_WAIT_PATIENCE
-    compile_time_prior_s: float = DEFAULT_COMPILE_TIME_PRIOR_S
-    min_upload_compile_s: float | None = None
-    poll_floor_s: float = POLL_FLOOR_S
-
-    def short(self, estimate_s: float, round_trip_s: float | None) -> bool:
-        """True if a compile predicted at ``estimate_s`` should race the lookup rather than take the lease.
-
-        Short: under ``lease_min_compile_rtts`` round trips, or under the upload threshold (its
-        entry would not reach the others). An unknown round trip (nothing timed) is not short.
-        """
-        if self.min_upload_compile_s is not None and estimate_s < self.min_upload_compile_s:
-            return True
-        return round_trip_s is not None and estimate_s < self.lease_min_compile_rtts * round_trip_s
-
-    def wait_plan(self, store: EntryStore, clock: Callable[[], float] = time.monotonic) -> FlightWait:
-        """How to wait, from now on ``clock``, for another node's compile."""
-        return FlightWait(self, store, clock, clock())
-
-
-@dataclasses.dataclass(frozen=True)
-class FlightWait:
-    """A waiter's plan (:class:`~tiered_progcache.cluster.lease.WaitPlan`), read live from the store's latency. Immutable.
-
-    Poll period: ``max(floor, R, POLL_GROWTH x the time waited so far)``.
-    """
-
-    policy: FlightPolicy
-    store: EntryStore
-    clock: Callable[[], float] = time.monotonic
-    started: float = 0.0
-
-    def poll_period(self) -> float:
-        network = max(self.policy.poll_floor_s, self.store.round_trip_s or 0.0)
-        return max(network, POLL_GROWTH * (self.clock() - self.started))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,7 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import make_program_cache_key
 
 from ..chain.stats import MetadataKey
+from ..stores.kinds import DIRECT_MAGIC
 from . import keys
 from .headermemo import ScanResult, is_racy, signature
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
@@ -76,8 +77,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: How a stored direct manifest starts (then zlib-compressed JSON): ``stores.kinds`` tells it by this.
-DIRECT_MAGIC = b"tiered-progcache/direct/1\n"
 #: Header sets one manifest keeps, newest first.
 MAX_SETS = 8
 #: Stored bytes of one manifest, at most; a bigger one is ignored when read.

@@ -40,7 +40,8 @@ from ..stores.envelope import max_stored_bytes
 from ..errors import one_line
 from .headerscan import path_roles, role_relative
 from .keys import CompileKey, HeaderFile
-from ..stores.store import EntryStore, StoredEntry, entry_name, is_entry_name
+from ..stores.kinds import MANIFEST_FORMAT
+from ..stores.store import EntryStore, StoredEntry, entry_name, is_entry_name, manifest_name
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -65,7 +66,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = "tiered-progcache/manifest"
 MANIFEST_VERSION = 1
 #: The most bytes a manifest takes. A kernel including ``<cub/cub.cuh>`` records 1795 headers in
 #: 209004 bytes (``benchmarks/bench_manifest_size.py``); past the bound the header list is left out
@@ -216,17 +216,6 @@ def _shown(name: str | bytes) -> str:
 def manifest_key(key: bytes) -> bytes:
     """The cache key the manifest of the entry with cache key ``key`` is stored under (pure)."""
     return (entry_name(bytes(key)) + "#manifest").encode()
-
-
-def manifest_name(name: str) -> str:
-    """The entry name of the manifest of entry ``name``: derived from the name alone, as a listing gives it.
-
-    >>> manifest_name(entry_name(key)) == entry_name(manifest_key(key))
-    True
-    """
-    if not is_entry_name(name):
-        raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
-    return entry_name((name + "#manifest").encode())
 
 
 # -- building one ------------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ import json
 from collections.abc import Mapping, Sequence
 
 from ..chain.stats import MetadataKey
+from ..stores.kinds import SYMBOLS_FORMAT
 from ..stores.store import entry_name, is_entry_name
 
 __all__ = ["SYMBOLS_FORMAT", "decode_symbols", "encode_symbols", "symbols_key", "symbols_name"]
 
-SYMBOLS_FORMAT = "tiered-progcache/symbols"
 _VERSION = 1
 
 SymbolMapping = dict[str | bytes, str | bytes]

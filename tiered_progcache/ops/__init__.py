@@ -1,1 +1,1 @@
-"""What operators run: the command line, transfer, bundles, prune, metrics, run statistics."""
+"""What operators run: the command line, bundles, prune, metrics, run statistics."""

@@ -4,7 +4,7 @@ Configured like the library: ``TIERED_PROGCACHE_*`` variables, overridden by fla
 Exit codes: 0 ok, 1 problems found (or a transfer or delete failed), 2 usage error.
 A user's mistake is one line on stderr, never a traceback. This module parses and
 prints; the work is done by the library (:mod:`~tiered_progcache.ops.prune`,
-:mod:`~tiered_progcache.ops.transfer`, :mod:`~tiered_progcache.ops.supervise`) over the
+:mod:`~tiered_progcache.chain.transfer`, :mod:`~tiered_progcache.ops.supervise`) over the
 :class:`~tiered_progcache.stores.store.EntryStore` protocol.
 """
 
@@ -702,7 +702,8 @@ def _write_prometheus(args: argparse.Namespace, text: str) -> None:
 
 
 def _held(tier: str, store: EntryStore) -> dict[str, Any]:
-    from ..stores.kinds import classify, count_kinds
+    from ..stores.kinds import count_kinds
+    from .classify import classify
 
     entries = list(store.iter_entries())
     kernels, metadata = count_kinds(classify(store, entries).values())
@@ -773,7 +774,8 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from ..stores.kinds import classify, count_kinds
+    from ..stores.kinds import count_kinds
+    from .classify import classify
 
     now = time.time()
     with _store(args) as store:
@@ -857,7 +859,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_transfer(args: argparse.Namespace, direction: str) -> int:
     """``warm`` (remote -> local) or ``push`` (local -> remote)."""
-    from . import transfer
+    from ..chain import transfer
 
     given = list(args.names)
     max_bytes = None

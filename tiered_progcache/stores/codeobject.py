@@ -10,7 +10,7 @@ import json
 import re
 import struct
 
-#: The ``format`` of every JSON document stored as an entry (``symbols.SYMBOLS_FORMAT``, ``manifest.MANIFEST_FORMAT``).
+#: The ``format`` of every JSON document stored as an entry (``kinds.SYMBOLS_FORMAT``, ``kinds.MANIFEST_FORMAT``).
 DOCUMENT_FORMATS = frozenset({"tiered-progcache/symbols", "tiered-progcache/manifest"})
 
 __all__ = ["check_code_object", "code_arch"]

@@ -38,6 +38,7 @@ __all__ = [
     "check_namespace",
     "entry_name",
     "is_entry_name",
+    "manifest_name",
 ]
 
 ENTRY_NAME_LENGTH = 64
@@ -67,6 +68,17 @@ def check_entry_name(name: object) -> str:
         raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
     assert isinstance(name, str)
     return name
+
+
+def manifest_name(name: str) -> str:
+    """The entry name of the manifest of entry ``name``: derived from the name alone, as a listing gives it.
+
+    Pure; :mod:`tiered_progcache.compiling.manifest` (which writes manifests, and re-exports this) says what a
+    manifest is. ``manifest_name(entry_name(key)) == entry_name(manifest.manifest_key(key))``.
+    """
+    if not is_entry_name(name):
+        raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
+    return entry_name((name + "#manifest").encode())
 
 
 def check_namespace(namespace: object) -> str:
@@ -258,7 +270,7 @@ class EntryStore(abc.ABC):
             return "missing"
         return None
 
-    # -- bulk: what warm and push use (tiered_progcache.ops.transfer) --------------------------
+    # -- bulk: what warm and push use (tiered_progcache.chain.transfer) --------------------------
 
     @property
     def transfer_batch(self) -> int:

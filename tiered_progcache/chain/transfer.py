@@ -22,8 +22,7 @@ from ..stores.kinds import KERNEL, kind_of
 from ..stores.envelope import InvalidEnvelope
 from ..errors import EntryRejected, one_line
 from ..stores.localdir import LocalDir
-from ..compiling.manifest import manifest_name
-from ..stores.store import BatchRead, EntryStore, StoredEntry, check_entry_name
+from ..stores.store import BatchRead, EntryStore, StoredEntry, check_entry_name, manifest_name
 
 __all__ = ["LOCAL_WRITERS", "Progress", "TransferReport", "push", "warm"]
 
