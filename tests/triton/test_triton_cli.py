@@ -81,7 +81,9 @@ def test_push_ls_warm_verify_move_a_triton_cache_through_the_remote_s_triton_nam
 
     listed = run_cli("ls", "--triton", "--remote", url, "--long")
     rows = [line.split() for line in listed.stdout.splitlines() if len(line.split()[0]) == 64]
-    assert len(rows) == files and {(row[-3], row[-2]) for row in rows} == {("triton", "triton")}  # code, kind
+    # code, kind: the group record is the kernel, the rest its files (named from their frames)
+    assert len(rows) == files and sorted((row[-3], row[-2]) for row in rows) == sorted(
+        [("triton", "triton")] * (files - 1) + [("triton", "triton-kernel")])
     assert sorted(row[0] for row in rows) == sorted(e.name for e in TritonDir(a).iter_entries())
 
     b = tmp_path / "b"
@@ -208,3 +210,35 @@ def test_stats_run_and_stats_triton_count_a_triton_run(tmp_path):
     counted = json.loads(run_cli("stats", "--triton", "--json", env={**env, "TRITON_CACHE_DIR": str(tmp_path / "b")}).stdout)
     assert counted["local"]["cumulative"]["hits"] == {"triton-local": 0, "triton-remote": 1}
     assert counted["local"]["cumulative"]["lookups"] == 1 and counted["local"]["cumulative"]["reports"] == 1
+
+
+def test_ls_triton_on_the_remote_names_the_files_and_groups_them_by_kernel(triton_dir, tmp_path):
+    """Issue 28 item 3: the remote's listing shows what the local one shows (each file by name, under its kernel)."""
+    directory, key = _copy(triton_dir, tmp_path / "t")
+    files = sorted(p.name for p in (directory / key).iterdir())
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    url = f"file://{remote}"
+    assert run_cli("push", "--triton", "--dir", str(directory), "--remote", url).returncode == 0
+    listed = run_cli("ls", "--triton", "--remote", url)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith(f"kernel {key}  add_kernel  {len(files)} files"), listed.stdout
+    assert sorted(line.split()[-1] for line in lines[1:]) == files
+
+
+def test_ls_triton_on_the_remote_believes_no_frame_under_another_entry_s_name(triton_dir, tmp_path):
+    """A file moved under another entry name keeps its frame: the listing names it as unknown ('-')."""
+    directory, key = _copy(triton_dir, tmp_path / "t")
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    url = f"file://{remote}"
+    assert run_cli("push", "--triton", "--dir", str(directory), "--remote", url).returncode == 0
+    stored = sorted(p for p in remote.rglob("*") if p.is_file() and len(p.parent.name + p.name) == 64)
+    moved = stored[0]
+    forged = moved.parent / ("0" * (64 - len(moved.parent.name)))
+    forged.write_bytes(moved.read_bytes())
+    listed = run_cli("ls", "--triton", "--remote", url)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line.split() for line in listed.stdout.splitlines() if line.split()[0] == moved.parent.name + forged.name]
+    assert row[-1] == "-"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..compiling.manifest import Manifest, ManifestError, decode_manifest, read_manifests
 from ..stores.kinds import DIRECT, KERNEL, MANIFEST, METADATA_READ_BYTES, SYMBOLS, TRITON, TRITON_KERNEL, EntryKind, kind_of
 from ..stores.store import manifest_name
+from ..triton.tritonnames import describe, name_of
 
 if TYPE_CHECKING:
     from ..stores.store import EntryStore, StoredEntry
@@ -41,7 +42,7 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
     Entries that cannot be read count as kernels.
     """
     if store.namespace == TRITON:
-        return {e.name: _triton_kind(store.file_of(e.name)) for e in listed}
+        return _triton_kinds(store, listed, names=names)
     if store.namespace == "cupy":  # CuPy's kernel cache holds kernels only: none is read to classify it
         return {e.name: EntryKind(KERNEL) for e in listed}
     by_name = {e.name: e for e in listed}
@@ -89,6 +90,24 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
                 out[name] = EntryKind(KERNEL, tuple(m.inputs.kernels))
             elif kind.kind == MANIFEST and manifests.get(name) in described:
                 out[name] = EntryKind(MANIFEST, tuple(described[manifests[name]].inputs.kernels))
+    return out
+
+
+def _triton_kinds(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool) -> dict[str, EntryKind]:
+    """Triton's files by key and name: from the listing where the store knows them (Triton's directory),
+    else, with ``names``, from each entry's frame (one batched read per ``transfer_batch``; a frame is
+    believed only where the entry's name is the one its key and file give)."""
+    out = {e.name: _triton_kind(store.file_of(e.name)) for e in listed}
+    unnamed = [e.name for e in listed if store.file_of(e.name) is None] if names else []
+    batch = max(1, store.transfer_batch)
+    for start in range(0, len(unnamed), batch):
+        chunk = unnamed[start : start + batch]
+        got = store.read_many(chunk)
+        for name in chunk:
+            payload = got.hits.get(name)
+            which = None if payload is None else describe(payload)
+            if which is not None and name_of(which.key, which.file) == name:
+                out[name] = _triton_kind((which.key, which.file))
     return out
 
 
