@@ -9,8 +9,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from cuda.core import ObjectCode
-from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
+from cuda.core import ObjectCode, ProgramOptions
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource, make_program_cache_key
 
 from . import exitbudget, exitreport
 from .bootfetch import boot_fetch_for
@@ -496,12 +496,15 @@ class TieredProgramCache(ProgramCacheResource):
 
         >>> cache.warm(max_bytes=20 << 30)  # at node start-up: the newest 20 GB, one listing, batched reads
 
-        After it, ``compile()`` of anything it fetched asks the remote nothing.
+        After it, ``compile()`` of anything it fetched asks the remote nothing, and NVRTC is
+        loaded (:func:`_load_compiler`): a node's first hit pays neither at its first kernel.
         """
         from . import transfer
 
         remote, local = self._remote_and_local("warm")
-        return transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
+        report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress)
+        _load_compiler()
+        return report
 
     def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
         """Upload local entries the nearest shared tier lacks (see ``transfer.push``); e.g. at the end of a CI job.
@@ -540,6 +543,16 @@ class TieredProgramCache(ProgramCacheResource):
 _BARE_FLIGHT_POLICY = FlightPolicy()
 #: One rate limit for every bare resource's warnings: a chain around one is built per call.
 _BARE_WARNINGS = RateLimitedLogger(logging.getLogger(Tier.__module__))
+
+
+def _load_compiler() -> None:
+    """Have cuda-core load NVRTC now: its key asks NVRTC's version on first use (10 ms on an idle host, far more
+    on a busy one), so a node's boot-time ``warm()`` pays it rather than its first hit. Never raises: a
+    missing NVRTC is the first compile's error to give."""
+    try:
+        make_program_cache_key(code="", code_type="c++", options=ProgramOptions(arch="sm_90"), target_type="cubin")
+    except Exception as exc:
+        logger.debug("could not load NVRTC at warm(): %r", exc)
 
 
 def as_chain(cache: ProgramCacheResource) -> TieredProgramCache:
