@@ -482,3 +482,64 @@ def test_no_bookkeeping_is_left_for_writes_done_or_cancelled():
     assert queue.flush(JOIN_S)
     assert (queue._submitted_at, queue._in_flight_keys, dict(queue._pending)) == ({}, set(), {})
     queue.close()
+
+
+def test_discard_drops_the_queued_writes_and_waits_for_the_one_under_way():
+    store = GatedStore()
+    queue = WriteBackQueue(store, name="test")
+    queue.submit(b"k0", b"v")
+    assert store.began(b"k0").wait(JOIN_S)  # under way: it cannot be taken back
+    queue.submit(b"k1", b"vv")
+    queue.submit(b"k2", b"vvv")
+    assert not queue.discard(timeout=0)  # k0 still under way
+    assert queue.pending == 1 and queue.pending_bytes == 1  # only k0 is left
+    store.gate(b"k0").set()
+    assert queue.discard(timeout=JOIN_S) and queue.pending == 0 and queue.pending_bytes == 0
+    store.gate(b"k1").set()
+    store.gate(b"k2").set()
+    assert queue.flush(JOIN_S) and store.order == [b"k0"]  # the dropped writes never ran
+    queue.close()
+
+
+def test_clear_of_a_background_tier_leaves_it_empty_though_writes_were_queued(tmp_path):
+    from cuda.core.utils import FileStreamProgramCache
+
+    chain = TieredProgramCache(tiers=[InMemoryProgramCache(),
+                                      (FileStreamProgramCache(tmp_path / "bg"), TierPolicy("bg", write="background"))])
+    with chain:
+        bg = chain.tier("bg")
+        store = GatedStore()
+        real = bg.writeback._store
+        bg.writeback._store = lambda key, data: (store(key, data), real(key, data))
+        for n in range(3):
+            chain[b"k%d" % n] = b"v%d" % n
+        assert store.began(b"k0").wait(JOIN_S)
+        clearing = threading.Thread(target=chain.clear)
+        clearing.start()
+        queue = bg.writeback
+        with queue._cond:  # clear() has dropped k1 and k2 (it notifies), and waits for k0, under way
+            assert queue._cond.wait_for(lambda: not queue._pending, timeout=JOIN_S)
+        store.gate(b"k0").set()  # k0 lands; clear() then empties the tier
+        clearing.join(JOIN_S)
+        assert not clearing.is_alive()
+        for n in range(3):
+            store.gate(b"k%d" % n).set()
+        assert chain.flush(JOIN_S) and len(chain) == 0 and store.order == [b"k0"]
+
+
+def test_clear_waits_for_a_write_under_way_at_most_clear_wait_s(tmp_path, monkeypatch, caplog):
+    from cuda.core.utils import FileStreamProgramCache
+
+    monkeypatch.setattr("tiered_progcache.chain.tier.CLEAR_WAIT_S", 0.01)
+    chain = TieredProgramCache(tiers=[InMemoryProgramCache(),
+                                      (FileStreamProgramCache(tmp_path / "bg"), TierPolicy("bg", write="background"))])
+    with chain:
+        bg = chain.tier("bg")
+        store = GatedStore()
+        bg.writeback._store = store
+        chain[b"stuck"] = b"v"
+        assert store.began(b"stuck").wait(JOIN_S)
+        chain.clear()  # returns though the write is still held
+        assert "may land after clear()" in caplog.text
+        store.gate(b"stuck").set()
+        assert chain.flush(JOIN_S)

@@ -35,12 +35,14 @@ from .stats import TierCounters, TierStats
 from ..stores.store import EntryStore, entry_name
 from .writeback import WriteBackQueue
 
-__all__ = ["DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "Outcome", "Tier", "bare_policy", "classify", "default_policy"]
+__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "Outcome", "Tier", "bare_policy", "classify", "default_policy"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds a delete waits for an upload of the same entry that is already under way (then deletes and raises).
 DELETE_UPLOAD_WAIT_S = 30.0
+#: Seconds ``clear()`` waits for a background write already under way (queued ones are dropped at once).
+CLEAR_WAIT_S = 30.0
 
 
 # -- the failure policy ------------------------------------------------------------------------
@@ -404,7 +406,10 @@ class Tier:
             return None
 
     def clear(self) -> None:
-        """Empty the resource; a failure is counted and logged, never raised."""
+        """Empty the resource, its queued writes first (none lands after); a failure is counted and logged, never raised."""
+        if self.writeback is not None and not self.writeback.discard(CLEAR_WAIT_S):
+            logger.warning("tier %s: a background write still under way after %.0f s may land after clear()", self.name,
+                           CLEAR_WAIT_S)
         try:
             self.resource.clear()
         except Exception as exc:

@@ -186,6 +186,22 @@ class WriteBackQueue:
                 self._cond.wait(remaining)
             return True
 
+    def discard(self, timeout: float | None = None) -> bool:
+        """Drop every queued write and wait for those under way, so none lands after a ``clear()`` that follows;
+        False if ``timeout`` ran out with one still under way."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._bytes -= sum(len(data) for data in self._pending.values())
+            self._pending.clear()
+            self._submitted_at.clear()
+            self._cond.notify_all()
+            while self._in_flight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
     def close(self, timeout: float | None = None) -> bool:
         """Refuse new writes, drain the queue within ``timeout``, stop the worker.
 
