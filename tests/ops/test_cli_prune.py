@@ -165,3 +165,4 @@ def test_a_symbol_map_is_named_from_its_kernels_name_alone():
     assert symbols_name(entry_name(b"k")) != symbols_name(entry_name(b"j"))
     with pytest.raises(ValueError, match="not an entry name"):
         symbols_name("k")
+

@@ -41,7 +41,7 @@ from ..errors import one_line
 from .headerscan import path_roles, role_relative
 from .keys import CompileKey, HeaderFile
 from ..stores.kinds import MANIFEST_FORMAT
-from ..stores.store import EntryStore, StoredEntry, entry_name, is_entry_name, manifest_name
+from ..stores.store import EntryStore, StoredEntry, entry_name, is_entry_name, manifest_name, read_in_batches
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -631,10 +631,7 @@ def _read_batches(
     ``absent_ok``: a manifest the store does not have is left out (else it is reported).
     """
     out: dict[str, Manifest | str] = {}
-    batch = max(1, store.transfer_batch)
-    for start in range(0, len(to_read), batch):
-        chunk = to_read[start : start + batch]
-        got = store.read_many(chunk)
+    for chunk, got in read_in_batches(store, to_read):
         for m in chunk:
             name = wanted[m]
             if absent_ok and m in got.missing:

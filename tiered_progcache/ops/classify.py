@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..compiling.manifest import Manifest, ManifestError, decode_manifest, read_manifests
 from ..stores.kinds import DIRECT, KERNEL, MANIFEST, METADATA_READ_BYTES, SYMBOLS, TRITON, TRITON_KERNEL, EntryKind, kind_of
-from ..stores.store import manifest_name
+from ..stores.store import manifest_name, read_in_batches
 from ..triton.tritonnames import describe, name_of
 
 if TYPE_CHECKING:
@@ -57,10 +57,7 @@ def classify(store: EntryStore, listed: Sequence[StoredEntry], *, names: bool = 
         else:
             out[e.name] = EntryKind(KERNEL)
     described: dict[str, Manifest] = {}
-    batch = max(1, store.transfer_batch)
-    for start in range(0, len(small), batch):
-        chunk = small[start : start + batch]
-        got = store.read_many(chunk)
+    for chunk, got in read_in_batches(store, small):
         for name in chunk:
             payload = got.hits.get(name)
             if payload is None:  # absent or unreadable
@@ -99,10 +96,7 @@ def _triton_kinds(store: EntryStore, listed: Sequence[StoredEntry], *, names: bo
     believed only where the entry's name is the one its key and file give)."""
     out = {e.name: _triton_kind(store.file_of(e.name)) for e in listed}
     unnamed = [e.name for e in listed if store.file_of(e.name) is None] if names else []
-    batch = max(1, store.transfer_batch)
-    for start in range(0, len(unnamed), batch):
-        chunk = unnamed[start : start + batch]
-        got = store.read_many(chunk)
+    for chunk, got in read_in_batches(store, unnamed):
         for name in chunk:
             payload = got.hits.get(name)
             which = None if payload is None else describe(payload)

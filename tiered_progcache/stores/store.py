@@ -38,6 +38,7 @@ __all__ = [
     "check_namespace",
     "entry_name",
     "is_entry_name",
+    "read_in_batches",
     "manifest_name",
 ]
 
@@ -411,3 +412,11 @@ class LeaseStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, name: str) -> None:
         """Remove lease ``name``; no error if it is already gone."""
+
+
+def read_in_batches(store: EntryStore, names: list[str]) -> Iterator[tuple[list[str], BatchRead]]:
+    """``names`` read ``store.transfer_batch`` at a time: each chunk with what :meth:`EntryStore.read_many` gave."""
+    batch = max(1, store.transfer_batch)
+    for start in range(0, len(names), batch):
+        chunk = names[start : start + batch]
+        yield chunk, store.read_many(chunk)
