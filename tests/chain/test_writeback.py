@@ -543,3 +543,24 @@ def test_clear_waits_for_a_write_under_way_at_most_clear_wait_s(tmp_path, monkey
         assert "may land after clear()" in caplog.text
         store.gate(b"stuck").set()
         assert chain.flush(JOIN_S)
+
+
+def test_discard_without_a_timeout_waits_for_the_write_under_way_as_long_as_it_takes():
+    store = GatedStore()
+    queue = WriteBackQueue(store, name="test")
+    assert queue.discard()  # nothing queued, nothing under way: at once
+    queue.submit(b"k0", b"v")
+    assert store.began(b"k0").wait(JOIN_S)
+    queue.submit(b"k1", b"v")
+
+    def release_once_discard_waits() -> None:
+        with queue._cond:  # discard() has dropped k1 and waits (its wait lets this in), k0 still under way
+            assert queue._cond.wait_for(lambda: not queue._pending, timeout=JOIN_S)
+            store.gate(b"k0").set()
+
+    releaser = threading.Thread(target=release_once_discard_waits)
+    releaser.start()
+    assert queue.discard()  # no timeout: returns once k0 is done
+    releaser.join(JOIN_S)
+    assert queue.pending == 0 and store.order == [b"k0"]
+    queue.close()
