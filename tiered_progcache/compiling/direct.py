@@ -200,14 +200,12 @@ def _mask(path: str, roots: Sequence[str], keep: int = -1) -> int:
 
 def _file_masks(roots: Sequence[str], keep: int) -> Callable[[str], int]:
     """:func:`_mask` of files, computed once per directory (a few dozen hold a CCCL kernel's ~700 headers):
-    a file lies under a root exactly when its directory, with a trailing slash, does (unless it is a root)."""
+    a file lies under a root exactly when its directory, with a trailing slash, does. (A file that were a
+    root itself would get a mask without that root's bit: its row then does not hold, and the node scans.)"""
     by_directory: dict[str, int] = {}
-    root_set = frozenset(roots)
 
     def mask_of(path: str) -> int:
-        directory, slash, _ = path.rpartition("/")
-        if not slash or path in root_set:
-            return _mask(path, roots, keep)
+        directory = path.rpartition("/")[0]
         mask = by_directory.get(directory)
         if mask is None:
             mask = by_directory[directory] = _mask(directory + "/", roots, keep)
