@@ -397,3 +397,33 @@ def test_headers_under_one_hosts_working_directory_and_not_the_others_still_shar
     monkeypatch.chdir(tmp_path / "app")
     got, hit = _direct(chain, b)
     assert (hit, got.key) == (1, recorded.key) and got.key == _scan_key(b).key
+
+
+def _a_set(**rows) -> dict:
+    """A well-formed header set of two roots (fields as header_set writes them), with ``rows`` replaced."""
+    one = {"n": 2, "keep": -1, "at": None, "files": [[0, "a.h", "ab" * 32, 1]], "absent": [[-3, "0\0b.h", 1]],
+           "real": [[0, "", 1, -5, "", 1, "I0", ""]], "digest": "cd" * 32, "key": "ef" * 16, "missing": [],
+           "path_free": True}
+    one.update(rows)
+    return one
+
+
+@pytest.mark.parametrize("rows", [
+    {"files": "not a list"},
+    {"files": [[0, "a.h", "ab" * 32]]},  # a row one item short
+    {"files": [[0, "a.h", "ab" * 32, 1, 0]]},  # one item long
+    {"files": [[0, 7, "ab" * 32, 1]]},  # a path that is not a str
+    {"files": [[0, "a.h", "AB" * 32, 1]]},  # a digest that is not lowercase hex
+    {"files": [[0, "a.h", "ab" * 32, True]]},  # a mask that is a bool
+    {"files": [[0, "a.h", "ab" * 32, 1 << 2]]},  # a mask past the two roots
+    {"files": [[0, "a.h", "ab" * 32, -1]]},  # a negative mask
+    {"files": [[True, "a.h", "ab" * 32, 1]]},  # an index that is a bool
+    {"files": [[2, "a.h", "ab" * 32, 1]]},  # an index past the roots
+    {"files": [[-2, "a.h", "ab" * 32, 1]]},  # below -1, the lowest a file row's index may be
+    {"absent": [[-5, "b.h", 1]]},  # below a made path's lowest
+    {"real": [[0, "", 1, -7, "", 1, "I0", ""]]},  # below _ANCESTOR
+])
+def test_a_header_set_with_a_row_out_of_shape_is_refused(rows):
+    assert direct.decode_direct(direct.encode_direct([_a_set()]))[0]["files"]  # the well-formed one decodes
+    with pytest.raises(direct.DirectManifestError, match="wrong type or range"):
+        direct.decode_direct(direct.encode_direct([_a_set(**rows)]))
