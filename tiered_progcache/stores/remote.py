@@ -22,8 +22,10 @@ import datetime
 import logging
 import os
 import posixpath
+import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
@@ -111,6 +113,8 @@ class RemoteProgramCache(SharedEntryStore):
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
         self._create_root = bool(create_root)
+        options = factory.kwargs if factory is not None else getattr(fs, "storage_options", {})
+        self._endpoint = _endpoint_of(options)
         self._check_reachable(strict)
 
     @classmethod
@@ -320,12 +324,13 @@ class RemoteProgramCache(SharedEntryStore):
             # ``endpoint_ur1``): a configuration error, not an outage, so never a silent local-only run.
             raise TypeError(f"remote cache {self._location}: the filesystem rejected its storage options: {exc}") from exc
         except Exception as exc:
-            message = _unreachable_message(self._location, exc, self.timeout)
+            error, message = _probe_failure(self._location, exc, self.timeout, self._endpoint)
             if strict:
-                error = type(exc) if type(exc) in (FileNotFoundError, PermissionError, TimeoutError) else OSError
                 raise error(message) from exc
             logger.warning("%s; continuing without it, probing again in %.0f s", message, self._breaker.cooldown_s)
-            self._breaker.trip(exc)
+            failure = error(message)  # what stats() counts it as (errors or timeouts) says what the message says
+            failure.__cause__ = exc
+            self._breaker.trip(failure)
 
 
 class RemoteLeases(LeaseStore):
@@ -627,16 +632,58 @@ def _range_not_satisfiable(exc: BaseException) -> bool:
     return False
 
 
-def _unreachable_message(location: str, exc: BaseException, timeout: float) -> str:
+#: How long a failed probe's diagnosis waits to connect to the endpoint (failure path only).
+DIAGNOSE_CONNECT_S = 1.0
+
+
+def _endpoint_of(options: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(host, port)`` of the ``endpoint_url`` in fsspec storage options (s3fs: also in ``client_kwargs``), or None."""
+    url = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
+    if not isinstance(url, str):
+        return None
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return (parsed.hostname, port) if parsed.hostname else None
+
+
+def _refused(exc: BaseException | None, endpoint: tuple[str, int] | None, timeout: float) -> bool:
+    """True if the endpoint refused the connection: said in ``exc``'s chain, or, where the probe ran out of
+    time (the filesystem retrying), found by one connect to ``endpoint``."""
+    seen: set[int] = set()
+    failure = exc
+    while failure is not None and id(failure) not in seen:
+        if isinstance(failure, ConnectionRefusedError):
+            return True
+        seen.add(id(failure))
+        failure = failure.__cause__ or failure.__context__
+    if not isinstance(exc, TimeoutError) or endpoint is None:
+        return False
+    try:
+        socket.create_connection(endpoint, timeout=min(DIAGNOSE_CONNECT_S, timeout)).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _probe_failure(location: str, exc: BaseException, timeout: float,
+                   endpoint: tuple[str, int] | None = None) -> tuple[type[OSError], str]:
+    """What a failed probe raises (strict) and says: one fault, one message, so a refused connection reads the
+    same whether the filesystem's retries ended before the deadline or the deadline ended them."""
     if isinstance(exc, FileNotFoundError):
-        return f"remote cache {location}: the bucket or directory does not exist ({exc})"
+        return FileNotFoundError, f"remote cache {location}: the bucket or directory does not exist ({exc})"
     if isinstance(exc, PermissionError):
-        return f"remote cache {location}: access denied, check the credentials ({exc})"
+        return PermissionError, f"remote cache {location}: access denied, check the credentials ({exc})"
+    if _refused(exc, endpoint, timeout):
+        where = f"{endpoint[0]}:{endpoint[1]}" if endpoint is not None else "its endpoint"
+        return ConnectionRefusedError, f"remote cache {location} is unreachable: {where} refused the connection"
     if isinstance(exc, TimeoutError):
-        return f"remote cache {location}: no answer within {timeout:g} s"
-    return f"remote cache {location} is unreachable: {type(exc).__name__}: {exc}"
-
-
+        return TimeoutError, f"remote cache {location}: no answer within {timeout:g} s"
+    return OSError, f"remote cache {location} is unreachable: {type(exc).__name__}: {exc}"
 
 
 def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:
