@@ -243,3 +243,22 @@ def test_a_store_that_states_no_deadline_is_waited_for_at_most_the_settings_defa
     finally:
         release.set()
         _join_boot_fetch()
+
+
+def test_a_store_down_at_construction_is_one_warning_and_no_fetch(tmp_path, caplog):
+    """One fault, one message: the constructor's warning says the store is down; the boot fetch neither lists
+    nor warns again (its breaker is open, so it could only fail with the same fault)."""
+    import socket
+
+    with socket.socket() as refused:
+        refused.bind(("127.0.0.1", 0))  # bound, never listening: every connect is refused
+        with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
+            cache = TieredProgramCache(tmp_path / "node", remote=f"redis://127.0.0.1:{refused.getsockname()[1]}/0",
+                                       remote_timeout=1)  # fmt: skip
+            try:
+                assert cache.get(b"k" * 32) is None
+                _join_boot_fetch()
+            finally:
+                cache.close(timeout=5)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "is unreachable" in warnings[0], warnings

@@ -100,6 +100,10 @@ class BootFetch:
                 return
             self._started = True
             self._pid = os.getpid()  # the process whose thread fetches (a child forked later does not wait for it)
+        if not self._shared.available:  # its breaker is open: the fault is reported already, and a fetch cannot help
+            self._listed.set()
+            self._done.set()
+            return
         try:
             empty = next(iter(self._local.iter_entries()), None) is None
         except OSError as exc:
