@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from typing import Any
 
@@ -67,7 +68,71 @@ def test_a_fresh_node_reads_k_entries_in_one_listing_one_batch_and_the_first_loo
         stats = cache.stats()
         assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (1, 0, K - 1)
         assert {e.name for e in LocalDir(tmp_path / "node").iter_entries()} == {entry_name(k) for k in KEYS}
+        local_misses = stats["local"].misses
         assert cache.get(b"absent") is None and fs.requests["get"] == K + 1  # a name not in the batch: as before
+        assert cache.stats()["local"].misses == local_misses + 1  # ... and the local directory asked once, not twice
+        assert cache._boot.report[0] == K
+
+
+def test_the_trigger_asks_the_local_directory_once(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])
+        assert cache.stats()["local"].misses == 1  # the fetch it started has brought nothing yet
+        _join_boot_fetch()
+
+
+def test_the_fetch_is_logged_with_what_it_took(tmp_path, caplog):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with caplog.at_level(logging.INFO, "tiered_progcache.chain.bootfetch"):
+        with _chain(tmp_path / "node", remote) as cache:
+            assert cache._boot.report is None  # nothing done before the first lookup
+            cache.get(KEYS[0])
+            _join_boot_fetch()
+    [line] = [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.chain.bootfetch"]
+    assert re.fullmatch(rf"boot fetch from {re.escape(remote.location)}: {K - 1} of {K} listed entries in "
+                        r"\d+\.\d{3} s", line), line  # fmt: skip
+    assert float(line.rsplit(" ", 2)[1]) < 600
+
+
+def test_a_listing_is_read_to_max_listed_entries_at_most(tmp_path, monkeypatch):
+    from tiered_progcache.chain import bootfetch
+
+    monkeypatch.setattr(bootfetch, "MAX_LISTED", 3)
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        cache.get(KEYS[0])
+        _join_boot_fetch()
+        assert cache._boot.report[0] == 3
+
+
+def test_a_budget_that_fits_nothing_fetches_nothing_but_still_lists(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote, boot_fetch_bytes=1) as cache:  # 1 byte: on, and nothing fits
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])
+        _join_boot_fetch()
+        assert dict(fs.requests) == {"get": 1, "list": 1}
+        assert cache._boot.report == (K, None)
+
+
+def test_a_local_directory_that_cannot_be_listed_is_one_warning_and_no_fetch(tmp_path, caplog, monkeypatch):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        def unlistable():  # a failing local disk: the root user reads any directory, so the failure is injected
+            raise OSError("disk gone")
+
+        monkeypatch.setattr(cache._boot._local, "iter_entries", unlistable)
+        with caplog.at_level(logging.WARNING, "tiered_progcache.chain.bootfetch"):
+            for key in KEYS:
+                assert cache.get(key) == _payload(key)
+        assert dict(fs.requests) == {"get": K}
+    [line] = [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.chain.bootfetch"]
+    assert line == f"boot fetch into {cache._boot._local.location} skipped: OSError: disk gone"
 
 
 def test_compile_on_a_fresh_node_against_a_warm_file_store_asks_the_store_once(tmp_path, events):
@@ -153,7 +218,8 @@ def test_a_failing_listing_costs_only_itself_and_is_logged_once(tmp_path, caplog
             _join_boot_fetch()
             assert dict(fs.requests) == {"get": K, "list": 1}
     logged = [r for r in caplog.records if r.name == "tiered_progcache.chain.bootfetch"]
-    assert len(logged) == 1 and "listing refused" in logged[0].getMessage()
+    assert [r.getMessage() for r in logged] == [
+        f"boot fetch from {remote.location} failed (lookups go to the store as before): PermissionError: listing refused"]
 
 
 class _HangingListing(SlowFileSystem):
@@ -172,11 +238,71 @@ class _CountingEvent(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.timed_out = 0
+        self.timeouts: list[float | None] = []
 
     def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
         done = super().wait(timeout)
         self.timed_out += not done
         return done
+
+
+class _HangingBatch(SlowFileSystem):
+    """The boot fetch's GETs (the first GET of each of ``KEYS[1:]``) hang until released."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+        self.hung = {f"{name[:2]}/{name[2:]}" for name in map(entry_name, KEYS[1:])}
+        self.asked: set[str] = set()
+
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        first = path not in self.asked
+        self.asked.add(path)
+        if first and path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1] in self.hung:
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
+        return await super()._cat_file(path, start, end, **kwargs)
+
+
+def test_a_hanging_batch_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path):
+    release = threading.Event()
+    fs = _HangingBatch(release)
+    remote = _store(fs, timeout=0.2)
+    try:
+        with _chain(tmp_path / "node", remote) as cache:
+            cache._boot._done = done = _CountingEvent()
+            assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger: answered; the batch's GETs hang
+            assert cache._boot._listed.wait(60)  # the batch's names are known: the next lookups wait on the batch
+            assert cache.get(b"absent") is None  # not in the batch: no wait, the local directory asked once
+            assert (done.timeouts, cache.stats()["local"].misses) == ([], 2)
+            answers = [cache.get(key) for key in KEYS[1:]]
+            assert answers == [_payload(key) for key in KEYS[1:]]  # each from the store, as before
+            assert done.timed_out == 1 and len(done.timeouts) == 1  # the first waited the deadline out, no other
+            assert 0 < done.timeouts[0] <= 0.2
+            stats = cache.stats()
+            assert (stats["remote"].hits, stats["local"].misses) == (K, K + 1)  # the local directory asked once each
+    finally:
+        release.set()
+        _join_boot_fetch()
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_fetch(tmp_path):
+    release = threading.Event()
+    fs = _HangingBatch(release)
+    remote = _store(fs)
+    try:
+        with _chain(tmp_path / "node", remote) as cache:
+            cache._boot._done = done = _CountingEvent()
+            cache._boot._listed = listed = _CountingEvent()
+            assert cache.get(KEYS[0]) == _payload(KEYS[0])
+            cache._boot._pid = -1  # as in a child forked after the fetch started: the fetching thread is the parent's
+            assert cache.get(KEYS[1]) == _payload(KEYS[1])  # from the store, at once
+            assert (done.timeouts, listed.timeouts) == ([], [])
+            assert cache.stats()["local"].misses == 2  # the local directory asked once for each lookup
+    finally:
+        release.set()
+        _join_boot_fetch()
 
 
 def test_a_hanging_listing_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path):
@@ -193,6 +319,9 @@ def test_a_hanging_listing_holds_one_lookup_at_most_the_store_deadline_and_no_ot
             assert not looker.is_alive() and answers == [_payload(key) for key in KEYS]
             assert dict(fs.requests) == {"get": K, "list": 1}  # each lookup went to the store, as before
             assert listed.timed_out == 1  # the second lookup waited the deadline out; the others did not wait
+            assert listed.timeouts == [0.2]  # the store's request deadline
+            assert cache.stats()["local"].misses == K  # once per lookup: one that gave up did not look again
+            assert all(t.daemon for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch")
     finally:
         release.set()
         _join_boot_fetch()
