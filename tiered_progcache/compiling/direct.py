@@ -55,7 +55,7 @@ from cuda.core.utils import make_program_cache_key
 from ..chain.stats import MetadataKey
 from ..stores.kinds import DIRECT_MAGIC
 from . import keys
-from .headermemo import ScanResult, is_racy, signature
+from .headermemo import ScanResult, is_racy, resolve, signature
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
 from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate, path_list
 
@@ -588,10 +588,12 @@ def compile_key(
 ) -> keys.CompileKey:
     """:func:`.keys.compile_key`, asking ``cache``'s direct manifest before scanning.
 
-    A header-scan memo of this process or of ``memo_dir`` answers first, as before; where
-    none does, the direct manifest is read once and its newest set that holds here gives
-    the key (the scan's, byte for byte). Otherwise the scan runs, and its set is recorded
-    where a manifest exists (else :func:`record` after the compile makes one).
+    A scan this process memoized answers first; where none does, the direct manifest is
+    read once and its newest set that holds here gives the key (the scan's, byte for
+    byte), its files checked against the file memo (this process's, loaded from
+    ``memo_dir`` first: a file with the recorded stat is not hashed again). Otherwise the
+    scan runs, and its set is recorded where a manifest exists (else :func:`record` after
+    the compile makes one).
     """
     found = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
                              portable=portable, recheck_s=recheck_s, memo_dir=memo_dir, memo_only=True)
@@ -683,12 +685,13 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
             return None
         checks.append((path, None))
     real_checks = []
+    no_link: dict[str, bool] = {"/": True}  # what resolve() found of each component
     for index, rel, mask, real_index, real_rel, real_mask, role, role_rel in one["real"]:
         directory = _place_made(index, rel, roots)
         if directory is None or _mask(directory, roots, keep) != mask:
             return None
         note(index, rel)
-        resolved = os.path.realpath(directory)
+        resolved = resolve(directory, no_link)
         if real_index == _ANCESTOR:
             real = _place_ancestor(real_rel, roots, eligible, resolved)
         else:

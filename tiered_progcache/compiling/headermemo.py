@@ -1,38 +1,42 @@
-"""What this process remembers of header scans, and when a stat or inotify vouches for it.
+"""The one memo of what was read: header file digests validated by stat, persisted per node; and scans, watched.
 
-:mod:`.headerscan` walks the include graph; this module keeps what the walk found so a warm
-call reads nothing. File digests are memoized by ``(path, inode, size, mtime_ns,
-ctime_ns)`` (:func:`signature`), and a whole scan (:class:`ScanResult`) with the list of
-paths it probed. A warm call asks :mod:`.headerwatch` whether inotify saw anything the scan
-depends on change (one ``poll(2)``, no stat); where inotify is unavailable or not trusted
-(a network filesystem) it re-stats those paths instead (about a microsecond each). Either
-way it hashes nothing. Before inotify vouches for a scan it is validated by stat once: at
-its second use in the process, after an event on something it depends on, and when it is
-loaded from disk (then by stat alone). A file modified in the last ``RACY_NS`` is hashed
-on every call: two edits within one coarse clock tick can leave its stat unchanged.
+File digests (and, within a process, the includes the lexer found) are memoized by path and validated by
+``(inode, size, mtime_ns, ctime_ns)`` (:func:`signature`); a file modified within
+``RACY_NS`` of its read is not memoized (two edits within one coarse clock tick can leave
+its stat unchanged), so it is read again on every call. With ``memo_dir`` (``compile()``
+passes the local cache directory's ``header-scans/``) that memo is loaded once per process
+and saved after a scan and at exit (:mod:`.digestmemo`): a new process on the node hashes
+no file it finds with the recorded stat.
 
-Across processes: with ``memo_dir`` (``compile()`` passes the local cache directory's
-``header-scans/``) a scan is persisted by :mod:`.scanmemo`, and a new process loads and
-validates it instead of scanning again.
+A scan (:class:`ScanResult`, what :mod:`.headerscan` walked or :mod:`.direct` verified) is
+remembered in this process with the paths it probed, so a warm call reads nothing: it asks
+:mod:`.headerwatch` whether inotify saw anything the scan depends on change (one
+``poll(2)``, no stat), or where inotify is unavailable or not trusted (a network
+filesystem) re-stats those paths (about a microsecond each). Before inotify vouches for a
+scan it is validated by stat once: at its second use, and after an event on something it
+depends on. Across processes no scan is kept: the node's direct manifest (in the local
+tier) gives the next process the header set, verified by stat against the file memo.
 
-Thread-safe: the memos change under one lock (made anew in a forked child); the counters
-behind :func:`validation_counts` and :func:`files_hashed` are read without it.
+Bounds: :data:`MAX_MEMO_FILES` files and :data:`MAX_MEMO_SCANS` scans, least recently used
+forgotten first (``cachetools``). Thread-safe: the memos change under one lock (made anew
+in a forked child); the counters behind :func:`validation_counts` and :func:`files_hashed`
+are read without it.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar, Union
 
 import cachetools
 
 from .. import forks
-from . import headerwatch, scanmemo
+from . import digestmemo, headerwatch
 from .headerwatch import Subscription
 
 __all__ = [
@@ -48,9 +52,12 @@ __all__ = [
     "files_hashed",
     "is_racy",
     "known_file",
+    "load_files",
     "memoize",
     "memoized",
     "remember_file",
+    "resolve",
+    "save_files",
     "signature",
     "signature_of_stat",
     "validation_counts",
@@ -79,13 +86,13 @@ class FileInfo:
 
 @dataclasses.dataclass
 class ScanResult:
-    """One scan: persisted field by field (scanmemo), except the fields marked per-process."""
+    """One scan: what it read and probed, and how this process last validated it."""
 
     digest: bytes
     read_anything: bool
     checks: tuple[tuple[str, Signature], ...]
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
-    checked_at: float = dataclasses.field(metadata=scanmemo.PER_PROCESS)  # time.monotonic() of the last full re-stat
+    checked_at: float  # time.monotonic() of the last full re-stat
     headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
@@ -96,10 +103,9 @@ class ScanResult:
     #: ``(normpath, path)`` of each ``..`` include candidate also probed as text: how ``normpath`` was made
     textual: tuple[tuple[str, str], ...] = ()
     #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
-    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
-                                                   metadata=scanmemo.PER_PROCESS)
+    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)
     #: validations by stat in this process (the scan itself counts one): watched from the second on
-    validations: int = dataclasses.field(default=1, compare=False, kw_only=True, metadata=scanmemo.PER_PROCESS)
+    validations: int = dataclasses.field(default=1, compare=False, kw_only=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +123,25 @@ class ValidationCounts:
     paths_statted: int
 
 
-# path -> (signature, info, parsed); an LRU (reads reorder it), so read and written under _memo_lock
+class _ScanLRU(cachetools.LRUCache):  # type: ignore[type-arg]
+    """The scan memo: an LRU whose evicted scan releases its watch."""
+
+    def popitem(self) -> tuple[Any, ScanResult]:
+        key, result = super().popitem()
+        if result.watch is not None:
+            result.watch.release()
+        return key, result
+
+
+# path -> (signature, info, parsed); LRUs (reads reorder them), so read and written under _memo_lock
 _file_memo: cachetools.LRUCache[str, tuple[Signature, FileInfo, bool]] = cachetools.LRUCache(MAX_MEMO_FILES)
-_scan_memo: dict[tuple[Any, ...], ScanResult] = {}
+_scan_memo: _ScanLRU = _ScanLRU(MAX_MEMO_SCANS)
 _memo_lock = threading.Lock()
 _files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
 _by_stat = _by_watch = _paths_statted = 0  # see ValidationCounts
-_memo_stores: dict[str, scanmemo.ScanMemoStore] = {}
+_files_added = 0  # files memoized by this process: the file memo's generation
+#: memo directories used by this process -> the generation last saved there (or loaded: -1 if files came before)
+_memo_dirs: cachetools.LRUCache[str, int] = cachetools.LRUCache(64)
 
 
 def signature(path: str) -> Signature:
@@ -167,20 +185,19 @@ def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
 
 
 def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
-    """True if every directory still resolves where it did (no symlink on the way was retargeted).
+    """True if every directory still resolves where it did (no symlink on the way was retargeted)."""
+    no_link: dict[str, bool] = {"/": True}
+    return all(resolve(directory, no_link) == real for directory, real in real_checks)
 
-    Exactly ``os.path.realpath(directory) == real`` for each, but a directory recorded as its own
-    real path (the common case) is checked by an ``lstat`` of each of its components, each
-    component shared by several directories looked at once: ``realpath`` of a normalized absolute
-    path with no symbolic link on the way is that path. Where a link is found, ``realpath`` decides.
-    """
-    realpath = os.path.realpath
-    no_link: dict[str, bool] = {"/": True}  # directory -> no component of it is a symbolic link
-    for directory, real in real_checks:
-        if directory != real or not _is_plain_absolute(directory) or not _no_link_on_the_way(directory, no_link):
-            if realpath(directory) != real:
-                return False
-    return True
+
+def resolve(path: str, no_link: dict[str, bool]) -> str:
+    """Exactly ``os.path.realpath(path)``, but a path with no symbolic link on the way costs an ``lstat``
+    of each of its components, each shared by the paths resolved with the same ``no_link`` (start it as
+    ``{"/": True}``): ``realpath`` of a normalized absolute path with no link on the way is that path.
+    Where a link is found, ``realpath`` decides."""
+    if _is_plain_absolute(path) and _no_link_on_the_way(path, no_link):
+        return path
+    return os.path.realpath(path)
 
 
 def _is_plain_absolute(path: str) -> bool:
@@ -229,12 +246,55 @@ def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> 
     Settled: not rewritten while it was read (a stat after still gives ``sig``) and not modified
     within ``RACY_NS``. ``parse`` False: ``info`` has no includes; a later parse reads it again.
     """
-    global _files_hashed
+    global _files_hashed, _files_added
     _files_hashed += 1
     after = signature(path)
     if after == sig and not is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
             _file_memo[path] = (sig, info, parse)
+            _files_added += 1
+
+
+def load_files(memo_dir: str | os.PathLike[str] | None) -> None:
+    """Load the file memo persisted in ``memo_dir`` into this process's, once per process (cheap after)."""
+    if memo_dir is None:
+        return
+    directory = os.fspath(memo_dir)
+    if directory in _memo_dirs:
+        return
+    rows = digestmemo.load(directory)
+    with _memo_lock:
+        _memo_dirs[directory] = -1 if _files_added else 0
+        for path, sig, digest in rows:
+            if path not in _file_memo and not is_racy(sig):
+                _file_memo[path] = (sig, FileInfo(digest, ()), False)  # a scan that lexes it reads it then
+
+
+def save_files(memo_dir: str | os.PathLike[str] | None) -> None:
+    """Persist this process's file memo in ``memo_dir`` if it gained files since it was last saved there."""
+    if memo_dir is None:
+        return
+    directory = os.fspath(memo_dir)
+    load_files(directory)  # what is there first: a save merges, and the order puts this process's first
+    with _memo_lock:
+        added = _files_added
+        if _memo_dirs.get(directory) == added:
+            return
+        entries = list(_file_memo.items())
+    rows = [(path, sig, info.digest) for path, (sig, info, _) in reversed(entries)]  # the newest first
+    if digestmemo.save(directory, rows):
+        with _memo_lock:
+            _memo_dirs[directory] = added
+
+
+def _save_all_at_exit() -> None:
+    """Save the file memo in every directory used whose local cache directory is still there."""
+    for directory in list(_memo_dirs):
+        if os.path.isdir(os.path.dirname(os.path.abspath(directory))):
+            save_files(directory)
+
+
+atexit.register(_save_all_at_exit)
 
 
 _View = TypeVar("_View")
@@ -248,12 +308,14 @@ class ViewMemo(Generic[_View]):
     """
 
     def __init__(self) -> None:
-        self._views: dict[int, tuple[ScanResult, _View]] = {}  # by id(result); the result kept alive here
+        # by id(result), the result kept alive here (so its id is not reused); an LRU, under _memo_lock
+        self._views: cachetools.LRUCache[int, tuple[ScanResult, _View]] = cachetools.LRUCache(MAX_MEMO_SCANS)
         _view_memos.append(self)
 
     def get(self, result: ScanResult) -> _View | None:
         """The view remembered for ``result``, or None."""
-        hit = self._views.get(id(result))
+        with _memo_lock:
+            hit = self._views.get(id(result))
         if hit is not None and hit[0] is result:
             return hit[1]
         return None
@@ -261,8 +323,6 @@ class ViewMemo(Generic[_View]):
     def put(self, result: ScanResult, view: _View) -> None:
         """Remember ``view`` for ``result``."""
         with _memo_lock:
-            if len(self._views) >= MAX_MEMO_SCANS:
-                self._views.clear()
             self._views[id(result)] = (result, view)
 
     def clear(self) -> None:
@@ -273,69 +333,38 @@ class ViewMemo(Generic[_View]):
 _view_memos: list[ViewMemo[Any]] = []
 
 
-def memoized(
-    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None,
-    scanner_id: Callable[[], bytes | None],
-) -> ScanResult | None:
+def memoized(memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None) -> ScanResult | None:
     """The scan memoized for ``memo_key`` if it still stands, else None (scan again).
 
-    In this process: on inotify's word (plus a stat of what no watch covers), within
-    ``recheck_s`` of its last validation, or after validating it again. Else, from
-    ``memo_dir``: a scan an earlier process persisted under ``scanner_id()`` (the scanner's
-    code, asked only then; None: nothing is persisted), validated by stat before use.
+    On inotify's word (plus a stat of what no watch covers), within ``recheck_s`` of its
+    last validation, or after validating it again by stat. ``memo_dir``: the file memo
+    persisted there is loaded first (once per process), for the scan or direct-mode check
+    that follows a None.
     """
     global _by_watch
-    cached = _scan_memo.get(memo_key)
-    if cached is not None:
-        watch = cached.watch
-        if watch is not None and watch.current() and _unwatched_unchanged(watch):
-            _by_watch += 1
-            return cached
-        if watch is not None and watch.rescan:
-            return None  # a file appeared or went in a directory walked whole: scan it again
-        if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
-            return cached
+    load_files(memo_dir)
+    with _memo_lock:
+        cached = _scan_memo.get(memo_key)
+    if cached is None:
         return None
-    found = _persisted(memo_key, memo_dir, scanner_id)
-    if found is None:
-        return None
-    store, name = found
-    loaded = store.load(name, ScanResult, checked_at=0.0, validations=0)
-    if loaded is None or not _revalidate(loaded):
-        return None
-    _remember(memo_key, loaded)
-    return loaded
+    watch = cached.watch
+    if watch is not None and watch.current() and _unwatched_unchanged(watch):
+        _by_watch += 1
+        return cached
+    if watch is not None and watch.rescan:
+        return None  # a file appeared or went in a directory walked whole: scan it again
+    if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
+        return cached
+    return None
 
 
-def memoize(
-    memo_key: tuple[Any, ...], result: ScanResult | None, memo_dir: str | os.PathLike[str] | None,
-    scanner_id: Callable[[], bytes | None],
-) -> None:
-    """Remember a fresh scan here and in ``memo_dir``; None (a racy scan) forgets ``memo_key`` instead."""
+def memoize(memo_key: tuple[Any, ...], result: ScanResult | None, memo_dir: str | os.PathLike[str] | None) -> None:
+    """Remember a fresh scan here and the files it read in ``memo_dir``; None (a racy scan) forgets ``memo_key``."""
     if result is None:
         _forget(memo_key)
-        return
-    _remember(memo_key, result)
-    found = _persisted(memo_key, memo_dir, scanner_id)
-    if found is not None:
-        store, name = found
-        store.save(name, result)
-
-
-def _persisted(
-    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None, scanner_id: Callable[[], bytes | None]
-) -> tuple[scanmemo.ScanMemoStore, str] | None:
-    """The store and file name ``memo_key`` persists under, or None (no ``memo_dir``, or no scanner id)."""
-    if memo_dir is None:
-        return None
-    code_id = scanner_id()
-    if code_id is None:
-        return None
-    key = os.fspath(memo_dir)
-    store = _memo_stores.get(key)
-    if store is None:
-        store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
-    return store, scanmemo.memo_name(memo_key, code_id)
+    else:
+        _remember(memo_key, result)
+    save_files(memo_dir)
 
 
 def _unwatched_unchanged(watch: Subscription) -> bool:
@@ -384,10 +413,8 @@ def _revalidate(result: ScanResult) -> bool:
 
 def _remember(memo_key: tuple[Any, ...], result: ScanResult) -> None:
     with _memo_lock:
-        if len(_scan_memo) >= MAX_MEMO_SCANS:
-            _release_all()
         previous = _scan_memo.get(memo_key)
-        _scan_memo[memo_key] = result
+        _scan_memo[memo_key] = result  # past MAX_MEMO_SCANS the least recently used goes (its watch released)
     if previous is not None and previous is not result and previous.watch is not None:
         previous.watch.release()
 
@@ -400,10 +427,7 @@ def _forget(memo_key: tuple[Any, ...]) -> None:
 
 
 def _release_all() -> None:
-    """Drop every scan (memo lock held) and release their watches."""
-    for result in _scan_memo.values():
-        if result.watch is not None:
-            result.watch.release()
+    """Drop every scan (memo lock held); the LRU's eviction releases their watches."""
     _scan_memo.clear()
 
 
@@ -429,9 +453,11 @@ def files_hashed() -> int:
 
 
 def clear_memo() -> None:
-    """Forget every memoized file and scan (tests, or after remounting a header tree). Thread-safe."""
+    """Forget every memoized file and scan, as a new process starts (tests, or after remounting a header
+    tree): a memo directory is loaded again at its next use. Thread-safe."""
     with _memo_lock:
         _file_memo.clear()
+        _memo_dirs.clear()
         for views in _view_memos:
             views.clear()
         _release_all()
