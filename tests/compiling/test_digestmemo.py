@@ -71,7 +71,7 @@ def _memo_file(cache_dir: Path) -> Path:
 def test_a_new_process_on_the_node_hashes_no_header_and_compiles_nothing(tree, tmp_path):
     cache_dir = tmp_path / "cache"
     _compile(tree, cache_dir)
-    assert {row[0] for row in digestmemo.load(cache_dir / "header-scans")} == {
+    assert {row[0] for row in digestmemo.load(cache_dir / "header-scans").rows()} == {
         str(tree / "a.h"), str(tree / "sub" / "b.h"), str(tree / "sub" / "c.h")}
     assert _new_process(tree, cache_dir) == [0, 0, 1]  # the local direct manifest's set, checked by stat
 
@@ -184,7 +184,7 @@ def test_a_bad_memo_file_is_ignored_whole_and_replaced(tree, tmp_path, damage):
     _compile(tree, cache_dir)
     path = _memo_file(cache_dir)
     damage(path)
-    assert digestmemo.load(cache_dir / "header-scans") == []
+    assert len(digestmemo.load(cache_dir / "header-scans")) == 0
     headermemo.clear_memo()  # as in a new process
     hashed = headermemo.files_hashed()
     with tpc.TieredProgramCache(cache_dir) as cache:
@@ -202,7 +202,7 @@ def test_a_fresh_header_is_never_recorded_nor_trusted_from_a_planted_row(tree, t
     assert headermemo.is_racy(sig)
     true_digest = file_digest(fresh, sig)
     headermemo.save_files(memo_dir)
-    assert digestmemo.load(memo_dir) == []  # never recorded
+    assert len(digestmemo.load(memo_dir)) == 0  # never recorded
     assert digestmemo.save(memo_dir, [(fresh, sig, b"\xff" * 32)])  # planted, with its very stat
     headermemo.clear_memo()
     headermemo.load_files(memo_dir)
@@ -237,15 +237,15 @@ def test_a_save_keeps_its_own_rows_first_then_those_on_disk_up_to_max_entries(tm
     a, b, c, d = _rows(tmp_path, "abcd")
     assert digestmemo.save(tmp_path / "m", [a, b])
     assert digestmemo.save(tmp_path / "m", [c, d, a])  # a again: once, where this save puts it
-    assert [r[0] for r in digestmemo.load(tmp_path / "m")] == [c[0], d[0], a[0]]
-    assert digestmemo.load(tmp_path / "m") == [c, d, a]  # every field read back exactly
+    assert [r[0] for r in digestmemo.load(tmp_path / "m").rows()] == [c[0], d[0], a[0]]
+    assert digestmemo.load(tmp_path / "m").rows() == [c, d, a]  # every field read back exactly
 
 
 def test_a_save_over_max_file_bytes_keeps_the_newest_rows_within_it(tmp_path, monkeypatch):
     monkeypatch.setattr(digestmemo, "MAX_FILE_BYTES", 2048)
     rows = [(str(tmp_path / ("x" * 100 + str(i))), ("f", i, 1, 1, 1), b"\1" * 32) for i in range(40)]
     assert digestmemo.save(tmp_path / "m", rows)
-    kept = digestmemo.load(tmp_path / "m")
+    kept = digestmemo.load(tmp_path / "m").rows()
     assert os.path.getsize(digestmemo.memo_path(tmp_path / "m")) <= 2048
     assert 0 < len(kept) < 40 and kept == rows[: len(kept)]
 

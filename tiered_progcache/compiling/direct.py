@@ -55,7 +55,7 @@ from cuda.core.utils import make_program_cache_key
 from ..chain.stats import MetadataKey
 from ..stores.kinds import DIRECT_MAGIC
 from . import keys
-from .headermemo import ScanResult, is_racy, resolve, signature
+from .headermemo import ScanResult, is_racy, known_digests, resolve, signature, signature_of_stat
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
 from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate, path_list
 
@@ -705,18 +705,25 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         real_checks.append((directory, real))
     paths, covered = [], {}
     mask_of = _file_masks(roots, keep)
+    found_files = []
+    stat_ = os.stat
     for index, rel, digest, mask in one["files"]:
         path = _place(index, rel, roots)
         if mask_of(path) != mask:
             return None
-        sig = signature(path)
-        if sig is None or sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
+        try:
+            sig = signature_of_stat(stat_(path))
+        except OSError:
             return None
-        found = file_digest(path, sig)
+        if sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
+            return None
+        found_files.append((path, sig))
+        paths.append((path, digest))
+    for (path, sig), known, (_, digest) in zip(found_files, known_digests(found_files), paths):
+        found = known if known is not None else file_digest(path, sig)  # hashed only where not known
         if found is None or found.hex() != digest:
             return None
-        checks.append((path, sig))
-        paths.append((path, digest))
+    checks.extend(found_files)
     places = _covered([p for p, _ in paths], dict(real_checks), roots, options)
     if places is None:
         return None

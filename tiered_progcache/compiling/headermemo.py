@@ -31,6 +31,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar, Union
 
 import cachetools
@@ -51,6 +52,7 @@ __all__ = [
     "clear_memo",
     "files_hashed",
     "is_racy",
+    "known_digests",
     "known_file",
     "load_files",
     "memoize",
@@ -142,6 +144,8 @@ _by_stat = _by_watch = _paths_statted = 0  # see ValidationCounts
 _files_added = 0  # files memoized by this process: the file memo's generation
 #: memo directories used by this process -> the generation last saved there (or loaded: -1 if files came before)
 _memo_dirs: cachetools.LRUCache[str, int] = cachetools.LRUCache(64)
+#: the rows loaded from each of those directories, looked up where this process's memo has no entry
+_loaded: cachetools.LRUCache[str, digestmemo.Persisted] = cachetools.LRUCache(64)
 
 
 def signature(path: str) -> Signature:
@@ -232,12 +236,49 @@ def is_racy(sig: Signature) -> bool:
 
 
 def known_file(path: str, sig: Signature, *, parse: bool) -> FileInfo | None:
-    """The memoized digest of ``path`` if ``sig`` is still its signature (with its includes, if ``parse``)."""
+    """The memoized digest of ``path`` if ``sig`` is still its signature (with its includes, if ``parse``):
+    this process's, else (a digest alone) a loaded memo directory's row recorded with that very ``sig``."""
     with _memo_lock:
         cached = _file_memo.get(path)
+        if cached is None and not parse and _loaded:
+            cached = _from_disk(path, sig)
     if cached is not None and cached[0] == sig and (cached[2] or not parse):
         return cached[1]
     return None
+
+
+def _from_disk(path: str, sig: Signature) -> tuple[Signature, FileInfo, bool] | None:
+    """A loaded row for ``path`` with signature ``sig`` (memo lock held; the rows stay where they are,
+    and are saved again with the directory's next save)."""
+    for directory in list(_loaded):
+        row = _loaded[directory].get(path)
+        if row is not None and row[0] == sig and not is_racy(sig):
+            return sig, FileInfo(row[1], ()), False
+    return None
+
+
+def known_digests(files: Sequence[tuple[str, Signature]]) -> list[bytes | None]:
+    """:func:`known_file`'s digest (or None) for each ``(path, signature)``, under one lock: a direct-mode
+    check looks up a CUB kernel's ~600 headers at once."""
+    out: list[bytes | None] = []
+    append = out.append
+    deadline = time.time_ns() - RACY_NS
+    with _memo_lock:
+        get = _file_memo.get
+        loaded = [_loaded[d] for d in list(_loaded)]
+        for path, sig in files:
+            cached = get(path)
+            if cached is not None:
+                append(cached[1].digest if cached[0] == sig else None)
+                continue
+            for persisted in loaded:  # as _from_disk, with the racy deadline taken once
+                row = persisted.get(path)
+                if row is not None and row[0] == sig and sig is not None and sig[0] == "f" and sig[3] <= deadline:
+                    append(row[1])
+                    break
+            else:
+                append(None)
+    return out
 
 
 def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> None:
@@ -256,18 +297,17 @@ def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> 
 
 
 def load_files(memo_dir: str | os.PathLike[str] | None) -> None:
-    """Load the file memo persisted in ``memo_dir`` into this process's, once per process (cheap after)."""
+    """Load the file memo persisted in ``memo_dir`` for this process's lookups, once per process (cheap after)."""
     if memo_dir is None:
         return
     directory = os.fspath(memo_dir)
     if directory in _memo_dirs:
         return
-    rows = digestmemo.load(directory)
+    persisted = digestmemo.load(directory)
     with _memo_lock:
         _memo_dirs[directory] = -1 if _files_added else 0
-        for path, sig, digest in rows:
-            if path not in _file_memo and not is_racy(sig):
-                _file_memo[path] = (sig, FileInfo(digest, ()), False)  # a scan that lexes it reads it then
+        if len(persisted):
+            _loaded[directory] = persisted
 
 
 def save_files(memo_dir: str | os.PathLike[str] | None) -> None:
@@ -458,6 +498,7 @@ def clear_memo() -> None:
     with _memo_lock:
         _file_memo.clear()
         _memo_dirs.clear()
+        _loaded.clear()
         for views in _view_memos:
             views.clear()
         _release_all()
