@@ -15,10 +15,10 @@ inotify vouching for the headers (the default where it is available), and with t
 stat path (every probed path re-statted on every call), side by side.
 
 Part 3: the first ``compile()`` hit of a ``cub::BlockReduce`` kernel in a FRESH process
-(a spawned interpreter; the entry and its direct manifest are in the local directory
-already), with the file digest memo an earlier process saved in ``<dir>/header-scans`` and
-without it (the directory removed before each run), alternately; and, in separate
-processes, how much of that first hit is the key itself (``direct.compile_key``).
+(a spawned interpreter; the entry is in the local directory already), with the header
+scan persisted in ``<dir>/header-scans`` by an earlier process and without it (the
+directory removed before each run), alternately; and, in separate processes, how much
+of that first hit is ``header_digest`` itself.
 
 Part 4: where a cold scan's time goes: for each CCCL kernel, the files read and paths
 probed, and, over those files, reading + hashing against parsing for includes. (The
@@ -177,14 +177,13 @@ _FRESH_CHILD = r"""
 import json, sys, time
 from cuda.core import ProgramOptions
 import tiered_progcache as tpc
-from tiered_progcache.compiling import direct, headermemo
+from tiered_progcache.compiling import headermemo, headerscan
 cache_dir, cccl, source, what = sys.argv[1:5]
 options = ProgramOptions(arch="sm_90", std="c++17", include_path=[cccl])
 cache = tpc.TieredProgramCache(cache_dir)
 started = time.perf_counter()
 if what == "digest":
-    direct.compile_key(cache, source, "c++", options, "cubin",
-                       memo_dir=cache.local_store.header_scans_dir)  # the key compile() makes
+    headerscan.header_scan(source, options, memo_dir=cache.local_store.header_scans_dir)  # the scan compile() makes
 else:
     tpc.compile(source, "c++", options, cache=cache)
 ms = (time.perf_counter() - started) * 1e3
@@ -216,12 +215,12 @@ def fresh_process_first_hit(repeat: int) -> list[tuple[str, float, int, int]] | 
                 for persisted in (True, False):
                     if not persisted:
                         shutil.rmtree(scans, ignore_errors=True)
-                    results.setdefault((what, persisted), []).append(child(what))  # (re)writes it at exit
+                    results.setdefault((what, persisted), []).append(child(what))  # (re)writes the memo
     rows = []
     for (what, persisted), runs in results.items():
         ms = statistics.median(r[0] for r in runs)
-        label = ("first compile() hit" if what == "compile" else "  of which the key") + (
-            ", digest memo on the node" if persisted else ", no digest memo")
+        label = ("first compile() hit" if what == "compile" else "  of which the header scan") + (
+            ", scan persisted" if persisted else ", no persisted scan")
         rows.append((label, ms, max(r[1] for r in runs), max(r[2] for r in runs)))
     return rows
 

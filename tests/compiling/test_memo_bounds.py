@@ -103,10 +103,10 @@ def test_the_scan_memo_forgets_the_least_recently_used_scan_only_and_releases_it
     watches = {name: _Watch() for name in "abc"}
     for name, result in scans.items():
         result.watch = watches[name]  # type: ignore[assignment]
-    headermemo.memoize(("a",), scans["a"], None)
-    headermemo.memoize(("b",), scans["b"], None)
+    headermemo.memoize(("a",), scans["a"], None, lambda: None)
+    headermemo.memoize(("b",), scans["b"], None, lambda: None)
     assert headermemo._scan_memo.get(("a",)) is scans["a"]  # now the most recently used
-    headermemo.memoize(("c",), scans["c"], None)  # the bound: b goes, and only b
+    headermemo.memoize(("c",), scans["c"], None, lambda: None)  # the bound: b goes, and only b
     assert set(headermemo._scan_memo) == {("a",), ("c",)}
     assert [watches[n].released for n in "abc"] == [0, 1, 0]
 

@@ -1,26 +1,25 @@
-"""The one memo of what was read: header file digests validated by stat, persisted per node; and scans, watched.
+"""What this process remembers of header scans, and when a stat or inotify vouches for it.
 
-File digests (and, within a process, the includes the lexer found) are memoized by path and validated by
-``(inode, size, mtime_ns, ctime_ns)`` (:func:`signature`); a file modified within
-``RACY_NS`` of its read is not memoized (two edits within one coarse clock tick can leave
-its stat unchanged), so it is read again on every call. With ``memo_dir`` (``compile()``
-passes the local cache directory's ``header-scans/``) that memo is loaded once per process
-and saved after a scan and at exit (:mod:`.digestmemo`): a new process on the node hashes
-no file it finds with the recorded stat.
+:mod:`.headerscan` walks the include graph; this module keeps what the walk found so a warm
+call reads nothing. File digests are memoized by ``(path, inode, size, mtime_ns,
+ctime_ns)`` (:func:`signature`), and a whole scan (:class:`ScanResult`) with the list of
+paths it probed. A warm call asks :mod:`.headerwatch` whether inotify saw anything the scan
+depends on change (one ``poll(2)``, no stat); where inotify is unavailable or not trusted
+(a network filesystem) it re-stats those paths instead (about a microsecond each). Either
+way it hashes nothing. Before inotify vouches for a scan it is validated by stat once: at
+its second use in the process, after an event on something it depends on, and when it is
+loaded from disk (then by stat alone). A file modified in the last ``RACY_NS`` is hashed
+on every call: two edits within one coarse clock tick can leave its stat unchanged.
 
-A scan (:class:`ScanResult`, what :mod:`.headerscan` walked or :mod:`.direct` verified) is
-remembered in this process with the paths it probed, so a warm call reads nothing: it asks
-:mod:`.headerwatch` whether inotify saw anything the scan depends on change (one
-``poll(2)``, no stat), or where inotify is unavailable or not trusted (a network
-filesystem) re-stats those paths (about a microsecond each). Before inotify vouches for a
-scan it is validated by stat once: at its second use, and after an event on something it
-depends on. Across processes no scan is kept: the node's direct manifest (in the local
-tier) gives the next process the header set, verified by stat against the file memo.
+Across processes: with ``memo_dir`` (``compile()`` passes the local cache directory's
+``header-scans/``) a scan is persisted by :mod:`.scanmemo`, and a new process loads and
+validates it instead of scanning again. A scan that :mod:`.direct` verified from a
+manifest is persisted too, at exit (:func:`persist_at_exit`): not on the hit's path.
 
-Bounds: :data:`MAX_MEMO_FILES` files and :data:`MAX_MEMO_SCANS` scans, least recently used
-forgotten first (``cachetools``). Thread-safe: the memos change under one lock (made anew
-in a forked child); the counters behind :func:`validation_counts` and :func:`files_hashed`
-are read without it.
+Bounds: :data:`MAX_MEMO_FILES` files and :data:`MAX_MEMO_SCANS` scans (and views of them),
+least recently used forgotten first (``cachetools``; an evicted scan's watch released).
+Thread-safe: the memos change under one lock (made anew in a forked child); the counters
+behind :func:`validation_counts` and :func:`files_hashed` are read without it.
 """
 
 from __future__ import annotations
@@ -31,13 +30,13 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar, Union
 
 import cachetools
 
 from .. import forks
-from . import digestmemo, headerwatch
+from . import headerwatch, scanmemo
 from .headerwatch import Subscription
 
 __all__ = [
@@ -52,14 +51,13 @@ __all__ = [
     "clear_memo",
     "files_hashed",
     "is_racy",
-    "known_digests",
     "known_file",
-    "load_files",
     "memoize",
     "memoized",
+    "persist_at_exit",
+    "register_scanner",
     "remember_file",
     "resolve",
-    "save_files",
     "signature",
     "signature_of_stat",
     "validation_counts",
@@ -88,13 +86,13 @@ class FileInfo:
 
 @dataclasses.dataclass
 class ScanResult:
-    """One scan: what it read and probed, and how this process last validated it."""
+    """One scan: persisted field by field (scanmemo), except the fields marked per-process."""
 
     digest: bytes
     read_anything: bool
     checks: tuple[tuple[str, Signature], ...]
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
-    checked_at: float  # time.monotonic() of the last full re-stat
+    checked_at: float = dataclasses.field(metadata=scanmemo.PER_PROCESS)  # time.monotonic() of the last full re-stat
     headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
@@ -105,9 +103,10 @@ class ScanResult:
     #: ``(normpath, path)`` of each ``..`` include candidate also probed as text: how ``normpath`` was made
     textual: tuple[tuple[str, str], ...] = ()
     #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
-    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)
+    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
+                                                   metadata=scanmemo.PER_PROCESS)
     #: validations by stat in this process (the scan itself counts one): watched from the second on
-    validations: int = dataclasses.field(default=1, compare=False, kw_only=True)
+    validations: int = dataclasses.field(default=1, compare=False, kw_only=True, metadata=scanmemo.PER_PROCESS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,14 +137,12 @@ class _ScanLRU(cachetools.LRUCache):  # type: ignore[type-arg]
 # path -> (signature, info, parsed); LRUs (reads reorder them), so read and written under _memo_lock
 _file_memo: cachetools.LRUCache[str, tuple[Signature, FileInfo, bool]] = cachetools.LRUCache(MAX_MEMO_FILES)
 _scan_memo: _ScanLRU = _ScanLRU(MAX_MEMO_SCANS)
+#: scans to persist at exit: memo key -> (result, memo_dir)
+_at_exit: cachetools.LRUCache[tuple[Any, ...], tuple[ScanResult, str]] = cachetools.LRUCache(MAX_MEMO_SCANS)
 _memo_lock = threading.Lock()
 _files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
 _by_stat = _by_watch = _paths_statted = 0  # see ValidationCounts
-_files_added = 0  # files memoized by this process: the file memo's generation
-#: memo directories used by this process -> the generation last saved there (or loaded: -1 if files came before)
-_memo_dirs: cachetools.LRUCache[str, int] = cachetools.LRUCache(64)
-#: the rows loaded from each of those directories, looked up where this process's memo has no entry
-_loaded: cachetools.LRUCache[str, digestmemo.Persisted] = cachetools.LRUCache(64)
+_memo_stores: dict[str, scanmemo.ScanMemoStore] = {}
 
 
 def signature(path: str) -> Signature:
@@ -236,49 +233,12 @@ def is_racy(sig: Signature) -> bool:
 
 
 def known_file(path: str, sig: Signature, *, parse: bool) -> FileInfo | None:
-    """The memoized digest of ``path`` if ``sig`` is still its signature (with its includes, if ``parse``):
-    this process's, else (a digest alone) a loaded memo directory's row recorded with that very ``sig``."""
+    """The memoized digest of ``path`` if ``sig`` is still its signature (with its includes, if ``parse``)."""
     with _memo_lock:
         cached = _file_memo.get(path)
-        if cached is None and not parse and _loaded:
-            cached = _from_disk(path, sig)
     if cached is not None and cached[0] == sig and (cached[2] or not parse):
         return cached[1]
     return None
-
-
-def _from_disk(path: str, sig: Signature) -> tuple[Signature, FileInfo, bool] | None:
-    """A loaded row for ``path`` with signature ``sig`` (memo lock held; the rows stay where they are,
-    and are saved again with the directory's next save)."""
-    for directory in list(_loaded):
-        row = _loaded[directory].get(path)
-        if row is not None and row[0] == sig and not is_racy(sig):
-            return sig, FileInfo(row[1], ()), False
-    return None
-
-
-def known_digests(files: Sequence[tuple[str, Signature]]) -> list[bytes | None]:
-    """:func:`known_file`'s digest (or None) for each ``(path, signature)``, under one lock: a direct-mode
-    check looks up a CUB kernel's ~600 headers at once."""
-    out: list[bytes | None] = []
-    append = out.append
-    deadline = time.time_ns() - RACY_NS
-    with _memo_lock:
-        get = _file_memo.get
-        loaded = [_loaded[d] for d in list(_loaded)]
-        for path, sig in files:
-            cached = get(path)
-            if cached is not None:
-                append(cached[1].digest if cached[0] == sig else None)
-                continue
-            for persisted in loaded:  # as _from_disk, with the racy deadline taken once
-                row = persisted.get(path)
-                if row is not None and row[0] == sig and sig is not None and sig[0] == "f" and sig[3] <= deadline:
-                    append(row[1])
-                    break
-            else:
-                append(None)
-    return out
 
 
 def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> None:
@@ -287,54 +247,12 @@ def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> 
     Settled: not rewritten while it was read (a stat after still gives ``sig``) and not modified
     within ``RACY_NS``. ``parse`` False: ``info`` has no includes; a later parse reads it again.
     """
-    global _files_hashed, _files_added
+    global _files_hashed
     _files_hashed += 1
     after = signature(path)
     if after == sig and not is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
             _file_memo[path] = (sig, info, parse)
-            _files_added += 1
-
-
-def load_files(memo_dir: str | os.PathLike[str] | None) -> None:
-    """Load the file memo persisted in ``memo_dir`` for this process's lookups, once per process (cheap after)."""
-    if memo_dir is None:
-        return
-    directory = os.fspath(memo_dir)
-    if directory in _memo_dirs:
-        return
-    persisted = digestmemo.load(directory)
-    with _memo_lock:
-        _memo_dirs[directory] = -1 if _files_added else 0
-        if len(persisted):
-            _loaded[directory] = persisted
-
-
-def save_files(memo_dir: str | os.PathLike[str] | None) -> None:
-    """Persist this process's file memo in ``memo_dir`` if it gained files since it was last saved there."""
-    if memo_dir is None:
-        return
-    directory = os.fspath(memo_dir)
-    load_files(directory)  # what is there first: a save merges, and the order puts this process's first
-    with _memo_lock:
-        added = _files_added
-        if _memo_dirs.get(directory) == added:
-            return
-        entries = list(_file_memo.items())
-    rows = [(path, sig, info.digest) for path, (sig, info, _) in reversed(entries)]  # the newest first
-    if digestmemo.save(directory, rows):
-        with _memo_lock:
-            _memo_dirs[directory] = added
-
-
-def _save_all_at_exit() -> None:
-    """Save the file memo in every directory used whose local cache directory is still there."""
-    for directory in list(_memo_dirs):
-        if os.path.isdir(os.path.dirname(os.path.abspath(directory))):
-            save_files(directory)
-
-
-atexit.register(_save_all_at_exit)
 
 
 _View = TypeVar("_View")
@@ -373,38 +291,96 @@ class ViewMemo(Generic[_View]):
 _view_memos: list[ViewMemo[Any]] = []
 
 
-def memoized(memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None) -> ScanResult | None:
+def memoized(
+    memo_key: tuple[Any, ...], recheck_s: float, memo_dir: str | os.PathLike[str] | None,
+    scanner_id: Callable[[], bytes | None],
+) -> ScanResult | None:
     """The scan memoized for ``memo_key`` if it still stands, else None (scan again).
 
-    On inotify's word (plus a stat of what no watch covers), within ``recheck_s`` of its
-    last validation, or after validating it again by stat. ``memo_dir``: the file memo
-    persisted there is loaded first (once per process), for the scan or direct-mode check
-    that follows a None.
+    In this process: on inotify's word (plus a stat of what no watch covers), within
+    ``recheck_s`` of its last validation, or after validating it again. Else, from
+    ``memo_dir``: a scan an earlier process persisted under ``scanner_id()`` (the scanner's
+    code, asked only then; None: nothing is persisted), validated by stat before use.
     """
     global _by_watch
-    load_files(memo_dir)
     with _memo_lock:
         cached = _scan_memo.get(memo_key)
-    if cached is None:
+    if cached is not None:
+        watch = cached.watch
+        if watch is not None and watch.current() and _unwatched_unchanged(watch):
+            _by_watch += 1
+            return cached
+        if watch is not None and watch.rescan:
+            return None  # a file appeared or went in a directory walked whole: scan it again
+        if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
+            return cached
         return None
-    watch = cached.watch
-    if watch is not None and watch.current() and _unwatched_unchanged(watch):
-        _by_watch += 1
-        return cached
-    if watch is not None and watch.rescan:
-        return None  # a file appeared or went in a directory walked whole: scan it again
-    if (recheck_s > 0 and time.monotonic() - cached.checked_at < recheck_s) or _revalidate(cached):
-        return cached
-    return None
+    found = _persisted(memo_key, memo_dir, scanner_id)
+    if found is None:
+        return None
+    store, name = found
+    loaded = store.load(name, ScanResult, checked_at=0.0, validations=0)
+    if loaded is None or not _revalidate(loaded):
+        return None
+    _remember(memo_key, loaded)
+    return loaded
 
 
-def memoize(memo_key: tuple[Any, ...], result: ScanResult | None, memo_dir: str | os.PathLike[str] | None) -> None:
-    """Remember a fresh scan here and the files it read in ``memo_dir``; None (a racy scan) forgets ``memo_key``."""
+def memoize(
+    memo_key: tuple[Any, ...], result: ScanResult | None, memo_dir: str | os.PathLike[str] | None,
+    scanner_id: Callable[[], bytes | None],
+) -> None:
+    """Remember a fresh scan here and in ``memo_dir``; None (a racy scan) forgets ``memo_key`` instead."""
     if result is None:
         _forget(memo_key)
-    else:
-        _remember(memo_key, result)
-    save_files(memo_dir)
+        return
+    _remember(memo_key, result)
+    found = _persisted(memo_key, memo_dir, scanner_id)
+    if found is not None:
+        store, name = found
+        store.save(name, result)
+
+
+def persist_at_exit(memo_key: tuple[Any, ...], result: ScanResult, memo_dir: str | os.PathLike[str] | None) -> None:
+    """Remember a scan here now and persist it in ``memo_dir`` when the process exits (a verified
+    direct-mode set: its hit does not pay the write; a process killed first only costs the next one that check)."""
+    _remember(memo_key, result)
+    if memo_dir is not None:
+        with _memo_lock:
+            _at_exit[memo_key] = (result, os.fspath(memo_dir))
+
+
+def _persist_pending(scanner_id: Callable[[], bytes | None]) -> None:
+    """Persist the scans :func:`persist_at_exit` kept whose local cache directory is still there."""
+    with _memo_lock:
+        pending = list(_at_exit.items())
+        _at_exit.clear()
+    for memo_key, (result, memo_dir) in pending:
+        if os.path.isdir(os.path.dirname(os.path.abspath(memo_dir))):
+            found = _persisted(memo_key, memo_dir, scanner_id)
+            if found is not None:
+                found[0].save(found[1], result)
+
+
+def register_scanner(scanner_id: Callable[[], bytes | None]) -> None:
+    """Have the scans kept for exit persisted under ``scanner_id()`` (:mod:`.headerscan` registers its own)."""
+    atexit.register(_persist_pending, scanner_id)
+
+
+def _persisted(
+    memo_key: tuple[Any, ...], memo_dir: str | os.PathLike[str] | None, scanner_id: Callable[[], bytes | None]
+) -> tuple[scanmemo.ScanMemoStore, str] | None:
+    """The store and file name ``memo_key`` persists under, or None (no ``memo_dir``, or no scanner id)."""
+    if memo_dir is None:
+        return None
+    code_id = scanner_id()
+    if code_id is None:
+        return None
+    key = os.fspath(memo_dir)
+    store = _memo_stores.get(key)
+    if store is None:
+        store = _memo_stores.setdefault(key, scanmemo.ScanMemoStore(key))
+    return store, scanmemo.memo_name(memo_key, code_id)
 
 
 def _unwatched_unchanged(watch: Subscription) -> bool:
@@ -493,12 +469,10 @@ def files_hashed() -> int:
 
 
 def clear_memo() -> None:
-    """Forget every memoized file and scan, as a new process starts (tests, or after remounting a header
-    tree): a memo directory is loaded again at its next use. Thread-safe."""
+    """Forget every memoized file and scan (tests, or after remounting a header tree). Thread-safe."""
     with _memo_lock:
         _file_memo.clear()
-        _memo_dirs.clear()
-        _loaded.clear()
+        _at_exit.clear()
         for views in _view_memos:
             views.clear()
         _release_all()

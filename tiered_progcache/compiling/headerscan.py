@@ -43,7 +43,7 @@ digest. What lies under no root keeps its absolute path and the scan says so
 
 Lexing is :mod:`.headerlex`'s (directives on preprocessor tokens, the macros computed
 includes go through); what a warm call may skip, and how a memoized scan is validated
-(a stat, or inotify's word), and the file memo persisted per node, is :mod:`.headermemo`'s.
+(a stat, or inotify's word) and persisted, is :mod:`.headermemo`'s.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ from .headermemo import (
     remember_file,
     signature,
 )
+from ..stores.ratelimit import log_once
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -665,9 +666,8 @@ def header_digest(
     without looking again (0, the default: every call looks, so an edited header is
     seen at once; with inotify that costs one ``poll(2)``, without it a stat per header).
 
-    ``memo_dir``: a directory where the file memo (digests and includes, stat-validated)
-    persists for the next process (``compile()`` passes ``<local cache dir>/header-scans``);
-    None keeps it in this process only.
+    ``memo_dir``: a directory where scans persist for the next process (``compile()``
+    passes ``<local cache dir>/header-scans``); None keeps the memo in this process only.
 
     Thread-safe and process-safe: it only reads headers (and writes ``memo_dir``
     atomically); a racing writer at worst causes a rehash. The working directory and include
@@ -759,7 +759,7 @@ def _scan(
         raise TypeError(f"source must be str or bytes, got {type(source).__name__}")
 
     memo_key = _memo_key(source, options, portable)
-    cached = memoized(memo_key, recheck_s, memo_dir)
+    cached = memoized(memo_key, recheck_s, memo_dir, _scanner_id)
     if cached is not None:
         return cached
     if memo_only:
@@ -822,7 +822,7 @@ def _scan_now(
         tuple(sorted(scan.textual.items())),
     )
 
-    memoize(memo_key, None if scan.racy else result, memo_dir)
+    memoize(memo_key, None if scan.racy else result, memo_dir, _scanner_id)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))
@@ -839,8 +839,35 @@ def scans_run() -> int:
     return _scans_run
 
 
-def adopt_scan(source: str | bytes, options: Any, portable: bool, result: ScanResult) -> None:
-    """Memoize in this process a scan result made elsewhere (:mod:`.direct`'s verified set), as a scan would.
+def adopt_scan(source: str | bytes, options: Any, portable: bool, result: ScanResult,
+               memo_dir: str | os.PathLike[str] | None = None) -> None:
+    """Memoize a scan result made elsewhere (:mod:`.direct`'s verified set) as a scan would: here now,
+    and in ``memo_dir`` at exit (so the next process on the node validates it by stat, hashing nothing)."""
+    headermemo.persist_at_exit(_memo_key(source, options, portable), result, memo_dir)
 
-    The files it hashed are saved in the memo directory at exit, or with the next scan: not on the hit's path."""
-    memoize(_memo_key(source, options, portable), result, None)
+
+_scanner_id_value: bytes | None = None
+
+
+def _scanner_id() -> bytes | None:
+    """The scanner's own code, hashed: a memo persisted by another version of it is never read.
+
+    The code is the lexer's, this module's and the memo's (what a scan finds, and what it records).
+    None (nothing persisted, logged once) where a module's file cannot be read (a zip import).
+    """
+    global _scanner_id_value
+    if _scanner_id_value is None:
+        hasher = hashlib.sha256(usedforsecurity=False)
+        try:
+            for module_file in (headerlex.__file__, __file__, headermemo.__file__):
+                with open(module_file, "rb") as fh:
+                    code = fh.read()
+                hasher.update(len(code).to_bytes(8, "big") + code)
+            _scanner_id_value = hasher.digest()
+        except OSError as exc:
+            log_once(logger, "no-scanner-id", logging.INFO, "header scans are not persisted: %s", exc)
+            _scanner_id_value = b""
+    return _scanner_id_value or None
+
+
+headermemo.register_scanner(_scanner_id)

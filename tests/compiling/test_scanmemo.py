@@ -1,0 +1,442 @@
+"""Header scans persisted in the local cache directory: a new process validates one instead of scanning.
+
+Real processes (subprocess) play the new process; ``headermemo.files_hashed()`` in it says
+whether it read headers. A bad memo file is planted on disk, never simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from cuda.core import ProgramOptions
+from cuda.core.utils import InMemoryProgramCache
+
+import tiered_progcache as tpc
+from tiered_progcache.compiling import headermemo, scanmemo
+from tiered_progcache.compiling.headerscan import header_digest
+from tiered_progcache.compiling.scanmemo import ScanMemoStore
+
+from header_support import SRC, fresh_header_memo  # noqa: F401  (autouse)
+from header_support import write_header as _write
+from support import options as _opts
+
+ARCH = "sm_90"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    inc = tmp_path / "inc"
+    _write(inc / "a.h", '#pragma once\n#include "sub/b.h"\n#define A_VAL (B_VAL + 1)\n')
+    _write(inc / "sub" / "b.h", '#pragma once\n#include "c.h"\n#define B_VAL (C_VAL * 2)\n')
+    _write(inc / "sub" / "c.h", "#pragma once\n#define C_VAL 3\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return inc
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from cuda.core import ProgramOptions
+    from tiered_progcache.compiling import headermemo, headerscan
+    inc, memo_dir, src = sys.argv[1], sys.argv[2], sys.argv[3]
+    digest = headerscan.header_digest(src, ProgramOptions(arch="sm_90", include_path=[inc]), memo_dir=memo_dir)
+    print(json.dumps([digest.hex(), headermemo.files_hashed(), headermemo.validation_counts().by_stat]))
+    """
+)
+
+
+def _in_new_process(inc: Path, memo_dir: Path) -> tuple[str, int, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(inc), str(memo_dir), SRC], check=True, capture_output=True, text=True,
+        cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    ).stdout
+    digest, hashed, by_stat = json.loads(out)
+    return digest, hashed, by_stat
+
+
+def _memo_files(memo_dir: Path) -> list[Path]:
+    return sorted(memo_dir.glob("*.json"))
+
+
+# -- across processes ------------------------------------------------------------------------------
+
+
+def test_a_new_process_gets_the_digest_without_reading_a_header(tree, tmp_path):
+    memo_dir = tmp_path / "cache" / "header-scans"
+    digest = header_digest(SRC, _opts(tree), memo_dir=memo_dir)
+    assert len(_memo_files(memo_dir)) == 1
+    assert _in_new_process(tree, memo_dir) == (digest.hex(), 0, 1)  # validated by stat once, nothing read
+
+
+def test_an_edit_between_processes_is_seen(tree, tmp_path):
+    memo_dir = tmp_path / "cache" / "header-scans"
+    digest = header_digest(SRC, _opts(tree), memo_dir=memo_dir)
+    path = tree / "sub" / "c.h"
+    st = os.stat(path)
+    path.write_text("#pragma once\n#define C_VAL 4\n")  # same size; mtime put back: only ctime tells
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    child_digest, hashed, _ = _in_new_process(tree, memo_dir)
+    assert child_digest != digest.hex() and hashed == 3  # a.h, b.h, c.h scanned again
+    assert _in_new_process(tree, memo_dir) == (child_digest, 0, 1)  # ...and the new scan persisted
+
+
+def test_compile_persists_scans_in_the_local_directory_and_a_new_process_compiles_nothing(tree, tmp_path):
+    cache_dir = tmp_path / "cache"
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert len(_memo_files(cache_dir / "header-scans")) == 1
+    child = textwrap.dedent(
+        """
+        import json, sys
+        from cuda.core import ProgramOptions
+        import tiered_progcache as tpc
+        from tiered_progcache.compiling import headermemo
+        with tpc.TieredProgramCache(sys.argv[2]) as cache:
+            tpc.compile(sys.argv[3], "c++", ProgramOptions(arch="sm_90", include_path=[sys.argv[1]]), cache=cache)
+        print(json.dumps([tpc.compile_count(), headermemo.files_hashed()]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", child, str(tree), str(cache_dir), SRC], check=True,
+                         capture_output=True, text=True, cwd=os.getcwd(),
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout
+    assert json.loads(out) == [0, 0]
+
+
+def test_without_a_local_tier_nothing_is_persisted(tree, tmp_path):
+    cache = tpc.TieredProgramCache(tiers=[InMemoryProgramCache()])
+    assert cache.local_store is None
+    before = set(tmp_path.rglob("*"))
+    tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert {p for p in set(tmp_path.rglob("*")) - before if "header-scans" in p.parts} == set()
+
+
+# -- what is never trusted ----------------------------------------------------------------------------
+
+
+def _corrupt_body(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-40])
+
+
+def _another_key(path: Path) -> None:
+    head, body = path.read_bytes().split(b"\n", 1)
+    doc = json.loads(head)
+    doc["key"] = "0" * 64
+    path.write_bytes(json.dumps(doc).encode() + b"\n" + body)
+
+
+def _forged_types(path: Path) -> None:
+    """A well-formed file (its digest matches) whose body has a value of the wrong type."""
+    head, body = path.read_bytes().split(b"\n", 1)
+    doc = json.loads(head)
+    obj = json.loads(body)
+    obj["checks"] = "not a list"
+    body = json.dumps(obj).encode()
+    import hashlib
+
+    doc.update(sha256=hashlib.sha256(body).hexdigest(), bytes=len(body))
+    path.write_bytes(json.dumps(doc).encode() + b"\n" + body)
+
+
+def _oversize(path: Path) -> None:
+    path.write_bytes(path.read_bytes() + b" " * scanmemo.MAX_FILE_BYTES)
+
+
+def _not_json(path: Path) -> None:
+    path.write_bytes(b"\x80\x04\x95pickle, never loaded\n.")
+
+
+def _a_symlink(path: Path) -> None:
+    elsewhere = path.with_name("elsewhere.txt")
+    os.replace(path, elsewhere)
+    path.symlink_to(elsewhere)
+
+
+@pytest.mark.parametrize("damage", [_corrupt_body, _truncate, _another_key, _forged_types, _oversize, _not_json,
+                                    _a_symlink])
+def test_a_bad_memo_file_is_ignored_rescanned_and_replaced(tree, tmp_path, damage):
+    memo_dir = tmp_path / "header-scans"
+    digest = header_digest(SRC, _opts(tree), memo_dir=memo_dir)
+    (path,) = _memo_files(memo_dir)
+    damage(path)
+    headermemo.clear_memo()  # as in a new process
+    hashed = headermemo.files_hashed()
+    assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) == digest
+    assert headermemo.files_hashed() - hashed == 3
+    headermemo.clear_memo()
+    hashed = headermemo.files_hashed()
+    assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) == digest
+    assert headermemo.files_hashed() == hashed  # the rescan wrote a good one in its place
+    assert not path.is_symlink()
+
+
+def test_a_forged_digest_over_a_fresh_header_is_never_returned(tree, tmp_path):
+    """The racy-mtime rule holds at load: a header modified in the last RACY_NS cannot be vouched for by stat."""
+    memo_dir = tmp_path / "header-scans"
+    header_digest(SRC, _opts(tree), memo_dir=memo_dir)
+    (path,) = _memo_files(memo_dir)
+    fresh = _write(tree / "sub" / "c.h", "#pragma once\n#define C_VAL 3\n", mtime=time.time())
+    forged = headermemo.ScanResult(b"\xff" * 32, True, ((str(fresh), headermemo.signature(str(fresh))),), (), 0.0,
+                                   (), (), True, None)
+    assert ScanMemoStore(memo_dir).save(path.stem, forged)
+    headermemo.clear_memo()
+    assert header_digest(SRC, _opts(tree), memo_dir=memo_dir) != b"\xff" * 32
+
+
+def test_a_memo_written_by_another_scanner_is_never_read():
+    key = ("src", ("/inc",), None, None, False, None, "/work")
+    assert scanmemo.memo_name(key, b"scanner one") != scanmemo.memo_name(key, b"scanner two")
+    assert scanmemo.memo_name(key, b"one") != scanmemo.memo_name((*key[:-1], "/elsewhere"), b"one")
+    with pytest.raises(TypeError, match="memo key"):
+        scanmemo.memo_name((1.5,), b"one")
+
+
+# -- bounds, modes, the codec ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Item:
+    name: str
+    digest: bytes
+
+
+@dataclasses.dataclass
+class _Doc:
+    digest: bytes
+    items: tuple[_Item, ...]
+    sizes: dict[str, int]
+    maybe: Optional[float]
+    pairs: tuple[tuple[str, Any], ...]
+    flag: bool
+    mine: float = dataclasses.field(default=0.0, metadata=scanmemo.PER_PROCESS)
+
+
+def _doc(i: int, pad: int = 0) -> _Doc:
+    return _Doc(bytes([i]) * 32, (_Item("a" * pad, b"\x01\x02"),), {"x": i}, None, (("p", ("f", 1, 2)), ("q", None)),
+                True)
+
+
+def test_the_codec_carries_every_field_by_its_type_and_leaves_per_process_ones_out(tmp_path):
+    store = ScanMemoStore(tmp_path / "m")
+    original = dataclasses.replace(_doc(7), maybe=2.5, mine=99.0)
+    assert store.save("ab" * 32, original)
+    assert store.load("ab" * 32, _Doc, mine=1.0) == dataclasses.replace(original, mine=1.0)
+    body = (tmp_path / "m" / ("ab" * 32 + ".json")).read_bytes().split(b"\n", 1)[1]
+    assert b"mine" not in body and b"99" not in body
+
+
+@dataclasses.dataclass
+class _Rows:
+    checks: tuple[tuple[str, Optional[tuple[Any, ...]]], ...]  # as a scan's (path, signature) rows
+    files: tuple[tuple[str, str], ...]
+
+
+_ROWS = _Rows((("/i/a.h", ("f", 1, 2, 3, 4)), ("/i/b.h", None), ("/i/c", ("error", "PermissionError"))),
+              (("I0", "a.h"), ("I0", "c.h")))
+
+
+def _planted(store: ScanMemoStore, name: str, change) -> None:
+    """Rewrite a saved memo's body with ``change`` applied, its digest made to match (a forged, well-formed file)."""
+    import hashlib
+
+    path = Path(store.path_for(name))
+    head, body = path.read_bytes().split(b"\n", 1)
+    obj = json.loads(body)
+    change(obj)
+    body = json.dumps(obj).encode()
+    doc = json.loads(head)
+    doc.update(sha256=hashlib.sha256(body).hexdigest(), bytes=len(body))
+    path.write_bytes(json.dumps(doc).encode() + b"\n" + body)
+
+
+def test_rows_are_written_by_columns_and_read_back_exactly(tmp_path):
+    store = ScanMemoStore(tmp_path / "m")
+    assert store.save("ab" * 32, _ROWS)
+    body = json.loads(Path(store.path_for("ab" * 32)).read_bytes().split(b"\n", 1)[1])
+    assert body["checks"] == [3, ["/i/a.h", "/i/b.h", "/i/c"], [[5, -1, 2], ["f", 1, 2, 3, 4, "error", "PermissionError"]]]
+    assert body["files"] == [2, ["I0", "I0"], ["a.h", "c.h"]]
+    assert store.load("ab" * 32, _Rows) == _ROWS
+    assert store.save("cd" * 32, _Rows((), ())) and store.load("cd" * 32, _Rows) == _Rows((), ())
+
+
+@pytest.mark.parametrize("change", [
+    lambda o: o["checks"].__setitem__(0, 4),  # a count the columns do not have
+    lambda o: o["checks"].__setitem__(0, -1),
+    lambda o: o["checks"].__setitem__(0, True),
+    lambda o: o["checks"].pop(),  # a column missing
+    lambda o: o["checks"][2][0].__setitem__(0, 6),  # lengths that do not add up to the items
+    lambda o: o["checks"][2][0].__setitem__(1, -2),
+    lambda o: o["checks"][2][0].__setitem__(1, False),
+    lambda o: o["checks"][2][1].__setitem__(1, [1]),  # a nested value in a signature
+    lambda o: o["checks"][1].__setitem__(1, 7),  # a path that is not a string
+    lambda o: o["files"][2].__setitem__(0, None),
+    lambda o: o.__setitem__("files", [[2], ["I0", "I0"], ["a.h", "c.h"]]),
+], ids=["count", "negative-count", "bool-count", "column-missing", "lengths", "length-below-minus-one",
+        "bool-length", "nested-item", "path-type", "file-type", "count-not-int"])
+def test_forged_rows_are_never_loaded(tmp_path, change):
+    store = ScanMemoStore(tmp_path / "m")
+    assert store.save("ab" * 32, _ROWS)
+    _planted(store, "ab" * 32, change)
+    assert store.load("ab" * 32, _Rows) is None
+
+
+def test_a_field_with_no_json_form_is_not_persisted(tmp_path, caplog):
+    @dataclasses.dataclass
+    class _Odd:
+        names: set
+
+    assert not ScanMemoStore(tmp_path / "m").save("cd" * 32, _Odd({"x"}))
+    assert list((tmp_path / "m").glob("*.json")) == []
+
+
+def test_the_directory_keeps_at_most_max_files_least_recently_used_out_first(tmp_path):
+    store = ScanMemoStore(tmp_path / "m", max_files=3)
+    names = [f"{i:064x}" for i in range(5)]
+    for i, name in enumerate(names[:3]):
+        store.save(name, _doc(i))
+        os.utime(store.path_for(name), (1_000_000 + i, 1_000_000 + i))  # used in this order
+    assert store.load(names[0], _Doc) is not None  # used just now
+    store.save(names[3], _doc(3))
+    assert {p.stem for p in _memo_files(tmp_path / "m")} == {names[0], names[2], names[3]}
+    store.save(names[4], _doc(4))
+    assert {p.stem for p in _memo_files(tmp_path / "m")} == {names[0], names[3], names[4]}
+
+
+def test_the_directory_keeps_at_most_max_bytes(tmp_path):
+    probe = ScanMemoStore(tmp_path / "probe")
+    probe.save("00" * 32, _doc(0, pad=1000))
+    size = os.stat(probe.path_for("00" * 32)).st_size
+    store = ScanMemoStore(tmp_path / "m", max_bytes=2 * size + size // 2)
+    for i in range(4):
+        store.save(f"{i:064x}", _doc(i, pad=1000))
+        os.utime(store.path_for(f"{i:064x}"), (1_000_000 + i, 1_000_000 + i))
+    kept = _memo_files(tmp_path / "m")
+    assert [p.stem for p in kept] == [f"{i:064x}" for i in (2, 3)]
+    assert sum(os.stat(p).st_size for p in kept) <= store.max_bytes
+
+
+def test_a_memo_over_max_file_bytes_is_neither_written_nor_read(tmp_path):
+    store = ScanMemoStore(tmp_path / "m", max_file_bytes=200)
+    assert not store.save("ee" * 32, _doc(1, pad=500))
+    assert _memo_files(tmp_path / "m") == []
+    assert ScanMemoStore(tmp_path / "m").save("ee" * 32, _doc(1, pad=500))
+    assert store.load("ee" * 32, _Doc) is None
+
+
+def test_the_directory_is_made_with_the_librarys_modes_and_never_through_a_symlink(tmp_path):
+    child = textwrap.dedent(
+        """
+        import os, sys
+        os.umask(0)
+        sys.path.insert(0, "tests")  # test_scanmemo imports header_support, as pytest finds it
+        from tests.compiling.test_scanmemo import _doc
+        from tiered_progcache.compiling.scanmemo import ScanMemoStore
+        ScanMemoStore(sys.argv[1]).save("ab" * 32, _doc(1))
+        """
+    )
+    memo_dir = tmp_path / "cache" / "header-scans"
+    memo_dir.parent.mkdir()
+    subprocess.run([sys.executable, "-c", child, str(memo_dir)], check=True, cwd=REPO_ROOT,
+                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert not os.stat(memo_dir).st_mode & stat.S_IWOTH
+    assert not os.stat(memo_dir / ("ab" * 32 + ".json")).st_mode & (stat.S_IWOTH | stat.S_IWGRP)
+    planted = tmp_path / "other" / "header-scans"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted.parent.mkdir()
+    planted.symlink_to(elsewhere)
+    assert not ScanMemoStore(planted).save("ab" * 32, _doc(1))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_bad_arguments_name_the_problem(tmp_path):
+    with pytest.raises(TypeError, match="max_files"):
+        ScanMemoStore(tmp_path, max_files="3")
+    with pytest.raises(ValueError, match="max_bytes"):
+        ScanMemoStore(tmp_path, max_bytes=0)
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        ScanMemoStore(tmp_path).path_for("../../etc/passwd")
+
+
+def test_the_default_bounds_are_the_documented_512_files_and_64_mib(tmp_path):
+    assert (scanmemo.MAX_FILES, scanmemo.MAX_BYTES, scanmemo.MAX_FILE_BYTES) == (512, 64 << 20, 8 << 20)
+    by_count = ScanMemoStore(tmp_path / "count")
+    for i in range(513):
+        by_count.save(f"{i:064x}", _doc(i % 256))
+    assert len(_memo_files(tmp_path / "count")) == 512
+    by_bytes = ScanMemoStore(tmp_path / "bytes")
+    big = (8 << 20) - 4096  # just under the per-file cap
+    for i in range(9):
+        assert by_bytes.save(f"{i:064x}", _doc(i, pad=big - 400))
+    kept = _memo_files(tmp_path / "bytes")
+    assert len(kept) == 8 and sum(os.stat(p).st_size for p in kept) <= 64 << 20
+
+
+# -- scans direct mode verified ------------------------------------------------------------------
+
+_DIRECT_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from cuda.core import ProgramOptions
+    import tiered_progcache as tpc
+    from tiered_progcache.compiling import direct, headermemo
+    with tpc.TieredProgramCache(sys.argv[2]) as cache:
+        tpc.compile(sys.argv[3], "c++", ProgramOptions(arch="sm_90", include_path=[sys.argv[1]]), cache=cache)
+    print(json.dumps([tpc.compile_count(), headermemo.files_hashed(), direct.direct_counts().hits]))
+    """
+)
+
+
+def _direct_child(inc: Path, cache_dir: Path) -> list[int]:
+    """``[compiles, files hashed, direct hits]`` of one compile() in a new process on this node."""
+    out = subprocess.run([sys.executable, "-c", _DIRECT_CHILD, str(inc), str(cache_dir), SRC], check=True,
+                         capture_output=True, text=True, cwd=os.getcwd(),
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout
+    return json.loads(out)
+
+
+def test_a_set_direct_mode_verified_is_persisted_at_exit_and_the_next_process_hashes_nothing(tree, tmp_path):
+    """A node with the direct manifest in its local tier but no persisted scan (warmed, or its memo gone):
+    its first process verifies the set by hashing, and leaves the scan for the next, which only stats."""
+    cache_dir = tmp_path / "cache"
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    for memo in _memo_files(cache_dir / "header-scans"):
+        memo.unlink()
+    assert _direct_child(tree, cache_dir) == [0, 3, 1]
+    assert len(_memo_files(cache_dir / "header-scans")) == 1
+    assert _direct_child(tree, cache_dir) == [0, 0, 0]  # the persisted scan answered, by stat
+
+
+def test_a_direct_hit_writes_no_memo_before_exit(tree, tmp_path):
+    cache_dir = tmp_path / "cache"
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    for memo in _memo_files(cache_dir / "header-scans"):
+        memo.unlink()
+    headermemo.clear_memo()  # a new process
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert _memo_files(cache_dir / "header-scans") == []  # not on the hit's path ...
+    from tiered_progcache.compiling import headerscan
+
+    headermemo._persist_pending(headerscan._scanner_id)  # ... but at exit
+    assert len(_memo_files(cache_dir / "header-scans")) == 1
