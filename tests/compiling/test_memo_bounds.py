@@ -80,3 +80,44 @@ def test_a_full_file_memo_keeps_exactly_its_bound(tmp_path, monkeypatch, count):
             fh.write("x")
         headermemo.remember_file(path, _settled(path), info, parse=False)
     assert len(headermemo._file_memo) == 3
+
+
+def _scan(name: str) -> headermemo.ScanResult:
+    return headermemo.ScanResult(name.encode().ljust(32, b"\0"), True, (), (), time.monotonic(), (), (), True, None)
+
+
+class _Watch:
+    """A subscription's one duty here: being released when its scan leaves the memo."""
+
+    def __init__(self) -> None:
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_the_scan_memo_forgets_the_least_recently_used_scan_only_and_releases_its_watch(monkeypatch):
+    assert headermemo._scan_memo.maxsize == headermemo.MAX_MEMO_SCANS == 4096
+    monkeypatch.setattr(headermemo, "_scan_memo", headermemo._ScanLRU(2))
+    scans = {name: _scan(name) for name in "abc"}
+    watches = {name: _Watch() for name in "abc"}
+    for name, result in scans.items():
+        result.watch = watches[name]  # type: ignore[assignment]
+    headermemo.memoize(("a",), scans["a"], None, lambda: None)
+    headermemo.memoize(("b",), scans["b"], None, lambda: None)
+    assert headermemo._scan_memo.get(("a",)) is scans["a"]  # now the most recently used
+    headermemo.memoize(("c",), scans["c"], None, lambda: None)  # the bound: b goes, and only b
+    assert set(headermemo._scan_memo) == {("a",), ("c",)}
+    assert [watches[n].released for n in "abc"] == [0, 1, 0]
+
+
+def test_the_view_memo_forgets_the_least_recently_used_view_only(monkeypatch):
+    views: headermemo.ViewMemo[str] = headermemo.ViewMemo()
+    assert views._views.maxsize == headermemo.MAX_MEMO_SCANS
+    monkeypatch.setattr(views, "_views", cachetools.LRUCache(2))
+    a, b, c = _scan("a"), _scan("b"), _scan("c")
+    views.put(a, "view a")
+    views.put(b, "view b")
+    assert views.get(a) == "view a"
+    views.put(c, "view c")
+    assert [views.get(r) for r in (a, b, c)] == ["view a", None, "view c"]

@@ -388,3 +388,55 @@ def test_the_default_bounds_are_the_documented_512_files_and_64_mib(tmp_path):
         assert by_bytes.save(f"{i:064x}", _doc(i, pad=big - 400))
     kept = _memo_files(tmp_path / "bytes")
     assert len(kept) == 8 and sum(os.stat(p).st_size for p in kept) <= 64 << 20
+
+
+# -- scans direct mode verified ------------------------------------------------------------------
+
+_DIRECT_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from cuda.core import ProgramOptions
+    import tiered_progcache as tpc
+    from tiered_progcache.compiling import direct, headermemo
+    with tpc.TieredProgramCache(sys.argv[2]) as cache:
+        tpc.compile(sys.argv[3], "c++", ProgramOptions(arch="sm_90", include_path=[sys.argv[1]]), cache=cache)
+    print(json.dumps([tpc.compile_count(), headermemo.files_hashed(), direct.direct_counts().hits]))
+    """
+)
+
+
+def _direct_child(inc: Path, cache_dir: Path) -> list[int]:
+    """``[compiles, files hashed, direct hits]`` of one compile() in a new process on this node."""
+    out = subprocess.run([sys.executable, "-c", _DIRECT_CHILD, str(inc), str(cache_dir), SRC], check=True,
+                         capture_output=True, text=True, cwd=os.getcwd(),
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout
+    return json.loads(out)
+
+
+def test_a_set_direct_mode_verified_is_persisted_at_exit_and_the_next_process_hashes_nothing(tree, tmp_path):
+    """A node with the direct manifest in its local tier but no persisted scan (warmed, or its memo gone):
+    its first process verifies the set by hashing, and leaves the scan for the next, which only stats."""
+    cache_dir = tmp_path / "cache"
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    for memo in _memo_files(cache_dir / "header-scans"):
+        memo.unlink()
+    assert _direct_child(tree, cache_dir) == [0, 3, 1]
+    assert len(_memo_files(cache_dir / "header-scans")) == 1
+    assert _direct_child(tree, cache_dir) == [0, 0, 0]  # the persisted scan answered, by stat
+
+
+def test_a_direct_hit_writes_no_memo_before_exit(tree, tmp_path):
+    cache_dir = tmp_path / "cache"
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    for memo in _memo_files(cache_dir / "header-scans"):
+        memo.unlink()
+    headermemo.clear_memo()  # a new process
+    with tpc.TieredProgramCache(cache_dir) as cache:
+        tpc.compile(SRC, "c++", _opts(tree), cache=cache)
+    assert _memo_files(cache_dir / "header-scans") == []  # not on the hit's path ...
+    from tiered_progcache.compiling import headerscan
+
+    headermemo._persist_pending(headerscan._scanner_id)  # ... but at exit
+    assert len(_memo_files(cache_dir / "header-scans")) == 1

@@ -55,7 +55,7 @@ from cuda.core.utils import make_program_cache_key
 from ..chain.stats import MetadataKey
 from ..stores.kinds import DIRECT_MAGIC
 from . import keys
-from .headermemo import ScanResult, is_racy, signature
+from .headermemo import ScanResult, is_racy, resolve, signature, signature_of_stat
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
 from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate, path_list
 
@@ -588,10 +588,11 @@ def compile_key(
 ) -> keys.CompileKey:
     """:func:`.keys.compile_key`, asking ``cache``'s direct manifest before scanning.
 
-    A header-scan memo of this process or of ``memo_dir`` answers first, as before; where
-    none does, the direct manifest is read once and its newest set that holds here gives
-    the key (the scan's, byte for byte). Otherwise the scan runs, and its set is recorded
-    where a manifest exists (else :func:`record` after the compile makes one).
+    A header-scan memo of this process or of ``memo_dir`` answers first; where none does,
+    the direct manifest is read once and its newest set that holds here gives the key
+    (the scan's, byte for byte), the verified set then memoized as a scan (in ``memo_dir``
+    at exit). Otherwise the scan runs, and its set is recorded where a manifest exists
+    (else :func:`record` after the compile makes one).
     """
     found = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
                              portable=portable, recheck_s=recheck_s, memo_dir=memo_dir, memo_only=True)
@@ -607,7 +608,7 @@ def compile_key(
             with _counts_lock:
                 _absent[storage] = True
         hit = match(sets or (), source, code_type, options, target_type, name_expressions, extra_digest,
-                     by_role, cwd)
+                     by_role, cwd, memo_dir=memo_dir)
     except Exception as exc:  # unsure means scan
         logger.debug("direct lookup failed: %r", exc)
         hit = None
@@ -629,10 +630,10 @@ def compile_key(
 def match(
     sets: Sequence[dict[str, Any]], source: str | bytes, code_type: str, options: ProgramOptions, target_type: str,
     name_expressions: Sequence[str | bytes], extra_digest: bytes | None, by_role: bool, cwd: str,
-    *, adopt: bool = True,
+    *, adopt: bool = True, memo_dir: str | os.PathLike[str] | None = None,
 ) -> keys.CompileKey | None:
     """The key of the newest set of ``sets`` that holds on this node, or None. ``adopt``: memoize
-    the verified set in this process as a scan would be."""
+    the verified set as a scan would be (in this process, and in ``memo_dir`` at exit)."""
     if not sets:
         return None
     spelled = _spelled_roots(options, cwd)
@@ -654,7 +655,7 @@ def match(
                         one["key"][:16])
             continue
         if adopt and not any(is_racy(sig) for _, sig in result.checks):
-            adopt_scan(source, options, by_role, result)  # the next call is a warm memo's, as after a scan
+            adopt_scan(source, options, by_role, result, memo_dir)  # the next call is a warm memo's, as after a scan
         return compiled
     return None
 
@@ -683,12 +684,13 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
             return None
         checks.append((path, None))
     real_checks = []
+    no_link: dict[str, bool] = {"/": True}  # what resolve() found of each component
     for index, rel, mask, real_index, real_rel, real_mask, role, role_rel in one["real"]:
         directory = _place_made(index, rel, roots)
         if directory is None or _mask(directory, roots, keep) != mask:
             return None
         note(index, rel)
-        resolved = os.path.realpath(directory)
+        resolved = resolve(directory, no_link)
         if real_index == _ANCESTOR:
             real = _place_ancestor(real_rel, roots, eligible, resolved)
         else:
@@ -702,12 +704,16 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         real_checks.append((directory, real))
     paths, covered = [], {}
     mask_of = _file_masks(roots, keep)
+    stat_ = os.stat
     for index, rel, digest, mask in one["files"]:
         path = _place(index, rel, roots)
         if mask_of(path) != mask:
             return None
-        sig = signature(path)
-        if sig is None or sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
+        try:
+            sig = signature_of_stat(stat_(path))
+        except OSError:
+            return None
+        if sig[0] != "f" or sig[2] > MAX_HEADER_BYTES:
             return None
         found = file_digest(path, sig)
         if found is None or found.hex() != digest:

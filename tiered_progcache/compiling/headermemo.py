@@ -13,14 +13,18 @@ on every call: two edits within one coarse clock tick can leave its stat unchang
 
 Across processes: with ``memo_dir`` (``compile()`` passes the local cache directory's
 ``header-scans/``) a scan is persisted by :mod:`.scanmemo`, and a new process loads and
-validates it instead of scanning again.
+validates it instead of scanning again. A scan that :mod:`.direct` verified from a
+manifest is persisted too, at exit (:func:`persist_at_exit`): not on the hit's path.
 
+Bounds: :data:`MAX_MEMO_FILES` files and :data:`MAX_MEMO_SCANS` scans (and views of them),
+least recently used forgotten first (``cachetools``; an evicted scan's watch released).
 Thread-safe: the memos change under one lock (made anew in a forked child); the counters
 behind :func:`validation_counts` and :func:`files_hashed` are read without it.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import stat
@@ -50,7 +54,10 @@ __all__ = [
     "known_file",
     "memoize",
     "memoized",
+    "persist_at_exit",
+    "register_scanner",
     "remember_file",
+    "resolve",
     "signature",
     "signature_of_stat",
     "validation_counts",
@@ -117,9 +124,21 @@ class ValidationCounts:
     paths_statted: int
 
 
-# path -> (signature, info, parsed); an LRU (reads reorder it), so read and written under _memo_lock
+class _ScanLRU(cachetools.LRUCache):  # type: ignore[type-arg]
+    """The scan memo: an LRU whose evicted scan releases its watch."""
+
+    def popitem(self) -> tuple[Any, ScanResult]:
+        key, result = super().popitem()
+        if result.watch is not None:
+            result.watch.release()
+        return key, result
+
+
+# path -> (signature, info, parsed); LRUs (reads reorder them), so read and written under _memo_lock
 _file_memo: cachetools.LRUCache[str, tuple[Signature, FileInfo, bool]] = cachetools.LRUCache(MAX_MEMO_FILES)
-_scan_memo: dict[tuple[Any, ...], ScanResult] = {}
+_scan_memo: _ScanLRU = _ScanLRU(MAX_MEMO_SCANS)
+#: scans to persist at exit: memo key -> (result, memo_dir)
+_at_exit: cachetools.LRUCache[tuple[Any, ...], tuple[ScanResult, str]] = cachetools.LRUCache(MAX_MEMO_SCANS)
 _memo_lock = threading.Lock()
 _files_hashed = 0  # files read and hashed by this process (memo misses), for tests and benchmarks
 _by_stat = _by_watch = _paths_statted = 0  # see ValidationCounts
@@ -167,20 +186,19 @@ def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
 
 
 def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
-    """True if every directory still resolves where it did (no symlink on the way was retargeted).
+    """True if every directory still resolves where it did (no symlink on the way was retargeted)."""
+    no_link: dict[str, bool] = {"/": True}
+    return all(resolve(directory, no_link) == real for directory, real in real_checks)
 
-    Exactly ``os.path.realpath(directory) == real`` for each, but a directory recorded as its own
-    real path (the common case) is checked by an ``lstat`` of each of its components, each
-    component shared by several directories looked at once: ``realpath`` of a normalized absolute
-    path with no symbolic link on the way is that path. Where a link is found, ``realpath`` decides.
-    """
-    realpath = os.path.realpath
-    no_link: dict[str, bool] = {"/": True}  # directory -> no component of it is a symbolic link
-    for directory, real in real_checks:
-        if directory != real or not _is_plain_absolute(directory) or not _no_link_on_the_way(directory, no_link):
-            if realpath(directory) != real:
-                return False
-    return True
+
+def resolve(path: str, no_link: dict[str, bool]) -> str:
+    """Exactly ``os.path.realpath(path)``, but a path with no symbolic link on the way costs an ``lstat``
+    of each of its components, each shared by the paths resolved with the same ``no_link`` (start it as
+    ``{"/": True}``): ``realpath`` of a normalized absolute path with no link on the way is that path.
+    Where a link is found, ``realpath`` decides."""
+    if _is_plain_absolute(path) and _no_link_on_the_way(path, no_link):
+        return path
+    return os.path.realpath(path)
 
 
 def _is_plain_absolute(path: str) -> bool:
@@ -248,12 +266,14 @@ class ViewMemo(Generic[_View]):
     """
 
     def __init__(self) -> None:
-        self._views: dict[int, tuple[ScanResult, _View]] = {}  # by id(result); the result kept alive here
+        # by id(result), the result kept alive here (so its id is not reused); an LRU, under _memo_lock
+        self._views: cachetools.LRUCache[int, tuple[ScanResult, _View]] = cachetools.LRUCache(MAX_MEMO_SCANS)
         _view_memos.append(self)
 
     def get(self, result: ScanResult) -> _View | None:
         """The view remembered for ``result``, or None."""
-        hit = self._views.get(id(result))
+        with _memo_lock:
+            hit = self._views.get(id(result))
         if hit is not None and hit[0] is result:
             return hit[1]
         return None
@@ -261,8 +281,6 @@ class ViewMemo(Generic[_View]):
     def put(self, result: ScanResult, view: _View) -> None:
         """Remember ``view`` for ``result``."""
         with _memo_lock:
-            if len(self._views) >= MAX_MEMO_SCANS:
-                self._views.clear()
             self._views[id(result)] = (result, view)
 
     def clear(self) -> None:
@@ -285,7 +303,8 @@ def memoized(
     code, asked only then; None: nothing is persisted), validated by stat before use.
     """
     global _by_watch
-    cached = _scan_memo.get(memo_key)
+    with _memo_lock:
+        cached = _scan_memo.get(memo_key)
     if cached is not None:
         watch = cached.watch
         if watch is not None and watch.current() and _unwatched_unchanged(watch):
@@ -320,6 +339,32 @@ def memoize(
     if found is not None:
         store, name = found
         store.save(name, result)
+
+
+def persist_at_exit(memo_key: tuple[Any, ...], result: ScanResult, memo_dir: str | os.PathLike[str] | None) -> None:
+    """Remember a scan here now and persist it in ``memo_dir`` when the process exits (a verified
+    direct-mode set: its hit does not pay the write; a process killed first only costs the next one that check)."""
+    _remember(memo_key, result)
+    if memo_dir is not None:
+        with _memo_lock:
+            _at_exit[memo_key] = (result, os.fspath(memo_dir))
+
+
+def _persist_pending(scanner_id: Callable[[], bytes | None]) -> None:
+    """Persist the scans :func:`persist_at_exit` kept whose local cache directory is still there."""
+    with _memo_lock:
+        pending = list(_at_exit.items())
+        _at_exit.clear()
+    for memo_key, (result, memo_dir) in pending:
+        if os.path.isdir(os.path.dirname(os.path.abspath(memo_dir))):
+            found = _persisted(memo_key, memo_dir, scanner_id)
+            if found is not None:
+                found[0].save(found[1], result)
+
+
+def register_scanner(scanner_id: Callable[[], bytes | None]) -> None:
+    """Have the scans kept for exit persisted under ``scanner_id()`` (:mod:`.headerscan` registers its own)."""
+    atexit.register(_persist_pending, scanner_id)
 
 
 def _persisted(
@@ -384,10 +429,8 @@ def _revalidate(result: ScanResult) -> bool:
 
 def _remember(memo_key: tuple[Any, ...], result: ScanResult) -> None:
     with _memo_lock:
-        if len(_scan_memo) >= MAX_MEMO_SCANS:
-            _release_all()
         previous = _scan_memo.get(memo_key)
-        _scan_memo[memo_key] = result
+        _scan_memo[memo_key] = result  # past MAX_MEMO_SCANS the least recently used goes (its watch released)
     if previous is not None and previous is not result and previous.watch is not None:
         previous.watch.release()
 
@@ -400,10 +443,7 @@ def _forget(memo_key: tuple[Any, ...]) -> None:
 
 
 def _release_all() -> None:
-    """Drop every scan (memo lock held) and release their watches."""
-    for result in _scan_memo.values():
-        if result.watch is not None:
-            result.watch.release()
+    """Drop every scan (memo lock held); the LRU's eviction releases their watches."""
     _scan_memo.clear()
 
 
@@ -432,6 +472,7 @@ def clear_memo() -> None:
     """Forget every memoized file and scan (tests, or after remounting a header tree). Thread-safe."""
     with _memo_lock:
         _file_memo.clear()
+        _at_exit.clear()
         for views in _view_memos:
             views.clear()
         _release_all()

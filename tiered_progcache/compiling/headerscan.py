@@ -839,9 +839,11 @@ def scans_run() -> int:
     return _scans_run
 
 
-def adopt_scan(source: str | bytes, options: Any, portable: bool, result: ScanResult) -> None:
-    """Memoize in this process a scan result made elsewhere (:mod:`.direct`'s verified set), as a scan would."""
-    memoize(_memo_key(source, options, portable), result, None, _scanner_id)
+def adopt_scan(source: str | bytes, options: Any, portable: bool, result: ScanResult,
+               memo_dir: str | os.PathLike[str] | None = None) -> None:
+    """Memoize a scan result made elsewhere (:mod:`.direct`'s verified set) as a scan would: here now,
+    and in ``memo_dir`` at exit (so the next process on the node validates it by stat, hashing nothing)."""
+    headermemo.persist_at_exit(_memo_key(source, options, portable), result, memo_dir)
 
 
 _scanner_id_value: bytes | None = None
@@ -866,3 +868,6 @@ def _scanner_id() -> bytes | None:
             log_once(logger, "no-scanner-id", logging.INFO, "header scans are not persisted: %s", exc)
             _scanner_id_value = b""
     return _scanner_id_value or None
+
+
+headermemo.register_scanner(_scanner_id)
