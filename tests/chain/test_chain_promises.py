@@ -1,6 +1,6 @@
 """The chain's promises, grouped by behaviour: reads and promotion, background writes, byte caps, deletes and
-clear(), counters, the failure policy, construction. Each test fails with the promise broken (most were
-written against a surviving mutant of tier.py or tiered.py); what a test starts is closed at teardown."""
+clear(), counters, the failure policy, construction. Each test fails with its promise broken; what a test
+starts (a held tier, a chain, a thread) is undone at teardown."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from tiered_progcache import CacheConfig, DeleteFailed, TieredProgramCache, Tier
 from tiered_progcache.errors import EntryRejected, TierUnavailable
 from tiered_progcache.stores.localdir import LocalDir, entry_name
 from tiered_progcache.stores.remote import RemoteProgramCache
-
 
 
 class Gated(InMemoryProgramCache):
