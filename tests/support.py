@@ -82,6 +82,11 @@ class Cleanup:
         thread.start()
         return thread
 
+    def join(self, thread: threading.Thread) -> threading.Thread:
+        """Join ``thread`` (started elsewhere: a ``Timer``, a process's helper) at teardown; returns it."""
+        self._threads.append(thread)
+        return thread
+
     def finish(self) -> None:
         """Open, close, join; re-raise the first error a close raised, then fail on a thread still running."""
         for open_ in self._opens:

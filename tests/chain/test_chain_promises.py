@@ -184,7 +184,8 @@ class TestReadsAndPromotion:
 
 
 class TestBackgroundWrites:
-    """A background tier's writes queue within their bounds (exactly the overflow is dropped) and drain within close()'s and flush()'s timeout."""
+    """A background tier's writes queue within their bounds (exactly the overflow is dropped) and drain
+    within close()'s and flush()'s timeout."""
 
     def test_full_write_back_queue_drops_exactly_the_overflow(self, gated, chain):
         """One write under way (held), two queued (max_pending_uploads=2): of six, exactly three are dropped."""
@@ -351,7 +352,8 @@ class TestCounters:
 
 
 class TestFailurePolicy:
-    """What each exception a tier raises means: a counted miss or drop, with its own warning, never an error to the caller."""
+    """What each exception a tier raises means: a counted miss or drop, with its own warning, never an error
+    to the caller."""
 
     @pytest.mark.parametrize(("exc", "read_counter", "read_warning", "write_counter", "write_warning"), _FAULTS,
                              ids=lambda v: type(v).__name__ if isinstance(v, Exception) else None)  # fmt: skip

@@ -230,10 +230,11 @@ def test_a_run_file_that_cannot_be_written_is_a_warning_and_a_directory_one_is_d
                                  local_root=gone, stats_path=str(gone / "run.jsonl"))  # fmt: skip
     with caplog.at_level(logging.DEBUG, logger="tiered_progcache.chain.exitreport"):
         source.report()
+    local, run = gone / "stats.jsonl", gone / "run.jsonl"
     errno_text = "[Errno 2] No such file or directory"
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.DEBUG, f"could not write cache stats to {gone / 'stats.jsonl'}: {errno_text}: '{gone / 'stats.jsonl'}'"),
-        (logging.WARNING, f"could not write cache stats to {gone / 'run.jsonl'}: {errno_text}: '{gone / 'run.jsonl'}'"),
+        (logging.DEBUG, f"could not write cache stats to {local}: {errno_text}: '{local}'"),
+        (logging.WARNING, f"could not write cache stats to {run}: {errno_text}: '{run}'"),
     ]
 
 
