@@ -44,6 +44,16 @@ def _fresh_node_compile_times():
 
 
 @pytest.fixture
+def cleanup():
+    """A :class:`support.Cleanup`: gates opened, queues and chains closed, threads joined at teardown."""
+    from support import Cleanup
+
+    undo = Cleanup()
+    yield undo
+    undo.finish()
+
+
+@pytest.fixture
 def events():
     """Every compiler run of ``tiered_progcache.compile()`` in this process while the test runs."""
     seen: list[CompileEvent] = []

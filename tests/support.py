@@ -4,6 +4,9 @@ Import by name (pytest puts ``tests/`` on ``sys.path``)::
 
     from support import FakeClock, compile_matmul, options, run_cli
 
+The ``cleanup`` fixture (tests/conftest.py) is a :class:`Cleanup`: what a test starts (a queue,
+a chain, a thread, a gate it holds shut) is undone at teardown, whether or not its asserts held.
+
 Helpers with fixtures tied to one concern stay in their own module
 (``header_support``: settled header files and the header memo; ``triton_support``: a
 real Triton kernel, also run as a script).
@@ -15,8 +18,10 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
@@ -26,6 +31,7 @@ from tiered_progcache.testing.contract import BackDoor
 
 __all__ = [
     "ARCH",
+    "Cleanup",
     "FakeClock",
     "FileBackDoor",
     "FsspecBackDoor",
@@ -38,6 +44,67 @@ __all__ = [
 
 #: The architecture the tests compile for (sm_90, as on the H200); NVRTC builds its cubin on the CPU.
 ARCH = "sm_90"
+
+
+_T = TypeVar("_T")
+
+#: How long teardown waits for one thing to close or one thread to end.
+CLEANUP_JOIN_S = 30
+
+
+class Cleanup:
+    """Undoes what a test started, at teardown, whether or not its asserts held (a failing assert leaks nothing).
+
+    Gates first (a worker held in a store is let go), then what has a ``close()`` (newest first),
+    then the threads: those started through :meth:`thread` and every write-back worker started
+    during the test. A thread still running after that fails the teardown: a leak is an error.
+    """
+
+    def __init__(self) -> None:
+        self._opens: list[Callable[[], object]] = []
+        self._closes: list[Callable[[], object]] = []
+        self._threads: list[threading.Thread] = []
+        self._before = set(threading.enumerate())
+
+    def gate(self, gate: threading.Event | Callable[[], object]) -> None:
+        """Open ``gate`` at teardown (an Event is set, a callable is called) before anything is closed."""
+        self._opens.append(gate.set if isinstance(gate, threading.Event) else gate)
+
+    def close(self, thing: _T, *args: Any) -> _T:
+        """Call ``thing.close(*args)`` at teardown; returns ``thing``."""
+        self._closes.append(lambda: thing.close(*args))  # type: ignore[attr-defined]
+        return thing
+
+    def thread(self, target: Callable[[], object], *, name: str | None = None) -> threading.Thread:
+        """Start a daemon thread running ``target``; teardown joins it (after the gates and closes)."""
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def join(self, thread: threading.Thread) -> threading.Thread:
+        """Join ``thread`` (started elsewhere: a ``Timer``, a process's helper) at teardown; returns it."""
+        self._threads.append(thread)
+        return thread
+
+    def finish(self) -> None:
+        """Open, close, join; re-raise the first error a close raised, then fail on a thread still running."""
+        for open_ in self._opens:
+            open_()
+        errors: list[BaseException] = []
+        for close in reversed(self._closes):
+            try:
+                close()
+            except Exception as exc:
+                errors.append(exc)
+        workers = [t for t in threading.enumerate()
+                   if t not in self._before and t.name.startswith("tiered-progcache-writeback-")]  # fmt: skip
+        for thread in self._threads + workers:
+            thread.join(CLEANUP_JOIN_S)
+        if errors:
+            raise errors[0]
+        left = [t.name for t in self._threads + workers if t.is_alive()]
+        assert not left, f"threads still running after teardown: {left}"
 
 
 class FakeClock:

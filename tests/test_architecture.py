@@ -129,16 +129,23 @@ def _documented_modules() -> set[str]:
     return set(re.findall(r"^\| `((?:[a-z_]+/)?[a-z_]+\.py)` \|", section, re.M))
 
 
+def _docstring_only(path: Path) -> bool:
+    """Whether a module holds nothing but its docstring (and ``from __future__`` imports)."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    rest = [node for node in body[1:] if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+    return bool(body) and ast.get_docstring(ast.Module(body=body[:1], type_ignores=[])) is not None and not rest
+
+
 def _tree_modules() -> set[str]:
-    """Every module of the package but the packages' own (empty) ``__init__`` and the testing package."""
+    """Every module of the package but the packages' own ``__init__`` that hold a docstring only."""
     package = Path(tiered_progcache.__file__).resolve().parent
     found = set()
     for path in package.rglob("*.py"):
         relative = path.relative_to(package)
-        if relative.parts[0] == "testing" or "__pycache__" in relative.parts:
+        if "__pycache__" in relative.parts:
             continue
-        if path.name == "__init__.py" and len(relative.parts) > 1 and path.stat().st_size < 400:
-            continue  # a package's docstring only
+        if path.name == "__init__.py" and len(relative.parts) > 1 and _docstring_only(path):
+            continue  # the package's concern, said in its docstring (its section's heading says it too)
         found.add(relative.as_posix())
     return found
 

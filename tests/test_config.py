@@ -518,3 +518,40 @@ def test_an_empty_key_file_is_an_error_naming_the_variable(tmp_path):
     path.write_bytes(b"\n")
     with pytest.raises(ValueError, match="^TIERED_PROGCACHE_SIGNING_KEY_FILE: the signing key file .* is empty"):
         CacheConfig.from_env({ENV + "SIGNING_KEY_FILE": str(path)}).read_signing_key()
+
+
+def test_a_process_shared_chain_is_built_once_and_a_bad_setting_leaves_the_integration_alone(
+    tmp_path, monkeypatch, caplog, cleanup
+):
+    """What Triton's manager and CuPy's backend share: one chain per process on their namespace, built on first need."""
+    from tiered_progcache import TierStats
+    from tiered_progcache.config import ProcessSharedChain
+
+    log = logging.getLogger("tiered_progcache.example")
+    monkeypatch.setenv(settings.ENV_PREFIX + "REMOTE_TIMEOUT", "-3")
+    bad = ProcessSharedChain("cupy", log=log, label="Example cache", alone="its directory")
+    assert (bad.if_built(), bad.built) == (None, False)  # reading builds nothing
+    with caplog.at_level(logging.WARNING, logger="tiered_progcache.example"):
+        assert bad.get() is None and bad.get() is None  # built once: one warning
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("tiered_progcache.example", "Example cache: shared tiers not built, running on its directory alone: "
+         "TIERED_PROGCACHE_REMOTE_TIMEOUT: must be a positive, finite number of seconds, got -3.0")]  # fmt: skip
+    assert bad.built and dict(bad.stats("example-local", TierStats(hits=2))) == {"example-local": TierStats(hits=2)}
+
+    monkeypatch.setenv(settings.ENV_PREFIX + "REMOTE_TIMEOUT", "2")
+    (tmp_path / "remote").mkdir()
+    monkeypatch.setenv(settings.ENV_PREFIX + "REMOTE", f"file://{tmp_path / 'remote'}")
+    good = ProcessSharedChain("cupy", log=log, label="Example cache", alone="its directory")
+    chain = cleanup.close(good.get(), 30)
+    assert chain is good.get() is good.if_built() and chain.shared_store.namespace == "cupy"
+    assert list(good.stats("example-local", TierStats())) == ["example-local", "remote"]
+    with pytest.raises(TypeError):
+        good.use(object())
+    assert good.if_built() is chain
+    mine = TieredProgramCache(tiers=[InMemoryProgramCache()])
+    good.use(mine)
+    assert good.get() is mine
+    good.forget()
+    assert (good.built, good.if_built()) == (False, None)
+    rebuilt = cleanup.close(good.get(), 30)
+    assert rebuilt is not None and rebuilt is not chain

@@ -9,12 +9,17 @@ What the settings are is :data:`tiered_progcache.settings.SETTINGS`.
 
 from __future__ import annotations
 
+import logging
+import threading
+from typing import Any
+
 from .configvalues import ConfigValues, read_key_file
 from .redact import masked
 from .settings import ENV_PREFIX
-from .chain.tiered import TieredProgramCache, shared_chain
+from .chain.stats import CacheStats, TierStats
+from .chain.tiered import TieredProgramCache, require_chain, shared_chain
 
-__all__ = ["ENV_PREFIX", "CacheConfig", "masked", "read_key_file"]
+__all__ = ["ENV_PREFIX", "CacheConfig", "ProcessSharedChain", "masked", "read_key_file"]
 
 
 class CacheConfig(ConfigValues):
@@ -48,3 +53,55 @@ class CacheConfig(ConfigValues):
         if not specs:
             return None
         return TieredProgramCache.from_config(self, tiers=specs)
+
+
+class ProcessSharedChain:
+    """The one chain of shared tiers an integration (Triton's cache manager, CuPy's backend) sends its entries
+    to in this process, on the integration's namespace.
+
+    Built on first need from ``TIERED_PROGCACHE_*``; a bad setting is logged on the integration's
+    logger and the integration runs on its own directory alone (a cache never fails a compile).
+    :meth:`use` sets it in code instead. Thread-safe.
+    """
+
+    def __init__(self, namespace: str, *, log: logging.Logger, label: str, alone: str) -> None:
+        self.namespace = namespace
+        self._log, self._label, self._alone = log, label, alone
+        self._lock = threading.Lock()
+        self._chain: TieredProgramCache | None = None
+        self.built = False
+
+    def get(self) -> TieredProgramCache | None:
+        """The chain (built now if it is not yet), or None where no remote is set or the settings are bad."""
+        if self.built:
+            return self._chain
+        with self._lock:
+            if not self.built:
+                try:
+                    self._chain = CacheConfig.from_env().build_shared(namespace=self.namespace)
+                except Exception as exc:
+                    self._log.warning("%s: shared tiers not built, running on %s alone: %s", self._label, self._alone,
+                                      exc)  # fmt: skip
+                    self._chain = None
+                self.built = True
+        return self._chain
+
+    def use(self, cache: Any) -> None:
+        """Make ``cache`` (a ``TieredProgramCache`` of shared tiers, or None) the chain; the previous one is not closed."""
+        require_chain(cache, none_ok=True)
+        with self._lock:
+            self._chain, self.built = cache, True
+
+    def if_built(self) -> TieredProgramCache | None:
+        """The chain if it is built, else None (what reads counters at exit uses: it builds nothing)."""
+        return self._chain if self.built else None
+
+    def forget(self) -> None:
+        """Drop the chain (it is not closed); the next :meth:`get` builds one again."""
+        with self._lock:
+            self._chain, self.built = None, False
+
+    def stats(self, local_name: str, local: TierStats) -> CacheStats:
+        """The integration's own directory's counters as ``local_name``, then each shared tier's."""
+        chain = self.get()
+        return CacheStats(((local_name, local),) + (tuple(chain.stats().items()) if chain is not None else ()))

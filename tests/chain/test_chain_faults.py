@@ -107,12 +107,13 @@ def test_forked_child_writes_land_in_a_file_remote(tmp_path):
     cache.close()
 
 
-def test_forked_child_starts_with_nothing_pending_and_the_parent_uploads_its_own(tmp_path):
+def test_forked_child_starts_with_nothing_pending_and_the_parent_uploads_its_own(tmp_path, cleanup):
     """A write the parent has in flight at fork time is the parent's: the child neither waits on it nor uploads it."""
     gate = threading.Event()
+    cleanup.gate(gate)  # a failing assert still lets the held upload go
     fs = SlowFileSystem(write_gate=gate)
     fs.mkdir("bucket")
-    cache = TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")])
+    cache = cleanup.close(TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")]))
     cache[b"queued-in-parent"] = b"q" * 10
     assert fs.writes_started.wait(30)  # the parent's upload is under way, held at the gate
 
@@ -140,14 +141,15 @@ def _mp_child(cache: TieredProgramCache, conn) -> None:
     cache.close()
 
 
-def test_multiprocessing_fork_child_uploads(tmp_path):
-    cache = TieredProgramCache(tmp_path / "local", remote=_file_remote(tmp_path), remote_timeout=2)
+def test_multiprocessing_fork_child_uploads(tmp_path, cleanup):
+    cache = cleanup.close(TieredProgramCache(tmp_path / "local", remote=_file_remote(tmp_path), remote_timeout=2))
     cache[b"parent"] = b"p"
     assert cache.flush() is True
     ctx = multiprocessing.get_context("fork")
     parent_end, child_end = ctx.Pipe()
     proc = ctx.Process(target=_mp_child, args=(cache, child_end))
     proc.start()
+    cleanup.gate(lambda: (proc.kill(), proc.join(CHILD_LIMIT_S)))  # a child that hung is not left behind
     assert parent_end.poll(CHILD_LIMIT_S), "the child hung"
     assert parent_end.recv() == (True, True)
     proc.join(CHILD_LIMIT_S)
@@ -232,14 +234,15 @@ def test_exit_with_a_hanging_remote_takes_at_most_the_exit_flush_bound(tmp_path,
 # -- the upload queue's byte bound -----------------------------------------------------------------
 
 
-def test_upload_queue_is_bounded_by_bytes_and_drops_exactly_the_overflow():
+def test_upload_queue_is_bounded_by_bytes_and_drops_exactly_the_overflow(cleanup):
     """1000 bytes allowed (queued and in flight together); 300-byte writes: 3 fit, the other 7 are dropped."""
     gate = threading.Event()
+    cleanup.gate(gate)  # a failing assert still lets the held upload go
     fs = SlowFileSystem(write_gate=gate)
     fs.mkdir("bucket")
-    cache = TieredProgramCache(
+    cache = cleanup.close(TieredProgramCache(
         tiers=[RemoteProgramCache(fs, "bucket/k")], max_pending_uploads=100, max_pending_upload_bytes=1000
-    )
+    ))
     for i in range(10):
         cache[b"big-%d" % i] = b"%d" % i * 300
     assert cache.tiers[0].writeback.pending == 3
@@ -258,11 +261,14 @@ def test_upload_queue_is_bounded_by_bytes_and_drops_exactly_the_overflow():
     cache.close()
 
 
-def test_replacing_a_queued_write_counts_its_new_size_only():
+def test_replacing_a_queued_write_counts_its_new_size_only(cleanup):
     gate = threading.Event()
+    cleanup.gate(gate)  # a failing assert still lets the held upload go
     fs = SlowFileSystem(write_gate=gate)
     fs.mkdir("bucket")
-    cache = TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")], max_pending_upload_bytes=1000)
+    cache = cleanup.close(
+        TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")], max_pending_upload_bytes=1000)
+    )
     cache[b"held"] = b"h" * 400  # in flight, at the gate
     assert fs.writes_started.wait(30)
     cache[b"same"] = b"1" * 500
@@ -282,7 +288,7 @@ from tiered_progcache.testing.servers import private_moto_server  # noqa: E402,F
 
 
 def test_delete_during_an_outage_raises_instead_of_letting_the_entry_come_back(private_moto_server, tmp_path):
-    """Before: the remote's failure was logged and ``del`` returned, so the next process read k back from the remote."""
+    """The remote's failure is raised (``DeleteFailed``), so no later process reads k back from the remote unawares."""
     bucket = private_moto_server.new_bucket()
     cache = TieredProgramCache(
         tmp_path, remote=bucket.url, remote_options=bucket.storage_options, remote_timeout=2
@@ -299,12 +305,13 @@ def test_delete_during_an_outage_raises_instead_of_letting_the_entry_come_back(p
     cache.close(timeout=1)
 
 
-def test_delete_cancels_a_queued_upload(tmp_path):
+def test_delete_cancels_a_queued_upload(tmp_path, cleanup):
     """The upload of k queued behind a stuck one must not land after ``del cache[k]``."""
     gate = threading.Event()
+    cleanup.gate(gate)  # a failing assert still lets the held upload go
     fs = SlowFileSystem(write_gate=gate)
     fs.mkdir("bucket")
-    cache = TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")])
+    cache = cleanup.close(TieredProgramCache(tiers=[RemoteProgramCache(fs, "bucket/k")]))
     cache[b"first"] = b"1"
     assert fs.writes_started.wait(30)  # "first" is under way, held at the gate
     cache[b"k"] = b"queued"

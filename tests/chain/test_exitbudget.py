@@ -57,15 +57,15 @@ def test_remaining_starts_the_clock_when_exit_work_asks_first():
     assert budget.began
 
 
-def test_join_waits_for_a_thread_that_ends_and_gives_up_on_one_that_hangs_once_the_budget_is_spent():
+def test_join_waits_for_a_thread_that_ends_and_gives_up_on_one_that_hangs_once_the_budget_is_spent(cleanup):
     budget = ExitBudget(FakeClock(100.0))
-    go = threading.Event()
-    ends = threading.Thread(target=go.wait, daemon=True)
-    ends.start()
-    threading.Timer(0, go.set).start()
+    go, stuck = threading.Event(), threading.Event()
+    cleanup.gate(go)
+    cleanup.gate(stuck)  # the "hung" thread ends at teardown, not with the test process
+    ends = cleanup.thread(go.wait)
+    cleanup.join(threading.Timer(0, go.set)).start()
     assert budget.join(ends) is True  # before exit: waited for, however long it takes
-    hangs = threading.Thread(target=threading.Event().wait, daemon=True)
-    hangs.start()
+    hangs = cleanup.thread(stuck.wait)
     budget.begin()
     budget._clock.now += 100  # type: ignore[attr-defined]  # the budget is spent
     assert budget.join(hangs) is False  # exit does not wait for it

@@ -170,9 +170,10 @@ def test_clear_and_len_skip_shared_tiers(tmp_path):
     assert shared.get(b"a") == b"1" and len(shared) == 3
 
 
-def test_background_tier_is_written_after_flush(tmp_path):
+def test_background_tier_is_written_after_flush(tmp_path, cleanup):
     bg = FileStreamProgramCache(tmp_path)
     gate = threading.Event()
+    cleanup.gate(gate)  # a failing assert still lets the held write go
 
     class Gated(ProgramCacheResource):
         """Delegates to ``bg`` but holds every write until the test opens the gate."""
@@ -193,7 +194,8 @@ def test_background_tier_is_written_after_flush(tmp_path):
         def clear(self):
             bg.clear()
 
-    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), (Gated(), TierPolicy("bg", write="background"))])
+    tiers = [InMemoryProgramCache(), (Gated(), TierPolicy("bg", write="background"))]
+    cache = cleanup.close(TieredProgramCache(tiers=tiers))
     cache[b"k"] = b"v"  # returns although the background write is blocked
     assert bg.get(b"k") is None
     assert cache.flush(timeout=0.05) is False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from cuda.core.utils import InMemoryProgramCache
 
 from tiered_progcache import TieredProgramCache, TierPolicy
@@ -19,11 +20,22 @@ class GatedStore:
         self.order: list[bytes] = []
         self.started: dict[bytes, threading.Event] = {}
         self.gates: dict[bytes, threading.Event] = {}
+        self._open = False
         self._lock = threading.Lock()
 
     def gate(self, key: bytes) -> threading.Event:
         with self._lock:
-            return self.gates.setdefault(key, threading.Event())
+            gate = self.gates.setdefault(key, threading.Event())
+            if self._open:
+                gate.set()
+            return gate
+
+    def open_all(self) -> None:
+        """Let every write through, those held now and those to come (teardown)."""
+        with self._lock:
+            self._open = True
+            for gate in self.gates.values():
+                gate.set()
 
     def began(self, key: bytes) -> threading.Event:
         with self._lock:
@@ -35,9 +47,31 @@ class GatedStore:
         self.order.append(key)
 
 
-def test_writes_go_in_order_and_expedited_ones_go_next_in_their_own_order():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+@pytest.fixture
+def store(cleanup) -> GatedStore:
+    """A :class:`GatedStore` whose gates all open at teardown, so no worker stays held in it."""
+    gated = GatedStore()
+    cleanup.gate(gated.open_all)
+    return gated
+
+
+@pytest.fixture
+def queue_of(cleanup):
+    """``WriteBackQueue(...)``, closed at teardown (after every gate opened) and its worker joined."""
+
+    def make(*args, **kwargs) -> WriteBackQueue:
+        return cleanup.close(WriteBackQueue(*args, **kwargs), JOIN_S)
+
+    return make
+
+
+@pytest.fixture
+def queue(store, queue_of) -> WriteBackQueue:
+    """A queue named "test" that writes to ``store``."""
+    return queue_of(store, name="test")
+
+
+def test_writes_go_in_order_and_expedited_ones_go_next_in_their_own_order(store, queue):
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)  # k0 under way: the rest queue behind it
     queue.submit(b"k1", b"v")
@@ -50,12 +84,9 @@ def test_writes_go_in_order_and_expedited_ones_go_next_in_their_own_order():
         store.gate(key).set()
     assert queue.flush(JOIN_S)
     assert store.order == [b"k0", b"k3", b"k4", b"k1", b"k2"]
-    queue.close()
 
 
-def test_wait_for_one_key_is_not_held_up_by_writes_queued_after_it():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_wait_for_one_key_is_not_held_up_by_writes_queued_after_it(store, queue):
     assert queue.wait_for(b"never submitted", timeout=0)
     queue.submit(b"mine", b"v")
     queue.submit(b"later", b"v")
@@ -67,19 +98,15 @@ def test_wait_for_one_key_is_not_held_up_by_writes_queued_after_it():
     assert queue.pending == 1 and not queue.flush(timeout=0)  # "later" is still held
     store.gate(b"later").set()
     assert queue.flush(JOIN_S) and queue.wait_for(b"later", timeout=0)
-    queue.close()
 
 
-def test_a_cancelled_write_is_no_longer_waited_for():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_a_cancelled_write_is_no_longer_waited_for(store, queue):
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     queue.submit(b"k1", b"v")
     assert queue.cancel(b"k1") and queue.wait_for(b"k1", timeout=0)
     store.gate(b"k0").set()
     assert queue.flush(JOIN_S) and store.order == [b"k0"]
-    queue.close()
 
 
 class GatedTier(InMemoryProgramCache):
@@ -100,28 +127,34 @@ class GatedTier(InMemoryProgramCache):
         super().__setitem__(key, value)
 
 
-def _chain(tier: GatedTier) -> TieredProgramCache:
-    return TieredProgramCache(tiers=[InMemoryProgramCache(), (tier, TierPolicy("bg", write="background"))])
+@pytest.fixture
+def chain_of(cleanup):
+    """A memory tier over ``tier`` as a background tier; the tier's gate opens and the chain closes at teardown."""
+
+    def make(tier: GatedTier) -> TieredProgramCache:
+        cleanup.gate(tier.gate)
+        return cleanup.close(
+            TieredProgramCache(tiers=[InMemoryProgramCache(), (tier, TierPolicy("bg", write="background"))]), JOIN_S
+        )
+
+    return make
 
 
-def test_the_chain_waits_for_one_upload_without_waiting_for_later_ones():
+def test_the_chain_waits_for_one_upload_without_waiting_for_later_ones(chain_of):
     slow = GatedTier({b"later"})
-    cache = _chain(slow)
+    cache = chain_of(slow)
     cache[b"mine"] = b"v"
     cache[b"later"] = b"v"
-    try:
-        assert cache.wait_uploaded(b"mine", timeout=JOIN_S)
-        assert slow.started.wait(JOIN_S)
-        assert not cache.wait_uploaded(b"later", timeout=0) and not cache.flush(timeout=0)
-    finally:
-        slow.gate.set()
+    assert cache.wait_uploaded(b"mine", timeout=JOIN_S)
+    assert slow.started.wait(JOIN_S)
+    assert not cache.wait_uploaded(b"later", timeout=0) and not cache.flush(timeout=0)
+    slow.gate.set()
     assert cache.flush(JOIN_S)
-    cache.close()
 
 
-def test_the_chain_expedites_the_uploads_submitted_after_a_mark():
+def test_the_chain_expedites_the_uploads_submitted_after_a_mark(chain_of):
     slow = GatedTier({b"k0"})
-    cache = _chain(slow)
+    cache = chain_of(slow)
     cache[b"k0"] = b"v"
     assert slow.started.wait(JOIN_S)
     cache[b"k1"] = b"v"
@@ -131,15 +164,12 @@ def test_the_chain_expedites_the_uploads_submitted_after_a_mark():
     slow.gate.set()
     assert cache.flush(JOIN_S)
     assert slow.order == [b"k0", b"k2", b"k1"]
-    cache.close()
 
 
 # -- the queue's bounds, refusals and accounting, exactly --------------------------------------------
 
 import logging  # noqa: E402
 import time  # noqa: E402
-
-import pytest  # noqa: E402
 
 from tiered_progcache.chain import exitbudget, writeback  # noqa: E402
 from tiered_progcache.chain.writeback import Refused  # noqa: E402
@@ -157,10 +187,9 @@ def test_a_bad_max_pending_bytes_is_a_value_error_naming_it(bad):
         WriteBackQueue(GatedStore(), max_pending_bytes=bad)
 
 
-def test_the_worker_is_one_named_daemon_thread_started_by_the_first_write():
-    store = GatedStore()
+def test_the_worker_is_one_named_daemon_thread_started_by_the_first_write(store, queue_of):
     before = {t.name for t in threading.enumerate()}
-    queue = WriteBackQueue(store, name="remote7")
+    queue = queue_of(store, name="remote7")
     assert {t.name for t in threading.enumerate()} == before  # nothing runs before a write
     assert queue.submit(b"k0", b"v") is None
     assert store.began(b"k0").wait(JOIN_S)
@@ -176,9 +205,8 @@ def test_the_worker_is_one_named_daemon_thread_started_by_the_first_write():
     assert not worker.is_alive()  # closed and drained: the worker ends
 
 
-def test_a_full_queue_refuses_a_new_key_but_still_takes_a_newer_value_of_a_queued_one():
-    store = GatedStore()
-    queue = WriteBackQueue(store, max_pending=2, name="test")
+def test_a_full_queue_refuses_a_new_key_but_still_takes_a_newer_value_of_a_queued_one(store, queue_of):
+    queue = queue_of(store, max_pending=2, name="test")
     assert queue.submit(b"k0", b"v0") is None
     assert store.began(b"k0").wait(JOIN_S)  # under way: not counted against the queue's length
     assert queue.submit(b"k1", b"v1") is None
@@ -191,12 +219,10 @@ def test_a_full_queue_refuses_a_new_key_but_still_takes_a_newer_value_of_a_queue
         store.gate(key).set()
     assert queue.flush(JOIN_S)
     assert store.order == [b"k0", b"k1", b"k2"] and queue.pending == 0 and queue.pending_bytes == 0
-    queue.close()
 
 
-def test_the_byte_bound_counts_queued_and_under_way_bytes_and_a_write_of_exactly_the_bound_fits():
-    store = GatedStore()
-    queue = WriteBackQueue(store, max_pending_bytes=10, name="test")
+def test_the_byte_bound_counts_queued_and_under_way_bytes_and_a_write_of_exactly_the_bound_fits(store, queue_of):
+    queue = queue_of(store, max_pending_bytes=10, name="test")
     assert queue.submit(b"k0", b"4444") is None
     assert store.began(b"k0").wait(JOIN_S)
     assert queue.submit(b"k1", b"666666") is None  # 4 + 6 = 10: exactly the bound
@@ -213,12 +239,9 @@ def test_the_byte_bound_counts_queued_and_under_way_bytes_and_a_write_of_exactly
     assert queue.pending_bytes == 6  # the written bytes are given back
     store.gate(b"k1").set()
     assert queue.flush(JOIN_S) and queue.pending_bytes == 0
-    queue.close()
 
 
-def test_cancel_drops_only_a_queued_write_and_gives_its_bytes_back():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_cancel_drops_only_a_queued_write_and_gives_its_bytes_back(store, queue):
     queue.submit(b"k0", b"under way")
     assert store.began(b"k0").wait(JOIN_S)
     queue.submit(b"k1", b"queued")
@@ -230,12 +253,9 @@ def test_cancel_drops_only_a_queued_write_and_gives_its_bytes_back():
     assert queue.pending == 1 and queue.pending_bytes == 9
     store.gate(b"k0").set()
     assert queue.flush(JOIN_S) and store.order == [b"k0"]
-    queue.close()
 
 
-def test_a_cancel_wakes_a_flush_that_waited_only_for_the_cancelled_write():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_a_cancel_wakes_a_flush_that_waited_only_for_the_cancelled_write(store, queue, cleanup):
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     queue.submit(b"k1", b"v")
@@ -243,16 +263,14 @@ def test_a_cancel_wakes_a_flush_that_waited_only_for_the_cancelled_write():
     assert queue.wait_for(b"k0", JOIN_S)
     # k1 is queued or under way now; hold it, then cancel whatever of it is still queued.
     flushed = threading.Event()
-    threading.Thread(target=lambda: queue.flush(JOIN_S) and flushed.set(), daemon=True).start()
+    cleanup.thread(lambda: queue.flush(JOIN_S) and flushed.set())
     queue.cancel(b"k1")
     store.gate(b"k1").set()
     assert flushed.wait(JOIN_S)
-    queue.close()
 
 
-def test_close_drops_what_is_left_when_its_time_runs_out_and_refuses_later_writes(caplog):
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="slowtier")
+def test_close_drops_what_is_left_when_its_time_runs_out_and_refuses_later_writes(caplog, store, queue_of):
+    queue = queue_of(store, name="slowtier")
     queue.submit(b"k0", b"held")
     assert store.began(b"k0").wait(JOIN_S)
     queue.submit(b"k1", b"queued1")
@@ -266,14 +284,14 @@ def test_close_drops_what_is_left_when_its_time_runs_out_and_refuses_later_write
     assert queue.flush(JOIN_S) and store.order == [b"k0"] and queue.pending_bytes == 0
 
 
-def test_close_with_nothing_left_says_nothing(caplog):
-    queue = WriteBackQueue(GatedStore(), name="idle")
+def test_close_with_nothing_left_says_nothing(caplog, store, queue_of):
+    queue = queue_of(store, name="idle")
     with caplog.at_level(logging.WARNING, logger="tiered_progcache.chain.writeback"):
         assert queue.close(timeout=0) is True
     assert caplog.records == []
 
 
-def test_a_store_that_raises_is_logged_and_the_worker_carries_on(caplog):
+def test_a_store_that_raises_is_logged_and_the_worker_carries_on(caplog, queue_of):
     written = []
 
     def store(key: bytes, data: bytes) -> None:
@@ -281,7 +299,7 @@ def test_a_store_that_raises_is_logged_and_the_worker_carries_on(caplog):
             raise OSError("disk on fire")
         written.append(key)
 
-    queue = WriteBackQueue(store, name="flaky")
+    queue = queue_of(store, name="flaky")
     with caplog.at_level(logging.ERROR, logger="tiered_progcache.chain.writeback"):
         queue.submit(b"bad", b"v")
         queue.submit(b"good", b"v")
@@ -289,36 +307,30 @@ def test_a_store_that_raises_is_logged_and_the_worker_carries_on(caplog):
     assert written == [b"good"] and queue.pending == 0 and queue.pending_bytes == 0
     (record,) = caplog.records
     assert record.getMessage() == "write-back flaky: store raised" and record.exc_info is not None
-    queue.close()
 
 
-def test_wait_for_and_flush_without_a_timeout_wait_until_done():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_wait_for_and_flush_without_a_timeout_wait_until_done(store, queue, cleanup):
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     done = []
-    waiter = threading.Thread(target=lambda: done.append((queue.flush(), queue.wait_for(b"k0"))), daemon=True)
-    waiter.start()
+    waiter = cleanup.thread(lambda: done.append((queue.flush(), queue.wait_for(b"k0"))))
     store.gate(b"k0").set()
     waiter.join(JOIN_S)
     assert done == [(True, True)]
-    queue.close()
 
 
-def test_submission_marks_increase_across_queues():
+def test_submission_marks_increase_across_queues(store, queue_of):
     first = submission_mark()
-    queue = WriteBackQueue(GatedStore(), name="test")
+    queue = queue_of(store, name="test")
     queue.submit(b"k", b"v")
     assert submission_mark() > first + 1  # the write took a sequence number between the two marks
-    queue._store.gate(b"k").set()
-    queue.close(JOIN_S)
 
 
-def test_a_queue_after_fork_starts_empty_with_no_worker_and_writes_its_own(monkeypatch):
+def test_a_queue_after_fork_starts_empty_with_no_worker_and_writes_its_own(monkeypatch, cleanup, queue_of):
     """What the child of a fork sees (the fork itself runs in test_chain_faults): called here directly."""
     _private_registry(monkeypatch)
     hold, started = threading.Event(), threading.Event()
+    cleanup.gate(hold)
     written = []
 
     def store(key: bytes, data: bytes) -> None:
@@ -327,7 +339,7 @@ def test_a_queue_after_fork_starts_empty_with_no_worker_and_writes_its_own(monke
             hold.wait()  # the parent's worker, which a real child would not have
         written.append(key)
 
-    queue = WriteBackQueue(store, name="test")
+    queue = queue_of(store, name="test")
     queue.submit(b"parent0", b"v")
     assert started.wait(JOIN_S)
     queue.submit(b"parent1", b"v")  # queued behind parent0, which is under way
@@ -336,12 +348,11 @@ def test_a_queue_after_fork_starts_empty_with_no_worker_and_writes_its_own(monke
     assert queue.wait_for(b"parent0", 0) and queue.wait_for(b"parent1", 0) and queue.flush(0)
     assert queue.submit(b"child", b"v") is None  # a fresh worker for the child's own write
     assert queue.flush(JOIN_S) and written == [b"child"]
-    hold.set()
 
 
-def test_a_closed_queue_stays_closed_after_fork(monkeypatch):
+def test_a_closed_queue_stays_closed_after_fork(monkeypatch, store, queue_of):
     _private_registry(monkeypatch)
-    queue = WriteBackQueue(GatedStore(), name="test")
+    queue = queue_of(store, name="test")
     queue.close()
     queue._forget_after_fork()
     assert queue.submit(b"k", b"v") is Refused.CLOSED
@@ -355,18 +366,17 @@ def _private_registry(monkeypatch) -> None:
     monkeypatch.setattr(writeback, "_live_queues", weakref.WeakSet())
 
 
-def test_the_exit_flush_starts_the_exit_budget_and_warns_of_what_it_could_not_flush(monkeypatch, caplog):
+def test_the_exit_flush_starts_the_exit_budget_and_warns_of_what_it_could_not_flush(monkeypatch, caplog, store, queue_of):
     times = iter([0.0] + [10.0] * 100)  # the clock starts at 0, and the budget (2 s) is spent at once
     budget = exitbudget.ExitBudget(lambda: next(times))
     budget.allow(2.0)
     monkeypatch.setattr(exitbudget, "PROCESS", budget)
     _private_registry(monkeypatch)
-    store = GatedStore()
-    stuck = WriteBackQueue(store, name="stuck")
+    stuck = queue_of(store, name="stuck")
     stuck.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     stuck.submit(b"k1", b"v")
-    idle = WriteBackQueue(GatedStore(), name="idle")
+    idle = queue_of(GatedStore(), name="idle")
     with caplog.at_level(logging.WARNING, logger="tiered_progcache.chain.writeback"):
         writeback._flush_at_exit()
     assert budget.began and budget.begin() == 2.0 - exitbudget.TEARDOWN_RESERVE_S
@@ -374,21 +384,18 @@ def test_the_exit_flush_starts_the_exit_budget_and_warns_of_what_it_could_not_fl
     store.gate(b"k0").set()
     store.gate(b"k1").set()
     assert stuck.flush(JOIN_S)
-    stuck.close()
-    idle.close()
 
 
-def test_the_exit_flush_flushes_what_it_can_within_the_budget(monkeypatch, caplog):
+def test_the_exit_flush_flushes_what_it_can_within_the_budget(monkeypatch, caplog, queue_of):
     budget = exitbudget.ExitBudget()
     monkeypatch.setattr(exitbudget, "PROCESS", budget)
     _private_registry(monkeypatch)
     written = []
-    queue = WriteBackQueue(lambda key, data: written.append(key), name="fast")
+    queue = queue_of(lambda key, data: written.append(key), name="fast")
     queue.submit(b"k", b"v")
     with caplog.at_level(logging.WARNING, logger="tiered_progcache.chain.writeback"):
         writeback._flush_at_exit()
     assert budget.began and written == [b"k"] and caplog.records == []
-    queue.close()
 
 
 def test_the_exit_flush_is_registered_on_threadings_early_exit_hook_else_on_atexit(monkeypatch):
@@ -402,10 +409,8 @@ def test_the_exit_flush_is_registered_on_threadings_early_exit_hook_else_on_atex
     assert (early, late) == ([writeback._flush_at_exit], [writeback._flush_at_exit])
 
 
-def test_wait_for_with_less_than_a_second_left_still_waits_for_the_write():
+def test_wait_for_with_less_than_a_second_left_still_waits_for_the_write(store, queue):
     """A short timeout is waited out, not taken as spent: the write ends while wait_for waits."""
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     store.gate(b"k0").set()  # the worker finishes as soon as this thread waits (it only needs the GIL)
@@ -414,24 +419,19 @@ def test_wait_for_with_less_than_a_second_left_still_waits_for_the_write():
     assert store.began(b"k1").wait(JOIN_S)
     store.gate(b"k1").set()
     assert queue.flush(timeout=0.9) is True
-    queue.close()
 
 
-def test_a_flush_with_time_left_waits_at_most_that_long_for_a_stuck_write():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_a_flush_with_time_left_waits_at_most_that_long_for_a_stuck_write(store, queue):
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     assert queue.flush(timeout=0.05) is False  # it waits, then gives up: never until the write ends
     assert queue.wait_for(b"k0", timeout=0.05) is False
     store.gate(b"k0").set()
     assert queue.flush(JOIN_S)
-    queue.close()
 
 
-def test_the_smallest_bounds_are_one_write_and_one_byte():
-    store = GatedStore()
-    queue = WriteBackQueue(store, max_pending=1, max_pending_bytes=1)
+def test_the_smallest_bounds_are_one_write_and_one_byte(store, queue_of):
+    queue = queue_of(store, max_pending=1, max_pending_bytes=1)
     assert queue.submit(b"k0", b"1") is None
     assert store.began(b"k0").wait(JOIN_S)
     assert queue.submit(b"k1", b"") is None  # one queued: the length bound; 1 byte: the byte bound
@@ -444,9 +444,7 @@ def test_the_smallest_bounds_are_one_write_and_one_byte():
     worker.join(JOIN_S)
 
 
-def test_by_default_1024_writes_queue_behind_the_one_under_way():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_by_default_1024_writes_queue_behind_the_one_under_way(store, queue):
     queue.submit(b"first", b"v")
     assert store.began(b"first").wait(JOIN_S)
     assert all(queue.submit(b"k%d" % n, b"") is None for n in range(1024))
@@ -456,10 +454,12 @@ def test_by_default_1024_writes_queue_behind_the_one_under_way():
     store.gate(b"first").set()
 
 
-def test_the_fork_hook_empties_every_live_queue(monkeypatch):
+def test_the_fork_hook_empties_every_live_queue(monkeypatch, cleanup, queue_of):
     _private_registry(monkeypatch)
     stores = (GatedStore(), GatedStore())
-    first, second = WriteBackQueue(stores[0], name="a"), WriteBackQueue(stores[1], name="b")
+    for gated in stores:
+        cleanup.gate(gated.open_all)
+    first, second = queue_of(stores[0], name="a"), queue_of(stores[1], name="b")
     for queue, store in zip((first, second), stores):
         queue.submit(b"under way", b"v")
         assert store.began(b"under way").wait(JOIN_S)  # its worker is in the store, not in the queue's lock
@@ -470,10 +470,8 @@ def test_the_fork_hook_empties_every_live_queue(monkeypatch):
         store.gate(b"under way").set()  # the parent's workers (absent in a real child) may finish now
 
 
-def test_no_bookkeeping_is_left_for_writes_done_or_cancelled():
+def test_no_bookkeeping_is_left_for_writes_done_or_cancelled(store, queue):
     """A long-lived process writes millions of keys: nothing may stay behind per key."""
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
     queue.submit(b"k1", b"v")
@@ -481,12 +479,9 @@ def test_no_bookkeeping_is_left_for_writes_done_or_cancelled():
     store.gate(b"k0").set()
     assert queue.flush(JOIN_S)
     assert (queue._submitted_at, queue._in_flight_keys, dict(queue._pending)) == ({}, set(), {})
-    queue.close()
 
 
-def test_discard_drops_the_queued_writes_and_waits_for_the_one_under_way():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_discard_drops_the_queued_writes_and_waits_for_the_one_under_way(store, queue):
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)  # under way: it cannot be taken back
     queue.submit(b"k1", b"vv")
@@ -498,57 +493,52 @@ def test_discard_drops_the_queued_writes_and_waits_for_the_one_under_way():
     store.gate(b"k1").set()
     store.gate(b"k2").set()
     assert queue.flush(JOIN_S) and store.order == [b"k0"]  # the dropped writes never ran
-    queue.close()
 
 
-def test_clear_of_a_background_tier_leaves_it_empty_though_writes_were_queued(tmp_path):
+@pytest.fixture
+def file_chain(tmp_path, cleanup) -> TieredProgramCache:
+    """A memory tier over a cuda-core file tier written in the background, closed at teardown."""
     from cuda.core.utils import FileStreamProgramCache
 
-    chain = TieredProgramCache(tiers=[InMemoryProgramCache(),
-                                      (FileStreamProgramCache(tmp_path / "bg"), TierPolicy("bg", write="background"))])
-    with chain:
-        bg = chain.tier("bg")
-        store = GatedStore()
-        real = bg.writeback._store
-        bg.writeback._store = lambda key, data: (store(key, data), real(key, data))
-        for n in range(3):
-            chain[b"k%d" % n] = b"v%d" % n
-        assert store.began(b"k0").wait(JOIN_S)
-        clearing = threading.Thread(target=chain.clear)
-        clearing.start()
-        queue = bg.writeback
-        with queue._cond:  # clear() has dropped k1 and k2 (it notifies), and waits for k0, under way
-            assert queue._cond.wait_for(lambda: not queue._pending, timeout=JOIN_S)
-        store.gate(b"k0").set()  # k0 lands; clear() then empties the tier
-        clearing.join(JOIN_S)
-        assert not clearing.is_alive()
-        for n in range(3):
-            store.gate(b"k%d" % n).set()
-        assert chain.flush(JOIN_S) and len(chain) == 0 and store.order == [b"k0"]
+    tiers = [InMemoryProgramCache(), (FileStreamProgramCache(tmp_path / "bg"), TierPolicy("bg", write="background"))]
+    return cleanup.close(TieredProgramCache(tiers=tiers), JOIN_S)
 
 
-def test_clear_waits_for_a_write_under_way_at_most_clear_wait_s(tmp_path, monkeypatch, caplog):
-    from cuda.core.utils import FileStreamProgramCache
+def test_clear_of_a_background_tier_leaves_it_empty_though_writes_were_queued(file_chain, store, cleanup):
+    chain = file_chain
+    bg = chain.tier("bg")
+    real = bg.writeback._store
+    bg.writeback._store = lambda key, data: (store(key, data), real(key, data))
+    for n in range(3):
+        chain[b"k%d" % n] = b"v%d" % n
+    assert store.began(b"k0").wait(JOIN_S)
+    clearing = cleanup.thread(chain.clear)
+    queue = bg.writeback
+    with queue._cond:  # clear() has dropped k1 and k2 (it notifies), and waits for k0, under way
+        assert queue._cond.wait_for(lambda: not queue._pending, timeout=JOIN_S)
+    store.gate(b"k0").set()  # k0 lands; clear() then empties the tier
+    clearing.join(JOIN_S)
+    assert not clearing.is_alive()
+    for n in range(3):
+        store.gate(b"k%d" % n).set()
+    assert chain.flush(JOIN_S) and len(chain) == 0 and store.order == [b"k0"]
 
+
+def test_clear_waits_for_a_write_under_way_at_most_clear_wait_s(file_chain, store, monkeypatch, caplog):
     monkeypatch.setattr("tiered_progcache.chain.tier.CLEAR_WAIT_S", 0.01)
-    chain = TieredProgramCache(tiers=[InMemoryProgramCache(),
-                                      (FileStreamProgramCache(tmp_path / "bg"), TierPolicy("bg", write="background"))])
-    with chain:
-        bg = chain.tier("bg")
-        store = GatedStore()
-        bg.writeback._store = store
-        chain[b"stuck"] = b"v"
-        assert store.began(b"stuck").wait(JOIN_S)
-        chain.clear()  # returns though the write is still held
-        assert [r.getMessage() for r in caplog.records if "clear()" in r.getMessage()] == [
-            "tier bg: a background write still under way after 0 s may land after clear()"]
-        store.gate(b"stuck").set()
-        assert chain.flush(JOIN_S)
+    chain = file_chain
+    bg = chain.tier("bg")
+    bg.writeback._store = store
+    chain[b"stuck"] = b"v"
+    assert store.began(b"stuck").wait(JOIN_S)
+    chain.clear()  # returns though the write is still held
+    assert [r.getMessage() for r in caplog.records if "clear()" in r.getMessage()] == [
+        "tier bg: a background write still under way after 0 s may land after clear()"]
+    store.gate(b"stuck").set()
+    assert chain.flush(JOIN_S)
 
 
-def test_discard_without_a_timeout_waits_for_the_write_under_way_as_long_as_it_takes():
-    store = GatedStore()
-    queue = WriteBackQueue(store, name="test")
+def test_discard_without_a_timeout_waits_for_the_write_under_way_as_long_as_it_takes(store, queue, cleanup):
     assert queue.discard()  # nothing queued, nothing under way: at once
     queue.submit(b"k0", b"v")
     assert store.began(b"k0").wait(JOIN_S)
@@ -559,9 +549,7 @@ def test_discard_without_a_timeout_waits_for_the_write_under_way_as_long_as_it_t
             assert queue._cond.wait_for(lambda: not queue._pending, timeout=JOIN_S)
             store.gate(b"k0").set()
 
-    releaser = threading.Thread(target=release_once_discard_waits)
-    releaser.start()
+    releaser = cleanup.thread(release_once_discard_waits)
     assert queue.discard()  # no timeout: returns once k0 is done
     releaser.join(JOIN_S)
     assert queue.pending == 0 and store.order == [b"k0"]
-    queue.close()

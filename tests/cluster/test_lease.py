@@ -173,7 +173,7 @@ def test_lease_of_a_crashed_holder_is_broken_at_once_once_expired(leases):
     waiter.release()
 
 
-def test_a_waiter_gets_the_holders_result_when_it_is_published(leases):
+def test_a_waiter_gets_the_holders_result_when_it_is_published(leases, cleanup):
     holder = RemoteLease(leases, NAME, ttl_s=30)
     assert holder.try_acquire()
     polled, finished = threading.Event(), threading.Event()
@@ -189,8 +189,8 @@ def test_a_waiter_gets_the_holders_result_when_it_is_published(leases):
         waited = wait_for_lease(RemoteLease(leases, NAME, 30), poll, 20)
         out.append((waited.found, waited.held))
 
-    t = threading.Thread(target=wait)
-    t.start()
+    cleanup.gate(finished)  # a failing assert still lets the waiter's poll return
+    t = cleanup.thread(wait)
     assert polled.wait(JOIN_S)  # it polled only after finding the lease taken
     holder.release()
     finished.set()
@@ -234,9 +234,11 @@ def _kill_a_holder(url: str, ttl: float):
     taken = SPAWN.Event()
     child = SPAWN.Process(target=_hold_lease, args=(url, NAME, ttl, taken))
     child.start()
-    assert taken.wait(JOIN_S)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join(JOIN_S)
+    try:
+        assert taken.wait(JOIN_S)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # whether or not it took the lease in time
+        child.join(JOIN_S)
     leases = RemoteProgramCache.from_url(url).leases()
     info = RemoteLease(leases, NAME, ttl).read()
     assert isinstance(info, LeaseInfo) and info.process is not None and info.process.pid == child.pid

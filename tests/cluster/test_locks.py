@@ -55,9 +55,11 @@ def test_node_lock_of_a_killed_holder_is_free_at_once(tmp_path):
     taken, release = SPAWN.Event(), SPAWN.Event()
     child = SPAWN.Process(target=_hold_node_lock, args=(str(tmp_path), "k2", taken, release))
     child.start()
-    assert taken.wait(JOIN_S)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join(JOIN_S)
+    try:
+        assert taken.wait(JOIN_S)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)  # whether or not it took the lock in time
+        child.join(JOIN_S)
     started = time.monotonic()
     with node_lock(tmp_path, "k2", timeout=10) as held:
         assert held
@@ -95,9 +97,10 @@ def test_node_lock_is_mutually_exclusive_between_threads_and_leaves_no_files(tmp
 # -- thread flights ----------------------------------------------------------------------------------
 
 
-def test_thread_single_flight_shares_the_result_and_the_exception():
+def test_thread_single_flight_shares_the_result_and_the_exception(cleanup):
     flights: ThreadSingleFlight[str] = ThreadSingleFlight()
     entered, go = threading.Event(), threading.Event()
+    cleanup.gate(go)  # a failing assert still lets the leader finish
     runs = []
     results = []
 
@@ -113,12 +116,9 @@ def test_thread_single_flight_shares_the_result_and_the_exception():
         with flights.lead("k") as seat:
             results.append(seat.leader or seat.wait(JOIN_S))
 
-    t = threading.Thread(target=leader)
-    t.start()
+    t = cleanup.thread(leader)
     assert entered.wait(JOIN_S)
-    followers = [threading.Thread(target=follower) for _ in range(4)]
-    for f in followers:
-        f.start()
+    followers = [cleanup.thread(follower) for _ in range(4)]
     deadline = time.monotonic() + JOIN_S
     while flights.followers("k") < 4 and time.monotonic() < deadline:
         threading.Event().wait(0.001)  # polling a condition, not timing a race
@@ -136,6 +136,7 @@ def test_thread_single_flight_shares_the_result_and_the_exception():
             raise RuntimeError("compile failed")
 
     entered2, go2 = threading.Event(), threading.Event()
+    cleanup.gate(go2)
     errors = []
 
     def waiter() -> None:
@@ -147,11 +148,9 @@ def test_thread_single_flight_shares_the_result_and_the_exception():
         except RuntimeError as exc:
             errors.append(str(exc))
 
-    t = threading.Thread(target=lambda: pytest.raises(RuntimeError, failing))
-    t.start()
+    t = cleanup.thread(lambda: pytest.raises(RuntimeError, failing))
     assert entered2.wait(JOIN_S)
-    w = threading.Thread(target=waiter)
-    w.start()
+    w = cleanup.thread(waiter)
     t.join(JOIN_S)
     w.join(JOIN_S)
     assert errors == ["compile failed"]

@@ -54,7 +54,7 @@ def fresh():
     tpc.uninstall()
     tpc._reset_for_tests()
     yield
-    chain = tpc.shared_cache() if tpc._chain_built else None
+    chain = tpc._shared.if_built()
     tpc.uninstall()
     tpc._reset_for_tests()
     if chain is not None:

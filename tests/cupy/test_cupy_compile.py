@@ -65,7 +65,7 @@ def cupy_without_a_driver(monkeypatch):
     tpc.uninstall()
     tpc._reset_for_tests()
     yield counts
-    chain = tpc.shared_cache() if tpc._chain_built else None
+    chain = tpc._shared.if_built()
     tpc.uninstall()
     tpc._reset_for_tests()
     if chain is not None:

@@ -80,7 +80,7 @@ def node(tmp_path, monkeypatch):
         return directory
 
     yield switch
-    chain = tpt.shared_cache() if tpt._chain_built else None
+    chain = tpt._shared.if_built()
     tpt._reset_for_tests()
     if chain is not None:
         chain.close()

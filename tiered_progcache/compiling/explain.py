@@ -398,8 +398,9 @@ def explain_key(
     extra_digest: bytes | None,
 ) -> Explanation:
     """:func:`explain` for a key already computed (``compile()`` calls this on a miss). Never raises for a tier."""
-    chain = as_chain(cache)
-    explained = _explained(compiled, source, code_type, options, target, chain, names, extra_digest)
+    chain = as_chain(cache)  # a bare resource is a chain of one tier, named as in tiers=[...]
+    inputs = compile_inputs(compiled, source, code_type, options, target, names, extra_digest)
+    explained = _explained(compiled, inputs, chain, names)
     if compiled.declined is not None:
         return explained
     size = compile_size(len(source), len(compiled.headers))
@@ -407,23 +408,16 @@ def explain_key(
 
 
 def _explained(
-    compiled: CompileKey,
-    source: str | bytes,
-    code_type: str,
-    options: ProgramOptions,
-    target: str,
-    cache: ProgramCacheResource,
-    names: tuple[str | bytes, ...],
-    extra_digest: bytes | None,
+    compiled: CompileKey, inputs: CompileInputs, chain: TieredProgramCache, names: tuple[str | bytes, ...]
 ) -> Explanation:
+    """The hit in the fastest tier that holds a usable entry, else the miss and the nearest stored manifests."""
     key = compiled.key
     name = entry_name(key)
-    inputs = compile_inputs(compiled, source, code_type, options, target, names, extra_digest)
     notes: list[str] = []
     if compiled.declined is not None:
         notes.append(f"not cached, compiled every time: {compiled.declined}")
     listings: list[tuple[_View, dict[str, StoredEntry]]] = []
-    views = _views(as_chain(cache))  # a bare resource is a chain of one tier, named as in tiers=[...]
+    views = _views(chain)
     for depth, view in enumerate(views):
         if view.store is None:
             try:

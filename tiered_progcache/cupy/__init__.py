@@ -32,6 +32,7 @@ import threading
 from typing import Any
 
 from ..chain.stats import CacheStats, CompileTally, CompileTotals, TierCounters
+from ..config import ProcessSharedChain
 from .cupynames import FRAME_MAGIC, KEY_PREFIX, NAMESPACE, cache_key, describe, frame, header_name, name_of
 
 __all__ = [
@@ -55,8 +56,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _lock = threading.RLock()
-_chain: Any = None  # TieredProgramCache | None once built
-_chain_built = False
+_shared = ProcessSharedChain(NAMESPACE, log=logger, label="CuPy cache", alone="CuPy's directory")
 _local = TierCounters()
 _NO_TALLY = CompileTally()  # CuPy's compiles are its saves (``_local.writes``), not a tally's
 _previous: Any = None  # CuPy's backend before install
@@ -71,20 +71,7 @@ def shared_cache() -> Any:
     Built once per process on first need from ``TIERED_PROGCACHE_*`` (a bad setting is
     logged and the backend runs on CuPy's directory alone: a cache never fails a compile).
     """
-    global _chain, _chain_built
-    if _chain_built:
-        return _chain
-    with _lock:
-        if not _chain_built:
-            from ..config import CacheConfig
-
-            try:
-                _chain = CacheConfig.from_env().build_shared(namespace=NAMESPACE)
-            except Exception as exc:
-                logger.warning("CuPy cache: shared tiers not built, running on CuPy's directory alone: %s", exc)
-                _chain = None
-            _chain_built = True
-    return _chain
+    return _shared.get()
 
 
 def use_shared_cache(cache: Any) -> None:
@@ -94,12 +81,7 @@ def use_shared_cache(cache: Any) -> None:
 
     For applications that build their chain in code, and for tests; the previous one is not closed.
     """
-    from ..chain.tiered import require_chain
-
-    global _chain, _chain_built
-    require_chain(cache, none_ok=True)
-    with _lock:
-        _chain, _chain_built = cache, True
+    _shared.use(cache)
 
 
 def stats() -> CacheStats:
@@ -109,16 +91,14 @@ def stats() -> CacheStats:
     the payloads CuPy saved (its compiles), ``skipped`` the compiles not cached because
     their headers could not be keyed.
     """
-    chain = shared_cache()
-    tiers = (("cupy-local", _local.snapshot()),)
-    return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
+    return _shared.stats("cupy-local", _local.snapshot())
 
 
 def _counts() -> Any:
     """CuPy's counts as an exit report carries them: ``cupy-local`` and the shared tiers; its saves are its compiles."""
     from ..chain.exitreport import Counts, tier_counts
 
-    chain = _chain if _chain_built else None
+    chain = _shared.if_built()
     tiers = [("cupy-local", _local), *((t.name, t.counters) for t in (chain.tiers if chain is not None else ()))]
     counted = tier_counts(tiers, _NO_TALLY)
     backend = _installed
@@ -225,9 +205,10 @@ def uninstall() -> None:
 
 def _reset_for_tests() -> None:
     """Forget the process's chain (it is not closed), zero the local counters, re-arm the warning."""
-    global _chain, _chain_built, _local, _warned
+    global _local, _warned
     with _lock:
-        _chain, _chain_built, _warned = None, False, False
+        _shared.forget()
+        _warned = False
         _local = TierCounters()
         if _installed is not None:
             _installed._local = _local

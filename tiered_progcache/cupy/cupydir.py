@@ -19,10 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .. import _cudacore
 from ..errors import EntryRejected
-from ..stores.envelope import MAX_ENTRY_BYTES
-from ..stores.store import STALE_STAGED_AGE_S, NodeDirStore, StoredEntry, check_entry_name
+from ..stores.store import STALE_STAGED_AGE_S, IndexedDirStore
 from .cupynames import check_name, decode_local, encode_local, frame, is_name, name_of, unframe
 
 __all__ = ["CupyDir", "default_cupy_dir", "read_local", "write_local"]
@@ -74,58 +72,34 @@ def write_local(directory: str | os.PathLike[str], name: str, payload: bytes, so
             fh.write(source)
 
 
-class CupyDir(NodeDirStore):
-    """CuPy's kernel-cache directory by entry name (see the module docstring).
+class CupyDir(IndexedDirStore):
+    """CuPy's kernel-cache directory by entry name (see the module docstring); a file's place is its name.
 
     >>> transfer.warm(remote_cupy_namespace, CupyDir(default_cupy_dir()))
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        super().__init__(root, max_entry_bytes=max_entry_bytes)
-        self._index: dict[str, str] = {}
+    _FORMAT = "CuPy"
 
     @property
     def namespace(self) -> str:
         return "cupy"
 
-    def iter_entries(self) -> Iterator[StoredEntry]:
-        """Every CuPy entry file here (sources, staged files and anything else CuPy would not name, not)."""
-        try:
-            items = sorted(os.scandir(self.root), key=lambda d: d.name)
-        except FileNotFoundError:
-            return
-        for item in items:
-            if not is_name(item.name) or not item.is_file(follow_symlinks=False):
-                continue
-            try:
-                st = item.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            name = name_of(item.name)
-            self._index[name] = item.name
-            yield StoredEntry(name, st.st_size, st.st_mtime, st.st_atime, _cudacore.stat_identity(st))
+    def _files(self) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """CuPy's entry files (sources, staged files and anything else CuPy would not name, not)."""
+        return ((item.name, item) for item in self._sorted_dir(self.root) if is_name(item.name))
 
-    def _find(self, name: str) -> str:
-        check_entry_name(name)
-        file = self._index.get(name)
-        if file is None:
-            for _ in self.iter_entries():
-                pass
-            file = self._index.get(name)
-        if file is None:
-            raise KeyError(name)
-        return file
+    def _entry_name(self, place: str) -> str:
+        return name_of(place)
+
+    def _path(self, place: str) -> Path:
+        return self.root / place
+
+    def _unframe(self, payload: bytes) -> tuple[str, bytes] | None:
+        return unframe(payload)
 
     def read_entry(self, name: str) -> bytes:
         """The framed payload of the file named ``name``; ``EntryRejected`` if it fails CuPy's own check."""
-        file = self._find(name)
-        try:
-            with open(self.root / file, "rb") as fh:
-                data = fh.read(self._max_entry_bytes + 1)
-        except FileNotFoundError:
-            raise KeyError(name) from None
-        if len(data) > self._max_entry_bytes:
-            raise EntryRejected(f"{file} is over the {self._max_entry_bytes}-byte entry limit")
+        file, data = self._read_file(name)
         payload = decode_local(data)
         if payload is None:
             raise EntryRejected(f"{file} does not match its SHA-1 (truncated or corrupt)")
@@ -133,39 +107,9 @@ class CupyDir(NodeDirStore):
 
     def write_entry(self, name: str, payload: bytes) -> None:
         """Land a framed payload as CuPy's file."""
-        check_entry_name(name)
-        parsed = unframe(bytes(payload))
-        if parsed is None:
-            raise EntryRejected("not a CuPy entry (no frame)")
-        file, data = parsed
-        if name_of(file) != name:
-            raise EntryRejected(f"entry {name[:12]} holds cupy/{file}, named otherwise")
+        file, data = self._landing(name, payload)
         write_local(self.root, file, data)
         self._index[name] = file
-
-    def create_entry(self, name: str, payload: bytes) -> bool:
-        try:
-            self._find(name)
-        except KeyError:
-            self.write_entry(name, payload)
-            return True
-        return False
-
-    def delete_entry(self, name: str) -> None:
-        file = self._find(name)
-        try:
-            os.unlink(self.root / file)
-        except FileNotFoundError:
-            raise KeyError(name) from None
-        self._index.pop(name, None)
-
-    def delete_listed(self, entry: StoredEntry) -> bool:
-        """Unlink ``entry`` unless a writer replaced it since it was listed (the stat guard cuda-core uses)."""
-        try:
-            file = self._find(entry.name)
-        except KeyError:
-            return False
-        return self._unlink_if_listed_as(self.root / file, entry.version)
 
     def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
         """Remove temporary files (CuPy's and ours, ``tmp*``) left over ``older_than`` seconds ago; the count."""

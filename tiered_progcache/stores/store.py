@@ -31,6 +31,7 @@ __all__ = [
     "STALE_STAGED_AGE_S",
     "BatchRead",
     "EntryStore",
+    "IndexedDirStore",
     "LeaseStore",
     "NodeDirStore",
     "StoredEntry",
@@ -373,6 +374,124 @@ class NodeDirStore(EntryStore):
         except FileNotFoundError:
             return False
         return True
+
+
+
+class IndexedDirStore(NodeDirStore):
+    """A node directory laid out by another program (Triton's cache, CuPy's): each of its files is one entry,
+    found by name through an index that a listing fills and that a name not in it rebuilds.
+
+    Subclasses say which files are entries (:meth:`_files`), what each is called and where it
+    lies; the listing, the lookup, the capped read, creates and (stat-guarded) deletes are these.
+    A file is told by its *place*: whatever the subclass keeps per file (a name, a key and a name).
+    """
+
+    #: Whose files these are, for messages ("not a CuPy entry").
+    _FORMAT = "?"
+
+    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
+        super().__init__(root, max_entry_bytes=max_entry_bytes)
+        self._index: dict[str, Any] = {}
+
+    @abc.abstractmethod
+    def _files(self) -> Iterator[tuple[Any, os.DirEntry[str]]]:
+        """(place, directory entry) of each file that may be an entry (links and directories are passed over here)."""
+
+    @abc.abstractmethod
+    def _entry_name(self, place: Any) -> str:
+        """The entry name of the file at ``place``."""
+
+    @abc.abstractmethod
+    def _path(self, place: Any) -> Path:
+        """Where the file at ``place`` lies."""
+
+    @abc.abstractmethod
+    def _unframe(self, payload: bytes) -> tuple[Any, bytes] | None:
+        """(place, file bytes) of a framed payload; None if it carries no frame."""
+
+    @staticmethod
+    def _sorted_dir(path: str | os.PathLike[str]) -> list[os.DirEntry[str]]:
+        """The entries of directory ``path`` by name; none if it is gone."""
+        try:
+            return sorted(os.scandir(path), key=lambda d: d.name)
+        except FileNotFoundError:
+            return []
+
+    def iter_entries(self) -> Iterator[StoredEntry]:
+        for place, item in self._files():
+            if not item.is_file(follow_symlinks=False):
+                continue
+            try:
+                st = item.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            name = self._entry_name(place)
+            self._index[name] = place
+            yield StoredEntry(name, st.st_size, st.st_mtime, st.st_atime, _cudacore.stat_identity(st))
+
+    def _find(self, name: str) -> Any:
+        """The place of entry ``name``: from the index, else from a fresh listing; ``KeyError`` if not here."""
+        check_entry_name(name)
+        place = self._index.get(name)
+        if place is None:
+            for _ in self.iter_entries():
+                pass
+            place = self._index.get(name)
+        if place is None:
+            raise KeyError(name)
+        return place
+
+    def _read_capped(self, path: Path) -> bytes:
+        """``path``'s bytes; ``EntryRejected`` past ``max_entry_bytes`` (never more than one byte over is read)."""
+        with open(path, "rb") as fh:
+            data = fh.read(self._max_entry_bytes + 1)
+        if len(data) > self._max_entry_bytes:
+            raise EntryRejected(f"{path.name} is over the {self._max_entry_bytes}-byte entry limit")
+        return data
+
+    def _read_file(self, name: str) -> tuple[Any, bytes]:
+        """(place, bytes) of entry ``name``'s file; ``KeyError`` if it is not here (or went since the listing)."""
+        place = self._find(name)
+        try:
+            return place, self._read_capped(self._path(place))
+        except FileNotFoundError:
+            raise KeyError(name) from None
+
+    def _landing(self, name: str, payload: bytes) -> tuple[Any, bytes]:
+        """(place, file bytes) that ``payload`` lands as under ``name``; ``EntryRejected`` if it has no frame
+        or its frame names another file than ``name`` does."""
+        check_entry_name(name)
+        parsed = self._unframe(bytes(payload))
+        if parsed is None:
+            raise EntryRejected(f"not a {self._FORMAT} entry (no frame)")
+        place, data = parsed
+        if self._entry_name(place) != name:
+            relative = self._path(place).relative_to(self.root).as_posix()
+            raise EntryRejected(f"entry {name[:12]} holds {self.namespace}/{relative}, named otherwise")
+        return place, data
+
+    def create_entry(self, name: str, payload: bytes) -> bool:
+        try:
+            self._find(name)
+        except KeyError:
+            self.write_entry(name, payload)
+            return True
+        return False
+
+    def delete_entry(self, name: str) -> None:
+        try:
+            os.unlink(self._path(self._find(name)))
+        except FileNotFoundError:
+            raise KeyError(name) from None
+        self._index.pop(name, None)
+
+    def delete_listed(self, entry: StoredEntry) -> bool:
+        """Unlink ``entry`` unless a writer replaced it since it was listed (the stat guard cuda-core uses)."""
+        try:
+            place = self._find(entry.name)
+        except KeyError:
+            return False
+        return self._unlink_if_listed_as(self._path(place), entry.version)
 
 
 class LeaseStore(abc.ABC):

@@ -55,6 +55,7 @@ from triton.runtime.cache import FileCacheManager
 
 from ..errors import EntryRejected
 from ..chain.stats import CacheStats, CompileTally, TierCounters, TierStats
+from ..config import ProcessSharedChain
 from ..stores.store import BatchRead
 from .tritonnames import (
     FRAME_MAGIC,
@@ -95,9 +96,8 @@ logger = logging.getLogger(__name__)
 
 # -- the process's shared chain -------------------------------------------------------------
 
-_chain_lock = threading.Lock()
-_chain: Any = None  # TieredProgramCache | None once built
-_chain_built = False
+_shared = ProcessSharedChain(NAMESPACE, log=logger, label="Triton cache", alone="the local directory")
+_counters_lock = threading.Lock()
 _local = TierCounters()
 #: Group lookups the shared tiers answered (``hits``: fetched whole) or not, after a local miss.
 _remote = TierCounters()
@@ -110,20 +110,7 @@ def shared_cache() -> Any:
     Built once per process on first use from ``TIERED_PROGCACHE_*`` (a bad setting is
     logged and the manager runs on the local directory alone: a cache never fails a compile).
     """
-    global _chain, _chain_built
-    if _chain_built:
-        return _chain
-    with _chain_lock:
-        if not _chain_built:
-            from ..config import CacheConfig
-
-            try:
-                _chain = CacheConfig.from_env().build_shared(namespace=NAMESPACE)
-            except Exception as exc:
-                logger.warning("Triton cache: shared tiers not built, running on the local directory alone: %s", exc)
-                _chain = None
-            _chain_built = True
-    return _chain
+    return _shared.get()
 
 
 def use_shared_cache(cache: Any) -> None:
@@ -133,12 +120,7 @@ def use_shared_cache(cache: Any) -> None:
 
     For applications that build their chain in code, and for tests; the previous one is not closed.
     """
-    from ..chain.tiered import require_chain
-
-    global _chain, _chain_built
-    require_chain(cache, none_ok=True)
-    with _chain_lock:
-        _chain, _chain_built = cache, True
+    _shared.use(cache)
 
 
 def stats() -> CacheStats:
@@ -147,9 +129,7 @@ def stats() -> CacheStats:
     ``triton-local``: ``hits``/``misses`` are group lookups the local directory answered
     or not, ``writes``/``bytes_written`` the files Triton put (what its compiles made).
     """
-    chain = shared_cache()
-    tiers = (("triton-local", _local.snapshot()),)
-    return CacheStats(tiers + (tuple(chain.stats().items()) if chain is not None else ()))
+    return _shared.stats("triton-local", _local.snapshot())
 
 
 class _SharedGroups:
@@ -163,7 +143,7 @@ class _SharedGroups:
         self._groups = groups
 
     def _tiers(self) -> list[TierCounters]:
-        chain = _chain if _chain_built else None
+        chain = _shared.if_built()
         return [t.counters for t in chain.tiers] if chain is not None else []
 
     @property
@@ -195,7 +175,7 @@ def _report_from(cache_dir: str, *, shared: bool) -> None:
     ``stats.jsonl`` (``stats --triton``) and to a ``stats --run`` file."""
     root = os.path.abspath(cache_dir)
     marker = (os.getpid(), root)
-    with _chain_lock:
+    with _counters_lock:
         if marker in _reported:
             return
         _reported.add(marker)
@@ -384,9 +364,9 @@ def _read_local(path: str) -> bytes:
 
 def _reset_for_tests() -> None:
     """Forget the process's chain (it is not closed) and zero the local counters."""
-    global _chain, _chain_built, _local, _remote
-    with _chain_lock:
-        _chain, _chain_built = None, False
+    global _local, _remote
+    _shared.forget()
+    with _counters_lock:
         _local = TierCounters()
         _remote = TierCounters()
         _reported.clear()

@@ -29,10 +29,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from .. import _cudacore
-from ..stores.envelope import MAX_ENTRY_BYTES
 from ..errors import EntryRejected
-from ..stores.store import STALE_STAGED_AGE_S, NodeDirStore, StoredEntry, check_entry_name
+from ..stores.store import STALE_STAGED_AGE_S, IndexedDirStore
 from .tritonnames import TritonFile, frame, group_record, name_of, read_group_record, unframe
 
 __all__ = ["TritonDir", "default_triton_dir"]
@@ -51,18 +49,16 @@ def default_triton_dir() -> Path:
     return Path(os.environ.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
 
 
-class TritonDir(NodeDirStore):
+class TritonDir(IndexedDirStore):
     """Triton's cache directory by entry name (see the module docstring).
 
     >>> transfer.warm(remote_triton_namespace, TritonDir(default_triton_dir()))
 
-    Safe from many threads and processes (stage and rename); the name index is rebuilt
-    by a listing when a name is not in it.
+    Safe from many threads and processes (stage and rename); a file's place is its
+    :class:`TritonFile` (key and file).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
-        super().__init__(root, max_entry_bytes=max_entry_bytes)
-        self._index: dict[str, TritonFile] = {}
+    _FORMAT = "Triton"
 
     @property
     def namespace(self) -> str:
@@ -70,57 +66,35 @@ class TritonDir(NodeDirStore):
 
     # -- listing ----------------------------------------------------------------------
 
-    def iter_entries(self) -> Iterator[StoredEntry]:
+    def _files(self) -> Iterator[tuple[TritonFile, os.DirEntry[str]]]:
         """Every Triton file here (group indexes included; staging and pending files not)."""
-        try:
-            keys = sorted(os.scandir(self.root), key=lambda d: d.name)
-        except FileNotFoundError:
-            return
-        for key_dir in keys:
+        for key_dir in self._sorted_dir(self.root):
             if not key_dir.is_dir(follow_symlinks=False):
                 continue
-            try:
-                files = list(os.scandir(key_dir.path))
-            except FileNotFoundError:
-                continue
-            for item in files:
+            for item in self._sorted_dir(key_dir.path):
                 which = _which(key_dir.name, item.name)
-                if which is None or not item.is_file(follow_symlinks=False):
-                    continue
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                name = name_of(which.key, which.file)
-                self._index[name] = which
-                yield StoredEntry(name, st.st_size, st.st_mtime, st.st_atime, _cudacore.stat_identity(st))
+                if which is not None:
+                    yield which, item
+
+    def _entry_name(self, place: TritonFile) -> str:
+        return name_of(place.key, place.file)
+
+    def _path(self, place: TritonFile) -> Path:
+        return self.root / place.key / place.file
+
+    def _unframe(self, payload: bytes) -> tuple[TritonFile, bytes] | None:
+        return unframe(payload)
 
     def file_of(self, name: str) -> tuple[str, str] | None:
         """(Triton key, file) of ``name`` as the last listing found it, else None."""
         which = self._index.get(name)
         return None if which is None else (which.key, which.file)
 
-    def _find(self, name: str) -> TritonFile:
-        check_entry_name(name)
-        which = self._index.get(name)
-        if which is None:
-            for _ in self.iter_entries():
-                pass
-            which = self._index.get(name)
-        if which is None:
-            raise KeyError(name)
-        return which
-
     # -- reads ------------------------------------------------------------------------
 
     def read_entry(self, name: str) -> bytes:
         """The framed payload of the file named ``name`` (a group index: its group record)."""
-        which = self._find(name)
-        path = self.root / which.key / which.file
-        try:
-            data = _read_capped(path, self._max_entry_bytes)
-        except FileNotFoundError:
-            raise KeyError(name) from None
+        which, data = self._read_file(name)
         if which.is_group:
             data = group_record(which.key, which.file, self._members_of(which, data))
         return frame(which.key, which.file, data)
@@ -135,7 +109,7 @@ class TritonDir(NodeDirStore):
         for child in children if isinstance(children, (dict, list)) else ():
             path = self.root / group.key / child
             try:
-                members[child] = _read_capped(path, self._max_entry_bytes)
+                members[child] = self._read_capped(path)
             except OSError:
                 raise EntryRejected(f"group {group.file} of {group.key}: member {child} is not here") from None
         if not members:
@@ -146,13 +120,7 @@ class TritonDir(NodeDirStore):
 
     def write_entry(self, name: str, payload: bytes) -> None:
         """Land a framed payload as Triton's file (a group record: as Triton's index, once its members are here)."""
-        check_entry_name(name)
-        parsed = unframe(bytes(payload))
-        if parsed is None:
-            raise EntryRejected("not a Triton entry (no frame)")
-        which, data = parsed
-        if name_of(which.key, which.file) != name:
-            raise EntryRejected(f"entry {name[:12]} holds triton/{which.key}/{which.file}, named otherwise")
+        which, data = self._landing(name, payload)
         if which.is_group:
             read_group_record(data, which.key, which.file)
             self._stage(self.root / which.key / _PENDING / which.file, data)
@@ -160,30 +128,6 @@ class TritonDir(NodeDirStore):
             self._stage(self.root / which.key / which.file, data)
         self._index[name] = which
         self._complete_groups(which.key)
-
-    def create_entry(self, name: str, payload: bytes) -> bool:
-        try:
-            self._find(name)
-        except KeyError:
-            self.write_entry(name, payload)
-            return True
-        return False
-
-    def delete_entry(self, name: str) -> None:
-        which = self._find(name)
-        try:
-            os.unlink(self.root / which.key / which.file)
-        except FileNotFoundError:
-            raise KeyError(name) from None
-        self._index.pop(name, None)
-
-    def delete_listed(self, entry: StoredEntry) -> bool:
-        """Unlink ``entry`` unless a writer replaced it since it was listed (the stat guard cuda-core uses)."""
-        try:
-            which = self._find(entry.name)
-        except KeyError:
-            return False
-        return self._unlink_if_listed_as(self.root / which.key / which.file, entry.version)
 
     def sweep_staged(self, older_than: float = STALE_STAGED_AGE_S, *, now: float | None = None) -> int:
         """Remove staging directories (Triton's ``tmp.pid_*``, ours) left over ``older_than`` seconds ago; the count."""
@@ -261,10 +205,3 @@ def _which(key: str, file: str) -> TritonFile | None:
     except (TypeError, ValueError):
         return None
 
-
-def _read_capped(path: Path, cap: int) -> bytes:
-    with open(path, "rb") as fh:
-        data = fh.read(cap + 1)
-    if len(data) > cap:
-        raise EntryRejected(f"{path.name} is over the {cap}-byte entry limit")
-    return data
