@@ -14,7 +14,7 @@ from tiered_progcache.errors import EntryRejected, TierUnavailable
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
-from tiered_progcache.chain.tier import FAILURE_POLICY, FailureKind, Tier, classify
+from tiered_progcache.chain.tier import FAILURE_POLICY, FailureKind, Tier, failure_kind
 from tiered_progcache.chain.tiered import as_chain, stores_of
 
 
@@ -141,7 +141,7 @@ def test_explain_names_a_bare_resource_as_a_chain_names_it(tmp_path):
     (TypeError("a bug in the tier"), FailureKind.ERROR),
 ])  # fmt: skip
 def test_each_exception_has_one_kind(exc, kind):
-    assert classify(exc) is kind
+    assert failure_kind(exc) is kind
 
 
 def test_the_table_says_what_every_kind_does_for_every_operation():

@@ -7,7 +7,7 @@ Two things live here and nowhere else:
   once, when it is built (:attr:`Tier.entries`, :attr:`Tier.local`, :attr:`Tier.location`,
   how it reads and measures itself), so no other module asks ``isinstance`` of a
   concrete store class (``tests/test_architecture.py`` checks).
-* **The failure policy.** :func:`classify` sorts any exception into a
+* **The failure policy.** :func:`failure_kind` sorts any exception into a
   :class:`FailureKind`, and :data:`FAILURE_POLICY` says, per tier operation, which
   counter it bumps and what it logs. Whatever a tier raises on a read becomes a miss,
   on a write a dropped write; ``Program.compile`` loses the compiled object if the
@@ -35,7 +35,8 @@ from .stats import TierCounters, TierStats
 from ..stores.store import EntryStore, entry_name
 from .writeback import WriteBackQueue
 
-__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "Outcome", "Tier", "bare_policy", "classify", "default_policy"]
+__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "FailureResponse", "Tier", "bare_policy",
+           "default_policy", "failure_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class FailureKind(enum.Enum):
     ERROR = "error"  #: anything else: an outage, a refusal, or a bug in the tier
 
 
-def classify(exc: BaseException) -> FailureKind:
+def failure_kind(exc: BaseException) -> FailureKind:
     """The :class:`FailureKind` of ``exc``; the one place an exception's type is read for its meaning."""
     if type(exc) is KeyError:
         return FailureKind.MISS
@@ -74,7 +75,7 @@ def classify(exc: BaseException) -> FailureKind:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class FailureResponse:
     """What one kind of failure of one operation does: the counter it bumps and the line it logs (if any).
 
     ``message`` is formatted with the tier's name and the exception; ``topic`` groups it
@@ -87,38 +88,38 @@ class Outcome:
     level: int = logging.WARNING
 
 
-_READ_ERROR = Outcome("errors", "tier %s failed a read (counted as a miss): %r", "read")
-_WRITE_ERROR = Outcome("errors", "tier %s failed a write (dropped): %r", "write")
-_NOTHING = Outcome()
+_READ_ERROR = FailureResponse("errors", "tier %s failed a read (counted as a miss): %r", "read")
+_WRITE_ERROR = FailureResponse("errors", "tier %s failed a write (dropped): %r", "write")
+_NOTHING = FailureResponse()
 
 #: Per tier operation, what each :class:`FailureKind` does. A read that fails is a miss
 #: (``misses`` +1 besides), a write is dropped, a delete is counted and raised to the chain
 #: (which raises ``DeleteFailed``); counting, clearing, closing and measuring are logged.
-FAILURE_POLICY: Mapping[str, Mapping[FailureKind, Outcome]] = {
+FAILURE_POLICY: Mapping[str, Mapping[FailureKind, FailureResponse]] = {
     "read": {
         FailureKind.MISS: _NOTHING,
-        FailureKind.REJECTED: Outcome("rejected", "tier %s rejected an entry: %s", "rejected"),
-        FailureKind.SKIPPED: Outcome("skipped"),
-        FailureKind.TIMEOUT: Outcome("timeouts", "tier %s timed out on a read (counted as a miss): %s", "read"),
+        FailureKind.REJECTED: FailureResponse("rejected", "tier %s rejected an entry: %s", "rejected"),
+        FailureKind.SKIPPED: FailureResponse("skipped"),
+        FailureKind.TIMEOUT: FailureResponse("timeouts", "tier %s timed out on a read (counted as a miss): %s", "read"),
         FailureKind.ERROR: _READ_ERROR,
     },
     "write": {
         FailureKind.MISS: _WRITE_ERROR,
         FailureKind.REJECTED: _WRITE_ERROR,
-        FailureKind.SKIPPED: Outcome("skipped"),
-        FailureKind.TIMEOUT: Outcome("timeouts", "tier %s timed out on a write (dropped): %s", "write"),
+        FailureKind.SKIPPED: FailureResponse("skipped"),
+        FailureKind.TIMEOUT: FailureResponse("timeouts", "tier %s timed out on a write (dropped): %s", "write"),
         FailureKind.ERROR: _WRITE_ERROR,
     },
     "delete": {  # a KeyError (MISS, REJECTED) is "not held here", never a failure
-        FailureKind.SKIPPED: Outcome("skipped"),
-        FailureKind.TIMEOUT: Outcome("timeouts"),
-        FailureKind.ERROR: Outcome("errors"),
+        FailureKind.SKIPPED: FailureResponse("skipped"),
+        FailureKind.TIMEOUT: FailureResponse("timeouts"),
+        FailureKind.ERROR: FailureResponse("errors"),
     },
-    "clear": dict.fromkeys(FailureKind, Outcome("errors", "tier %s failed to clear: %r", "clear")),
-    "count": dict.fromkeys(FailureKind, Outcome(None, "tier %s could not count its entries: %r", "count")),
-    "close": dict.fromkeys(FailureKind, Outcome(None, "tier %s failed to close: %r", "close")),
+    "clear": dict.fromkeys(FailureKind, FailureResponse("errors", "tier %s failed to clear: %r", "clear")),
+    "count": dict.fromkeys(FailureKind, FailureResponse(None, "tier %s could not count its entries: %r", "count")),
+    "close": dict.fromkeys(FailureKind, FailureResponse(None, "tier %s failed to close: %r", "close")),
     "measure": dict.fromkeys(
-        FailureKind, Outcome(None, "tier %s could not measure its size: %r", "measure", logging.DEBUG)
+        FailureKind, FailureResponse(None, "tier %s could not measure its size: %r", "measure", logging.DEBUG)
     ),
 }
 
@@ -254,9 +255,9 @@ class Tier:
             )
         startup_failure = self.entries.startup_failure if self.entries is not None else None
         if startup_failure is not None:  # the store logged it; counted here, so a dead remote shows in stats()
-            outcome = FAILURE_POLICY["read"].get(classify(startup_failure), _NOTHING)
-            if outcome.counter in ("errors", "timeouts"):
-                self.counters.add(outcome.counter)
+            response = FAILURE_POLICY["read"].get(failure_kind(startup_failure), _NOTHING)
+            if response.counter in ("errors", "timeouts"):
+                self.counters.add(response.counter)
 
     @property
     def name(self) -> str:
@@ -264,15 +265,15 @@ class Tier:
 
     def _failed(self, operation: str, exc: Exception) -> FailureKind:
         """Apply :data:`FAILURE_POLICY` to ``exc`` raised by ``operation``: count it, log it; its kind."""
-        kind = classify(exc)
-        outcome = FAILURE_POLICY[operation].get(kind, _NOTHING)
-        if outcome.counter is not None:
-            self.counters.add(outcome.counter)
-        if outcome.message is not None:
-            if outcome.level >= logging.WARNING:
-                self._warn.log(outcome.level, f"{self.name}:{outcome.topic}", outcome.message, self.name, exc)
+        kind = failure_kind(exc)
+        response = FAILURE_POLICY[operation].get(kind, _NOTHING)
+        if response.counter is not None:
+            self.counters.add(response.counter)
+        if response.message is not None:
+            if response.level >= logging.WARNING:
+                self._warn.log(response.level, f"{self.name}:{response.topic}", response.message, self.name, exc)
             else:
-                logger.log(outcome.level, outcome.message, self.name, exc)
+                logger.log(response.level, response.message, self.name, exc)
         return kind
 
     # -- reads ---------------------------------------------------------------
