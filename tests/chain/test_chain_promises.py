@@ -336,11 +336,13 @@ def test_argument_errors_name_what_was_given(tmp_path):
 
 def test_tier_specs_are_checked_and_named():
     plain = InMemoryProgramCache()
-    with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource, TierPolicy\)$"):
+    as_tuple = r"^a tier given as a tuple must be \(ProgramCacheResource or EntryStore, TierPolicy\)$"
+    with pytest.raises(TypeError, match=as_tuple):
         TieredProgramCache(tiers=[(plain, "not a policy")])
-    with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource, TierPolicy\)$"):
+    with pytest.raises(TypeError, match=as_tuple):
         TieredProgramCache(tiers=[(plain, TierPolicy("a"), "extra")])
-    with pytest.raises(TypeError, match=r"^tier 1 must be a cuda.core.utils.ProgramCacheResource, got dict$"):
+    with pytest.raises(TypeError, match=r"^tier 1 must be a cuda.core.utils.ProgramCacheResource or a "
+                                        r"tiered_progcache EntryStore, got dict$"):
         TieredProgramCache(tiers=[plain, {}])
     cache = TieredProgramCache(tiers=[InMemoryProgramCache(), InMemoryProgramCache()])
     assert [t.name for t in cache.tiers] == ["memory", "memory2"]
