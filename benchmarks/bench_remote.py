@@ -133,7 +133,7 @@ def bench_remote_hit(label: str, url: str, options: dict, count: int = 60) -> No
     writer = RemoteProgramCache.from_url(url, storage_options=options, strict=True)
     keys = [b"hit-%d-%s" % (n, uuid.uuid4().hex.encode()) for n in range(count)]
     for n, key in enumerate(keys):
-        writer[key] = _payload(n)
+        writer.write_key(key, _payload(n))
     fs = writer.fs
     paths = [writer.path_for(entry_name(key)) for key in keys]
     for path in paths[:5]:  # warm the connection pool
@@ -152,7 +152,7 @@ def bench_remote_hit(label: str, url: str, options: dict, count: int = 60) -> No
             if not first_raw:
                 t = time.perf_counter_ns(); _one_get(fs, path); raw.append(time.perf_counter_ns() - t)  # noqa: E702
             assert data == _payload(n)
-            t = time.perf_counter_ns(); writer[key]; tier_only.append(time.perf_counter_ns() - t)  # noqa: E702
+            t = time.perf_counter_ns(); writer.read_key(key); tier_only.append(time.perf_counter_ns() - t)  # noqa: E702
             memory[key] = data
             for _ in range(20):
                 t = time.perf_counter_ns(); chain.get(key); second.append(time.perf_counter_ns() - t)  # noqa: E702
@@ -243,7 +243,7 @@ def bench_redis_hit(url: str, count: int = 200) -> None:
     client = writer.client
     keys = [b"redis-hit-%d-%s" % (n, uuid.uuid4().hex.encode()) for n in range(count)]
     for n, key in enumerate(keys):
-        writer[key] = _payload(n)
+        writer.write_key(key, _payload(n))
     redis_keys = [writer.key_for(entry_name(key)) for key in keys]
     with tempfile.TemporaryDirectory() as tmp:
         chain = TieredProgramCache(tmp, remote=url, strict=True)
@@ -258,7 +258,7 @@ def bench_redis_hit(url: str, count: int = 200) -> None:
             if not first_raw:
                 t = time.perf_counter_ns(); client.get(rkey); raw.append(time.perf_counter_ns() - t)  # noqa: E702
             assert data == _payload(n)
-            t = time.perf_counter_ns(); writer[key]; tier_only.append(time.perf_counter_ns() - t)  # noqa: E702
+            t = time.perf_counter_ns(); writer.read_key(key); tier_only.append(time.perf_counter_ns() - t)  # noqa: E702
         assert chain.stats()["redis"].hits == count
         chain.close()
     writer.close()
@@ -273,7 +273,7 @@ def bench_four_tiers(redis_url: str, s3_url: str, s3_options: dict, count: int =
     s3 = RemoteProgramCache.from_url(s3_url, storage_options=s3_options, strict=True)
     keys = [b"four-%d-%s" % (n, uuid.uuid4().hex.encode()) for n in range(count)]
     for n, key in enumerate(keys):
-        s3[key] = _payload(n)
+        s3.write_key(key, _payload(n))
     paths = [s3.path_for(entry_name(key)) for key in keys]
     for path in paths[:5]:
         _one_get(s3.fs, path)

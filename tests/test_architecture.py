@@ -1,7 +1,8 @@
 """The package's shape, checked: a tier's identity is resolved in one place (docs/architecture.md).
 
 Only the adapter asks ``isinstance`` (or ``issubclass``, ``type(x) is``) of a concrete store or
-resource class: ``tier.py``, which adapts a tier's resource once when the tier is built, and
+resource class: ``tier.py``, which adapts a tier's resource once when the tier is built,
+``stores/coretiers.py``, the thin stores over cuda-core's keyed tiers, and
 ``tiered.as_chain`` / ``tiered.require_chain``, which tell a chain from a bare resource at the
 public entry points. Everything else reads what those resolved (``tier.entries``,
 ``tier.local``, ``chain.local_store``, ``chain.shared_store``, ...). Checks against the
@@ -26,6 +27,7 @@ CUDA_CORE_TIERS = frozenset({"FileStreamProgramCache", "InMemoryProgramCache"})
 #: Where identity is resolved: module -> the functions in it that may ask (None: the whole module).
 ADAPTER: dict[str, frozenset[str] | None] = {
     "chain/tier.py": None,
+    "stores/coretiers.py": None,
     "chain/tiered.py": frozenset({"as_chain", "require_chain"}),
 }
 

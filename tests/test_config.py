@@ -163,9 +163,9 @@ def test_build_makes_the_configured_chain(tmp_path):
         assert cache.flush(timeout=10)
     # The entry was signed with the file's bytes less the newline: that key reads it, the raw bytes do not.
     with RemoteProgramCache.from_url(url, signing_key=b"signing key") as same_key:
-        assert same_key[b"k"] == b"v"
+        assert same_key.read_key(b"k") == b"v"
     with RemoteProgramCache.from_url(url, signing_key=b"signing key\n") as raw_bytes, pytest.raises(EntryRejected):
-        raw_bytes[b"k"]
+        raw_bytes.read_key(b"k")
 
 
 def test_build_from_env_reads_os_environ(monkeypatch, tmp_path):

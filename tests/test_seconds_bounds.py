@@ -117,7 +117,7 @@ def test_remote_requests_and_batches_under_the_longest_timeout_work(tmp_path):
         assert cache.flush(30) is True
     remote = RemoteProgramCache.from_url(url, timeout=MAX)
     try:
-        assert remote[b"k"] == b"v" * 100
+        assert remote.read_key(b"k") == b"v" * 100
         assert remote.runner.batch_timeout(BATCH_PARALLELISM * 10**6) == MAX  # a huge batch: still a wait we can take
         names = {f"{n:064x}": b"x" for n in range(3)}
         assert set(remote.write_many(names).values()) == {None}
@@ -148,8 +148,8 @@ def test_redis_takes_the_longest_timeout_expiry_and_lease(tmp_path):
     with RedisServer() as server:
         tier = RedisProgramCache.from_url(server.url, timeout=MAX, expire_s=MAX, strict=True)
         try:
-            tier[b"k"] = b"v" * 10
-            assert tier[b"k"] == b"v" * 10
+            tier.write_key(b"k", b"v" * 10)
+            assert tier.read_key(b"k") == b"v" * 10
             holder = RemoteLease(tier.leases(), "cd" * 32, MAX)
             assert holder.try_acquire()
             try:

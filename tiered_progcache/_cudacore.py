@@ -8,6 +8,7 @@ release moves it. Nothing else in the package imports from ``cuda.core`` private
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
@@ -24,6 +25,7 @@ __all__ = [
     "file_cache_root",
     "key_schema_version",
     "memory_cache_bytes",
+    "memory_cache_reader",
     "stat_identity",
 ]
 
@@ -60,6 +62,25 @@ def file_cache_root(cache: FileStreamProgramCache) -> Path:
 def memory_cache_bytes(cache: InMemoryProgramCache) -> int:
     """Payload bytes an ``InMemoryProgramCache`` holds (its private running total)."""
     return int(cache._total_bytes)
+
+
+def memory_cache_reader(cache: InMemoryProgramCache) -> Callable[[bytes], bytes]:
+    """``cache[key]`` for a ``bytes`` key: its lock, its entry, its LRU touch, without the key coercion a
+    caller that already holds bytes pays for (about 10% of a memory hit). ``cache.__getitem__`` itself
+    for a subclass, which may read differently. A miss is a plain ``KeyError``."""
+    if type(cache).__getitem__ is not InMemoryProgramCache.__getitem__:
+        return cache.__getitem__
+    lock = cache._lock
+    entries = cache._entries
+    touch = entries.move_to_end
+
+    def read(key: bytes) -> bytes:
+        with lock:
+            data = entries[key][0]
+            touch(key)
+        return data
+
+    return read
 
 
 def memory_cache_recent_keys(cache: InMemoryProgramCache, n: int) -> list[bytes]:

@@ -76,8 +76,8 @@ def markdown_table() -> str:
         ]))  # fmt: skip
     rows.append(_row([
         "-", "-", "`tiers`", "-", "memory -> local (-> remote)",
-        "build the chain yourself: a list of `ProgramCacheResource` or `(resource, TierPolicy)`, fastest first "
-        "([writing-a-tier.md](writing-a-tier.md)); every setting above that is not chain-wide "
+        "build the chain yourself: a list of `EntryStore`, `ProgramCacheResource` or `(either, TierPolicy)`, "
+        "fastest first ([writing-a-tier.md](writing-a-tier.md)); every setting above that is not chain-wide "
         "shapes the default chain, so giving one with `tiers` is a `ValueError` naming it",
     ]))  # fmt: skip
     rows.append(_row([

@@ -45,7 +45,7 @@ def _store(fs: SlowFileSystem, sizes: list[int] | None = None, timeout: float | 
     fs.mkdir("bucket")
     remote = RemoteProgramCache(fs, "bucket/kernels", timeout=timeout)
     for n, key in enumerate(KEYS):
-        remote[key] = _payload(key, (sizes or [100] * K)[n])
+        remote.write_key(key, _payload(key, (sizes or [100] * K)[n]))
         path = fs._strip_protocol(remote.path_for(entry_name(key)))
         fs.objects[path] = (fs.objects[path][0], 1_000_000.0 + n)
     fs.requests.clear()

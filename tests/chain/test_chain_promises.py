@@ -445,11 +445,12 @@ class TestConstruction:
 
     def test_tier_specs_are_checked_and_named(self):
         plain = InMemoryProgramCache()
-        with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource, TierPolicy\)$"):
+        with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource or EntryStore, TierPolicy\)$"):
             TieredProgramCache(tiers=[(plain, "not a policy")])
-        with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource, TierPolicy\)$"):
+        with pytest.raises(TypeError, match=r"^a tier given as a tuple must be \(ProgramCacheResource or EntryStore, TierPolicy\)$"):
             TieredProgramCache(tiers=[(plain, TierPolicy("a"), "extra")])
-        with pytest.raises(TypeError, match=r"^tier 1 must be a cuda.core.utils.ProgramCacheResource, got dict$"):
+        with pytest.raises(TypeError, match=r"^tier 1 must be a cuda.core.utils.ProgramCacheResource or a "
+                                        r"tiered_progcache EntryStore, got dict$"):
             TieredProgramCache(tiers=[plain, {}])
         cache = TieredProgramCache(tiers=[InMemoryProgramCache(), InMemoryProgramCache()])
         assert [t.name for t in cache.tiers] == ["memory", "memory2"]

@@ -14,7 +14,7 @@ from tiered_progcache.errors import EntryRejected, TierUnavailable
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
-from tiered_progcache.chain.tier import FAILURE_POLICY, FailureKind, Tier, classify
+from tiered_progcache.chain.tier import FAILURE_POLICY, FailureKind, Tier, failure_kind
 from tiered_progcache.chain.tiered import as_chain, stores_of
 
 
@@ -37,7 +37,7 @@ def test_a_tier_resolves_its_resource_by_name_once(tmp_path):
     remote = RemoteProgramCache.from_url((tmp_path / "bucket").as_uri())
     shared = Tier(remote, TierPolicy("remote", shared=True))
     assert shared.entries is remote and shared.local is None and shared.location == remote.location
-    with pytest.raises(TypeError, match="tier 'x' must be a cuda.core.utils.ProgramCacheResource, got dict"):
+    with pytest.raises(TypeError, match="^tier 'x' must be a tiered_progcache EntryStore or a cuda.core.utils.ProgramCacheResource, got dict$"):
         Tier({}, TierPolicy("x"))  # type: ignore[arg-type]
 
 
@@ -72,7 +72,8 @@ def test_as_chain_keeps_a_chain_and_wraps_a_bare_resource_without_settings_or_th
     (tier,) = shared.tiers
     assert (tier.name, tier.policy.shared, tier.policy.write, tier.writeback) == ("remote", True, "sync", None)
     assert shared.shared_store is remote and stores_of(remote) == tpc.CacheStores(None, remote)
-    with pytest.raises(TypeError, match="cache must be a cuda.core ProgramCacheResource, got object"):
+    with pytest.raises(TypeError, match=r"^cache must be a cuda.core ProgramCacheResource \(a TieredProgramCache, say\) or a "
+                       "tiered_progcache EntryStore, got object$"):
         as_chain(object())  # type: ignore[arg-type]
 
 
@@ -141,7 +142,7 @@ def test_explain_names_a_bare_resource_as_a_chain_names_it(tmp_path):
     (TypeError("a bug in the tier"), FailureKind.ERROR),
 ])  # fmt: skip
 def test_each_exception_has_one_kind(exc, kind):
-    assert classify(exc) is kind
+    assert failure_kind(exc) is kind
 
 
 def test_the_table_says_what_every_kind_does_for_every_operation():

@@ -159,7 +159,8 @@ _GOOD_ARGS = {"source": "x", "code_type": "c++", "options": None, "target_type":
 
 
 @pytest.mark.parametrize(("bad", "error", "message"), [
-    ({"cache": {}}, TypeError, "cache must be a cuda.core ProgramCacheResource or None, got dict"),
+    ({"cache": {}}, TypeError, "cache must be a cuda.core ProgramCacheResource (a TieredProgramCache, say), a "
+                               "tiered_progcache EntryStore or None, got dict"),
     ({"source": 42}, TypeError, "source must be a str for code_type='c++', got int"),
     ({"source": b"b"}, TypeError, "source must be a str for code_type='c++', got bytes"),
     ({"code_type": "nvvm", "source": 42}, TypeError, "source must be str or bytes for code_type='nvvm', got int"),

@@ -212,7 +212,7 @@ def test_a_fleet_chain_fills_redis_from_a_read_only_bucket(tmp_path, redis_url, 
     from tiered_progcache import TierPolicy
 
     with RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True) as ci:
-        ci[b"k"] = b"cubin from CI"
+        ci.write_key(b"k", b"cubin from CI")
     bucket = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, read_only=True)
     redis_tier = RedisProgramCache.from_url(redis_url, strict=True)
     with TieredProgramCache(tiers=[

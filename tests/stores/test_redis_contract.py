@@ -9,7 +9,7 @@ import pytest
 from tiered_progcache.stores.envelope import EnvelopeCodec
 from tiered_progcache.errors import EntryRejected
 from tiered_progcache.stores.store import entry_name
-from tiered_progcache.testing import EntryStoreTests, LeaseStoreTests, ProgramCacheContract
+from tiered_progcache.testing import EntryStoreTests, LeaseStoreTests, ProgramCacheContract, keyed_chain
 from tiered_progcache.testing.redis_server import RedisServer, redis_server, redis_url  # noqa: F401
 
 from support import RedisBackDoor
@@ -24,7 +24,7 @@ KEY = b"contract-signing-key-0123456789ab"
 class TestRedisContract(ProgramCacheContract):
     @pytest.fixture
     def cache(self, redis_url):
-        with RedisProgramCache.from_url(redis_url, strict=True) as c:
+        with keyed_chain(RedisProgramCache.from_url(redis_url, strict=True)) as c:
             yield c
 
 
@@ -34,7 +34,7 @@ class TestRedisSignedCompressedContract(ProgramCacheContract):
     @pytest.fixture
     def cache(self, redis_url):
         pytest.importorskip("zstandard")
-        with RedisProgramCache.from_url(redis_url, signing_key=KEY, compression="zstd", strict=True) as c:
+        with keyed_chain(RedisProgramCache.from_url(redis_url, signing_key=KEY, compression="zstd", strict=True)) as c:
             yield c
 
 
@@ -147,7 +147,7 @@ def test_corrupt_and_forged_values_are_rejected_and_counted(redis_url, client):
     redis_key = f"tiered-progcache:entries:{name}"
     with RedisProgramCache.from_url(redis_url, signing_key=KEY, strict=True) as tier:
         cache = TieredProgramCache(tiers=[tier])
-        tier[key] = b"the real cubin"
+        tier.write_key(key, b"the real cubin")
         # corrupt: one byte of the body flipped
         good = client.get(redis_key)
         client.set(redis_key, good[:-1] + bytes([good[-1] ^ 1]))

@@ -71,7 +71,7 @@ def _flaky_remote(**kwargs) -> tuple[FlakyFileSystem, RemoteProgramCache]:
 
 def test_entries_use_cuda_cores_naming_and_hold_envelopes(s3_bucket, tmp_path):
     remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options)
-    remote[b"kernel key"] = b"cubin bytes"
+    remote.write_key(b"kernel key", b"cubin bytes")
     local = FileStreamProgramCache(tmp_path)
     local[b"kernel key"] = b"cubin bytes"
     local_dir = LocalDir.of(local)
@@ -92,7 +92,7 @@ def test_names_api(s3_bucket):
     entries = sorted(remote.iter_entries(), key=lambda e: e.name)
     assert [e.name for e in entries] == sorted(names)
     assert all(e.size > 2000 and e.mtime is not None for e in entries)
-    assert remote.read_entry(names[1]) == _payload(1) == remote[b"k1"]
+    assert remote.read_entry(names[1]) == _payload(1) == remote.read_key(b"k1")
     assert remote.verify_entry(names[1]) is None
     s3_bucket.fs.pipe_file(s3_bucket.entry_path(names[2]), b"garbage")
     assert "magic" in remote.verify_entry(names[2]) or "truncated" in remote.verify_entry(names[2])
@@ -110,19 +110,19 @@ def test_names_api(s3_bucket):
 
 def test_read_only_never_writes_or_deletes():
     url = _memory_url()
-    RemoteProgramCache.from_url(url)[b"k"] = b"v"
+    RemoteProgramCache.from_url(url).write_key(b"k", b"v")
     ro = RemoteProgramCache.from_url(url, read_only=True)
-    assert ro[b"k"] == b"v"
+    assert ro.read_key(b"k") == b"v"
     for attempt in (
-        lambda: ro.__setitem__(b"k", b"w"),
-        lambda: ro.__delitem__(b"k"),
+        lambda: ro.write_key(b"k", b"w"),
+        lambda: ro.delete_key(b"k"),
         ro.clear,
         lambda: ro.write_entry(entry_name(b"x"), b"x"),
         lambda: transfer.push(LocalDir("/nonexistent"), ro),
     ):
         with pytest.raises(PermissionError):
             attempt()
-    assert ro[b"k"] == b"v"
+    assert ro.read_key(b"k") == b"v"
 
 
 # -- warm and push ------------------------------------------------------------------------
@@ -190,13 +190,13 @@ def test_push_uploads_what_remote_lacks(s3_bucket, tmp_path):
     remote = RemoteProgramCache.from_url(
         s3_bucket.url, storage_options=s3_bucket.storage_options, signing_key=b"s" * 32, transfer_concurrency=4
     )
-    remote[b"push-0"] = _payload(0)
+    remote.write_key(b"push-0", _payload(0))
     calls = []
     report = transfer.push(LocalDir.of(local), remote, progress=lambda done, total: calls.append((done, total)))
     assert (report.entries, report.bytes, report.failures, report.skipped) == (5, 5 * 2000, 0, 1)
     assert calls == [(0, 5), (4, 5), (5, 5)]
     reader = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, signing_key=b"s" * 32)
-    assert all(reader[b"push-%d" % n] == _payload(n) for n in range(6))
+    assert all(reader.read_key(b"push-%d" % n) == _payload(n) for n in range(6))
     assert transfer.push(LocalDir.of(local), remote).entries == 0
     only = transfer.push(LocalDir.of(local), remote, names=[entry_name(b"push-1")])
     assert (only.entries, only.skipped) == (0, 1)
@@ -207,7 +207,7 @@ def test_push_to_a_file_url_stages_and_renames(tmp_path):
     local[b"k"] = _payload(0)
     remote = RemoteProgramCache.from_url((tmp_path / "nfs").as_uri())
     assert transfer.push(LocalDir.of(local), remote).entries == 1
-    assert remote[b"k"] == _payload(0)
+    assert remote.read_key(b"k") == _payload(0)
     assert list((tmp_path / "nfs" / "tmp").iterdir()) == []  # staged file renamed into place
 
 
@@ -226,7 +226,7 @@ def test_blocking_request_that_never_returns_times_out():
     fs.hang = True
     try:
         with pytest.raises(TimeoutError):
-            remote[b"k"]
+            remote.read_key(b"k")
     finally:
         fs.release.set()
 
@@ -234,24 +234,24 @@ def test_blocking_request_that_never_returns_times_out():
 def test_breaker_opens_after_repeated_failures_and_probes_after_cooldown():
     clock = FakeClock()
     fs, remote = _flaky_remote(breaker=CircuitBreaker(failure_threshold=2, cooldown_s=30, clock=clock))
-    remote[b"k"] = b"v"
+    remote.write_key(b"k", b"v")
     fs.broken = True
     for _ in range(2):
         with pytest.raises(ConnectionError):
-            remote[b"k"]
+            remote.read_key(b"k")
     calls = fs.calls
     with pytest.raises(TierUnavailable):
-        remote[b"k"]
+        remote.read_key(b"k")
     assert fs.calls == calls and remote.breaker.state == "open"  # skipped: no request made
     clock.now += 31
     assert remote.breaker.state == "half-open"
     with pytest.raises(ConnectionError):  # the probe goes out, fails: open for another cooldown
-        remote[b"k"]
+        remote.read_key(b"k")
     with pytest.raises(TierUnavailable):
-        remote[b"k"]
+        remote.read_key(b"k")
     clock.now += 31
     fs.broken = False
-    assert remote[b"k"] == b"v"  # the probe succeeds: closed again
+    assert remote.read_key(b"k") == b"v"  # the probe succeeds: closed again
     assert remote.breaker.state == "closed"
 
 
@@ -260,9 +260,9 @@ def test_a_miss_or_a_rejected_entry_is_not_a_failure():
     fs.pipe_file(remote.path_for(entry_name(b"bad")), b"junk")
     for _ in range(3):
         with pytest.raises(KeyError):
-            remote[b"absent"]
+            remote.read_key(b"absent")
         with pytest.raises(EntryRejected):
-            remote[b"bad"]
+            remote.read_key(b"bad")
     assert remote.breaker.state == "closed"
 
 
@@ -286,16 +286,16 @@ def test_missing_bucket_default_degrades_then_recovers(moto_server, caplog, tmp_
         )
     assert "does not exist" in caplog.text and "continuing without it" in caplog.text
     with pytest.raises(TierUnavailable):
-        remote[b"k"]
+        remote.read_key(b"k")
     chain = TieredProgramCache(tiers=[FileStreamProgramCache(tmp_path), remote])
     chain[b"k"] = b"v"  # works local-only
     assert chain.get(b"k") == b"v"
     remote.fs.call_s3("create_bucket", Bucket=bucket)
     clock.now += 31
     with pytest.raises(KeyError):  # the probe reaches the new bucket: a plain miss
-        remote[b"k"]
-    remote[b"k"] = b"v"
-    assert remote[b"k"] == b"v"
+        remote.read_key(b"k")
+    remote.write_key(b"k", b"v")
+    assert remote.read_key(b"k") == b"v"
 
 
 def test_local_path_remote_read_only_missing_dir(tmp_path):
@@ -329,16 +329,16 @@ def test_bad_input(kwargs, error, match):
 
 def test_signing_key_str_and_bytes_agree():
     url = _memory_url()
-    RemoteProgramCache.from_url(url, signing_key="secret-key")[b"k"] = b"v"
-    assert RemoteProgramCache.from_url(url, signing_key=b"secret-key")[b"k"] == b"v"
+    RemoteProgramCache.from_url(url, signing_key="secret-key").write_key(b"k", b"v")
+    assert RemoteProgramCache.from_url(url, signing_key=b"secret-key").read_key(b"k") == b"v"
     with pytest.raises(EntryRejected):
-        RemoteProgramCache.from_url(url, signing_key=b"other-key")[b"k"]
+        RemoteProgramCache.from_url(url, signing_key=b"other-key").read_key(b"k")
 
 
 def test_envelope_codec_is_the_one_on_the_wire():
     url = _memory_url()
     remote = RemoteProgramCache.from_url(url, signing_key=b"k" * 32)
-    remote[b"key"] = b"value"
+    remote.write_key(b"key", b"value")
     blob = remote.fs.cat_file(remote.path_for(entry_name(b"key")))
     assert EnvelopeCodec(b"k" * 32).open(entry_name(b"key"), blob) == b"value"
 

@@ -1,4 +1,5 @@
-"""The shared ProgramCacheResource, EntryStore and LeaseStore contracts, run against the remote tier on four fsspec backends."""
+"""The shared ProgramCacheResource (by key, as a chain's one tier), EntryStore and LeaseStore contracts, run against
+the remote tier on four fsspec backends."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import fsspec
 import pytest
 
 from tiered_progcache.stores.remote import RemoteProgramCache
-from tiered_progcache.testing import EntryStoreTests, LeaseStoreTests, ProgramCacheContract
+from tiered_progcache.testing import EntryStoreTests, LeaseStoreTests, ProgramCacheContract, keyed_chain
 from tiered_progcache.testing.servers import gcs_bucket, gcs_server, moto_server, s3_bucket  # noqa: F401
 
 from support import FileBackDoor, FsspecBackDoor
@@ -18,7 +19,8 @@ from support import FileBackDoor, FsspecBackDoor
 class TestRemoteOnMemory(ProgramCacheContract):
     @pytest.fixture
     def cache(self):
-        with RemoteProgramCache.from_url(f"memory://contract-{uuid.uuid4().hex}/kernels", strict=True) as c:
+        remote = RemoteProgramCache.from_url(f"memory://contract-{uuid.uuid4().hex}/kernels", strict=True)
+        with keyed_chain(remote) as c:
             yield c
             c.clear()  # memory:// is one store per process
 
@@ -26,21 +28,23 @@ class TestRemoteOnMemory(ProgramCacheContract):
 class TestRemoteOnLocalPath(ProgramCacheContract):
     @pytest.fixture
     def cache(self, tmp_path):
-        with RemoteProgramCache.from_url((tmp_path / "nfs").as_uri(), strict=True) as c:
+        with keyed_chain(RemoteProgramCache.from_url((tmp_path / "nfs").as_uri(), strict=True)) as c:
             yield c
 
 
 class TestRemoteOnS3(ProgramCacheContract):
     @pytest.fixture
     def cache(self, s3_bucket):
-        with RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True) as c:
+        remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True)
+        with keyed_chain(remote) as c:
             yield c
 
 
 class TestRemoteOnGCS(ProgramCacheContract):
     @pytest.fixture
     def cache(self, gcs_bucket):
-        with RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True) as c:
+        remote = RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True)
+        with keyed_chain(remote) as c:
             yield c
 
 
@@ -50,13 +54,13 @@ class TestRemoteSignedCompressed(ProgramCacheContract):
     @pytest.fixture
     def cache(self, s3_bucket):
         pytest.importorskip("zstandard")
-        with RemoteProgramCache.from_url(
+        with keyed_chain(RemoteProgramCache.from_url(
             s3_bucket.url,
             storage_options=s3_bucket.storage_options,
             signing_key=b"contract-signing-key-0123456789ab",
             compression="zstd",
             strict=True,
-        ) as c:
+        )) as c:
             yield c
 
 

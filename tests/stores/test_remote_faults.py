@@ -105,7 +105,7 @@ def test_forged_and_unsigned_entries_are_rejected(s3_bucket, tmp_path):
 
 def test_read_only_chain_sends_no_write_to_the_server(s3_bucket, tmp_path):
     seeded = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options)
-    seeded[b"seeded key"] = b"seeded cubin"
+    seeded.write_key(b"seeded key", b"seeded cubin")
     before = {p: s3_bucket.fs.info(p)["ETag"] for p in s3_bucket.objects()}
     chain = TieredProgramCache(
         tmp_path / "fleet", remote=s3_bucket.url, remote_options=s3_bucket.storage_options, remote_read_only=True
@@ -152,7 +152,7 @@ def test_full_write_back_queue_drops_and_counts_never_blocks(tmp_path):
     assert chain.flush(timeout=30)
     remote = chain.shared_store
     assert sorted(e.name for e in remote.iter_entries()) == sorted(entry_name(b"k%d" % n) for n in range(3))
-    assert remote[b"k1"] == b"v1 again"
+    assert remote.read_key(b"k1") == b"v1 again"
     assert chain.stats()["remote"].writes == 3
     chain.close()
 
@@ -169,7 +169,7 @@ def test_flush_times_out_while_an_upload_is_stuck(tmp_path):
     finally:
         gate.set()
     assert chain.flush(timeout=30) is True
-    assert chain.shared_store[b"k"] == b"v"
+    assert chain.shared_store.read_key(b"k") == b"v"
     chain.close()
 
 

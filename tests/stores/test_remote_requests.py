@@ -90,7 +90,7 @@ def _miss(cache: TieredProgramCache, key: bytes) -> None:
 
 def test_s3_a_remote_miss_and_a_remote_hit_are_one_get_each_through_the_chain(s3_wire, tmp_path):
     writer = RemoteProgramCache.from_url(s3_wire.url, storage_options=s3_wire.options, strict=True)
-    writer[b"present"] = b"a cubin" * 10_000
+    writer.write_key(b"present", b"a cubin" * 10_000)
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
                             strict=True, boot_fetch_bytes=0) as cache:
         s3_wire.watch(_remote_of(cache))
@@ -126,7 +126,7 @@ def test_s3_lookups_reuse_one_connection(s3_wire, tmp_path):
     writer = RemoteProgramCache.from_url(s3_wire.url, storage_options=s3_wire.options, strict=True)
     keys = [b"reuse-%d" % n for n in range(100)]
     for key in keys:
-        writer[key] = key * 100
+        writer.write_key(key, key * 100)
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
                             strict=True, boot_fetch_bytes=0) as cache:
         assert s3_wire.proxy.connections == 2  # the writer's, and the one the chain's bucket probe opened
@@ -141,7 +141,7 @@ def test_s3_warm_is_one_get_per_entry_over_a_bounded_pool(s3_wire, tmp_path):
     names = []
     for n in range(100):
         key = b"warm-%d" % n
-        writer[key] = b"\x7fELF\x02\x01" + bytes(46) + b"\x40\x00" + bytes(10) + key * 50
+        writer.write_key(key, b"\x7fELF\x02\x01" + bytes(46) + b"\x40\x00" + bytes(10) + key * 50)
         names.append(entry_name(key))
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
                             strict=True) as cache:
@@ -324,7 +324,7 @@ def test_gcs_a_remote_miss_and_a_remote_hit_are_one_get_each_over_one_connection
     options = dict(gcs_bucket.storage_options, session_kwargs={"trace_configs": [trace.config]},
                    skip_instance_cache=True)
     writer = RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True)
-    writer[b"present"] = b"a cubin" * 10_000
+    writer.write_key(b"present", b"a cubin" * 10_000)
     with TieredProgramCache(tmp_path, remote=gcs_bucket.url, remote_options=options, strict=True, boot_fetch_bytes=0) as cache:
         trace.requests.clear()
         assert trace.requests_during(lambda: _miss(cache, b"absent")) == 1
@@ -377,7 +377,7 @@ class CountingMemoryFS(MemoryFileSystem):
 def test_memory_lookups_make_one_call_each(tmp_path):
     fs = CountingMemoryFS()
     remote = RemoteProgramCache(fs, f"/count-{uuid.uuid4().hex}")
-    remote[b"present"] = b"cubin"
+    remote.write_key(b"present", b"cubin")
     with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), remote], boot_fetch_bytes=0) as cache:
         fs.calls.clear()
         _miss(cache, b"absent")
@@ -404,7 +404,7 @@ def test_file_lookups_are_one_open_each_and_nothing_else(tmp_path):
     global _audited, _audit_root
     root = tmp_path / "remote"
     remote = RemoteProgramCache.from_url(root.as_uri(), strict=True)
-    remote[b"present"] = b"cubin"
+    remote.write_key(b"present", b"cubin")
     with _AUDIT_LOCK:
         if not getattr(sys, "_tpc_audit_hooked", False):
             sys.addaudithook(_audit)
@@ -440,7 +440,7 @@ def test_redis_a_hit_and_a_miss_are_one_getrange_each(redis_url, redis_server, t
 
     client = redis_server.client()
     with RedisProgramCache.from_url(redis_url, strict=True) as tier:
-        tier[b"present"] = b"a cubin" * 10_000
+        tier.write_key(b"present", b"a cubin" * 10_000)
         tier.write_entry("ab" * 32, bytes(ONE_READ_PAYLOAD + 1))
         with TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), tier], boot_fetch_bytes=0) as cache:
             assert _commands_during(client, lambda: _miss(cache, b"absent")) == {"getrange": 1}

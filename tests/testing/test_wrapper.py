@@ -20,6 +20,7 @@ from tiered_progcache.testing import (
     LeaseStoreTests,
     ProgramCacheContract,
     WrapperEntryStore,
+    keyed_chain,
 )
 from tiered_progcache.testing.wrapper import GATE_TIMEOUT_S, OPERATIONS, Call
 
@@ -70,7 +71,8 @@ class TestWrappedRemote(EntryStoreTests, LeaseStoreTests):
 class TestWrappedRemoteByKey(ProgramCacheContract):
     @pytest.fixture
     def cache(self):
-        with WrapperEntryStore(RemoteProgramCache.from_url(f"memory://wrapped-{uuid.uuid4().hex}/k")) as c:
+        wrapped = WrapperEntryStore(RemoteProgramCache.from_url(f"memory://wrapped-{uuid.uuid4().hex}/k"))
+        with keyed_chain(wrapped) as c:
             yield c
             c.clear()
 
@@ -163,25 +165,27 @@ def test_a_delay_goes_through_the_injected_sleep(remote):
 def test_calls_are_counted_and_logged_with_their_names(remote):
     wrapped = WrapperEntryStore(remote)
     a, b = entry_name(b"a"), entry_name(b"b")
-    wrapped[b"a"] = b"1"  # the mapping API goes through the entry operations
+    wrapped.write_key(b"a", b"1")  # the keyed reads and writes go through the entry operations
     wrapped.write_many({b: b"2"})
-    assert wrapped.get(b"a") == b"1" and wrapped.get(b"missing") is None
-    assert len(wrapped) == 2
+    assert wrapped.read_key(b"a") == b"1"
+    with pytest.raises(KeyError):
+        wrapped.read_key(b"missing")
+    assert wrapped.count() == 2
     assert wrapped.names("read_entry", "write_entry", "write_many") == [a, b, a, entry_name(b"missing")]
     assert wrapped.log[0] == Call("write_entry", (a,)) and wrapped.calls["iter_entries"] == 1
     wrapped.reset_counts()
     assert not wrapped.calls and wrapped.log == []
 
 
-def test_a_rejected_entry_stays_rejected_through_the_mapping_api(remote):
+def test_a_rejected_entry_stays_rejected_through_the_keyed_read(remote):
     wrapped = WrapperEntryStore(remote)
-    wrapped[b"k"] = b"x"
+    wrapped.write_key(b"k", b"x")
     wrapped.fail("read_entry", EntryRejected("digest mismatch"), times=1)
     with pytest.raises(EntryRejected):
-        wrapped[b"k"]
+        wrapped.read_key(b"k")
     with pytest.raises(KeyError) as miss:
-        wrapped[b"absent"]
-    assert type(miss.value) is KeyError and miss.value.args == (b"absent",)
+        wrapped.read_key(b"absent")
+    assert type(miss.value) is KeyError and miss.value.args == (entry_name(b"absent"),)
 
 
 def test_in_a_chain_each_injected_failure_is_a_counted_miss(tmp_path, remote):

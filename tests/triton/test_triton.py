@@ -179,7 +179,7 @@ def test_triton_files_and_program_cache_entries_share_a_bucket_apart(compiled, n
     node("a")
     put_group(kernel_hash, files)
     programs = RemoteProgramCache.from_url(f"file://{remote_dir}", strict=True)
-    programs[b"a cuda-core key"] = b"\x7fELF a cubin"
+    programs.write_key(b"a cuda-core key", b"\x7fELF a cubin")
     assert chain.flush(timeout=30)
     assert [e.name for e in programs.iter_entries()] == [entry_name(b"a cuda-core key")]
     triton_names = {e.name for e in _remote_of(chain).iter_entries()}
@@ -273,7 +273,8 @@ def test_a_member_replaced_by_another_valid_entry_does_not_match_its_record(comp
     kernel_hash, files, chain = _seeded(compiled, node, tmp_path)
     key = tpt_key(kernel_hash)
     remote = _remote_of(chain)
-    remote[tpt.cache_key(key, "add_kernel.cubin")] = tpt.frame(key, "add_kernel.cubin", b"\x7fELF another compile")
+    remote.write_key(tpt.cache_key(key, "add_kernel.cubin"),
+                     tpt.frame(key, "add_kernel.cubin", b"\x7fELF another compile"))
     _miss_on_node_b(node, kernel_hash)
     assert chain.stats()["remote"].rejected == 1
 
@@ -282,8 +283,8 @@ def test_an_entry_framed_for_another_file_is_refused(compiled, node, tmp_path):
     kernel_hash, files, chain = _seeded(compiled, node, tmp_path)
     key = tpt_key(kernel_hash)
     remote = _remote_of(chain)
-    ptx = remote[tpt.cache_key(key, "add_kernel.ptx")]
-    remote[tpt.cache_key(key, "add_kernel.cubin")] = ptx  # a valid envelope, holding the PTX
+    ptx = remote.read_key(tpt.cache_key(key, "add_kernel.ptx"))
+    remote.write_key(tpt.cache_key(key, "add_kernel.cubin"), ptx)  # a valid envelope, holding the PTX
     _miss_on_node_b(node, kernel_hash)
     with pytest.raises(EntryRejected, match="holds triton/.*add_kernel.ptx"):
         tpt.opened(ptx, key, "add_kernel.cubin")

@@ -1,13 +1,16 @@
-"""One link of the chain: a resource adapted once, with its policy, counters and the failure policy.
+"""One link of the chain: an entry store adapted once, with its policy, counters and the failure policy.
 
 Two things live here and nowhere else:
 
-* **What a resource is.** A tier's resource is a ``ProgramCacheResource`` addressed by
-  key; the rest of the package also needs it by entry name. :class:`Tier` works that out
-  once, when it is built (:attr:`Tier.entries`, :attr:`Tier.local`, :attr:`Tier.location`,
-  how it reads and measures itself), so no other module asks ``isinstance`` of a
-  concrete store class (``tests/test_architecture.py`` checks).
-* **The failure policy.** :func:`classify` sorts any exception into a
+* **What a tier is.** The chain runs over :class:`~tiered_progcache.stores.store.EntryStore`
+  alone, read and written by cache key (``read_key``, ``write_key``, ...). :func:`store_of`
+  turns what a user gives into one, once, when the tier is built: an entry store is
+  itself, cuda-core's file tier its directory (:class:`~tiered_progcache.stores.localdir.LocalDir`),
+  its memory tier and any other ``ProgramCacheResource`` a thin keyed store
+  (:mod:`~tiered_progcache.stores.coretiers`). What the tier then is (:attr:`Tier.entries`,
+  :attr:`Tier.local`, :attr:`Tier.location`, its default name) is read here, so no other
+  module asks ``isinstance`` of a concrete store class (``tests/test_architecture.py`` checks).
+* **The failure policy.** :func:`failure_kind` sorts any exception into a
   :class:`FailureKind`, and :data:`FAILURE_POLICY` says, per tier operation, which
   counter it bumps and what it logs. Whatever a tier raises on a read becomes a miss,
   on a write a dropped write; ``Program.compile`` loses the compiled object if the
@@ -21,21 +24,22 @@ import enum
 import logging
 import time
 from collections.abc import Mapping
-from typing import Callable
+from typing import Union
 
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, ProgramCacheResource
 
-from .._cudacore import memory_cache_bytes
 from ..errors import EntryRejected, TierUnavailable
-from ..stores.localdir import KEYED_READS, LocalDir
+from ..stores.coretiers import MemoryStore, ResourceStore
+from ..stores.localdir import LocalDir
 from .policy import TierPolicy
 from ..stores.ratelimit import RateLimitedLogger
 from ..settings import DEFAULT_MAX_PENDING_UPLOAD_BYTES, DEFAULT_MAX_PENDING_UPLOADS
-from .stats import TierCounters, TierStats
-from ..stores.store import EntryStore, entry_name
+from .stats import GIL_DISABLED, TierCounters, TierStats
+from ..stores.store import EntryStore
 from .writeback import WriteBackQueue
 
-__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "Outcome", "Tier", "bare_policy", "classify", "default_policy"]
+__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "FailureResponse", "Tier",
+           "TierSource", "bare_policy", "default_policy", "failure_kind", "store_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class FailureKind(enum.Enum):
     ERROR = "error"  #: anything else: an outage, a refusal, or a bug in the tier
 
 
-def classify(exc: BaseException) -> FailureKind:
+def failure_kind(exc: BaseException) -> FailureKind:
     """The :class:`FailureKind` of ``exc``; the one place an exception's type is read for its meaning."""
     if type(exc) is KeyError:
         return FailureKind.MISS
@@ -74,7 +78,7 @@ def classify(exc: BaseException) -> FailureKind:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class FailureResponse:
     """What one kind of failure of one operation does: the counter it bumps and the line it logs (if any).
 
     ``message`` is formatted with the tier's name and the exception; ``topic`` groups it
@@ -87,61 +91,81 @@ class Outcome:
     level: int = logging.WARNING
 
 
-_READ_ERROR = Outcome("errors", "tier %s failed a read (counted as a miss): %r", "read")
-_WRITE_ERROR = Outcome("errors", "tier %s failed a write (dropped): %r", "write")
-_NOTHING = Outcome()
+_READ_ERROR = FailureResponse("errors", "tier %s failed a read (counted as a miss): %r", "read")
+_WRITE_ERROR = FailureResponse("errors", "tier %s failed a write (dropped): %r", "write")
+_NOTHING = FailureResponse()
 
 #: Per tier operation, what each :class:`FailureKind` does. A read that fails is a miss
 #: (``misses`` +1 besides), a write is dropped, a delete is counted and raised to the chain
 #: (which raises ``DeleteFailed``); counting, clearing, closing and measuring are logged.
-FAILURE_POLICY: Mapping[str, Mapping[FailureKind, Outcome]] = {
+FAILURE_POLICY: Mapping[str, Mapping[FailureKind, FailureResponse]] = {
     "read": {
         FailureKind.MISS: _NOTHING,
-        FailureKind.REJECTED: Outcome("rejected", "tier %s rejected an entry: %s", "rejected"),
-        FailureKind.SKIPPED: Outcome("skipped"),
-        FailureKind.TIMEOUT: Outcome("timeouts", "tier %s timed out on a read (counted as a miss): %s", "read"),
+        FailureKind.REJECTED: FailureResponse("rejected", "tier %s rejected an entry: %s", "rejected"),
+        FailureKind.SKIPPED: FailureResponse("skipped"),
+        FailureKind.TIMEOUT: FailureResponse("timeouts", "tier %s timed out on a read (counted as a miss): %s", "read"),
         FailureKind.ERROR: _READ_ERROR,
     },
     "write": {
         FailureKind.MISS: _WRITE_ERROR,
         FailureKind.REJECTED: _WRITE_ERROR,
-        FailureKind.SKIPPED: Outcome("skipped"),
-        FailureKind.TIMEOUT: Outcome("timeouts", "tier %s timed out on a write (dropped): %s", "write"),
+        FailureKind.SKIPPED: FailureResponse("skipped"),
+        FailureKind.TIMEOUT: FailureResponse("timeouts", "tier %s timed out on a write (dropped): %s", "write"),
         FailureKind.ERROR: _WRITE_ERROR,
     },
     "delete": {  # a KeyError (MISS, REJECTED) is "not held here", never a failure
-        FailureKind.SKIPPED: Outcome("skipped"),
-        FailureKind.TIMEOUT: Outcome("timeouts"),
-        FailureKind.ERROR: Outcome("errors"),
+        FailureKind.SKIPPED: FailureResponse("skipped"),
+        FailureKind.TIMEOUT: FailureResponse("timeouts"),
+        FailureKind.ERROR: FailureResponse("errors"),
     },
-    "clear": dict.fromkeys(FailureKind, Outcome("errors", "tier %s failed to clear: %r", "clear")),
-    "count": dict.fromkeys(FailureKind, Outcome(None, "tier %s could not count its entries: %r", "count")),
-    "close": dict.fromkeys(FailureKind, Outcome(None, "tier %s failed to close: %r", "close")),
+    "clear": dict.fromkeys(FailureKind, FailureResponse("errors", "tier %s failed to clear: %r", "clear")),
+    "count": dict.fromkeys(FailureKind, FailureResponse(None, "tier %s could not count its entries: %r", "count")),
+    "close": dict.fromkeys(FailureKind, FailureResponse(None, "tier %s failed to close: %r", "close")),
     "measure": dict.fromkeys(
-        FailureKind, Outcome(None, "tier %s could not measure its size: %r", "measure", logging.DEBUG)
+        FailureKind, FailureResponse(None, "tier %s could not measure its size: %r", "measure", logging.DEBUG)
     ),
 }
 
 
-# -- what a resource is ----------------------------------------------------------------------------
+# -- what a tier is ---------------------------------------------------------------------------
+
+#: What ``tiers=[...]`` and ``compile(cache=...)`` accept as a tier.
+TierSource = Union[ProgramCacheResource, EntryStore]
 
 
-def _kind(resource: ProgramCacheResource) -> str:
+def store_of(source: TierSource) -> EntryStore:
+    """The entry store the chain runs over for ``source``: itself if it is one, else cuda-core's tier adapted.
+
+    Called once per tier, when it is built; ``TypeError`` for anything that is neither.
+    """
+    if isinstance(source, EntryStore):
+        return source
+    if isinstance(source, InMemoryProgramCache):
+        return MemoryStore(source)
+    if isinstance(source, FileStreamProgramCache):
+        return LocalDir.of(source)
+    if isinstance(source, ProgramCacheResource):
+        return ResourceStore(source)
+    raise TypeError(f"a tier must be a tiered_progcache EntryStore or a cuda.core ProgramCacheResource, "
+                    f"got {type(source).__name__}")  # fmt: skip
+
+
+def _kind(store: EntryStore) -> str:
     """``memory`` or ``local`` for cuda-core's two tiers, ``remote`` / ``read-only remote`` for a shared
-    entry store, ``""`` for any other resource: what a tier's default name and policy follow."""
-    if isinstance(resource, InMemoryProgramCache):
+    store, ``""`` for any other: what a tier's default name and policy follow."""
+    if isinstance(store, MemoryStore):
         return "memory"
-    if isinstance(resource, FileStreamProgramCache):
+    if isinstance(store, LocalDir) and store.cache is not None:
         return "local"
-    if isinstance(resource, EntryStore) and resource.shared:
-        return "read-only remote" if resource.read_only else "remote"
+    if store.shared:
+        return "read-only remote" if store.read_only else "remote"
     return ""
 
 
-def default_policy(resource: ProgramCacheResource, fallback_name: str) -> TierPolicy:
+def default_policy(source: TierSource, fallback_name: str) -> TierPolicy:
     """The policy of a tier given to ``tiers=[...]`` without one: cuda-core's two tiers are ``memory`` and
     ``local``, a shared entry store a shared ``remote`` written in the background, anything else ``fallback_name``."""
-    kind = _kind(resource)
+    kind = _kind(store_of(source))
     if kind.endswith("remote"):
         return TierPolicy("remote", read_only=kind != "remote", write="background", shared=True)
     return TierPolicy(kind or fallback_name)
@@ -157,43 +181,10 @@ _BARE_POLICIES = {
 }
 
 
-def bare_policy(resource: ProgramCacheResource) -> TierPolicy:
-    """The policy of a bare resource given to ``compile()``: named as :func:`default_policy` names it
+def bare_policy(source: TierSource) -> TierPolicy:
+    """The policy of a bare resource or store given to ``compile()``: named as :func:`default_policy` names it
     (``cache`` for one of no known kind), written synchronously, as a bare resource always was."""
-    return _BARE_POLICIES[_kind(resource)]
-
-
-def _local_dir(resource: ProgramCacheResource) -> LocalDir | None:
-    return LocalDir.of(resource) if isinstance(resource, FileStreamProgramCache) else None
-
-
-def _entries(resource: ProgramCacheResource, local: LocalDir | None) -> EntryStore | None:
-    if local is not None:
-        return local
-    return resource if isinstance(resource, EntryStore) else None
-
-
-def _reader(resource: ProgramCacheResource, local: LocalDir | None) -> Callable[[bytes], bytes]:
-    """How :meth:`Tier.lookup` reads ``resource``: ``resource[key]``, or for cuda-core's own file tier
-    (not a subclass that reads differently) :meth:`LocalDir.read_key`, the same read in half the system calls."""
-    if (KEYED_READS and local is not None
-            and type(resource).__getitem__ is FileStreamProgramCache.__getitem__):  # fmt: skip
-        return local.read_key
-    return resource.__getitem__
-
-
-def _measurer(resource: ProgramCacheResource, local: LocalDir | None) -> Callable[[], tuple[int, int | None]]:
-    """Entries and bytes a tier holds; a local directory is walked once for both."""
-    if local is not None:
-
-        def walk() -> tuple[int, int | None]:
-            sizes = [entry.size for entry in local.iter_entries()]
-            return len(sizes), sum(sizes)
-
-        return walk
-    if isinstance(resource, InMemoryProgramCache):
-        return lambda: (len(resource), memory_cache_bytes(resource))
-    return lambda: (len(resource), None)
+    return _BARE_POLICIES[_kind(store_of(source))]
 
 
 # -- the tier ------------------------------------------------------------------------------------
@@ -204,44 +195,46 @@ _MAX_REJECTED = 4096
 
 
 class Tier:
-    """A resource in the chain, adapted once. Thread-safe as far as its resource is.
+    """An entry store in the chain, adapted once. Thread-safe as far as its store is.
 
-    ``entries`` is the resource seen by entry name (the resource itself where it is an
-    :class:`~tiered_progcache.stores.store.EntryStore`, the directory of cuda-core's file tier),
-    or None; ``local`` the local directory where the tier is one; ``location`` where its
-    entries live, for messages.
+    ``resource`` is what was given (a cuda-core tier, a user's resource, an entry store), kept
+    for inspection; ``backend`` the entry store the chain reads and writes by key
+    (:func:`store_of`); ``entries`` that store where it is addressable by entry name
+    (listed, warmed, pruned), else None; ``local`` the local directory where the tier is
+    one; ``location`` where its entries live, for messages.
     """
 
-    __slots__ = ("resource", "policy", "counters", "writeback", "entries", "local", "in_memory", "location",
-                 "_read", "_measure", "_warn", "_create", "_rejected")  # fmt: skip
+    __slots__ = ("resource", "backend", "policy", "counters", "writeback", "entries", "local", "in_memory",
+                 "location", "_read", "_warn", "_create", "_rejected", "_untimed_mask", "_hit_log")  # fmt: skip
 
     def __init__(
         self,
-        resource: ProgramCacheResource,
+        resource: TierSource,
         policy: TierPolicy,
         *,
         max_pending_writes: int = DEFAULT_MAX_PENDING_UPLOADS,
         max_pending_write_bytes: int | None = DEFAULT_MAX_PENDING_UPLOAD_BYTES,
         warn: RateLimitedLogger | None = None,
     ) -> None:
-        if not isinstance(resource, ProgramCacheResource):
-            raise TypeError(
-                f"tier {policy.name!r} must be a cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}"
-            )
+        if not isinstance(resource, (ProgramCacheResource, EntryStore)):
+            raise TypeError(f"tier {policy.name!r} must be a tiered_progcache EntryStore or a "
+                            f"cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}")  # fmt: skip
         self.resource = resource
+        self.backend: EntryStore = store_of(resource)
         self.policy = policy
-        self.local: LocalDir | None = _local_dir(resource)
-        self.entries: EntryStore | None = _entries(resource, self.local)
-        #: The resource where it is cuda-core's memory tier (the chain reads its LRU order), else None.
-        self.in_memory: InMemoryProgramCache | None = resource if isinstance(resource, InMemoryProgramCache) else None
-        self.location: str = (self.entries.location if self.entries is not None
-                              else f"{type(resource).__name__}, this process")  # fmt: skip
-        self._read = _reader(resource, self.local)
+        backend = self.backend
+        self.local: LocalDir | None = backend if isinstance(backend, LocalDir) else None
+        self.entries: EntryStore | None = backend if backend.by_name else None
+        #: The memory store where the tier is cuda-core's memory tier (the chain reads its LRU order), else None.
+        self.in_memory: MemoryStore | None = backend if isinstance(backend, MemoryStore) else None
+        self.location: str = backend.location
+        self._read = backend.read_key
         #: Writes here are conditional creates (a shared store that has an atomic one): never a rewrite.
-        self._create: EntryStore | None = (self.entries if policy.shared and self.entries is not None
-                                           and self.entries.atomic_create else None)  # fmt: skip
+        self._create: EntryStore | None = backend if policy.shared and backend.atomic_create else None
         self._rejected: set[bytes] = set()  # keys this tier held corrupt or forged: the next write replaces them
-        self._measure = _measurer(resource, self.local)
+        #: Hits timed one in 64 (the chain's first tier: see :meth:`sample_hits`); 0: every lookup timed.
+        self._untimed_mask = 0
+        self._hit_log: logging.Logger | None = None
         self.counters = TierCounters()
         self.writeback: WriteBackQueue | None = None
         self._warn = warn if warn is not None else RateLimitedLogger(logger)
@@ -252,11 +245,18 @@ class Tier:
                 max_pending_bytes=max_pending_write_bytes,
                 name=policy.name,
             )
-        startup_failure = self.entries.startup_failure if self.entries is not None else None
+        startup_failure = backend.startup_failure
         if startup_failure is not None:  # the store logged it; counted here, so a dead remote shows in stats()
-            outcome = FAILURE_POLICY["read"].get(classify(startup_failure), _NOTHING)
-            if outcome.counter in ("errors", "timeouts"):
-                self.counters.add(outcome.counter)
+            response = FAILURE_POLICY["read"].get(failure_kind(startup_failure), _NOTHING)
+            if response.counter in ("errors", "timeouts"):
+                self.counters.add(response.counter)
+
+    def sample_hits(self, hit_log: logging.Logger) -> None:
+        """Time this tier's hits one in 64 and count the rest inline (the chain's first tier, a memory hit
+        under a microsecond: two clock reads and a call are a fifth of it); off without a GIL or while
+        ``hit_log`` logs DEBUG, where every hit is timed and logged there ("lookup ...: memory hit")."""
+        self._hit_log = hit_log
+        self._untimed_mask = _untimed_mask(hit_log)
 
     @property
     def name(self) -> str:
@@ -264,34 +264,52 @@ class Tier:
 
     def _failed(self, operation: str, exc: Exception) -> FailureKind:
         """Apply :data:`FAILURE_POLICY` to ``exc`` raised by ``operation``: count it, log it; its kind."""
-        kind = classify(exc)
-        outcome = FAILURE_POLICY[operation].get(kind, _NOTHING)
-        if outcome.counter is not None:
-            self.counters.add(outcome.counter)
-        if outcome.message is not None:
-            if outcome.level >= logging.WARNING:
-                self._warn.log(outcome.level, f"{self.name}:{outcome.topic}", outcome.message, self.name, exc)
+        kind = failure_kind(exc)
+        response = FAILURE_POLICY[operation].get(kind, _NOTHING)
+        if response.counter is not None:
+            self.counters.add(response.counter)
+        if response.message is not None:
+            if response.level >= logging.WARNING:
+                self._warn.log(response.level, f"{self.name}:{response.topic}", response.message, self.name, exc)
             else:
-                logger.log(outcome.level, outcome.message, self.name, exc)
+                logger.log(response.level, response.message, self.name, exc)
         return kind
 
     # -- reads ---------------------------------------------------------------
 
     def lookup(self, key: bytes) -> bytes | None:
-        """The tier's bytes for ``key``, or None on a miss or any failure (counted, timed)."""
+        """The tier's bytes for ``key``, or None on a miss or any failure (counted; timed, or one hit in 64)."""
+        counters = self.counters
+        if counters.hits & self._untimed_mask:  # the untimed fast path (sample_hits): counted as count_hit does
+            try:
+                data = self._read(key)
+            except Exception as exc:
+                self._read_failed(key, exc)
+                return None
+            size = len(data)  # before the +=, so no call splits its read and write
+            counters.hits += 1
+            counters.bytes_read += size
+            return data
         started = time.perf_counter()
         try:
             data = self._read(key)
         except Exception as exc:
-            self.counters.record_get((time.perf_counter() - started) * 1e3)
-            self.record_read_failure(exc)
-            if self._create is not None and isinstance(exc, EntryRejected) and len(self._rejected) < _MAX_REJECTED:
-                self._rejected.add(key)
+            counters.record_get((time.perf_counter() - started) * 1e3)
+            self._read_failed(key, exc)
             return None
-        counters = self.counters
         counters.record_get((time.perf_counter() - started) * 1e3)
         counters.count_hit(len(data))
+        hit_log = self._hit_log
+        if hit_log is not None:
+            self._untimed_mask = _untimed_mask(hit_log)  # re-read one hit in 64: DEBUG turns the fast path off
+            if hit_log.isEnabledFor(logging.DEBUG):
+                hit_log.debug("lookup %s: %s hit (%d bytes)", key[:8].hex(), self.name, len(data))
         return data
+
+    def _read_failed(self, key: bytes, exc: Exception) -> None:
+        self.record_read_failure(exc)
+        if self._create is not None and isinstance(exc, EntryRejected) and len(self._rejected) < _MAX_REJECTED:
+            self._rejected.add(key)
 
     def lookup_metadata(self, key: bytes) -> bytes | None:
         """Like :meth:`lookup` for an entry's metadata (a symbol map): not a lookup in ``hits``/``misses``,
@@ -343,9 +361,9 @@ class Tier:
         started = time.perf_counter()
         try:
             if self._create is not None and key not in self._rejected:
-                written = self._create.create_entry(entry_name(key), data)
+                written = self._create.create_key(key, data)
             else:
-                self.resource[key] = data
+                self.backend.write_key(key, data)
                 self._rejected.discard(key)
                 written = True
         except Exception as exc:
@@ -387,7 +405,7 @@ class Tier:
 
     def _delete_now(self, key: bytes, cancelled: bool) -> bool:
         try:
-            del self.resource[key]
+            self.backend.delete_key(key)
         except KeyError:
             return cancelled
         except Exception as exc:
@@ -398,27 +416,27 @@ class Tier:
     # -- housekeeping ----------------------------------------------------------
 
     def count(self) -> int | None:
-        """Entries the tier holds (``len``), or None where it cannot say (logged)."""
+        """Entries the tier holds, or None where it cannot say (logged)."""
         try:
-            return len(self.resource)
+            return self.backend.count()
         except Exception as exc:
             self._failed("count", exc)
             return None
 
     def clear(self) -> None:
-        """Empty the resource, its queued writes first (none lands after); a failure is counted and logged, never raised."""
+        """Empty the store, its queued writes first (none lands after); a failure is counted and logged, never raised."""
         if self.writeback is not None and not self.writeback.discard(CLEAR_WAIT_S):
             logger.warning("tier %s: a background write still under way after %.0f s may land after clear()", self.name,
                            CLEAR_WAIT_S)
         try:
-            self.resource.clear()
+            self.backend.clear()
         except Exception as exc:
             self._failed("clear", exc)
 
     def close(self) -> None:
-        """Release the resource; a failure is logged, never raised."""
+        """Release the store; a failure is logged, never raised."""
         try:
-            self.resource.close()
+            self.backend.close()
         except Exception as exc:
             self._failed("close", exc)
 
@@ -426,7 +444,22 @@ class Tier:
         entries = bytes_held = None
         if not self.policy.shared:
             try:
-                entries, bytes_held = self._measure()
+                entries, bytes_held = self.backend.measure()
             except Exception as exc:
                 self._failed("measure", exc)
         return self.counters.snapshot(entries=entries, bytes_held=bytes_held)
+
+
+#: Hits of a sampled tier between two timed ones, less one (a power of two, less one, as a mask).
+_TIME_ONE_HIT_IN_MASK = 63
+
+
+def _untimed_mask(hit_log: logging.Logger) -> int:
+    """Mask for the untimed, unlogged fast path of a sampled tier's hits; 0 turns that path off.
+
+    Off where plain int increments are not exact (no GIL) and while ``hit_log`` logs DEBUG,
+    so that every lookup logs the tier that answered.
+    """
+    if GIL_DISABLED or hit_log.isEnabledFor(logging.DEBUG):
+        return 0
+    return _TIME_ONE_HIT_IN_MASK

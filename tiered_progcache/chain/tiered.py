@@ -14,21 +14,21 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 
 from . import exitbudget, exitreport
 from .bootfetch import boot_fetch_for
-from .._cudacore import as_key_bytes, extract_bytes, memory_cache_recent_keys
+from .._cudacore import as_key_bytes, extract_bytes
 from ..configvalues import ConfigValues
 from ..errors import DeleteFailed, one_line
 from ..stores.localdir import KEYED_READS, LocalDir, default_local_dir
 from .policy import FlightPolicy, TierPolicy
 from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import by_name, remote_urls
-from .stats import GIL_DISABLED, CacheStats, CompileTally, FlightCounts, MetadataKey
+from .stats import CacheStats, CompileTally, FlightCounts, MetadataKey
 from ..stores.ratelimit import RateLimitedLogger
 from ..stores.store import EntryStore
 from ..stores.breaker import CircuitBreaker
 from ..stores.sharedstore import SharedEntryStore
 from ..redact import mask_url
 from .downmemo import DOWN_MEMO_S, DownMemo, RemoteDown
-from .tier import Tier, bare_policy, default_policy
+from .tier import Tier, TierSource, bare_policy, default_policy
 
 if TYPE_CHECKING:
     from .transfer import TransferReport
@@ -37,11 +37,12 @@ __all__ = ["CacheStores", "TieredProgramCache", "as_chain", "default_chain", "re
 
 logger = logging.getLogger(__name__)
 
-_TIME_ONE_HIT_IN_MASK = 63
 #: At most this many of the memory tier's most recently used entries have their local file's atime refreshed at once.
 RECENCY_BATCH = 128
 
-TierSpec = Union[ProgramCacheResource, "tuple[ProgramCacheResource, TierPolicy]"]
+TierSpec = Union[TierSource, "tuple[TierSource, TierPolicy]"]
+#: Where :meth:`TieredProgramCache.get` looks: every tier, those in front of the first shared one, or the rest.
+WHERE = ("all", "nearby", "shared")
 
 
 class TieredProgramCache(ProgramCacheResource):
@@ -133,12 +134,13 @@ class TieredProgramCache(ProgramCacheResource):
         self._tiers = tiers
         self._local_store = next((t.local for t in tiers if t.local is not None), None)
         self._first = tiers[0]
-        self._first_resource = self._first.resource
+        self._first.sample_hits(logger)  # a memory hit is timed one in 64 and logged here at DEBUG
+        self._first_lookup = self._first.lookup
         self._first_counters = self._first.counters
-        self._untimed_mask = _untimed_mask()
-        self._rest = tiers[1:]
-        #: Index of the first shared tier (len(tiers) if none): where get_nearby stops and get_shared starts.
+        #: Index of the first shared tier (len(tiers) if none): where ``get(where="nearby")`` stops.
         self._first_shared = next((i for i, t in enumerate(tiers) if t.policy.shared), len(tiers))
+        self._spans = {"all": (0, len(tiers)), "nearby": (0, self._first_shared),
+                       "shared": (self._first_shared, len(tiers))}  # fmt: skip
         self._closed = False
         self._exit_report: exitreport.Source | None = None
         self._min_upload_compile_s = min_upload_compile_s
@@ -161,7 +163,7 @@ class TieredProgramCache(ProgramCacheResource):
                                     local_depth)  # a fresh node's first shared lookup also fetches the newest entries
 
     @classmethod
-    def _around(cls, resource: ProgramCacheResource) -> TieredProgramCache:
+    def _around(cls, resource: TierSource) -> TieredProgramCache:
         """A chain of one tier around a bare ``resource`` (see :func:`as_chain`); no setting, no registration."""
         chain = cls.__new__(cls)
         tier = Tier(resource, bare_policy(resource), warn=_BARE_WARNINGS)
@@ -243,62 +245,37 @@ class TieredProgramCache(ProgramCacheResource):
 
     # -- reads ---------------------------------------------------------------------
 
-    def get(self, key: bytes | str, default: bytes | None = None) -> bytes | None:
-        if type(key) is bytes:
-            k = key
-        elif isinstance(key, MetadataKey):
-            return self._get_metadata(bytes(key), 0, len(self._tiers), default)
-        else:
-            k = as_key_bytes(key)
-        counters = self._first_counters
-        if counters.hits & self._untimed_mask:
-            # Fast path for the fastest tier: a memory hit costs under a microsecond, so
-            # it is timed only one time in 64 (the branch below) and counted inline, as
-            # TierCounters.count_hit would (its call adds ~25 ns, 4% of a hit). Off without a GIL.
-            try:
-                data = self._first_resource[k]
-            except Exception as exc:
-                self._first.record_read_failure(exc)
-                return self._get_from_slower_tiers(k, default)
-            size = len(data)  # before the +=, so no call splits its read and write
-            counters.hits += 1
-            counters.bytes_read += size
-            return data
-        data = self._first.lookup(k)
-        if data is not None:
-            self._untimed_mask = _untimed_mask()  # re-read one hit in 64: DEBUG logging turns the fast path off
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("lookup %s: %s hit (%d bytes)", k[:8].hex(), self._first.name, len(data))
-            return data
-        return self._get_from_slower_tiers(k, default)
+    def get(self, key: bytes | str, default: bytes | None = None, *, where: str = "all") -> bytes | None:
+        """The entry of ``key`` from the first tier that holds it (copied into faster tiers), else ``default``.
 
-    def get_nearby(self, key: bytes | str) -> bytes | None:
-        """The entry from the tiers in front of the first shared one (memory, local directory), or None.
-
-        With :meth:`get_shared` it is one :meth:`get` in two halves, counted and promoted the
-        same way: ``compile()`` looks nearby first, then races the shared lookup with a compile.
+        ``where`` (:data:`WHERE`): ``"nearby"`` reads only the tiers in front of the first
+        shared one (memory, the local directory), ``"shared"`` only that one and those after.
+        The two halves are one ``get``, counted and promoted the same way: ``compile()``
+        looks nearby first, then races the shared lookup with a compile. A
+        :class:`~tiered_progcache.chain.stats.MetadataKey` is read as metadata (promoted,
+        not counted as a lookup).
         """
-        if isinstance(key, MetadataKey):
-            return self._get_metadata(bytes(key), 0, self._first_shared, None)
-        k = key if type(key) is bytes else as_key_bytes(key)
-        for depth, tier in enumerate(self._tiers[: self._first_shared]):
-            data = tier.lookup(k)
+        if type(key) is bytes and where == "all":  # the fast path: the first tier's own lookup, then the rest
+            data = self._first_lookup(key)
             if data is not None:
-                self._promote(k, data, depth)
                 return data
-        return None
-
-    def get_shared(self, key: bytes | str) -> bytes | None:
-        """The entry from the first shared tier on (promoted into the faster tiers), or None."""
+            return self._read(key, 1, len(self._tiers), default, looked_from=0)
+        try:
+            start, stop = self._spans[where]
+        except (KeyError, TypeError):
+            raise ValueError(f"where must be one of {', '.join(WHERE)}, got {where!r}") from None
         if isinstance(key, MetadataKey):
-            return self._get_metadata(bytes(key), max(1, self._first_shared) if self._first_shared else 0,
-                                      len(self._tiers), None)  # fmt: skip
-        k = key if type(key) is bytes else as_key_bytes(key)
-        return self._get_from_slower_tiers(k, None, start=max(1, self._first_shared)) if self._first_shared else (
-            self.get(k))
+            return self._get_metadata(bytes(key), start, stop, default)
+        return self._read(key if type(key) is bytes else as_key_bytes(key), start, stop, default)
 
-    def _get_from_slower_tiers(self, k: bytes, default: bytes | None, start: int = 1) -> bytes | None:
-        for depth, tier in enumerate(self._tiers[start:], start=start):
+    def _read(self, k: bytes, start: int, stop: int, default: bytes | None, *, looked_from: int | None = None
+              ) -> bytes | None:
+        """Tiers ``start:stop`` in order: the first hit, promoted into the faster tiers; else ``default``.
+
+        ``looked_from``: where this lookup began, when tiers before ``start`` were read already (its DEBUG line).
+        """
+        for depth in range(start, stop):
+            tier = self._tiers[depth]
             if depth == self._first_shared and self._boot is not None and self._boot.landed(k):
                 data = self._tiers[self._boot.local_depth].lookup(k)  # the boot fetch brought it
                 if data is not None:
@@ -307,11 +284,14 @@ class TieredProgramCache(ProgramCacheResource):
             data = tier.lookup(k)
             if data is not None:
                 self._promote(k, data, depth)
-                if logger.isEnabledFor(logging.DEBUG):
+                if depth and logger.isEnabledFor(logging.DEBUG):  # the first tier logs its own hits
                     logger.debug("lookup %s: %s hit (%d bytes)", k[:8].hex(), tier.name, len(data))
                 return data
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("lookup %s: miss in every tier", k[:8].hex())
+            first = start if looked_from is None else looked_from
+            where = "every tier" if stop - first == len(self._tiers) else \
+                ", ".join(t.name for t in self._tiers[first:stop]) or "no tier"
+            logger.debug("lookup %s: miss in %s", k[:8].hex(), where)
         return default
 
     def _get_metadata(self, k: bytes, start: int, stop: int, default: bytes | None) -> bytes | None:
@@ -337,7 +317,7 @@ class TieredProgramCache(ProgramCacheResource):
         if fresh <= 0:
             return
         self._recency_hits = hits
-        for key in memory_cache_recent_keys(self._first.in_memory, min(fresh, RECENCY_BATCH)):
+        for key in self._first.in_memory.recent_keys(min(fresh, RECENCY_BATCH)):
             local.touch_key(key)
 
     def _promote(self, k: bytes, data: bytes, depth: int) -> None:
@@ -555,7 +535,7 @@ def _load_compiler() -> None:
         logger.debug("could not load NVRTC at warm(): %r", exc)
 
 
-def as_chain(cache: ProgramCacheResource) -> TieredProgramCache:
+def as_chain(cache: TierSource) -> TieredProgramCache:
     """``cache`` itself if it is a chain, else a chain of one tier around the bare resource.
 
     >>> chain = as_chain(InMemoryProgramCache())     # what compile(), explain() and single-flight work on
@@ -569,8 +549,9 @@ def as_chain(cache: ProgramCacheResource) -> TieredProgramCache:
     """
     if isinstance(cache, TieredProgramCache):
         return cache
-    if not isinstance(cache, ProgramCacheResource):
-        raise TypeError(f"cache must be a cuda.core ProgramCacheResource, got {type(cache).__name__}")
+    if not isinstance(cache, (ProgramCacheResource, EntryStore)):
+        raise TypeError(f"cache must be a cuda.core ProgramCacheResource (a TieredProgramCache, say) or a "
+                        f"tiered_progcache EntryStore, got {type(cache).__name__}")  # fmt: skip
     return TieredProgramCache._around(cache)
 
 
@@ -583,17 +564,6 @@ def require_chain(cache: object, what: str = "cache", *, none_ok: bool = False) 
     if not (isinstance(cache, TieredProgramCache) or (none_ok and cache is None)):
         raise TypeError(f"{what} must be a TieredProgramCache{' or None' if none_ok else ''}, "
                         f"got {type(cache).__name__}")  # fmt: skip
-
-
-def _untimed_mask() -> int:
-    """Mask for the untimed, unlogged fast path of first-tier hits; 0 turns that path off.
-
-    Off where plain int increments are not exact (no GIL) and while DEBUG logging is on,
-    so that every lookup logs the tier that answered.
-    """
-    if GIL_DISABLED or logger.isEnabledFor(logging.DEBUG):
-        return 0
-    return _TIME_ONE_HIT_IN_MASK
 
 
 def default_chain(config: ConfigValues) -> list[TierSpec]:
@@ -654,7 +624,7 @@ def shared_tier(
     create_root: bool | None = None,
     namespace: str = "entries",
     down_memo: DownMemo | None = None,
-) -> tuple[ProgramCacheResource, str]:
+) -> tuple[SharedEntryStore, str]:
     """The shared tier ``url`` names, built as ``config`` says, and its kind (``"redis"`` or ``"remote"``).
 
     ``create_root`` overrides the ``create_remote_root`` setting (the command's reading
@@ -704,12 +674,13 @@ def _build_tiers(
     for index, spec in enumerate(specs):
         if isinstance(spec, tuple):
             if len(spec) != 2 or not isinstance(spec[1], TierPolicy):
-                raise TypeError("a tier given as a tuple must be (ProgramCacheResource, TierPolicy)")
+                raise TypeError("a tier given as a tuple must be (ProgramCacheResource or EntryStore, TierPolicy)")
             resource, policy = spec
         else:
             resource, policy = spec, None
-        if not isinstance(resource, ProgramCacheResource):
-            raise TypeError(f"tier {index} must be a cuda.core.utils.ProgramCacheResource, got {type(resource).__name__}")
+        if not isinstance(resource, (ProgramCacheResource, EntryStore)):
+            raise TypeError(f"tier {index} must be a cuda.core.utils.ProgramCacheResource or a tiered_progcache "
+                            f"EntryStore, got {type(resource).__name__}")  # fmt: skip
         if policy is None:
             policy = default_policy(resource, f"tier{index}")
             base, n = policy.name, 2
@@ -738,7 +709,7 @@ class CacheStores:
     shared: EntryStore | None
 
 
-def stores_of(cache: ProgramCacheResource) -> CacheStores:
+def stores_of(cache: TierSource) -> CacheStores:
     """The local directory and shared store of any cache ``compile()`` or the command is given.
 
     What :func:`as_chain` of it holds: a chain answers from its tiers; cuda-core's file

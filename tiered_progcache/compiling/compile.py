@@ -186,8 +186,7 @@ def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
 def _manifest_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool = True) -> float | None:
     """The compile time entry ``key``'s manifest records, or None: a metadata read through the chain (no
     lookup counted; failures counted and skipped by its policy). ``shared=False``: the tiers on this node only."""
-    read = cache.get if shared else cache.get_nearby
-    data = read(MetadataKey(manifest_key(key)))
+    data = cache.get(MetadataKey(manifest_key(key)), where="all" if shared else "nearby")
     if data is None:
         return None
     try:
@@ -346,18 +345,18 @@ def _find(
 ) -> tuple[ObjectCode, _Outcome] | None:
     """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None.
 
-    ``nearby_only``: only the tiers in front of the shared one (the chain's ``get_nearby``);
-    ``shared_only``: only the others (``get_shared``). ``recheck``: a look again after a miss
+    ``nearby_only``: only the tiers in front of the shared one (the chain's ``get(where="nearby")``);
+    ``shared_only``: only the others (``where="shared"``). ``recheck``: a look again after a miss
     (under the node lock or the lease), read as metadata is, so each ``compile()`` call is one
     lookup in ``hits``/``misses``; what the look again found is the flight's decision.
     """
-    get = cache.get_nearby if nearby_only else cache.get_shared if shared_only else cache.get
-    data = get(MetadataKey(key)) if recheck else get(key)
+    where = "nearby" if nearby_only else "shared" if shared_only else "all"
+    data = cache.get(MetadataKey(key) if recheck else key, where=where)
     if data is None:
         return None
     mapping = None
     if names:
-        mapping = decode_symbols(get(symbols_key(key)), names)
+        mapping = decode_symbols(cache.get(symbols_key(key), where=where), names)
         if mapping is None:
             logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
             return None

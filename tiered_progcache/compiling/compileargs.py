@@ -20,6 +20,7 @@ from cuda.core.utils import ProgramCacheResource
 
 from .. import settings
 from ..chain.tiered import TieredProgramCache
+from ..stores.store import EntryStore
 
 __all__ = ["CODE_TYPES", "KNOBS", "TARGET_TYPES", "check_arguments", "knob_for", "knobs_for"]
 
@@ -55,8 +56,9 @@ def check_arguments(
         raise TypeError(f"target_type must be a str, got {type(target_type).__name__}")
     if target_type.lower() not in TARGET_TYPES:
         raise ValueError(f"target_type must be one of {', '.join(TARGET_TYPES)}, got {target_type!r}")
-    if cache is not None and not isinstance(cache, ProgramCacheResource):
-        raise TypeError(f"cache must be a cuda.core ProgramCacheResource or None, got {type(cache).__name__}")
+    if cache is not None and not isinstance(cache, (ProgramCacheResource, EntryStore)):
+        raise TypeError(f"cache must be a cuda.core ProgramCacheResource (a TieredProgramCache, say), a "
+                        f"tiered_progcache EntryStore or None, got {type(cache).__name__}")  # fmt: skip
     if isinstance(name_expressions, (str, bytes)) or not isinstance(name_expressions, Iterable):
         raise TypeError("name_expressions must be a sequence of str or bytes (not one string), "
                         f"got {type(name_expressions).__name__}")  # fmt: skip

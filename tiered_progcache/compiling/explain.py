@@ -342,17 +342,26 @@ def _similarity(this: CompileInputs, stored: CompileInputs) -> tuple[int, str] |
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _View:
-    """One tier as explain sees it: by entry name where it can be listed, else by key."""
+    """One tier as explain sees it: by entry name where it can be listed (``store``), else by key (``backend``)."""
 
     name: str
     location: str
-    resource: ProgramCacheResource
+    backend: EntryStore
     store: EntryStore | None
+
+    def held(self, key: bytes) -> bytes | None:
+        """The tier's bytes for ``key``, None if absent (uncounted: explain only looks); other failures raise."""
+        try:
+            return self.backend.read_key(key)
+        except KeyError as exc:
+            if type(exc) is KeyError:
+                return None
+            raise
 
 
 def _views(cache: TieredProgramCache) -> list[_View]:
     """Each tier of the chain, as its :class:`~.tier.Tier` resolved it when it was built."""
-    return [_View(t.name, t.location, t.resource, t.entries) for t in cache.tiers]
+    return [_View(t.name, t.location, t.backend, t.entries) for t in cache.tiers]
 
 
 def explain(
@@ -421,7 +430,7 @@ def _explained(
     for depth, view in enumerate(views):
         if view.store is None:
             try:
-                held = view.resource.get(key) is not None
+                held = view.held(key) is not None
             except Exception as exc:
                 notes.append(f"tier {view.name}: could not look ({one_line(exc)})")
                 continue
@@ -497,7 +506,7 @@ def _hit(
         manifest = read_in(view, lambda: store.read_entry(manifest_name(name))
                            if listed and manifest_name(name) in listed else None)  # fmt: skip
     else:
-        manifest = read_in(view, lambda: view.resource.get(manifest_key(key)))
+        manifest = read_in(view, lambda: view.held(manifest_key(key)))
     if manifest is None and not unreadable:
         for other in slower:
             if other.store is None:

@@ -84,8 +84,22 @@ class LocalDir(NodeDirStore):
     (inode, size, mtime_ns), so an entry a writer replaced since is never removed.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+        cache: FileStreamProgramCache | None = None,
+    ) -> None:
+        """``cache``: cuda-core's tier on ``root`` (:meth:`of`), which then does the keyed writes, deletes,
+        counts and clears, so its size cap evicts as it does for cuda-core; keyed reads stay :meth:`read_key`'s
+        unless ``cache`` is a subclass that reads differently (or the platform lacks :data:`KEYED_READS`)."""
         super().__init__(root, max_entry_bytes=max_entry_bytes)
+        self.cache = cache
+        if cache is not None and not (KEYED_READS and type(cache).__getitem__ is FileStreamProgramCache.__getitem__):
+            self.read_key = cache.__getitem__  # type: ignore[method-assign]
+        elif not KEYED_READS:
+            self.read_key = self._read_key_by_name  # type: ignore[method-assign]
         self._entries_prefix = os.path.join(os.fspath(root), _ENTRIES) + os.sep
         #: Where the node-level single-flight lock files live (``<root>/locks``).
         self.locks_dir = self.root / _LOCKS
@@ -94,8 +108,8 @@ class LocalDir(NodeDirStore):
 
     @classmethod
     def of(cls, cache: FileStreamProgramCache) -> LocalDir:
-        """The directory a cuda-core ``FileStreamProgramCache`` was opened on."""
-        return cls(_cudacore.file_cache_root(cache))
+        """The directory a cuda-core ``FileStreamProgramCache`` was opened on, its keyed writes through ``cache``."""
+        return cls(_cudacore.file_cache_root(cache), cache=cache)
 
     # -- what the store is ------------------------------------------------------------
 
@@ -175,6 +189,34 @@ class LocalDir(NodeDirStore):
             return data
         finally:
             os.close(fd)
+
+    def _read_key_by_name(self, key: bytes) -> bytes:
+        return self.read_entry(entry_name(key))
+
+    def write_key(self, key: bytes, payload: bytes) -> None:
+        if self.cache is None:
+            self.write_entry(entry_name(key), payload)
+        else:
+            self.cache[key] = payload
+
+    def delete_key(self, key: bytes) -> None:
+        if self.cache is None:
+            self.delete_entry(entry_name(key))
+        else:
+            del self.cache[key]
+
+    def count(self) -> int:
+        return super().count() if self.cache is None else len(self.cache)
+
+    def clear(self) -> None:
+        if self.cache is None:
+            super().clear()
+        else:
+            self.cache.clear()
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
 
     def touch_key(self, key: bytes) -> None:
         """Set the atime of cache key ``key``'s file to now, its mtime kept: read-recency for a hit served in memory.

@@ -1,11 +1,10 @@
-"""What every shared tier has in common: its state, the mapping API over entry names and the declared capabilities.
+"""What every shared tier has in common: its state, its verified reads and the declared capabilities.
 
 The fsspec remote and the Redis tier differ in how they move bytes. They share how they
 are configured (read-only, signing key, compression, the request deadline, the breaker,
-the byte cap, the transfer batch, the namespace), the one request door, how a cache key
-becomes an entry name, what ``cache[key]`` means, how fetched envelopes are verified,
-how a read-only tier refuses, and how a URL is shown without its password. Both
-subclass :class:`SharedEntryStore`, whose ``__init__`` holds all of that.
+the byte cap, the transfer batch, the namespace), the one request door, how fetched
+envelopes are verified, how a read-only tier refuses, and how a URL is shown without
+its password. Both subclass :class:`SharedEntryStore`, whose ``__init__`` holds all of that.
 """
 
 from __future__ import annotations
@@ -14,15 +13,12 @@ import abc
 from collections.abc import Mapping
 from typing import Any
 
-from cuda.core import ObjectCode
-from cuda.core.utils import ProgramCacheResource
-
-from .. import _cudacore, settings
+from .. import settings
 from .breaker import CircuitBreaker
 from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from ..redact import mask_url
 from .runner import FilesystemFactory, RequestRunner
-from .store import BatchRead, EntryStore, check_namespace, entry_name
+from .store import BatchRead, EntryStore, check_namespace
 
 __all__ = ["MIN_LIST_TIMEOUT_S", "SharedEntryStore", "checked_seconds", "without_password"]
 
@@ -43,8 +39,8 @@ def checked_seconds(setting: str, what: str, value: Any) -> float | None:
     return row.default if checked is None else checked
 
 
-class SharedEntryStore(ProgramCacheResource, EntryStore):
-    """A shared tier: a ``ProgramCacheResource`` by key and an :class:`EntryStore` by name.
+class SharedEntryStore(EntryStore):
+    """A shared tier: an :class:`EntryStore` other nodes read and write too (the chain reads it by key through ``read_key``).
 
     ``__init__`` checks and keeps what every shared store is configured with, and builds
     its one :class:`~tiered_progcache.stores.runner.RequestRunner` over ``connection`` (an
@@ -153,35 +149,7 @@ class SharedEntryStore(ProgramCacheResource, EntryStore):
         """Entries per bulk request batch (per pipeline on Redis): ``transfer_concurrency``."""
         return self.transfer_concurrency
 
-    # -- the mapping API -------------------------------------------------------------
-
-    def __getitem__(self, key: bytes | str) -> bytes:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        try:
-            return self.read_entry(name)
-        except InvalidEnvelope:
-            raise
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        self.write_entry(name, _cudacore.extract_bytes(value))
-
-    def __delitem__(self, key: bytes | str) -> None:
-        name = entry_name(_cudacore.as_key_bytes(key))
-        try:
-            self.delete_entry(name)
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __len__(self) -> int:
-        """Entries in the store: one whole listing (the chain never asks a shared tier)."""
-        return sum(1 for _ in self.iter_entries())
-
-    def clear(self) -> None:
-        """Delete every entry. Only ever called on purpose (the CLI's ``clear --remote --yes``)."""
-        self.delete_entries(list(self.iter_entries()))
+    # -- reads ------------------------------------------------------------------------
 
     def read_entry(self, name: str) -> bytes:
         """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""

@@ -334,6 +334,55 @@ class EntryStore(abc.ABC):
         """
         return 0
 
+    # -- by cache key: what the chain reads and writes -----------------------------------------------
+
+    @property
+    def by_name(self) -> bool:
+        """True if entries here can be read, written and listed by entry name; False for a store the chain
+        reads by cache key only (cuda-core's memory tier, a resource given bare: :mod:`.coretiers`)."""
+        return True
+
+    def read_key(self, key: bytes) -> bytes:
+        """The entry of cache key ``key``, as :meth:`read_entry` reads it: where a key becomes a name.
+
+        A store with a faster keyed read (the local directory's, the memory tier's) overrides it.
+        """
+        return self.read_entry(entry_name(key))
+
+    def write_key(self, key: bytes, payload: bytes) -> None:
+        """Store ``payload`` under cache key ``key`` (:meth:`write_entry` of its name)."""
+        self.write_entry(entry_name(key), payload)
+
+    def create_key(self, key: bytes, payload: bytes) -> bool:
+        """Store ``payload`` under cache key ``key`` only if absent (:meth:`create_entry` of its name)."""
+        return self.create_entry(entry_name(key), payload)
+
+    def delete_key(self, key: bytes) -> None:
+        """Remove cache key ``key``'s entry; ``KeyError`` if it is not there."""
+        self.delete_entry(entry_name(key))
+
+    def count(self) -> int:
+        """Entries the store holds (one whole listing; the chain never counts a shared tier)."""
+        return sum(1 for _ in self.iter_entries())
+
+    def measure(self) -> tuple[int, int | None]:
+        """Entries held and their bytes (None where unknown), from one listing."""
+        sizes = [entry.size for entry in self.iter_entries()]
+        return len(sizes), sum(sizes)
+
+    def clear(self) -> None:
+        """Delete every entry. The chain calls it on non-shared tiers only (a remote is never wiped from there)."""
+        self.delete_entries(list(self.iter_entries()))
+
+    def close(self) -> None:
+        """Release what the store holds open (connections, threads); nothing here."""
+
+    def __enter__(self) -> EntryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class NodeDirStore(EntryStore):
     """An entry store in a directory on this node: its root is its location, it is never read-only

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .contract import BackDoor, EntryStoreTests, LeaseStoreTests, ProgramCacheContract
+from .contract import BackDoor, EntryStoreTests, LeaseStoreTests, ProgramCacheContract, keyed_chain
 from .wrapper import Gate, WrapperEntryStore
 
-__all__ = ["BackDoor", "EntryStoreTests", "Gate", "LeaseStoreTests", "ProgramCacheContract", "WrapperEntryStore"]
+__all__ = ["BackDoor", "EntryStoreTests", "Gate", "LeaseStoreTests", "ProgramCacheContract", "WrapperEntryStore",
+           "keyed_chain"]

@@ -1,12 +1,13 @@
 """The contracts every ``ProgramCacheResource`` and every ``EntryStore`` pass, written once (zarr's ``StoreTests`` style).
 
 Subclass :class:`ProgramCacheContract` in a pytest module and provide a ``cache``
-fixture that yields a fresh, empty resource::
+fixture that yields a fresh, empty resource; an entry store is checked by key as
+the one tier of a chain (:func:`keyed_chain`)::
 
     class TestMyTier(ProgramCacheContract):
         @pytest.fixture
         def cache(self, tmp_path):
-            with MyTier(tmp_path) as c:
+            with keyed_chain(MyStore(tmp_path)) as c:
                 yield c
 
 Likewise :class:`EntryStoreTests` with a ``store`` fixture yielding a fresh, empty,
@@ -28,11 +29,13 @@ import threading
 import pytest
 from cuda.core import ObjectCode
 
+from ..chain.policy import TierPolicy
+from ..chain.tiered import TieredProgramCache
 from ..errors import EntryRejected
 from ..cluster.lease import LeaseInfo, RemoteLease
 from ..stores.store import EntryStore, LeaseStore, entry_name
 
-__all__ = ["BackDoor", "EntryStoreTests", "LeaseStoreTests", "ProgramCacheContract"]
+__all__ = ["BackDoor", "EntryStoreTests", "LeaseStoreTests", "ProgramCacheContract", "keyed_chain"]
 
 
 def _key(n: int) -> bytes:
@@ -43,6 +46,13 @@ def _key(n: int) -> bytes:
 def _payload(n: int, size: int = 3000) -> bytes:
     block = hashlib.sha256(f"contract-payload-{n}".encode()).digest()
     return (block * (size // len(block) + 1))[:size]
+
+
+def keyed_chain(store: EntryStore) -> TieredProgramCache:
+    """``store`` as the one tier of a chain, written at once and not shared, so ``len()`` and ``clear()``
+    reach it: how :class:`ProgramCacheContract` checks an entry store by key (the chain's door is the
+    mapping API; the store sees ``read_key``, ``write_key``, ``delete_key``, ``count``, ``clear``)."""
+    return TieredProgramCache(tiers=[(store, TierPolicy("store"))])
 
 
 class ProgramCacheContract:

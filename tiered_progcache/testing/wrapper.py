@@ -15,9 +15,9 @@ each operation through the rules a test sets::
     ...
     assert store.calls["read_entry"] == 3
 
-It is a ``ProgramCacheResource`` too (the mapping API by key, over its own
-``read_entry``/``write_entry``/``delete_entry``, so rules apply to the chain's reads and
-writes), which makes it a tier wherever the wrapped store is one: with ``shared``
+It is a tier wherever the wrapped store is one: the chain's keyed reads and writes
+(``read_key``, ``write_key``, ...) are the interface's defaults over its own
+``read_entry``/``write_entry``/``delete_entry``, so rules apply to them; with ``shared``
 True it gets a shared tier's default policy.
 """
 
@@ -29,11 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from cuda.core import ObjectCode
-from cuda.core.utils import ProgramCacheResource
-
-from .. import _cudacore
-from ..stores.store import STALE_STAGED_AGE_S, BatchRead, EntryStore, LeaseStore, StoredEntry, entry_name
+from ..stores.store import STALE_STAGED_AGE_S, BatchRead, EntryStore, LeaseStore, StoredEntry
 
 __all__ = ["OPERATIONS", "Call", "Gate", "WrapperEntryStore"]
 
@@ -120,7 +116,7 @@ def _operations(operations: str | Iterable[str]) -> frozenset[str]:
     return chosen
 
 
-class WrapperEntryStore(ProgramCacheResource, EntryStore):
+class WrapperEntryStore(EntryStore):
     """``store`` with injected faults (:meth:`fail`), held calls (:meth:`hold`), latency (:meth:`delay`) and counts.
 
     >>> wrapped = WrapperEntryStore(LocalDir(tmp_path), sleep=clock.advance)
@@ -341,32 +337,5 @@ class WrapperEntryStore(ProgramCacheResource, EntryStore):
     def open_record(self, name: str, blob: bytes) -> bytes:
         return self.store.open_record(name, blob)
 
-    # -- by key: the mapping API, through the rules ------------------------------------------
-
-    def __getitem__(self, key: bytes | str) -> bytes:
-        try:
-            return self.read_entry(entry_name(_cudacore.as_key_bytes(key)))
-        except KeyError as exc:
-            if type(exc) is KeyError:  # a miss; EntryRejected (a KeyError) stays what it is
-                raise KeyError(key) from None
-            raise
-
-    def __setitem__(self, key: bytes | str, value: bytes | bytearray | memoryview | ObjectCode) -> None:
-        self.write_entry(entry_name(_cudacore.as_key_bytes(key)), _cudacore.extract_bytes(value))
-
-    def __delitem__(self, key: bytes | str) -> None:
-        try:
-            self.delete_entry(entry_name(_cudacore.as_key_bytes(key)))
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self.iter_entries())
-
-    def clear(self) -> None:
-        self.delete_entries(list(self.iter_entries()))
-
     def close(self) -> None:
-        """Close the wrapped store where it is a resource that holds connections."""
-        if isinstance(self.store, ProgramCacheResource):
-            self.store.close()
+        self.store.close()

@@ -351,7 +351,7 @@ def _read_many(tier: Any, keys: Mapping[str, bytes]) -> BatchRead:
     results: dict[str, bytes | Exception] = {}
     for name, key in keys.items():
         try:
-            results[name] = tier.resource[key]
+            results[name] = tier.backend.read_key(key)
         except Exception as exc:
             results[name] = exc
     return BatchRead.of(results)
