@@ -77,10 +77,8 @@ class CompileTimes:
     >>> times.predict("c++", "cubin", 8000)
     0.8
 
-    The rate is an exponentially weighted mean of seconds per byte of :func:`compile_size`. A code
-    type's first compile in a process is not recorded: it carries the compiler's first use, not the
-    kernel's cost (docs/cluster.md). :meth:`save` and :meth:`load` keep it all in a local directory
-    for the node's next process. Thread-safe.
+    A running mean of seconds per byte of :func:`compile_size`; a code type's first compile in a
+    process is not recorded (it carries the compiler's first use: docs/cluster.md). Thread-safe.
     """
 
     def __init__(self, weight: float = COMPILE_TIME_WEIGHT) -> None:

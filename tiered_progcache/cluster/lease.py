@@ -69,8 +69,7 @@ class HolderProcess:
         return cls(*_this_host(), pid, _start_ticks(pid))
 
     def as_json(self) -> dict[str, object]:
-        return {"host": self.host, "boot_id": self.boot_id, "pid_ns": self.pid_ns, "pid": self.pid,
-                "start": self.start}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, doc: object) -> HolderProcess | None:
@@ -92,12 +91,12 @@ class HolderProcess:
         if not self.boot_id or not self.pid_ns:
             return False  # no /proc: cannot tell a PID of this namespace from another's
         try:
-            stat = _read_text(f"/proc/{self.pid}/stat", missing=None)
+            with open(f"/proc/{self.pid}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except FileNotFoundError:
+            return True  # no such process
         except OSError:
             return False
-        if stat is None:
-            return True  # no such process
-        fields = stat.rsplit(")", 1)[-1].split()
         if fields and fields[0] in ("Z", "X"):
             return True  # dead, not yet reaped
         if self.start is not None and len(fields) > 19 and fields[19] != str(self.start):
@@ -107,19 +106,16 @@ class HolderProcess:
 
 def _this_host() -> tuple[str, str, str]:
     """(host name, boot id, PID namespace) of this process."""
-    return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id") or "", _pid_namespace()
+    return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id"), _pid_namespace()
 
 
-def _read_text(path: str, missing: str | None = "") -> str | None:
+def _read_text(path: str) -> str:
+    """The file's text, stripped; "" where it cannot be read (without /proc nothing is judged)."""
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
             return fh.read().strip()
-    except FileNotFoundError:
-        return missing
     except OSError:
-        if missing is None:
-            raise
-        return missing
+        return ""
 
 
 def _pid_namespace() -> str:
@@ -130,8 +126,7 @@ def _pid_namespace() -> str:
 
 
 def _start_ticks(pid: int) -> int | None:
-    stat = _read_text(f"/proc/{pid}/stat")
-    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    fields = _read_text(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -199,14 +194,7 @@ class RemoteLease:
     is one attempt by one holder. ``clock``: the wall clock the expiry is written and judged by.
     """
 
-    def __init__(
-        self,
-        leases: LeaseStore,
-        name: str,
-        ttl_s: float,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, leases: LeaseStore, name: str, ttl_s: float, *, clock: Callable[[], float] = time.time) -> None:
         if not 0 < ttl_s <= MAX_SECONDS:  # NaN fails both; the renewer waits a third of it
             raise ValueError(f"ttl_s must be positive and at most {MAX_SECONDS:.0f} seconds (a year, the longest "
                              f"wait the library schedules), got {ttl_s!r}")
@@ -380,16 +368,9 @@ class LeaseWait(Generic[T]):
     failure: object | None = None
 
 
-def wait_for_lease(
-    lease: RemoteLease,
-    poll: Callable[[], T | None],
-    timeout: float,
-    *,
-    plan: WaitPlan | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], object] = time.sleep,
-    open_failure: Callable[[bytes], object | None] | None = None,
-) -> LeaseWait[T]:
+def wait_for_lease(lease: RemoteLease, poll: Callable[[], T | None], timeout: float, *, plan: WaitPlan | None = None,
+                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+                   open_failure: Callable[[bytes], object | None] | None = None) -> LeaseWait[T]:
     """Take ``lease``, or wait for whoever holds it to produce the result (``poll()`` not None).
 
     >>> waited = wait_for_lease(lease, lambda: cache.get(key), timeout=300, plan=policy_plan)
@@ -408,12 +389,16 @@ def wait_for_lease(
     def ended(end: WaitEnd, found: T | None = None, failure: object | None = None) -> LeaseWait[T]:
         return LeaseWait(found, end is WaitEnd.HELD, end, clock() - started, failure)
 
-    try:
-        if lease.try_acquire():
-            return ended(WaitEnd.HELD)
-    except Exception as exc:
-        _log_store_failure(exc)
-        return ended(WaitEnd.STORE_FAILED)
+    def take() -> LeaseWait[T] | None:
+        """HELD if the lease is now ours, STORE_FAILED if the store raised (go ahead without it), None if taken."""
+        try:
+            return ended(WaitEnd.HELD) if lease.try_acquire() else None
+        except Exception as exc:  # whatever the store raised: bounded by its deadline, then no lease
+            _log_store_failure(exc)
+            return ended(WaitEnd.STORE_FAILED)
+
+    if (took := take()) is not None:
+        return took
     # Taken. Look for the holder's result and read its lease side by side: one round trip for both.
     pending_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
     found = poll()
@@ -478,12 +463,8 @@ def wait_for_lease(
                 else:
                     recheck_at = now + min(LEASE_RECHECK_S, until_expiry + EXPIRY_MARGIN_S)
             if retake:
-                try:
-                    if lease.try_acquire():
-                        return ended(WaitEnd.HELD)
-                except Exception as exc:
-                    _log_store_failure(exc)
-                    return ended(WaitEnd.STORE_FAILED)
+                if (took := take()) is not None:
+                    return took
                 quick_retries += 1  # someone else took it: read it again to learn the new holder
                 if quick_retries <= QUICK_RETRIES:
                     recheck_at = now

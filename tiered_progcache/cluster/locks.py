@@ -65,8 +65,7 @@ class ThreadSingleFlight(Generic[T]):
     ...     if flight.leader: flight.result = work()
     ...     else: value = flight.wait(timeout=60)
 
-    Thread-safe. Not shared across processes (each process has its own flights;
-    a forked child starts with none).
+    Thread-safe. Per process: a forked child starts with no flights.
     """
 
     def __init__(self) -> None:
@@ -169,9 +168,6 @@ forks.register(_drop_lock_fds_after_fork)
 @contextlib.contextmanager
 def node_lock(locks_dir: str | os.PathLike[str], name: str, timeout: float) -> Iterator[bool]:
     """Hold ``<locks_dir>/<name>.lock`` exclusively; yields False if not held (timeout, no flock).
-
-    >>> with node_lock(local.locks_dir, entry_name(key), timeout=300) as held:
-    ...     compile_unless_someone_did()
 
     Safe across threads and processes of one host (and NFS clients with working locks). A dead
     holder's lock goes with its descriptors; a forked child drops its copies, and the release

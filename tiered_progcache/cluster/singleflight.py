@@ -80,16 +80,14 @@ def predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -
     local, shared = cache.local_store, cache.shared_store
     if local is not None:
         directory = str(local.root)
+        pair = (directory, "" if shared is None else shared.location)
         with _loaded_lock:
-            load = directory not in _loaded
-            seed = shared is not None and (directory, shared.location) not in _seeded
+            load, seed = directory not in _loaded, pair not in _seeded
             _loaded.add(directory)
-            if shared is not None:
-                _seeded.add((directory, shared.location))
+            _seeded.add(pair)
         if load:
             compile_times.load(directory)
-        persisted = compile_times.round_trip(shared.location) if seed and shared is not None else None
-        if persisted is not None and shared is not None:
+        if seed and shared is not None and (persisted := compile_times.round_trip(shared.location)) is not None:
             shared.seed_round_trip(persisted)
     estimate = compile_times.predict(code_type, target, size)
     return untimed_estimate(size) if estimate is None else estimate
@@ -262,13 +260,11 @@ def _lease_store(shared: EntryStore | None) -> LeaseStore | None:
     if shared is None or shared.read_only or not shared.available:
         return None  # nothing shared, this node will not upload, or the store is known to be down
     leases = shared.leases()
-    if leases is None:
-        log_once(logger, f"no-leases:{shared.location}", logging.WARNING,
-                 "shared store %s holds no leases: node-level single-flight only", shared.location)
-        return None
-    if not leases.atomic_create:
-        log_once(logger, f"no-create:{leases.location}", logging.WARNING,
-                 "shared store %s has no atomic create-if-absent: node-level single-flight only", leases.location)
+    if leases is None or not leases.atomic_create:
+        location, lacks = ((shared.location, "holds no leases") if leases is None
+                           else (leases.location, "has no atomic create-if-absent"))
+        log_once(logger, f"{lacks}:{location}", logging.WARNING,
+                 "shared store %s %s: node-level single-flight only", location, lacks)
         return None
     return leases
 

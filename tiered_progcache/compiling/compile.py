@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -54,11 +53,7 @@ _FROM_BYTES = {"cubin": ObjectCode.from_cubin, "ptx": ObjectCode.from_ptx, "ltoi
 
 @dataclasses.dataclass(frozen=True)
 class CompileEvent:
-    """One run of the compiler by :func:`compile` (a cache miss that compiled). Immutable.
-
-    ``key`` is the cache key, ``seconds`` the compiler's wall time, ``ok`` False when it
-    raised (the error then propagates to the caller).
-    """
+    """One compiler run by :func:`compile` (a miss): ``seconds`` its wall time, ``ok`` False if it raised. Immutable."""
 
     key: bytes
     code_type: str
@@ -93,10 +88,7 @@ def declined_count() -> int:
 
 
 def compile_count() -> int:
-    """Compiler runs by :func:`compile` in this process so far (failed ones too).
-
-    Thread-safe. Per process: a forked child starts from its parent's count.
-    """
+    """Compiler runs by :func:`compile` in this process so far, failed ones too (a forked child: its parent's too)."""
     return _compiles
 
 
@@ -105,9 +97,8 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
 
     >>> stop = on_compile(lambda e: log.write(f"{e.key.hex()} {e.seconds:.3f}\\n"))
 
-    The hook runs on the compiling thread, while the key's locks are held: keep it
-    short, and do not call :func:`compile` from it. Exceptions it raises are logged
-    and swallowed. Thread-safe.
+    The hook runs on the compiling thread, while the key's locks are held: keep it short, do not call
+    :func:`compile` from it. Exceptions it raises are logged and swallowed. Thread-safe.
     """
     return subscribe(_hooks, _counter_lock, hook)
 
@@ -139,12 +130,11 @@ def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
         hooks = list(_hit_hooks)
         known = memo in _saved
         seconds = _saved[memo] if known else None
-    tally = cache.compile_tally
     if not known:
         seconds = _manifest_seconds(cache, key, shared=bool(hooks))
         with _counter_lock:
             _saved[memo] = seconds  # once per key and process: later hits are a dict lookup
-    tally.count_saved(seconds)
+    cache.compile_tally.count_saved(seconds)
     if hooks:
         call_each(hooks, HitEvent(key, seconds), logger, "on_hit")
 
@@ -170,7 +160,7 @@ def _record_compile(event: CompileEvent) -> None:
     call_each(hooks, event, logger, "on_compile")
 
 
-# -- the helper ------------------------------------------------------------------------------------
+# -- compile() and the job it hands the flight ---------------------------------------------------------
 
 
 class _Entry(NamedTuple):
@@ -272,16 +262,9 @@ def _run_compiler(job: _Job) -> tuple[ObjectCode, float]:
     return obj, seconds
 
 
-def _find(
-    cache: TieredProgramCache,
-    key: bytes,
-    target: str,
-    options: ProgramOptions,
-    names: tuple[str | bytes, ...],
-    nearby_only: bool = False,
-    shared_only: bool = False,
-    recheck: bool = False,
-) -> tuple[ObjectCode, _Entry] | None:
+def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
+          nearby_only: bool = False, shared_only: bool = False,
+          recheck: bool = False) -> tuple[ObjectCode, _Entry] | None:
     """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None.
 
     ``nearby_only``/``shared_only``: the tiers in front of the shared one, or the others. ``recheck``
@@ -367,17 +350,15 @@ class _Job:
 
 def _save_times(cache: TieredProgramCache) -> None:
     """Keep this node's compile rates and its store's round trip in its local directory for its next process."""
-    local = cache.local_store
+    local, shared = cache.local_store, cache.shared_store
     if local is None:
         return
-    directory = os.fspath(local.root)
-    shared = cache.shared_store
     if shared is not None:
         compile_times.note_round_trip(shared.location, shared.round_trip_s)
     try:
-        compile_times.save(directory)
+        compile_times.save(local.root)
     except OSError as exc:
-        logger.debug("could not save compile times in %s: %r", directory, exc)
+        logger.debug("could not save compile times in %s: %r", local.root, exc)
 
 
 def _explain_miss(job: _Job) -> None:
