@@ -814,6 +814,29 @@ def test_a_new_process_knows_r_before_its_first_kernel_from_what_the_node_measur
             "lease: C 300.0 ms >= 1 x R 250.0 ms: one node compiles, the others wait for its entry")
 
 
+def test_each_store_of_a_node_directory_is_seeded_once_with_what_the_node_measured_for_it(tmp_path):
+    """One local directory, two shared stores: each store's first kernel is planned against the round trip the
+    node persisted for that store (the seed is remembered per directory and store, not once per process)."""
+    from tiered_progcache.cluster import singleflight
+
+    urls = []
+    for remote in ("one", "two"):
+        (tmp_path / remote).mkdir()
+        urls.append(f"file://{tmp_path / remote}")
+    times = CompileTimes()
+    for url, rtt in zip(urls, (0.25, 0.5)):
+        with TieredProgramCache(tmp_path / "node", remote=url) as cache:
+            times.note_round_trip(cache.shared_store.location, rtt)
+    times.save(tmp_path / "node")
+    compile_times.clear()
+    for url, rtt in zip(urls, (0.25, 0.5)):
+        with TieredProgramCache(tmp_path / "node", remote=url) as cache:
+            latency = cache.shared_store.runner.latency
+            latency.__init__()  # forget the probe: only what the node persisted
+            singleflight.predict(cache, "c++", "cubin", 1000)
+            assert (cache.shared_store.round_trip_s, latency.recorded) == (rtt, 1)
+
+
 def test_every_constant_of_the_policy_is_pinned():
     """The table in flightpolicy.py and docs/cluster.md: one value each, with its reason there."""
     from tiered_progcache.cluster import flightpolicy as fp

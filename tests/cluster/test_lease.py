@@ -26,7 +26,7 @@ from tiered_progcache.cluster.lease import (
     LeaseInfo,
     LeaseWait,
     RemoteLease,
-    WaitOutcome,
+    WaitEnd,
     wait_for_lease,
 )
 from tiered_progcache.stores.remote import RemoteProgramCache
@@ -526,7 +526,7 @@ def test_the_waiter_looks_at_once_then_every_poll_period_and_reads_the_lease_onl
         reads = leases.reads
     finally:
         holder.release()
-    assert (waited.found, waited.held, waited.outcome) == ("entry", False, WaitOutcome.FOUND)
+    assert (waited.found, waited.held, waited.end) == ("entry", False, WaitEnd.FOUND)
     assert looks == pytest.approx([0.03 * n for n in range(80)])
     assert waited.waited_s == pytest.approx(0.03 * 79)
     assert max(clock.sleeps) <= 0.03 + 1e-9  # no pause ever longer than the poll period
@@ -584,7 +584,7 @@ def test_a_failed_holders_release_is_seen_at_the_next_lease_reread_and_the_waite
     clock.on_sleep.append(lambda: holder.release() if clock.mono >= 0.2 else None)
     waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     waited = clock.wait_for(waiter, 300, plan=FixedWait(poll_s=0.05))
-    assert (waited.held, waited.outcome) == (True, WaitOutcome.HELD)
+    assert (waited.held, waited.end) == (True, WaitEnd.HELD)
     assert waited.waited_s == pytest.approx(LEASE_RECHECK_S)
     waiter.release()
 
@@ -754,7 +754,7 @@ def test_a_lease_nobody_renews_is_broken_one_ttl_after_it_was_first_seen_whateve
     waiter = RemoteLease(leases, NAME, ttl_s=5, clock=clock.time)
     waited = clock.wait_for(waiter, 300, plan=FixedWait(poll_s=0.05))
     waiter.release()
-    assert (waited.held, waited.outcome) == (True, WaitOutcome.HELD)
+    assert (waited.held, waited.end) == (True, WaitEnd.HELD)
     assert 5.0 <= waited.waited_s <= 5.0 + EXPIRY_SLACK_S
 
 
@@ -776,7 +776,7 @@ def test_a_holder_that_keeps_renewing_is_waited_for_past_its_ttl():
         waited = clock.wait_for(waiter, 300, lambda: "entry" if clock.mono >= 20 else None, FixedWait(poll_s=0.05))
     finally:
         holder.release()
-    assert (waited.found, waited.outcome) == ("entry", WaitOutcome.FOUND)
+    assert (waited.found, waited.end) == ("entry", WaitEnd.FOUND)
     assert 20 <= waited.waited_s < 20.05 + 1e-9
 
 
@@ -796,7 +796,7 @@ def test_a_published_failure_reaches_the_waiter_within_one_poll_and_stands_only_
     waiter = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     waited = wait_for_lease(waiter, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
                             sleep=clock.sleep, open_failure=open_failure)
-    assert (waited.outcome, waited.failure, waited.held) == (WaitOutcome.FAILED, "the holder's error", False)
+    assert (waited.end, waited.failure, waited.held) == (WaitEnd.FAILED, "the holder's error", False)
     assert 0.5 <= waited.waited_s <= 0.55 + 1e-9 and opened == [b"sealed record"]
     assert not holder.held
     clock.on_sleep.clear()
@@ -804,13 +804,13 @@ def test_a_published_failure_reaches_the_waiter_within_one_poll_and_stands_only_
     retry = wait_for_lease(later, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
                            sleep=clock.sleep, open_failure=open_failure)
     later.release()
-    assert retry.outcome is WaitOutcome.FAILED  # within its 4 s, a new caller raises it too
+    assert retry.end is WaitEnd.FAILED  # within its 4 s, a new caller raises it too
     clock.sleep(4.0)
     again = RemoteLease(leases, NAME, ttl_s=60, clock=clock.time)
     after = wait_for_lease(again, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
                            sleep=clock.sleep, open_failure=open_failure)
     again.release()
-    assert after.outcome is WaitOutcome.HELD  # expired: the next caller compiles
+    assert after.end is WaitEnd.HELD  # expired: the next caller compiles
 
 
 def test_a_failure_record_that_does_not_open_is_not_trusted_and_costs_at_most_its_ttl():
@@ -822,7 +822,7 @@ def test_a_failure_record_that_does_not_open_is_not_trusted_and_costs_at_most_it
     waited = wait_for_lease(waiter, lambda: None, 300, plan=FixedWait(poll_s=0.05), clock=clock.monotonic,
                             sleep=clock.sleep, open_failure=lambda sealed: None)
     waiter.release()
-    assert (waited.outcome, waited.failure) == (WaitOutcome.HELD, None)
+    assert (waited.end, waited.failure) == (WaitEnd.HELD, None)
     assert 2.0 <= waited.waited_s <= 2.0 + EXPIRY_SLACK_S
 
 
@@ -884,7 +884,7 @@ def test_a_store_that_fails_the_first_create_ends_the_wait_at_once_as_store_fail
 
     clock = SteppedClock()
     waited = clock.wait_for(RemoteLease(FailingLeases(), NAME, ttl_s=30, clock=clock.time), 300)
-    assert (waited.outcome, waited.held, waited.found, waited.waited_s) == (WaitOutcome.STORE_FAILED, False, None, 0)
+    assert (waited.end, waited.held, waited.found, waited.waited_s) == (WaitEnd.STORE_FAILED, False, None, 0)
     assert clock.sleeps == []
 
 
@@ -912,7 +912,7 @@ def test_a_failing_lease_store_is_said_once_per_kind_of_failure(caplog, monkeypa
     clock = SteppedClock()
     for error in (LeaseStoreDown("down"), LeaseStoreDown("still down"), LeaseStoreSlow("took 10 s")):
         waited = clock.wait_for(RemoteLease(Failing(error), NAME, ttl_s=30, clock=clock.time), 300)
-        assert waited.outcome is WaitOutcome.STORE_FAILED
+        assert waited.end is WaitEnd.STORE_FAILED
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", "lease store failed (LeaseStoreDown('down')): going ahead without a lease"),
         ("WARNING", "lease store failed (LeaseStoreSlow('took 10 s')): going ahead without a lease"),
@@ -969,7 +969,7 @@ def test_a_lease_read_that_fails_ends_the_wait_as_store_failed(ok_reads, waited_
         waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30)
     finally:
         holder.release()
-    assert (waited.outcome, waited.held, waited.found) == (WaitOutcome.STORE_FAILED, False, None)
+    assert (waited.end, waited.held, waited.found) == (WaitEnd.STORE_FAILED, False, None)
     assert waited.waited_s == pytest.approx(waited_s)
     assert leases.readers[0] == "tiered-progcache-lease-read"
 
@@ -1034,7 +1034,7 @@ def test_a_holder_that_releases_between_rereads_is_looked_behind_once():
     waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 30,
                             poll=lambda: "entry" if leases.read(NAME) is None else None,
                             plan=FixedWait(poll_s=10.0))
-    assert (waited.outcome, waited.found) == (WaitOutcome.FOUND, "entry")
+    assert (waited.end, waited.found) == (WaitEnd.FOUND, "entry")
     assert clock.sleeps == [LEASE_RECHECK_S]
 
 
@@ -1046,7 +1046,7 @@ def test_a_waiter_that_runs_out_of_time_says_timeout():
         waited = clock.wait_for(RemoteLease(leases, NAME, ttl_s=60, clock=clock.time), 2.0, plan=FixedWait(poll_s=0.5))
     finally:
         holder.release()
-    assert (waited.outcome, waited.held, waited.found) == (WaitOutcome.TIMEOUT, False, None)
+    assert (waited.end, waited.held, waited.found) == (WaitEnd.TIMEOUT, False, None)
     assert waited.waited_s == pytest.approx(2.0)
 
 

@@ -1,21 +1,9 @@
 """A failed compile's record, so the cluster fails once: the holder publishes it, its waiters raise it.
 
-When the node holding an entry's lease fails to compile it (a syntax error, a missing
-header), it replaces its lease by a record of the failure (:meth:`~.lease.RemoteLease.publish_failure`):
-the exception's type and message (NVRTC's message carries the compiler log), bounded to
-:data:`MAX_MESSAGE_BYTES`, and its expiry (wall clock), sealed in the shared store's envelope
-under a name derived from the entry's (signed when the store has a signing key; never under
-the entry's own name, so a record can never be served as an entry). Its waiters read it beside
-their looks and raise the same exception type with the same message. The record lives
-:data:`~.lease.FAILURE_TTL_S`, then the next caller compiles again. The expiry is inside what is
-signed, not only in the (unsigned) lease document, so a record captured from the bucket and
-replayed with a fresh lease is refused once its own expiry has passed. The expiry is the holder's
-wall clock: a waiter whose clock runs more than the record's lifetime ahead ignores the record and
-compiles itself once the lease ends (a compile, never a wrong answer).
-
-Only exception types of the modules a compile raises from are rebuilt (cuda-core's, Python's
-built-ins); anything else, or a record that does not open, is raised as
-:class:`CompileFailedElsewhere` or ignored (a record that does not verify is never trusted).
+The exception's type and message (cut at :data:`MAX_MESSAGE_BYTES`) and its expiry, sealed in the
+shared store's envelope under a name derived from the entry's (never the entry's own). Only
+built-in and cuda-core exception types are rebuilt; a record that does not open is ignored.
+docs/cluster.md ("A failing kernel fails once per cluster") says why each part is there.
 """
 
 from __future__ import annotations

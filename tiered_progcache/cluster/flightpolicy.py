@@ -1,21 +1,10 @@
-"""The flight policy across nodes: which of three cases a missed compile takes, and what it measured to choose.
+"""The flight policy across nodes: what a missed compile is predicted to take (``C``), and its decisions counted.
 
-With ``R`` one round trip to the shared store (observed, and seeded from what this node
-measured before: :class:`CompileTimes`) and ``C`` the predicted compile (this node's own
-compiles, scaled by the size of what the compile reads; a size-based guess for a kind
-never timed):
-
-* ``short``: ``C < lease_min_compile_rtts x R``: the compile races the shared lookup, no
-  lease; whichever answers first is the result. Never slower than compiling alone.
-* ``lease``: otherwise (``R`` unknown too): the cluster lease, so the cluster compiles once;
-  waiters wait while the holder's lease is renewed, and raise its published failure.
-* ``node``: a shared store that cannot hold leases (no atomic create, read-only, down):
-  the node lock only.
-
-Every constant the policy uses is in the table below, with its reason (the two poll constants, with
-:class:`FlightPolicy`, in :mod:`tiered_progcache.chain.policy`, re-exported here); docs/cluster.md
-("When nodes wait") has the arithmetic. Every decision is counted on the chain
-(``cache.stats().flight``), reported to hooks (:func:`on_flight`) and logged at DEBUG.
+The case a miss takes, from ``C`` and the store's round trip ``R``, is :func:`~.singleflight.plan`'s.
+Every constant is in the table below with its reason (the two poll constants are defined with
+:class:`FlightPolicy` in :mod:`tiered_progcache.chain.policy` and re-exported); docs/cluster.md
+("When nodes wait") has the arithmetic. Every decision is counted on the chain, reported to
+hooks (:func:`on_flight`) and logged at DEBUG.
 """
 
 from __future__ import annotations
@@ -33,19 +22,14 @@ from typing import Any, Callable
 from ..chain.policy import POLL_FLOOR_S, POLL_GROWTH, FlightPolicy, FlightWait
 from ..hooks import call_each, subscribe
 
-__all__ = [
-    "COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES",
-    "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "UNTIMED_FIXED_S", "UNTIMED_SECONDS_PER_BYTE",
-    "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy", "FlightWait", "compile_size",
-    "compile_times", "on_flight", "report", "untimed_estimate",
-]
+__all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES", "MAX_PERSISTED_S",
+           "POLL_FLOOR_S", "POLL_GROWTH", "UNTIMED_FIXED_S", "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S",
+           "CompileTimes", "FlightDecision", "FlightPolicy", "FlightWait", "compile_size", "compile_times",
+           "on_flight", "report", "untimed_estimate"]
 
 logger = logging.getLogger(__name__)
 
 # -- the constants, each with its reason (tests/cluster/test_flightpolicy.py pins every one) ----------------
-
-# POLL_FLOOR_S (10 ms, the shortest poll period) and POLL_GROWTH (2% of the time waited so far) are defined in
-# chain/policy.py with FlightPolicy and FlightWait, which the chain holds (below cluster/); imported above, re-exported.
 
 #: Weight of the newest compile in the running rate: a few compiles follow a change of load.
 COMPILE_TIME_WEIGHT = 0.3
@@ -93,12 +77,8 @@ class CompileTimes:
     >>> times.predict("c++", "cubin", 8000)
     0.8
 
-    The rate is an exponentially weighted mean (newest weight :data:`COMPILE_TIME_WEIGHT`) of
-    seconds per byte of :func:`compile_size`. The first compile of each code type in a process
-    is not recorded: it carries the compiler's first use (loading and initialising NVRTC, a
-    few hundred ms in a fresh process; docs/cluster.md), which is not the kernel's cost.
-    :meth:`save` and :meth:`load` keep rates and round trips in a local directory, so a fresh
-    process starts from what the node measured. Thread-safe.
+    A running mean of seconds per byte of :func:`compile_size`; a code type's first compile in a
+    process is not recorded (it carries the compiler's first use: docs/cluster.md). Thread-safe.
     """
 
     def __init__(self, weight: float = COMPILE_TIME_WEIGHT) -> None:
@@ -165,8 +145,7 @@ class CompileTimes:
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Take what :meth:`save` left in ``directory`` for kinds and stores this process has not measured.
 
-        A file that is not a whole, plausible document of under 64 KiB is ignored, as is any value in it that
-        is not a number in ``[0, MAX_PERSISTED_S]``.
+        Anything but a whole document under 64 KiB, or a value outside ``[0, MAX_PERSISTED_S]``, is ignored.
         """
         try:
             with open(os.path.join(directory, COMPILE_TIMES_FILE), encoding="utf-8") as fh:
@@ -202,8 +181,7 @@ compile_times = CompileTimes()
 class FlightDecision:
     """What this process did about one missed entry across nodes: ``choice`` is one of :data:`DECISIONS`. Immutable.
 
-    ``estimate_s`` is the predicted compile ``C``, ``round_trip_s`` the store's ``R`` (None:
-    unknown), ``waited_s`` the time spent waiting on another node's lease.
+    ``estimate_s`` is ``C``, ``round_trip_s`` the store's ``R`` (None: unknown), ``waited_s`` the wait on a lease.
     """
 
     name: str

@@ -1,15 +1,9 @@
 """The cluster lease on one cache entry: a small object in a shared store that one node holds while it compiles.
 
-:class:`RemoteLease` is created only if absent (through a :class:`~tiered_progcache.stores.store.LeaseStore`
-whose ``atomic_create`` is True: S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``,
-``link(2)`` on a local or NFS path) and holds its expiry. The holder renews it every
-third of its TTL while it works; a waiter that finds it expired breaks it
-(:func:`wait_for_lease`). Every request goes through the store, which bounds it by its
-own deadline and circuit breaker, so nothing here can hang on a dead endpoint.
-
-A duplicate compile is the worst outcome of any race here, never a wrong entry or a
-hang. Lease expiry compares wall clocks of different hosts: keep them within a few
-seconds of each other (NTP), or make the TTL comfortably larger than the skew.
+Created only if absent (a :class:`~tiered_progcache.stores.store.LeaseStore` with ``atomic_create``),
+renewed every third of its TTL, broken by a waiter once it expired; every request is bounded by the
+store's deadline and breaker. The worst outcome of any race here is a duplicate compile, never a
+wrong entry or a hang. docs/cluster.md ("When nodes wait") has the timing and the clock-skew caveat.
 """
 
 from __future__ import annotations
@@ -34,20 +28,8 @@ from ..settings import MAX_SECONDS
 from ..stores.ratelimit import log_once
 from ..stores.store import LeaseStore
 
-__all__ = [
-    "DEFAULT_POLL_S",
-    "FAILURE_TTL_S",
-    "LEASE_FORMAT",
-    "LEASE_RECHECK_S",
-    "FixedWait",
-    "HolderProcess",
-    "LeaseInfo",
-    "LeaseWait",
-    "RemoteLease",
-    "WaitOutcome",
-    "WaitPlan",
-    "wait_for_lease",
-]
+__all__ = ["DEFAULT_POLL_S", "FAILURE_TTL_S", "LEASE_FORMAT", "LEASE_RECHECK_S", "FixedWait", "HolderProcess",
+           "LeaseInfo", "LeaseWait", "RemoteLease", "WaitEnd", "WaitPlan", "wait_for_lease"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +52,8 @@ FAILURE_TTL_S = 10.0
 class HolderProcess:
     """The process that wrote a lease, precisely enough for a waiter on its host to see it died. Immutable.
 
-    ``boot_id`` and ``pid_ns`` keep a waiter from judging a PID of another boot or PID
-    namespace (a container with the same host name); ``start`` (clock ticks after boot,
-    ``/proc/<pid>/stat`` field 22) tells a reused PID from the holder.
+    ``boot_id`` and ``pid_ns`` rule out a PID of another boot or PID namespace; ``start``
+    (``/proc/<pid>/stat`` field 22) tells a reused PID from the holder.
     """
 
     host: str
@@ -88,8 +69,7 @@ class HolderProcess:
         return cls(*_this_host(), pid, _start_ticks(pid))
 
     def as_json(self) -> dict[str, object]:
-        return {"host": self.host, "boot_id": self.boot_id, "pid_ns": self.pid_ns, "pid": self.pid,
-                "start": self.start}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, doc: object) -> HolderProcess | None:
@@ -105,21 +85,18 @@ class HolderProcess:
         return cls(host, boot_id, pid_ns, pid, start)
 
     def is_gone(self) -> bool:
-        """True only when this host can tell for sure that the process no longer runs.
-
-        False for a process of another host, boot or PID namespace (the TTL decides there).
-        """
+        """True only when this host can tell for sure that the process no longer runs (elsewhere the TTL decides)."""
         if (self.host, self.boot_id, self.pid_ns) != _this_host():
             return False
         if not self.boot_id or not self.pid_ns:
             return False  # no /proc: cannot tell a PID of this namespace from another's
         try:
-            stat = _read_text(f"/proc/{self.pid}/stat", missing=None)
+            with open(f"/proc/{self.pid}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[-1].split()
+        except FileNotFoundError:
+            return True  # no such process
         except OSError:
             return False
-        if stat is None:
-            return True  # no such process
-        fields = stat.rsplit(")", 1)[-1].split()
         if fields and fields[0] in ("Z", "X"):
             return True  # dead, not yet reaped
         if self.start is not None and len(fields) > 19 and fields[19] != str(self.start):
@@ -129,19 +106,16 @@ class HolderProcess:
 
 def _this_host() -> tuple[str, str, str]:
     """(host name, boot id, PID namespace) of this process."""
-    return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id") or "", _pid_namespace()
+    return socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id"), _pid_namespace()
 
 
-def _read_text(path: str, missing: str | None = "") -> str | None:
+def _read_text(path: str) -> str:
+    """The file's text, stripped; "" where it cannot be read (without /proc nothing is judged)."""
     try:
         with open(path, encoding="ascii", errors="replace") as fh:
             return fh.read().strip()
-    except FileNotFoundError:
-        return missing
     except OSError:
-        if missing is None:
-            raise
-        return missing
+        return ""
 
 
 def _pid_namespace() -> str:
@@ -152,8 +126,7 @@ def _pid_namespace() -> str:
 
 
 def _start_ticks(pid: int) -> int | None:
-    stat = _read_text(f"/proc/{pid}/stat")
-    fields = stat.rsplit(")", 1)[-1].split() if stat else []
+    fields = _read_text(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):
@@ -164,8 +137,7 @@ def _start_ticks(pid: int) -> int | None:
 class LeaseInfo:
     """What a lease object says: who holds it and until when (holder's wall clock). Immutable.
 
-    ``failure`` is the sealed failure record of a holder whose work failed
-    (:meth:`RemoteLease.publish_failure`; None while it works), still to be opened and checked.
+    ``failure``: the sealed record of a holder whose work failed (None while it works), still to be opened.
     """
 
     holder: str
@@ -218,19 +190,11 @@ class RemoteLease:
     ...     try: compile_and_upload()
     ...     finally: lease.release()
 
-    Safe across threads, processes and hosts when ``leases.atomic_create`` is True;
-    one instance is one attempt by one holder. ``clock`` is the wall clock the
-    expiry is written and judged by (injectable so tests can step it).
+    Safe across threads, processes and hosts when ``leases.atomic_create`` is True; one instance
+    is one attempt by one holder. ``clock``: the wall clock the expiry is written and judged by.
     """
 
-    def __init__(
-        self,
-        leases: LeaseStore,
-        name: str,
-        ttl_s: float,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, leases: LeaseStore, name: str, ttl_s: float, *, clock: Callable[[], float] = time.time) -> None:
         if not 0 < ttl_s <= MAX_SECONDS:  # NaN fails both; the renewer waits a third of it
             raise ValueError(f"ttl_s must be positive and at most {MAX_SECONDS:.0f} seconds (a year, the longest "
                              f"wait the library schedules), got {ttl_s!r}")
@@ -285,10 +249,7 @@ class RemoteLease:
         return True
 
     def renew(self) -> bool:
-        """Push the expiry one TTL past now if the lease is still ours; False if someone took it over.
-
-        The holder's background thread calls this every third of the TTL. Raises on store errors.
-        """
+        """Push the expiry a TTL past now if the lease is ours; False if another took it; raises on store errors."""
         info = self.read()
         if not isinstance(info, LeaseInfo) or info.token != self.token:
             return False
@@ -298,17 +259,14 @@ class RemoteLease:
     def break_if_unchanged(self, seen: bytes) -> bool:
         """Delete an expired lease, unless it changed since it was read as ``seen``; True if this call did.
 
-        Exactly one waiter breaks a given lease. Each first creates the marker
-        ``<name>.break-<digest of seen>`` with the store's atomic create; only the one that
-        created it re-reads the lease and deletes it, then removes the marker. Without it,
-        two waiters could both see the old lease, one delete it and take a new one, and
-        the other delete that new lease: two holders, two compiles. A waiter that sees
-        the marker after it was removed re-reads a lease that is no longer ``seen`` and
-        leaves it. A marker left by a waiter that died mid-break is removed after one TTL.
+        Exactly one waiter breaks a given lease: the one that creates the marker
+        ``<name>.break-<digest of seen>`` (otherwise two could delete, one of them a new holder's
+        lease). A marker left by a waiter that died mid-break is removed after one TTL.
         """
         marker = f"{self.name}.break-{hashlib.sha256(seen, usedforsecurity=False).hexdigest()[:32]}"
         now = self.clock()
-        if not self.leases.create(marker, _break_marker(now + self.ttl_s), self.ttl_s):
+        doc = json.dumps({"format": LEASE_FORMAT + "/break", "expires_at": now + self.ttl_s}).encode()
+        if not self.leases.create(marker, doc, self.ttl_s):
             left = self.leases.read(marker)
             if left is not None and _break_marker_expired(left, now):
                 self.leases.delete(marker)  # its breaker died mid-break: the next waiter may try
@@ -338,12 +296,9 @@ class RemoteLease:
             self._renewer.join(timeout=5)
 
     def publish_failure(self, record: bytes, ttl_s: float = FAILURE_TTL_S) -> bool:
-        """Replace the held lease by ``record`` (sealed by the caller), for ``ttl_s``; stop holding it.
+        """Replace the held lease by ``record`` (sealed) for ``ttl_s``, so its waiters raise it; stop holding it.
 
-        Waiters that read it within ``ttl_s`` (and within their own TTL of seeing it) get
-        the failure instead of compiling again; once it expires the next caller takes the
-        lease and tries again. False (and the lease released instead) if the lease is no
-        longer ours or the store failed. Never raises.
+        False (and the lease released instead) if the lease is no longer ours or the store failed. Never raises.
         """
         if not self.held:
             return False
@@ -389,72 +344,66 @@ class FixedWait:
         return self.poll_s
 
 
-class WaitOutcome(str, enum.Enum):
-    """How :func:`wait_for_lease` ended."""
+class WaitEnd(str, enum.Enum):
+    """How :func:`wait_for_lease` ended; each value is the flight decision it is counted as (``stats().flight``)."""
 
     HELD = "held"  # the caller holds the lease: do the work, then release it
-    FOUND = "found"  # poll() returned the holder's result
+    FOUND = "waited"  # poll() returned the holder's result
     FAILED = "failed"  # the holder published its failure: raise it (``LeaseWait.failure``)
-    TIMEOUT = "timeout"  # the caller's timeout ran out: do the work without the lease
-    STORE_FAILED = "store failed"  # the lease store raised: do the work without the lease
+    TIMEOUT = "gave_up"  # the caller's timeout ran out: do the work without the lease
+    STORE_FAILED = "no_lease"  # the lease store raised: do the work without the lease
 
 
 @dataclasses.dataclass(frozen=True)
 class LeaseWait(Generic[T]):
     """What :func:`wait_for_lease` found: the holder's result, the lease, its failure, or none of them. Immutable.
 
-    ``waited_s`` is measured on the wait's clock; ``failure`` what ``open_failure`` made of the holder's failure record (outcome FAILED only).
+    ``waited_s``: on the wait's clock; ``failure``: what ``open_failure`` made of the holder's record (FAILED).
     """
 
     found: T | None
     held: bool
-    outcome: WaitOutcome
+    end: WaitEnd
     waited_s: float
     failure: object | None = None
 
 
-def wait_for_lease(
-    lease: RemoteLease,
-    poll: Callable[[], T | None],
-    timeout: float,
-    *,
-    plan: WaitPlan | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], object] = time.sleep,
-    open_failure: Callable[[bytes], object | None] | None = None,
-) -> LeaseWait[T]:
+def wait_for_lease(lease: RemoteLease, poll: Callable[[], T | None], timeout: float, *, plan: WaitPlan | None = None,
+                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
+                   open_failure: Callable[[bytes], object | None] | None = None) -> LeaseWait[T]:
     """Take ``lease``, or wait for whoever holds it to produce the result (``poll()`` not None).
 
     >>> waited = wait_for_lease(lease, lambda: cache.get(key), timeout=300, plan=policy_plan)
-    >>> waited.held, waited.found, waited.outcome
+    >>> waited.held, waited.found, waited.end
 
-    ``held``: do the work, then ``lease.release()``. Outcome FAILED: the holder published its
-    failure, ``failure`` is what ``open_failure`` made of it (raise it). TIMEOUT or STORE_FAILED:
-    do the work without a lease. A live holder (its lease renewed) is waited for; one whose lease
-    is past its expiry, unchanged for ``lease.ttl_s``, or whose process died on this host is
-    broken and retaken, so no value in a lease can make a wait longer than one TTL past the last
-    renewal seen, nor longer than ``timeout``. docs/cluster.md ("When nodes wait") has the timing.
-    ``clock`` (monotonic) and ``sleep`` are injectable so tests can step time; ``poll`` is called
-    from the calling thread only.
+    ``held``: do the work, then ``lease.release()``; FAILED: raise ``failure``; TIMEOUT or
+    STORE_FAILED: do the work without a lease. A live holder is waited for; a lease past its
+    expiry, unchanged for ``lease.ttl_s``, or whose process died on this host is broken and
+    retaken, so no lease can make a wait longer than one TTL past its last renewal, nor ``timeout``.
+    ``clock`` (monotonic) and ``sleep`` let tests step time; ``poll`` runs on the calling thread only.
     """
     plan = plan if plan is not None else FixedWait()
     started = clock()
     deadline = started + timeout
 
-    def ended(outcome: WaitOutcome, found: T | None = None, failure: object | None = None) -> LeaseWait[T]:
-        return LeaseWait(found, outcome is WaitOutcome.HELD, outcome, clock() - started, failure)
+    def ended(end: WaitEnd, found: T | None = None, failure: object | None = None) -> LeaseWait[T]:
+        return LeaseWait(found, end is WaitEnd.HELD, end, clock() - started, failure)
 
-    try:
-        if lease.try_acquire():
-            return ended(WaitOutcome.HELD)
-    except Exception as exc:
-        _log_store_failure(exc)
-        return ended(WaitOutcome.STORE_FAILED)
+    def take() -> LeaseWait[T] | None:
+        """HELD if the lease is now ours, STORE_FAILED if the store raised (go ahead without it), None if taken."""
+        try:
+            return ended(WaitEnd.HELD) if lease.try_acquire() else None
+        except Exception as exc:  # whatever the store raised: bounded by its deadline, then no lease
+            _log_store_failure(exc)
+            return ended(WaitEnd.STORE_FAILED)
+
+    if (took := take()) is not None:
+        return took
     # Taken. Look for the holder's result and read its lease side by side: one round trip for both.
     pending_read: concurrent.futures.Future[LeaseInfo | None | bytes] | None = _read_aside(lease)
     found = poll()
     if found is not None:
-        return ended(WaitOutcome.FOUND, found)
+        return ended(WaitEnd.FOUND, found)
     seen_raw: bytes | None = None  # the lease's bytes as last read, and when they last changed
     seen_since = started
     unreadable_since: float | None = None
@@ -468,7 +417,7 @@ def wait_for_lease(
                 info = lease.read() if pending_read is None else pending_read.result()  # bounded by the store
             except Exception as exc:
                 _log_store_failure(exc)
-                return ended(WaitOutcome.STORE_FAILED)
+                return ended(WaitEnd.STORE_FAILED)
             pending_read = None
             wall = lease.clock()
             raw = info.raw if isinstance(info, LeaseInfo) else info
@@ -480,7 +429,7 @@ def wait_for_lease(
                 # Released: the holder is done (its result is up: look once more) or failed.
                 found = poll()
                 if found is not None:
-                    return ended(WaitOutcome.FOUND, found)
+                    return ended(WaitEnd.FOUND, found)
                 retake = True
             elif isinstance(info, LeaseInfo):
                 unreadable_since = None
@@ -489,7 +438,7 @@ def wait_for_lease(
                 if live and info.failure is not None and open_failure is not None:
                     failure = open_failure(info.failure)  # its holder is done (and may be gone): it failed
                     if failure is not None:
-                        return ended(WaitOutcome.FAILED, failure=failure)
+                        return ended(WaitEnd.FAILED, failure=failure)
                 if not live or info.holder_gone():
                     reason = ("expired" if info.expired(wall) else
                               f"not renewed for {unrenewed_for:.3g} s" if stale else
@@ -514,12 +463,8 @@ def wait_for_lease(
                 else:
                     recheck_at = now + min(LEASE_RECHECK_S, until_expiry + EXPIRY_MARGIN_S)
             if retake:
-                try:
-                    if lease.try_acquire():
-                        return ended(WaitOutcome.HELD)
-                except Exception as exc:
-                    _log_store_failure(exc)
-                    return ended(WaitOutcome.STORE_FAILED)
+                if (took := take()) is not None:
+                    return took
                 quick_retries += 1  # someone else took it: read it again to learn the new holder
                 if quick_retries <= QUICK_RETRIES:
                     recheck_at = now
@@ -530,7 +475,7 @@ def wait_for_lease(
                 quick_retries = 0
         if now >= deadline:
             logger.info("waited %.3g s for lease %s; going ahead without it", timeout, lease.location)
-            return ended(WaitOutcome.TIMEOUT)
+            return ended(WaitEnd.TIMEOUT)
         if recheck_at <= now:
             continue
         if now >= next_poll:
@@ -539,7 +484,7 @@ def wait_for_lease(
                 pending_read = _read_aside(lease)  # the lease beside the look: a failure is seen as soon
             found = poll()
             if found is not None:
-                return ended(WaitOutcome.FOUND, found)
+                return ended(WaitEnd.FOUND, found)
             if pending_read is not None:
                 recheck_at = now
             continue
@@ -564,10 +509,6 @@ def _read_aside(lease: RemoteLease) -> concurrent.futures.Future[LeaseInfo | Non
 def _log_store_failure(exc: BaseException) -> None:
     log_once(logger, f"lease-io:{type(exc).__name__}", logging.WARNING,
              "lease store failed (%r): going ahead without a lease", exc)
-
-
-def _break_marker(expires_at: float) -> bytes:
-    return json.dumps({"format": LEASE_FORMAT + "/break", "expires_at": expires_at}).encode()
 
 
 def _break_marker_expired(raw: bytes, now: float) -> bool:

@@ -1,14 +1,7 @@
-"""In-host single-flight: one thread of a process, one process of a node, does the work per key.
+"""In-host single-flight: one thread of a process (:class:`ThreadSingleFlight`), one process of a node
+(:func:`node_lock`, an ``flock`` the kernel drops when its holder dies), does the work per key.
 
-* :class:`ThreadSingleFlight` -- one thread per key does the work; the others wait on
-  an event and get its result (or its exception).
-* :func:`node_lock` -- an exclusive ``flock`` on ``<locks dir>/<name>.lock``.
-  The kernel drops it when the holder dies, so a crash never leaves it stuck; the
-  holder unlinks the file before unlocking, and a waiter that locked an unlinked
-  file starts over, so lock files do not pile up.
-
-Every wait here is bounded: whoever runs out of patience does the work itself. The
-cluster scope (a lease in the shared store) is :mod:`tiered_progcache.cluster.lease`.
+Every wait here is bounded: whoever runs out of patience does the work itself.
 """
 
 from __future__ import annotations
@@ -72,8 +65,7 @@ class ThreadSingleFlight(Generic[T]):
     ...     if flight.leader: flight.result = work()
     ...     else: value = flight.wait(timeout=60)
 
-    Thread-safe. Not shared across processes (each process has its own flights;
-    a forked child starts with none).
+    Thread-safe. Per process: a forked child starts with no flights.
     """
 
     def __init__(self) -> None:
@@ -177,15 +169,11 @@ forks.register(_drop_lock_fds_after_fork)
 def node_lock(locks_dir: str | os.PathLike[str], name: str, timeout: float) -> Iterator[bool]:
     """Hold ``<locks_dir>/<name>.lock`` exclusively; yields False if not held (timeout, no flock).
 
-    >>> with node_lock(local.locks_dir, entry_name(key), timeout=300) as held:
-    ...     compile_unless_someone_did()
-
-    Safe across threads and processes of one host (and NFS clients with working
-    locks). A holder that dies releases the lock with its file descriptors; a child it
-    forked drops its copies at the fork, and the release unlocks explicitly, so a
-    process that inherited the descriptor some other way does not keep the lock either.
-    ``locks_dir`` must not be a symlink, and a symlink at the lock file's name is
-    removed, never followed (nothing is created or opened through it).
+    Safe across threads and processes of one host (and NFS clients with working locks). A dead
+    holder's lock goes with its descriptors; a forked child drops its copies, and the release
+    unlocks explicitly, so no inherited descriptor keeps it. The holder unlinks the file before
+    unlocking and a waiter that locked an unlinked file starts over, so lock files do not pile up.
+    ``locks_dir`` must not be a symlink; a symlink at the lock file's name is removed, never followed.
     """
     if fcntl is None:  # pragma: no cover - Windows
         log_once(logger, "no-flock", logging.INFO, "no flock on this platform: no inter-process single-flight")

@@ -1,17 +1,9 @@
 """Single-flight across threads, processes and nodes: on a miss, one of them does the work per key.
 
-One strategy, three cases (:func:`plan`, from the predicted compile ``C`` and the store's ``R``;
-:mod:`.flightpolicy` says why):
-
-* ``short``: the shared lookup and the work race, each on a thread; the first answer wins.
-* ``lease``: the node lock (:func:`~.locks.node_lock`), then the cluster lease (:mod:`.lease`):
-  one holder compiles, live holders are waited for, a failure is published (:mod:`.flightfailure`)
-  and raised by every waiter.
-* ``node``: a shared store that cannot hold leases (or none): the node lock only.
-
-Threads of a process always share one flight per (cache, key) (:class:`~.locks.ThreadSingleFlight`).
-Every wait is bounded (``wait_timeout``): whoever runs out of it does the work itself, so a
-crashed or stuck holder costs time, never a hang. Every lock and lease is released on every path.
+One strategy, three cases (:func:`plan`): ``short`` races the shared lookup, ``lease`` takes the
+node lock then the cluster lease, ``node`` the node lock only. Threads of a process share one
+flight per (cache, key); every wait is bounded by ``wait_timeout``, every lock and lease released
+on every path. docs/cluster.md ("When nodes wait") has the cases, their costs and their timing.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import ContextManager, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from cuda.core.utils import ProgramCacheResource
 
@@ -29,7 +21,7 @@ from ..chain import exitbudget
 from .flightfailure import FailureRecord
 from . import flightpolicy
 from .flightpolicy import FlightDecision, compile_times, report, untimed_estimate
-from .lease import RemoteLease, WaitOutcome, wait_for_lease
+from .lease import RemoteLease, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from ..stores.ratelimit import log_once
 from ..stores.store import EntryStore, LeaseStore, entry_name
@@ -82,22 +74,20 @@ _loaded_lock = threading.Lock()
 def predict(cache: TieredProgramCache, code_type: str, target: str, size: int) -> float:
     """``C``: what this node predicts for a compile of ``size``, from its own compiles, else from the size alone.
 
-    The first call per local directory loads what earlier processes measured there, and seeds the
-    shared store's round trip with the one persisted for it, so ``R`` is known before the first kernel.
+    The first call per local directory loads what earlier processes measured there and seeds the
+    store's round trip with the one persisted for it, so ``R`` is known before the first kernel.
     """
     local, shared = cache.local_store, cache.shared_store
     if local is not None:
         directory = str(local.root)
+        pair = (directory, "" if shared is None else shared.location)
         with _loaded_lock:
-            load = directory not in _loaded
-            seed = shared is not None and (directory, shared.location) not in _seeded
+            load, seed = directory not in _loaded, pair not in _seeded
             _loaded.add(directory)
-            if shared is not None:
-                _seeded.add((directory, shared.location))
+            _seeded.add(pair)
         if load:
             compile_times.load(directory)
-        persisted = compile_times.round_trip(shared.location) if seed and shared is not None else None
-        if persisted is not None and shared is not None:
+        if seed and shared is not None and (persisted := compile_times.round_trip(shared.location)) is not None:
             shared.seed_round_trip(persisted)
     estimate = compile_times.predict(code_type, target, size)
     return untimed_estimate(size) if estimate is None else estimate
@@ -135,11 +125,8 @@ def run_once(cache: ProgramCacheResource, key: bytes, work: Flight[R, S], *, wai
              case: str = LEASE, estimate_s: float | None = None) -> R:
     """``work``'s result for ``key``, produced by at most one thread per process, process per node, node per cluster.
 
-    Call it after a miss, with the case :func:`plan` chose (``short``: the caller looked only in
-    the tiers in front of the shared one). Waits at most ``wait_timeout`` seconds for others in
-    all; ``lease_ttl`` bounds how long a crashed node holds the cluster up. Exceptions of
-    ``produce`` reach the caller and the threads waiting on it; a lease holder publishes its
-    failure, so waiting nodes raise it too. Safe from any number of threads.
+    Call it after a miss, with the case :func:`plan` chose. Waits at most ``wait_timeout`` seconds in
+    all; ``produce``'s exceptions reach the caller and everyone waiting on it. Thread-safe.
     """
     deadline = time.monotonic() + wait_timeout
     chain = as_chain(cache)
@@ -154,9 +141,10 @@ def run_once(cache: ProgramCacheResource, key: bytes, work: Flight[R, S], *, wai
                 if time.monotonic() < deadline:
                     continue  # the leader was interrupted: take our own turn
                 return work.produce()[0]
-            decide = _Decide(chain, entry_name(key), estimate_s)
+            name = entry_name(key)
+            decide = _decider(chain, name, estimate_s)
             if case == SHORT:
-                result, shared = _race(work, decide)
+                result, shared = _race(work, decide, name)
             else:
                 result, shared = _lead(chain, key, work, max(0.0, deadline - time.monotonic()), lease_ttl,
                                        case == LEASE, decide)
@@ -164,26 +152,25 @@ def run_once(cache: ProgramCacheResource, key: bytes, work: Flight[R, S], *, wai
             return result
 
 
-class _Decide:
-    """Reports one flight's decision with its ``C``, ``R`` and wait, counted on the chain."""
-
-    def __init__(self, cache: TieredProgramCache, name: str, estimate_s: float | None) -> None:
-        self.cache, self.name, self.estimate_s = cache, name, estimate_s
-        shared = cache.shared_store
-        self.round_trip_s = None if shared is None else round_trip(shared)
-
-    def __call__(self, choice: str, waited_s: float = 0.0) -> None:
-        if self.cache.shared_store is not None:
-            report(FlightDecision(self.name, choice, self.estimate_s, self.round_trip_s, waited_s),
-                   self.cache.flight_counts.count)
+_Decide = Callable[..., None]  # decide(choice, waited_s=0.0): one flight's decision, counted and reported
 
 
-def _race(work: Flight[R, S], decide: _Decide) -> tuple[R, S]:
+def _decider(cache: TieredProgramCache, name: str, estimate_s: float | None) -> _Decide:
+    """Reports one flight's decision with its ``C``, ``R`` and wait, counted on the chain (with a shared tier)."""
+    shared = cache.shared_store
+    rtt = None if shared is None else round_trip(shared)
+
+    def decide(choice: str, waited_s: float = 0.0) -> None:
+        if shared is not None:
+            report(FlightDecision(name, choice, estimate_s, rtt, waited_s), cache.flight_counts.count)
+
+    return decide
+
+
+def _race(work: Flight[R, S], decide: _Decide, name: str) -> tuple[R, S]:
     """The shared lookup and the work, each on a thread of its own; the first answer wins.
 
-    A compile that wins is the answer at once and is stored as usual (the shared tier's
-    conditional create refuses a duplicate); one that loses is dropped before it stores. A
-    failed compile loses to a hit. Never slower than the faster of the two.
+    A compile that loses is dropped before it stores; a failed compile loses to a hit.
     """
     dropped = threading.Event()
     outcome: concurrent.futures.Future[tuple[R, S]] = concurrent.futures.Future()
@@ -198,8 +185,8 @@ def _race(work: Flight[R, S], decide: _Decide) -> tuple[R, S]:
     # Not a daemon: a compile that wins must finish storing even if the caller exits. The lookup
     # is: once the compile has answered, nothing waits for it.
     threading.Thread(target=run, args=(outcome, work.produce, dropped),
-                     name=f"tiered-progcache-race-{decide.name[:8]}").start()
-    threading.Thread(target=run, args=(looked, work.find, True), name=f"tiered-progcache-look-{decide.name[:8]}",
+                     name=f"tiered-progcache-race-{name[:8]}").start()
+    threading.Thread(target=run, args=(looked, work.find, True), name=f"tiered-progcache-look-{name[:8]}",
                      daemon=True).start()
     concurrent.futures.wait((outcome, looked), return_when=concurrent.futures.FIRST_COMPLETED)
     if not (outcome.done() and outcome.exception() is None):  # the lookup answered first, or the compile failed
@@ -216,9 +203,9 @@ def _race(work: Flight[R, S], decide: _Decide) -> tuple[R, S]:
 def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: float, lease_ttl: float,
           take_lease: bool, decide: _Decide) -> tuple[R, S]:
     """This process's turn at ``key``: the node lock, then the cluster lease where the case takes one."""
-    name = decide.name
+    name, local = entry_name(key), cache.local_store
     deadline = time.monotonic() + wait_s
-    with _node_lock(cache, name, wait_s):
+    with contextlib.nullcontext(False) if local is None else node_lock(local.locks_dir, name, wait_s):
         shared = cache.shared_store
         leases = _lease_store(shared) if take_lease else None
         if leases is None or shared is None:
@@ -234,7 +221,7 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
                                 plan=cache.flight_policy.wait_plan(shared),
                                 open_failure=lambda sealed: FailureRecord.open(shared, name, sealed))
         if not waited.held:
-            decide(_CHOICES[waited.outcome], waited.waited_s)
+            decide(waited.end.value, waited.waited_s)
             if isinstance(waited.failure, FailureRecord):
                 raise waited.failure.exception()
             return waited.found if waited.found is not None else work.produce()
@@ -257,15 +244,6 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
         return found
 
 
-#: The decision each way of ending a wait without the lease is counted as.
-_CHOICES = {
-    WaitOutcome.FOUND: "waited",
-    WaitOutcome.FAILED: "failed",
-    WaitOutcome.TIMEOUT: "gave_up",
-    WaitOutcome.STORE_FAILED: "no_lease",
-}
-
-
 def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception) -> None:
     """Put the failure in place of the lease for its waiters; release it instead where that cannot be done."""
     try:
@@ -277,23 +255,16 @@ def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exc
     lease.publish_failure(sealed)
 
 
-def _node_lock(cache: TieredProgramCache, name: str, wait_s: float) -> ContextManager[bool]:
-    local = cache.local_store
-    return contextlib.nullcontext(False) if local is None else node_lock(local.locks_dir, name, wait_s)
-
-
 def _lease_store(shared: EntryStore | None) -> LeaseStore | None:
     """Where this node can take cluster leases, or None for node-level single-flight only."""
     if shared is None or shared.read_only or not shared.available:
         return None  # nothing shared, this node will not upload, or the store is known to be down
     leases = shared.leases()
-    if leases is None:
-        log_once(logger, f"no-leases:{shared.location}", logging.WARNING,
-                 "shared store %s holds no leases: node-level single-flight only", shared.location)
-        return None
-    if not leases.atomic_create:
-        log_once(logger, f"no-create:{leases.location}", logging.WARNING,
-                 "shared store %s has no atomic create-if-absent: node-level single-flight only", leases.location)
+    if leases is None or not leases.atomic_create:
+        location, lacks = ((shared.location, "holds no leases") if leases is None
+                           else (leases.location, "has no atomic create-if-absent"))
+        log_once(logger, f"{lacks}:{location}", logging.WARNING,
+                 "shared store %s %s: node-level single-flight only", location, lacks)
         return None
     return leases
 
@@ -301,11 +272,8 @@ def _lease_store(shared: EntryStore | None) -> LeaseStore | None:
 def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, key: bytes, name: str) -> None:
     """Hold the lease until the upload of ``key`` lands, on a thread, so the compile returns at once.
 
-    Waiters look for the entry itself and find it once it is up; if the upload is slow or
-    lost they wait out ``wait_timeout``: slower, never wrong. The thread is not a daemon, so a
-    process that exits right after compiling still releases its lease; once interpreter exit
-    has begun it stops waiting (the lease expires by itself), and the release's requests get
-    what is left of the process's one exit budget (:mod:`~tiered_progcache.chain.exitbudget`).
+    Not a daemon, so a process that exits right after compiling still releases its lease; once
+    interpreter exit has begun it stops waiting, and the release gets what is left of the exit budget.
     """
 
     def upload_then_release() -> None:

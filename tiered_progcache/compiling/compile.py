@@ -1,23 +1,9 @@
 """``compile()``: a cached NVRTC/NVVM/linker compile that runs the compiler once per key.
 
-What ``Program.compile(cache=...)`` does, plus three things it cannot:
-
-* single-flight on a miss, per thread, per node (a file lock under the local cache
-  directory) and per cluster (a lease in the shared remote), re-checking the tiers
-  after each lock, so N ranks and M nodes starting together compile each kernel once;
-* compiles with ``include_path`` / ``pre_include`` / NVVM ``use_libdevice`` are
-  cached, keyed by the content of the headers they can read (:mod:`.headerscan`), by
-  role rather than location, so hosts with the same headers elsewhere share entries
-  (:mod:`.keys`);
-* compiles with ``name_expressions`` are cached: the symbol mapping is stored
-  beside the binary as a small JSON document, so ``get_kernel("f<int>")`` works on a hit;
-* every compile it runs leaves a manifest beside its binary (:mod:`.manifest`: what it
-  was compiled from, where, when, how long), and with ``explain_misses`` on the cache
-  (``TIERED_PROGCACHE_EXPLAIN=1``) each miss logs why it missed (:mod:`.explain`).
-
-The compiler's exceptions reach the caller unchanged. The flight across threads,
-processes and nodes is :mod:`tiered_progcache.cluster.singleflight`'s: locks released on
-every path, every wait bounded by ``wait_timeout``.
+What ``Program.compile(cache=...)`` does, plus single-flight per thread, node and cluster
+(:mod:`tiered_progcache.cluster.singleflight`), compiles that read headers or name expressions
+cached, and a manifest beside every binary it compiles. The compiler's exceptions reach the
+caller unchanged. docs/architecture.md and docs/cluster.md say how and why.
 """
 
 from __future__ import annotations
@@ -25,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -41,7 +26,7 @@ from ..chain.stats import MetadataKey
 from .explain import explain_key
 from ..cluster.flightpolicy import compile_size, compile_times
 from ..hooks import call_each, subscribe
-from .keys import CompileKey, compile_key
+from .keys import CompileKey
 from . import direct
 from .manifest import (
     ManifestError,
@@ -58,20 +43,8 @@ from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
 from ..chain.tiered import TieredProgramCache, as_chain
 from .visible import log_requested
 
-__all__ = [
-    "DEFAULT_LEASE_TTL_S",
-    "DEFAULT_WAIT_TIMEOUT_S",
-    "CompileEvent",
-    "HitEvent",
-    "check_arguments",
-    "compile",
-    "compile_count",
-    "declined_count",
-    "default_cache",
-    "on_compile",
-    "on_hit",
-    "symbols_key",
-]
+__all__ = ["DEFAULT_LEASE_TTL_S", "DEFAULT_WAIT_TIMEOUT_S", "CompileEvent", "HitEvent", "check_arguments", "compile",
+           "compile_count", "declined_count", "default_cache", "on_compile", "on_hit", "symbols_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +53,7 @@ _FROM_BYTES = {"cubin": ObjectCode.from_cubin, "ptx": ObjectCode.from_ptx, "ltoi
 
 @dataclasses.dataclass(frozen=True)
 class CompileEvent:
-    """One run of the compiler by :func:`compile` (a cache miss that compiled). Immutable.
-
-    ``key`` is the cache key, ``seconds`` the compiler's wall time, ``ok`` False when it
-    raised (the error then propagates to the caller).
-    """
+    """One compiler run by :func:`compile` (a miss): ``seconds`` its wall time, ``ok`` False if it raised. Immutable."""
 
     key: bytes
     code_type: str
@@ -97,9 +66,7 @@ class CompileEvent:
 class HitEvent:
     """One :func:`compile` answered from the cache. Immutable.
 
-    ``saved_seconds`` is the compile time the entry's manifest records (what the hit
-    saved), None where it has no readable manifest (stored by ``Program.compile(cache=...)``,
-    or before manifests).
+    ``saved_seconds``: the compile time the entry's manifest records (what the hit saved), None without one.
     """
 
     key: bytes
@@ -110,10 +77,8 @@ class HitEvent:
 
 _counter_lock = threading.Lock()
 _compiles = 0
-_hooks: list[Callable[[CompileEvent], None]] = []
-
-
 _declined = 0
+_hooks: list[Callable[[CompileEvent], None]] = []
 
 
 def declined_count() -> int:
@@ -123,10 +88,7 @@ def declined_count() -> int:
 
 
 def compile_count() -> int:
-    """Compiler runs by :func:`compile` in this process so far (failed ones too).
-
-    Thread-safe. Per process: a forked child starts from its parent's count.
-    """
+    """Compiler runs by :func:`compile` in this process so far, failed ones too (a forked child: its parent's too)."""
     return _compiles
 
 
@@ -135,12 +97,10 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
 
     >>> stop = on_compile(lambda e: log.write(f"{e.key.hex()} {e.seconds:.3f}\\n"))
 
-    The hook runs on the compiling thread, while the key's locks are held: keep it
-    short, and do not call :func:`compile` from it. Exceptions it raises are logged
-    and swallowed. Thread-safe.
+    The hook runs on the compiling thread, while the key's locks are held: keep it short, do not call
+    :func:`compile` from it. Exceptions it raises are logged and swallowed. Thread-safe.
     """
     return subscribe(_hooks, _counter_lock, hook)
-
 
 
 _hit_hooks: list[Callable[[HitEvent], None]] = []
@@ -153,11 +113,9 @@ _saved: cachetools.LRUCache[tuple[int, bytes], float | None] = cachetools.LRUCac
 def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
     """Call ``hook(event)`` after every :func:`compile` answered from the cache; returns an unsubscribe.
 
-    What it costs: nothing while no hook is subscribed; with one, the first hit of each
-    key in this process also reads that entry's manifest from the first tier holding it
-    (not counted in ``stats()``, not promoted), later hits a dict lookup. The hook runs
-    on the calling thread; exceptions it raises are logged and swallowed. Thread-safe.
-    ``tiered_progcache.metrics`` sums ``saved_seconds`` into ``compile_seconds_saved``.
+    With a hook subscribed, the first hit of each key in this process also reads that entry's
+    manifest from the first tier holding it (not counted, not promoted). The hook runs on the
+    calling thread; exceptions it raises are logged and swallowed. Thread-safe.
     """
     return subscribe(_hit_hooks, _counter_lock, hook)
 
@@ -165,20 +123,18 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
 def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
     """The hit's saved compile seconds to the hooks and to the chain's tally (``stats``).
 
-    For the tally alone, the manifest is looked for only in the tiers on this node (memory,
-    local): a hit never costs a request to a shared tier it would not have made. With an
-    ``on_hit`` hook subscribed, every tier is asked, as that hook documents.
+    For the tally alone only the tiers on this node are asked (a hit costs no extra shared request).
     """
     memo = (id(cache.identity), key)
     with _counter_lock:
         hooks = list(_hit_hooks)
         known = memo in _saved
         seconds = _saved[memo] if known else None
-    tally = cache.compile_tally
     if not known:
         seconds = _manifest_seconds(cache, key, shared=bool(hooks))
-        _remember_seconds(memo, seconds)  # once per key and process: later hits are a dict lookup
-    tally.count_saved(seconds)
+        with _counter_lock:
+            _saved[memo] = seconds  # once per key and process: later hits are a dict lookup
+    cache.compile_tally.count_saved(seconds)
     if hooks:
         call_each(hooks, HitEvent(key, seconds), logger, "on_hit")
 
@@ -195,11 +151,6 @@ def _manifest_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool = T
         return None
 
 
-def _remember_seconds(memo: tuple[int, bytes], seconds: float | None) -> None:
-    with _counter_lock:
-        _saved[memo] = seconds
-
-
 def _record_compile(event: CompileEvent) -> None:
     global _compiles
     with _counter_lock:
@@ -208,17 +159,11 @@ def _record_compile(event: CompileEvent) -> None:
     call_each(hooks, event, logger, "on_compile")
 
 
-# -- the helper ------------------------------------------------------------------------------------
+# -- compile() and the job it hands the flight ---------------------------------------------------------
 
 
-def _header_scans_dir(cache: TieredProgramCache) -> str | None:
-    """Where header scans persist for the next process: the cache's local directory, if it has one."""
-    local = cache.local_store
-    return local.header_scans_dir if local is not None else None
-
-
-class _Outcome(NamedTuple):
-    """What the thread that compiled hands to the threads that waited for it."""
+class _Entry(NamedTuple):
+    """An entry's binary and its symbol mapping: what the thread that compiled hands to those that waited."""
 
     data: bytes
     mapping: SymbolMapping | None
@@ -246,24 +191,12 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     ...                                name_expressions=["scale<float>"])
     >>> kernel = obj.get_kernel("scale<float>")          # works on a hit too
 
-    The key is cuda-core's ``make_program_cache_key``; ``extra_digest`` is mixed with the
-    digest of the headers the compile can read (only when it reads any, so plain compiles
-    share entries with ``Program.compile(cache=...)``). ``portable_keys`` (default) keys
-    include directories by role and header content, not location
-    (:func:`tiered_progcache.compiling.keys.compile_key`). On a miss, with ``single_flight``
-    (default), one thread per process, one process per local directory and one node per
-    remote compiles; the others wait up to ``wait_timeout`` seconds and get its entry. Which
-    of the flight's three cases a miss takes (short: race the lookup; the lease; the node lock
-    only) is :func:`tiered_progcache.cluster.singleflight.plan`'s (docs/cluster.md, "When
-    nodes wait"). ``lease_ttl`` bounds how long a crashed node holds the others up.
-    ``header_recheck_s`` lets a process trust a header scan that long (0: look every call).
-    ``logs`` receives the compiler log on a miss only. A bare ``ProgramCacheResource`` is used
-    as a chain of one tier (:func:`~tiered_progcache.chain.tiered.as_chain`).
-
-    ``single_flight``, ``wait_timeout``, ``lease_ttl``, ``header_recheck_s`` and
-    ``portable_keys`` left out (None) are the cache's settings (docs/configuration.md).
-    Safe from any number of threads and processes at once. Compiler errors propagate to the
-    caller and to the threads and nodes waiting on it.
+    The key is cuda-core's, mixed with the content of the headers the compile reads. On a miss one
+    thread, process and node compiles (``single_flight``); the others wait up to ``wait_timeout``
+    and get its entry, or its error. ``lease_ttl`` bounds how long a crashed node holds them up;
+    ``header_recheck_s`` how long a header scan is trusted; ``portable_keys`` keys include
+    directories by role, not location; ``logs`` gets the compiler log on a miss. Knobs left out are
+    the cache's settings (docs/configuration.md); docs/cluster.md has the flight. Thread- and process-safe.
     """
     names = check_arguments(source, code_type, options, target_type, cache, name_expressions, extra_digest,
                             single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
@@ -273,52 +206,48 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
         cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     compiled = direct.compile_key(cache, source, code_type, options, target_type, names, extra_digest,
-                                  portable=portable_keys, recheck_s=header_recheck_s, memo_dir=_header_scans_dir(cache))
-    key = compiled.key
-    target = target_type.lower()
+                                  portable=portable_keys, recheck_s=header_recheck_s,
+                                  memo_dir=None if cache.local_store is None else cache.local_store.header_scans_dir)
+    job = _Job(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest, logs)
     if compiled.declined is not None:
-        return _compile_declined(cache, compiled, source, code_type, options, target, names, logs)
-    size = compile_size(len(source), len(compiled.headers))
-    estimate = predict(cache, code_type, target, size)
+        return _compile_declined(job)
+    estimate = predict(cache, code_type, job.target, job.size)
     case, _ = plan(cache, estimate) if single_flight else (None, None)
-    found = _find(cache, key, target, options, names, nearby_only=case == SHORT)  # a short race looks nearby first
+    found = _find(cache, compiled.key, job.target, options, names, nearby_only=case == SHORT)  # a race looks nearby
     if found is not None:
-        _record_hit(cache, key)
+        _record_hit(cache, compiled.key)
         return found[0]
     if cache.explain_misses:
-        _explain_miss(source, code_type, options, target, cache, names, extra_digest, compiled)
-    job = _Job(cache, compiled, source, code_type, options, target, names, extra_digest, logs, size)
+        _explain_miss(job)
     if case is None:
-        return _compile_and_store(cache, job)[0]
-    return run_once(cache, key, job, wait_timeout=wait_timeout, lease_ttl=lease_ttl, case=case, estimate_s=estimate)
+        return job.produce()[0]
+    return run_once(cache, compiled.key, job, wait_timeout=wait_timeout, lease_ttl=lease_ttl, case=case,
+                    estimate_s=estimate)
 
 
-def _compile_declined(
-    cache: TieredProgramCache, compiled: CompileKey, source: str | bytes, code_type: str,
-    options: ProgramOptions, target: str, names: tuple[str | bytes, ...], logs: Any,
-) -> ObjectCode:
+def _compile_declined(job: _Job) -> ObjectCode:
     """Compile without the cache: never looked up, never stored (what it reads cannot be keyed)."""
     global _declined
     with _counter_lock:
         _declined += 1
-    if cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`, by reason
+    compiled = job.compiled
+    if job.cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`
         logger.warning("not cached %s, compiled every time (counted as uncacheable): %s", compiled.key[:8].hex(),
                        compiled.declined)  # fmt: skip
-    return _run_compiler(compiled.key, source, code_type, options, target, names, logs, cache.compile_tally)[0]
+    return _run_compiler(job)[0]
 
 
-def _run_compiler(key: bytes, source: str | bytes, code_type: str, options: ProgramOptions, target: str,
-                  names: tuple[str | bytes, ...], logs: Any, tally: Any = None) -> tuple[ObjectCode, float]:
+def _run_compiler(job: _Job) -> tuple[ObjectCode, float]:
     """The compiler's output and wall time, counted and handed to the ``on_compile`` hooks (failures too)."""
+    key, code_type, target, tally = job.compiled.key, job.code_type, job.target, job.cache.compile_tally
     started = time.perf_counter()
-    program = Program(source, code_type, options)
+    program = Program(job.source, code_type, job.options)
     try:
-        obj = program.compile(target, name_expressions=names, logs=logs)
+        obj = program.compile(target, name_expressions=job.names, logs=job.logs)
     except BaseException:
         failed_after = time.perf_counter() - started
         compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
-        if tally is not None:
-            tally.count_compile(failed_after)
+        tally.count_compile(failed_after)
         _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
         raise
     finally:
@@ -327,28 +256,18 @@ def _run_compiler(key: bytes, source: str | bytes, code_type: str, options: Prog
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
         del program
     seconds = time.perf_counter() - started
-    if tally is not None:
-        tally.count_compile(seconds)
+    tally.count_compile(seconds)
     _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
     return obj, seconds
 
 
-def _find(
-    cache: TieredProgramCache,
-    key: bytes,
-    target: str,
-    options: ProgramOptions,
-    names: tuple[str | bytes, ...],
-    nearby_only: bool = False,
-    shared_only: bool = False,
-    recheck: bool = False,
-) -> tuple[ObjectCode, _Outcome] | None:
+def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
+          nearby_only: bool = False, shared_only: bool = False,
+          recheck: bool = False) -> tuple[ObjectCode, _Entry] | None:
     """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None.
 
-    ``nearby_only``: only the tiers in front of the shared one (the chain's ``get(where="nearby")``);
-    ``shared_only``: only the others (``where="shared"``). ``recheck``: a look again after a miss
-    (under the node lock or the lease), read as metadata is, so each ``compile()`` call is one
-    lookup in ``hits``/``misses``; what the look again found is the flight's decision.
+    ``nearby_only``/``shared_only``: the tiers in front of the shared one, or the others. ``recheck``
+    (a look again under a lock) reads as metadata, so each ``compile()`` is one lookup in ``hits``.
     """
     where = "nearby" if nearby_only else "shared" if shared_only else "all"
     data = cache.get(MetadataKey(key) if recheck else key, where=where)
@@ -360,7 +279,7 @@ def _find(
         if mapping is None:
             logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
             return None
-    return _wrap(data, target, options, mapping), _Outcome(data, mapping)
+    return _wrap(data, target, options, mapping), _Entry(data, mapping)
 
 
 def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
@@ -381,94 +300,72 @@ class _Job:
     names: tuple[str | bytes, ...]
     extra_digest: bytes | None
     logs: Any
-    size: int
 
-    def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Outcome] | None:
-        """The entry, once single-flight gave this caller its turn (a hit is another's compile, saved).
+    @property
+    def size(self) -> int:
+        """What the flight predicts the compile's time by: the source, and the headers it reads."""
+        return compile_size(len(self.source), len(self.compiled.headers))
 
-        ``shared_only`` (a race's lookup): the shared tiers alone, and its hit is recorded only if it is the answer.
-        """
+    def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Entry] | None:
+        """The entry, once the flight gave this caller its turn; ``shared_only``: a race's lookup (adopt records it)."""
         found = _find(self.cache, self.compiled.key, self.target, self.options, self.names, shared_only=shared_only,
                       recheck=not shared_only)
         if found is not None and not shared_only:
             _record_hit(self.cache, self.compiled.key)
         return found
 
-    def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Outcome]:
-        return _compile_and_store(self.cache, self, dropped)
+    def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
+        """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
+        cache, key, code_type, target, names = self.cache, self.compiled.key, self.code_type, self.target, self.names
+        obj, seconds = _run_compiler(self)
+        compile_times.record(code_type, target, seconds, self.size)  # what the flight plans the next compile with
+        _save_times(cache)
+        with _counter_lock:
+            _saved[(id(cache.identity), key)] = round(seconds, 6)  # what the manifest records
+        entry = _Entry(bytes(obj.code), dict(obj.symbol_mapping) if names else None)
+        if dropped is not None and dropped.is_set():
+            return obj, entry  # the lookup won the race: the entry is stored already
+        # The manifest and the symbol map before the binary: whoever sees the binary finds them. Each put carries
+        # the compile time, so the chain admits by it (``min_upload_compile_s``); the chain's put never raises.
+        try:  # a manifest that cannot be made (a bug in building it) costs nothing but itself
+            inputs = compile_inputs(self.compiled, self.source, code_type, self.options, target, names,
+                                    self.extra_digest)  # fmt: skip
+            cache.put(manifest_key(key), encode_manifest(build_manifest(key, inputs, seconds)), compile_seconds=seconds)
+        except Exception as exc:
+            logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
+        if names:
+            cache.put(symbols_key(key), encode_symbols(entry.mapping or {}), compile_seconds=seconds)
+        cache.put(key, entry.data, compile_seconds=seconds)
+        direct.record(cache, self.compiled, self.source, code_type, self.options, target, names, self.extra_digest,
+                      seconds)  # fmt: skip
+        return obj, entry
 
-    def adopt(self, outcome: _Outcome, found: bool = False) -> ObjectCode:
-        """Another thread's outcome as this one's result; ``found``: it came from a race's lookup (a hit)."""
+    def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
+        """Another thread's entry as this one's result; ``found``: it came from a race's lookup (a hit)."""
         if found:
             _record_hit(self.cache, self.compiled.key)
-        return _wrap(outcome.data, self.target, self.options, outcome.mapping)
-
-
-def _compile_and_store(
-    cache: TieredProgramCache, job: _Job, dropped: threading.Event | None = None
-) -> tuple[ObjectCode, _Outcome]:
-    """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
-    key, code_type, target, names = job.compiled.key, job.code_type, job.target, job.names
-    obj, seconds = _run_compiler(key, job.source, code_type, job.options, target, names, job.logs, cache.compile_tally)
-    compile_times.record(code_type, target, seconds, job.size)  # what the flight plans the next compile with
-    _save_times(cache)
-    _remember_seconds((id(cache.identity), key), round(seconds, 6))  # what the manifest records
-    data = bytes(obj.code)
-    mapping = dict(obj.symbol_mapping) if names else None
-    if dropped is not None and dropped.is_set():
-        return obj, _Outcome(data, mapping)  # the lookup won the race: the entry is stored already
-    # The manifest before the binary (like the symbol map): whoever sees the binary finds
-    # its manifest. A manifest that cannot be made or stored costs nothing but itself.
-    try:
-        _store(cache, manifest_key(key), _manifest_bytes(job, seconds), seconds)
-    except Exception as exc:
-        logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
-    if names:  # the mapping first: whoever sees the binary must find its mapping (the chain's put never raises)
-        _store(cache, symbols_key(key), encode_symbols(mapping or {}), seconds)
-    _store(cache, key, data, seconds)
-    direct.record(cache, job.compiled, job.source, code_type, job.options, target, names, job.extra_digest, seconds)
-    return obj, _Outcome(data, mapping)
+        return _wrap(entry.data, self.target, self.options, entry.mapping)
 
 
 def _save_times(cache: TieredProgramCache) -> None:
     """Keep this node's compile rates and its store's round trip in its local directory for its next process."""
-    local = cache.local_store
+    local, shared = cache.local_store, cache.shared_store
     if local is None:
         return
-    directory = os.fspath(local.root)
-    shared = cache.shared_store
     if shared is not None:
         compile_times.note_round_trip(shared.location, shared.round_trip_s)
     try:
-        compile_times.save(directory)
+        compile_times.save(local.root)
     except OSError as exc:
-        logger.debug("could not save compile times in %s: %r", directory, exc)
+        logger.debug("could not save compile times in %s: %r", local.root, exc)
 
 
-def _manifest_bytes(job: _Job, seconds: float) -> bytes:
-    inputs = compile_inputs(job.compiled, job.source, job.code_type, job.options, job.target, job.names,
-                            job.extra_digest)  # fmt: skip
+def _explain_miss(job: _Job) -> None:
+    """One INFO line saying why this compile missed (``explain_misses``); never raises: it must not cost the compile."""
     try:
-        return encode_manifest(build_manifest(job.compiled.key, inputs, seconds))
-    except ManifestError:
-        raise
-    except Exception as exc:  # a bug here must not cost the compile: say so and store none
-        raise ManifestError(f"could not build the manifest: {exc!r}") from exc
-
-
-def _explain_miss(
-    source: str | bytes, code_type: str, options: ProgramOptions, target: str, cache: TieredProgramCache,
-    names: tuple[str | bytes, ...], extra_digest: bytes | None, compiled: CompileKey,
-) -> None:
-    """One INFO line saying why this compile missed (``explain_misses``); never raises."""
-    try:
-        report = explain_key(compiled, source, code_type, options, target, cache, names, extra_digest)
+        report = explain_key(job.compiled, job.source, job.code_type, job.options, job.target, job.cache, job.names,
+                             job.extra_digest)  # fmt: skip
     except Exception as exc:
-        log_requested(logger, logging.INFO, "miss %s: could not explain it: %r", compiled.key[:8].hex(), exc)
+        log_requested(logger, logging.INFO, "miss %s: could not explain it: %r", job.compiled.key[:8].hex(), exc)
         return
     log_requested(logger, logging.INFO, "%s", report.one_line())  # on stderr if the application set up no logging
-
-
-def _store(cache: TieredProgramCache, key: bytes, data: bytes, seconds: float) -> None:
-    """Store with the compile time, so the chain applies admission by it (``min_upload_compile_s``)."""
-    cache.put(key, data, compile_seconds=seconds)
