@@ -335,7 +335,9 @@ def test_a_waiter_gives_up_on_a_stuck_holder_after_its_wait_timeout_and_compiles
     by_choice = {d.choice: d for d in decisions}
     assert set(by_choice) == {"held", "gave_up"}
     gave_up = by_choice["gave_up"]
-    assert 0 < gave_up.waited_s <= 0.3 < took and node_b.stats().flight["gave_up"] == 1  # the wait, then its compile
+    # B returned while A still held the lease (A waits for b_done): it gave up after its wait, then compiled. The
+    # wait's own bound (its timeout, on a stepped clock) is test_lease's; here the wall only says it came first.
+    assert 0 < gave_up.waited_s < took and 0.3 < took < JOIN_S and node_b.stats().flight["gave_up"] == 1
 
 
 def test_a_live_holder_is_waited_for(tmp_path, decisions, fresh_compile_times):
