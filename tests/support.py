@@ -15,6 +15,7 @@ real Triton kernel, also run as a script).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,7 @@ __all__ = [
     "RedisBackDoor",
     "assert_one_line_error",
     "compile_matmul",
+    "in_forked_child",
     "options",
     "run_cli",
 ]
@@ -50,6 +52,32 @@ _T = TypeVar("_T")
 
 #: How long teardown waits for one thing to close or one thread to end.
 CLEANUP_JOIN_S = 30
+
+
+
+def in_forked_child(report: Callable[[], Any]) -> Any:
+    """Fork; the child calls ``report()`` and writes its JSON to a pipe. The parent returns what it wrote.
+
+    The fork is real, so every hook registered with :mod:`tiered_progcache.forks` has run in
+    the child before ``report`` does, and nothing the child does reaches the parent's state.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(report()))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return json.loads(text)
 
 
 class Cleanup:

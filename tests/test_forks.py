@@ -5,7 +5,6 @@ The child reports over a pipe what ran, so the parent's assertions see the child
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -15,6 +14,8 @@ import pytest
 
 import tiered_progcache
 from tiered_progcache import forks
+
+from support import in_forked_child
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
@@ -34,27 +35,6 @@ MODULE_RESETS = {
 
 def _name(reset) -> str:
     return f"{reset.__module__}.{reset.__qualname__}"
-
-
-def _in_child(report) -> list:
-    """Fork; the child calls ``report()`` and writes its JSON to a pipe. The parent returns what it wrote."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never return into pytest
-        status = 1
-        try:
-            os.close(read_end)
-            with os.fdopen(write_end, "w") as out:
-                out.write(json.dumps(report()))
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        text = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, text
-    return json.loads(text)
 
 
 def test_every_modules_reset_is_registered_once_with_the_one_registry():
@@ -89,7 +69,7 @@ def test_a_forked_child_runs_each_registered_reset_once_in_order_and_past_a_fail
     held = threading.Lock()
     held.acquire()  # a lock the parent holds at the fork
 
-    assert _in_child(lambda: ran) == [*(_name(r) for r in registered), "failing", _name(lambda: None)]
+    assert in_forked_child(lambda: ran) == [*(_name(r) for r in registered), "failing", _name(lambda: None)]
     assert ran == []  # the parent ran none of them
     held.release()
 
@@ -110,7 +90,7 @@ def test_a_child_gets_fresh_locks_where_a_parent_thread_held_one():
     entered.wait()
     try:
         # In the child the holder thread does not exist; without the reset this acquire never returns.
-        assert _in_child(lambda: breaker._lock.acquire(timeout=30)) is True
+        assert in_forked_child(lambda: breaker._lock.acquire(timeout=30)) is True
     finally:
         leave.set()
         holder.join()
@@ -154,7 +134,7 @@ def test_a_failing_reset_is_logged_in_the_child_by_name_with_its_traceback_and_t
     handler = Collect()
     logging.getLogger("tiered_progcache.forks").addHandler(handler)
     try:
-        seen = _in_child(lambda: [records, ran])
+        seen = in_forked_child(lambda: [records, ran])
     finally:
         logging.getLogger("tiered_progcache.forks").removeHandler(handler)
     assert seen == [
@@ -167,7 +147,7 @@ def test_a_failing_reset_is_logged_in_the_child_by_name_with_its_traceback_and_t
 
 
 def test_a_forked_child_can_register_resets_of_its_own():
-    assert _in_child(lambda: forks.register(print) is print and forks.registered()[-1] is print) is True
+    assert in_forked_child(lambda: forks.register(print) is print and forks.registered()[-1] is print) is True
 
 
 def test_registering_what_cannot_be_called_is_a_type_error_naming_its_type():
