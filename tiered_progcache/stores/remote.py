@@ -271,16 +271,16 @@ class RemoteProgramCache(SharedEntryStore):
 
     def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
         """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
-        paths = [self.path_for(name) for name in names]
-        results = self._runner.request_many("batched read", self._objects.read_envelope, [(p,) for p in paths], stoppable=True)
-        return dict(zip(names, results))
+        calls = {name: (self.path_for(name),) for name in names}
+        got = self._runner.request_many("batched read", self._objects.read_envelope, calls, stoppable=True)
+        return {**got.results, **got.errors}
 
     def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
         """Store sealed envelopes side by side, one deadline: ``None`` per success, else the exception."""
         self._require_writable("write")
-        calls = [(self.path_for(name), blob) for name, blob in blobs.items()]
-        results = self._runner.request_many("batched write", self._objects.put, calls)
-        return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
+        calls = {name: (self.path_for(name), blob) for name, blob in blobs.items()}
+        got = self._runner.request_many("batched write", self._objects.put, calls)
+        return {name: got.errors.get(name) for name in blobs}
 
     def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
         """Seal and store payloads side by side under one deadline: ``None`` per success, else the exception."""
