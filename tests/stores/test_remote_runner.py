@@ -248,7 +248,7 @@ def test_remote_batches_go_through_its_runner():
     assert not remote.available
     fs.requests.clear()
     got = remote.read_envelopes(["ab" * 32])
-    assert isinstance(got["ab" * 32], TierUnavailable) and sum(fs.requests.values()) == 0
+    assert isinstance(got.errors["ab" * 32], TierUnavailable) and sum(fs.requests.values()) == 0
 
 
 # -- leases --------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def warm(
                 done += len(landing)
                 _tell(progress, done, len(todo))
             landing = [
-                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.failure(name))) for name in batch
+                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.errors.get(name))) for name in batch
             ]
     if failures:
         logger.warning(

@@ -42,7 +42,7 @@ from .envelope import (
     stored_length,
 )
 from .runner import FilesystemFactory, RequestRunner
-from .sharedstore import SharedEntryStore
+from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
 from .store import STALE_STAGED_AGE_S, LeaseStore, StoredEntry, check_entry_name, is_entry_name
 
@@ -269,11 +269,12 @@ class RemoteProgramCache(SharedEntryStore):
 
     # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
-    def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
-        """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
+    def read_envelopes(self, names: list[str]) -> FetchedEnvelopes:
+        """Raw envelopes of ``names``, fetched side by side under one deadline (absent ones in ``missing``,
+        why each other failed in ``errors``); :meth:`read_many` verifies them."""
         calls = {name: (self.path_for(name),) for name in names}
         got = self._runner.request_many("batched read", self._objects.read_envelope, calls, stoppable=True)
-        return {**got.results, **got.errors}
+        return FetchedEnvelopes.filed(got.results, got.errors)
 
     def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
         """Store sealed envelopes side by side, one deadline: ``None`` per success, else the exception."""
@@ -297,7 +298,7 @@ class RemoteProgramCache(SharedEntryStore):
         except FileNotFoundError:
             return None
 
-    def _fetch_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
+    def _fetch_envelopes(self, names: list[str]) -> FetchedEnvelopes:
         return self.read_envelopes(names)
 
     def _check_reachable(self, strict: bool) -> None:
