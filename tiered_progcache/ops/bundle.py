@@ -495,14 +495,15 @@ def import_bundle(
     batch = max(1, store.transfer_batch)
     for start in range(0, len(todo), batch):
         chunk = {name: payloads[name] for name in todo[start : start + batch]}
-        for name, error in store.write_many(chunk).items():
-            if error is None:
+        wrote = store.write_many(chunk)
+        for name in chunk:
+            if name in wrote.written:
                 landed += 1
                 nbytes += len(chunk[name])
                 metadata += kind_of(chunk[name]) != KERNEL
-            else:
+            elif name in wrote.errors:
                 failures += 1
-                logger.warning("import: could not write %s to %s: %s", name, store.location, one_line(error))
+                logger.warning("import: could not write %s to %s: %s", name, store.location, one_line(wrote.errors[name]))
         if progress is not None:
             progress(min(start + batch, len(todo)), len(todo))
     return BundleReport(

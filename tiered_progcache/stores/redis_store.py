@@ -34,7 +34,7 @@ from typing import Any, Callable, TypeVar
 
 from .envelope import HEADER_SIZE, InvalidEnvelope, first_read_bytes, joined_envelope, rest_to_read
 from .sharedstore import FetchedEnvelopes, SharedEntryStore, checked_seconds
-from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
+from .store import BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
 from ..urls import DEFAULT_REDIS_PREFIX, REDIS_SCHEMES, check_redis_url, is_redis_url, split_redis_url
 
 __all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
@@ -219,17 +219,17 @@ class RedisProgramCache(SharedEntryStore):
             if cursor == 0:
                 return
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
-        """Seal and ``SET`` many payloads in one pipeline: ``None`` per success, else the exception."""
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
+        """Seal and ``SET`` many payloads in one pipeline: all written, or all failed with the pipeline's exception."""
         self._require_writable("write")
         if not items:
-            return {}
+            return BatchWrite()
         pairs = [(self.key_for(name), self._codec.seal(name, bytes(payload))) for name, payload in items.items()]
         try:
             self._call("batched write", self._set_many, pairs, timeout=self._runner.batch_timeout(len(pairs)))
         except Exception as exc:
-            return dict.fromkeys(items, exc)
-        return dict.fromkeys(items)
+            return BatchWrite(errors=dict.fromkeys(items, exc))
+        return BatchWrite(frozenset(items))
 
     def leases(self) -> RedisLeases | None:
         """Leases at ``<prefix>:leases:<name>`` (``SET NX PX``); None on a read-only tier."""

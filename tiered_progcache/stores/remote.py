@@ -44,7 +44,7 @@ from .envelope import (
 from .runner import FilesystemFactory, RequestRunner
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
-from .store import STALE_STAGED_AGE_S, LeaseStore, StoredEntry, check_entry_name, is_entry_name
+from .store import STALE_STAGED_AGE_S, BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
 
 __all__ = [
     "MAX_LEASE_BYTES",
@@ -276,18 +276,18 @@ class RemoteProgramCache(SharedEntryStore):
         got = self._runner.request_many("batched read", self._objects.read_envelope, calls, stoppable=True)
         return FetchedEnvelopes.filed(got.results, got.errors)
 
-    def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
-        """Store sealed envelopes side by side, one deadline: ``None`` per success, else the exception."""
+    def write_envelopes(self, blobs: Mapping[str, bytes]) -> BatchWrite:
+        """Store sealed envelopes side by side under one deadline: the names written, and why each other failed."""
         self._require_writable("write")
         calls = {name: (self.path_for(name), blob) for name, blob in blobs.items()}
         got = self._runner.request_many("batched write", self._objects.put, calls)
-        return {name: got.errors.get(name) for name in blobs}
+        return BatchWrite(frozenset(got.results), got.errors)
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
-        """Seal and store payloads side by side under one deadline: ``None`` per success, else the exception."""
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
+        """Seal and store payloads side by side under one deadline (:meth:`write_envelopes`)."""
         self._require_writable("write")
         blobs = {name: self._codec.seal(name, bytes(payload)) for name, payload in items.items()}
-        return {name: error for name, error in self.write_envelopes(blobs).items()}  # type: ignore[misc]
+        return self.write_envelopes(blobs)
 
     # -- internals ---------------------------------------------------------------------
 

@@ -56,7 +56,9 @@ class FetchedEnvelopes:
     def filed(cls, envelopes: Mapping[str, bytes | memoryview], failures: Mapping[str, Exception]) -> FetchedEnvelopes:
         """From the envelopes fetched and what each failed fetch raised: ``FileNotFoundError`` (fsspec's answer for
         an absent object) and a plain ``KeyError`` file the name as ``missing``, anything else in ``errors``."""
-        missing = frozenset(name for name, exc in failures.items() if isinstance(exc, FileNotFoundError) or type(exc) is KeyError)
+        missing = frozenset(
+            name for name, exc in failures.items() if isinstance(exc, FileNotFoundError) or type(exc) is KeyError
+        )
         return cls(dict(envelopes), missing, {name: exc for name, exc in failures.items() if name not in missing})
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "ENTRY_NAME_LENGTH",
     "STALE_STAGED_AGE_S",
     "BatchRead",
+    "BatchWrite",
     "EntryStore",
     "IndexedDirStore",
     "LeaseStore",
@@ -127,6 +128,15 @@ class BatchRead:
     def failed(self) -> frozenset[str]:
         """Names whose read failed for a reason other than absence (the keys of ``errors``)."""
         return frozenset(self.errors)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchWrite:
+    """What one :meth:`EntryStore.write_many` did, per name: stored (``written``), or why its write failed
+    (``errors``). Every name given is in exactly one of them."""
+
+    written: frozenset[str] = frozenset()
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,22 +293,23 @@ class EntryStore(abc.ABC):
         """
         return BatchRead.reading(names, self.read_entry)
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
-        """Store each payload under its name: ``None`` per success, else the exception it raised.
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
+        """Store each payload under its name: the names ``written``, and the exception each other raised (``errors``).
 
         ``PermissionError`` at once on a read-only store. This default writes one by one.
         """
         if self.read_only:
             raise PermissionError(f"{self.location} is read-only; refusing to write")
-        results: dict[str, Exception | None] = {}
+        written: set[str] = set()
+        errors: dict[str, Exception] = {}
         for name, payload in items.items():
             try:
                 self.write_entry(name, payload)
             except Exception as exc:
-                results[name] = exc
+                errors[name] = exc
             else:
-                results[name] = None
-        return results
+                written.add(name)
+        return BatchWrite(frozenset(written), errors)
 
     def seal_record(self, name: str, payload: bytes) -> bytes:
         """``payload`` in this store's envelope for entry-like name ``name`` (signed when it has a key).
