@@ -358,7 +358,7 @@ class RedisProgramCache(SharedEntryStore):
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.strlen(key)
-        sizes = pipe.execute(raise_on_error=False)
+        sizes = pipe.execute(raise_on_error=False)  # a failed STRLEN comes back as a value: listed with size 0
         return int(cursor), list(keys), [0 if isinstance(s, Exception) else int(s) for s in sizes]
 
     def _check_reachable(self, strict: bool) -> None:
