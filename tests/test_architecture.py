@@ -13,6 +13,7 @@ validation and allowed anywhere.
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -164,3 +165,156 @@ def test_each_package_is_a_concern_with_its_own_docstring():
     assert subpackages == ["chain", "cluster", "compiling", "cupy", "ops", "stores", "testing", "triton"]
     for name in subpackages:
         assert ast.get_docstring(ast.parse((package / name / "__init__.py").read_text(encoding="utf-8"))), name
+
+
+# -- no exception as a value -----------------------------------------------------------------------
+
+#: Where a third-party API hands exceptions back among its results, and the one function in each module
+#: that sorts them there into a declared type (``BatchOutcome``, ``FetchedEnvelopes``, a raise).
+EXCEPTIONS_HANDED_BACK: dict[str, frozenset[str]] = {
+    "stores/runner.py": frozenset({"_many_async"}),  # asyncio.gather(return_exceptions=True)
+    "stores/redis_store.py": frozenset({"_read_values", "_inspect_value", "_scan_step"}),  # raise_on_error=False
+    "testing/delayproxy.py": frozenset({"shutdown"}),  # gather only to wait for cancelled tasks: results dropped
+}
+#: The keyword arguments that ask a library to return exceptions rather than raise them.
+_HANDS_BACK = {("return_exceptions", True), ("raise_on_error", False), ("on_error", "return")}
+
+
+def exception_classes(modules: dict[str, ast.Module]) -> frozenset[str]:
+    """The builtin exception names and every class of the package that derives from one (by its bases, transitively)."""
+    found = {name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)}
+    bases = {node.name: {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))}
+             for tree in modules.values() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}  # fmt: skip
+    changed = True
+    while changed:
+        changed = False
+        for name, parents in bases.items():
+            if name not in found and parents & found:
+                found.add(name)
+                changed = True
+    return frozenset(found)
+
+
+def _names_an_exception(node: ast.AST, exceptions: frozenset[str]) -> bool:
+    """Whether annotation ``node`` holds an exception *instance* somewhere (``type[KeyError]``, a class, does not)."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "type":
+        return False
+    if isinstance(node, ast.Name):
+        return node.id in exceptions
+    if isinstance(node, ast.Attribute):
+        return node.attr in exceptions
+    return any(_names_an_exception(child, exceptions) for child in ast.iter_child_nodes(node))
+
+
+def _union_members(node: ast.AST) -> list[ast.AST] | None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return [*(_union_members(node.left) or [node.left]), *(_union_members(node.right) or [node.right])]
+    if isinstance(node, ast.Subscript) and (node.value.id if isinstance(node.value, ast.Name) else "") in ("Union", "Optional"):
+        members = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return members + ([ast.Constant(None)] if node.value.id == "Optional" else [])  # type: ignore[attr-defined]
+    return None
+
+
+def exception_values(annotation: ast.AST, exceptions: frozenset[str]) -> list[str]:
+    """The unions in ``annotation`` that carry an exception as a value: beside a result (``bytes | Exception``,
+    ``tuple[str, bytes] | tuple[str, Exception]``), or optional inside a container (``dict[str, Exception | None]``).
+    An optional cause on its own (``BaseException | None``) and a field of errors (``dict[str, Exception]``) are fine."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, nested: bool) -> None:
+        members = _union_members(node)
+        if members is not None:
+            errors = [m for m in members if _names_an_exception(m, exceptions)]
+            others = [m for m in members if m not in errors and not (isinstance(m, ast.Constant) and m.value is None)]
+            if errors and (others or nested):
+                found.append(ast.unparse(node))
+                return
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+            visit(ast.parse(node.value, mode="eval").body, nested)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, nested or isinstance(node, ast.Subscript))
+
+    visit(annotation, False)
+    return found
+
+
+def annotated_exception_values(module: str, tree: ast.Module, exceptions: frozenset[str]) -> list[str]:
+    """``module:line: annotation`` for each return or value annotation (not a parameter's) that carries an exception as a value."""
+    found = []
+    for node in ast.walk(tree):
+        annotation = node.returns if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else (
+            node.annotation if isinstance(node, ast.AnnAssign) else None)  # fmt: skip
+        if annotation is not None:
+            found += [f"{module}:{node.lineno}: {union}" for union in exception_values(annotation, exceptions)]
+    return found
+
+
+def exceptions_asked_back(module: str, tree: ast.Module) -> list[str]:
+    """``module:line function`` for each call asking a library to hand exceptions back, outside the named boundaries."""
+    allowed = EXCEPTIONS_HANDED_BACK.get(module, frozenset())
+    found: list[str] = []
+
+    def visit(node: ast.AST, within: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            within = (*within, node.name)
+        if isinstance(node, ast.Call) and not allowed & set(within):  # a function nested in a boundary is in it
+            for keyword in node.keywords:
+                if isinstance(keyword.value, ast.Constant) and (keyword.arg, keyword.value.value) in _HANDS_BACK:
+                    found.append(f"{module}:{node.lineno} {'.'.join(within) or '<module>'}: {ast.unparse(node)}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, within)
+
+    visit(tree, ())
+    return found
+
+
+def test_no_function_returns_or_holds_an_exception_as_a_value():
+    """Results and failures are separate fields (``BatchRead``, ``BatchWrite``, ``BatchOutcome``, ``FetchedEnvelopes``),
+    so no caller sorts values by type. The check reads annotations: a value typed ``Any`` is not seen, which is why
+    the places a library hands exceptions back are named too (the next test)."""
+    modules = _modules()
+    exceptions = exception_classes(modules)
+    offenders = [line for module, tree in modules.items() for line in annotated_exception_values(module, tree, exceptions)]
+    assert offenders == [], "give results and failures separate fields:\n" + "\n".join(offenders)
+
+
+def test_exceptions_handed_back_by_a_library_are_sorted_only_at_the_named_boundaries():
+    modules = _modules()
+    offenders = [line for module, tree in modules.items() for line in exceptions_asked_back(module, tree)]
+    assert offenders == [], "sort them where they arrive, in one named function:\n" + "\n".join(offenders)
+    for module, functions in EXCEPTIONS_HANDED_BACK.items():  # the list names what exists, and each still asks
+        defined = {n.name for n in ast.walk(modules[module]) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assert functions <= defined, (module, functions - defined)
+        assert len(exceptions_asked_back(module, modules[module])) == 0
+        assert exceptions_asked_back("elsewhere.py", modules[module]), module
+
+
+def test_the_exception_value_scans_catch_planted_ones():
+    """The control: each form is caught, the allowed forms are not, and a package exception class counts."""
+    exceptions = exception_classes(_modules())
+    assert {"KeyError", "BaseException", "EntryRejected", "InvalidEnvelope", "TierUnavailable"} <= exceptions
+    planted = ast.parse(
+        "def a() -> bytes | Exception: ...\n"
+        "def b() -> dict[str, bytes | memoryview | BaseException | None]: ...\n"
+        "def c() -> dict[str, Exception | None]: ...\n"
+        "def d() -> Iterator[tuple[int, bytes, None] | tuple[int, None, KeyError]]: ...\n"
+        "x: list[Optional[InvalidEnvelope]] = []\n"
+        "def e() -> 'Union[str, TierUnavailable]': ...\n"
+        "def ok1() -> BaseException | None: ...\n"
+        "def ok2() -> dict[str, Exception]: ...\n"
+        "def ok3(failure: bytes | Exception) -> None: ...\n"
+        "def ok4() -> type[Exception] | None: ...\n"
+        "errors: dict[str, EntryRejected] = {}\n"
+    )
+    assert [line.split(":")[1] for line in annotated_exception_values("m.py", planted, exceptions)] == [
+        "1", "2", "3", "4", "5", "6",
+    ]
+    asking = ast.parse(
+        "async def f(x):\n"
+        "    await asyncio.gather(*x, return_exceptions=True)\n"
+        "    pipe.execute(raise_on_error=False)\n"
+        "    fs.cat(paths, on_error='return')\n"
+        "    await asyncio.gather(*x, return_exceptions=False)\n"
+    )
+    assert len(exceptions_asked_back("m.py", asking)) == 3

@@ -15,7 +15,7 @@ import pytest
 from support import ARCH, run_cli_here
 
 import tiered_progcache
-from tiered_progcache import CacheConfig, TieredProgramCache, settings
+from tiered_progcache import BatchWrite, CacheConfig, TieredProgramCache, settings
 from tiered_progcache.cluster.lease import RemoteLease
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import BATCH_PARALLELISM
@@ -120,7 +120,7 @@ def test_remote_requests_and_batches_under_the_longest_timeout_work(tmp_path):
         assert remote.read_key(b"k") == b"v" * 100
         assert remote.runner.batch_timeout(BATCH_PARALLELISM * 10**6) == MAX  # a huge batch: still a wait we can take
         names = {f"{n:064x}": b"x" for n in range(3)}
-        assert set(remote.write_many(names).values()) == {None}
+        assert remote.write_many(names) == BatchWrite(frozenset(names))
     finally:
         remote.close()
 

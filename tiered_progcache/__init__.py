@@ -12,13 +12,14 @@ from .stores.localdir import LocalDir
 from .chain.policy import TierPolicy
 from .settings import DEFAULT_MAX_MEMORY_BYTES
 from .chain.stats import CacheStats, TierStats
-from .stores.store import BatchRead, EntryStore, LeaseStore, StoredEntry
+from .stores.store import BatchRead, BatchWrite, EntryStore, LeaseStore, StoredEntry
 from .chain.tier import Tier
 from .chain.tiered import CacheStores, TieredProgramCache, stores_of
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
     "BatchRead",
+    "BatchWrite",
     "CacheConfig",
     "CacheStats",
     "CacheStores",

@@ -74,7 +74,8 @@ DEFAULT_LEASE_MIN_COMPILE_RTTS = 1.0
 #: None: a waiter waits while the holder's lease is renewed; a factor opts into giving up after that many
 #: of the holder's estimated compile times (plus the landing's round trips).
 DEFAULT_WAIT_PATIENCE: float | None = None
-#: Kept so old configurations parse: no flight decision uses a prior any more (unknown compiles take the lease).
+#: Accepted and unused, so a configuration that sets it still loads: no flight decision uses a prior (a compile
+#: of unknown time takes the lease).
 DEFAULT_COMPILE_TIME_PRIOR_S = 1.0
 
 #: Seconds everything a process does at interpreter exit may take in all (README: "exit flushes within 10 s").

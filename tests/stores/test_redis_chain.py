@@ -14,7 +14,7 @@ from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.compiling.manifest import manifest_name
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.samples import matmul_source
-from tiered_progcache.stores.store import entry_name
+from tiered_progcache.stores.store import BatchWrite, entry_name
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
@@ -235,8 +235,9 @@ def test_the_default_bulk_methods_loop_over_single_calls(tmp_path):
     local = LocalDir(tmp_path / "d")
     a, b, bad = entry_name(b"a"), entry_name(b"b"), "not-a-name"
     assert local.transfer_batch == 64
-    assert local.write_many({a: b"A", b: b"B"}) == {a: None, b: None}
+    assert local.write_many({a: b"A", b: b"B"}) == BatchWrite(frozenset({a, b}))
     got = local.read_many([a, entry_name(b"absent"), bad])
     assert got.hits == {a: b"A"} and got.missing == {entry_name(b"absent")} and got.failed == {bad}
-    assert isinstance(got.errors[bad], ValueError) and type(got.failure(entry_name(b"absent"))) is KeyError
-    assert isinstance(local.write_many({bad: b"x"})[bad], ValueError)
+    assert isinstance(got.errors[bad], ValueError)
+    refused = local.write_many({bad: b"x"})
+    assert not refused.written and isinstance(refused.errors[bad], ValueError)

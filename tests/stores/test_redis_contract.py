@@ -8,7 +8,7 @@ import pytest
 
 from tiered_progcache.stores.envelope import EnvelopeCodec
 from tiered_progcache.errors import EntryRejected
-from tiered_progcache.stores.store import entry_name
+from tiered_progcache.stores.store import BatchWrite, entry_name
 from tiered_progcache.testing import EntryStoreTests, LeaseStoreTests, ProgramCacheContract, keyed_chain
 from tiered_progcache.testing.redis_server import RedisServer, redis_server, redis_url  # noqa: F401
 
@@ -121,7 +121,7 @@ def test_default_prefix_and_url_checks():
 def test_iter_entries_scans_many_keys_with_sizes(redis_url):
     with RedisProgramCache.from_url(redis_url, strict=True) as s:
         names = {entry_name(str(n)): bytes(n % 7) for n in range(2500)}  # more than one SCAN step and one DEL
-        assert s.write_many(names) == dict.fromkeys(names)
+        assert s.write_many(names) == BatchWrite(frozenset(names))
         listed = {e.name: e.size for e in s.iter_entries()}
         assert set(listed) == set(names)
         assert listed[entry_name("6")] == len(s._codec.seal(entry_name("6"), bytes(6)))
@@ -132,11 +132,11 @@ def test_iter_entries_scans_many_keys_with_sizes(redis_url):
 def test_read_many_and_write_many(redis_url, client):
     with RedisProgramCache.from_url(redis_url, strict=True) as s:
         a, b, c = (entry_name(x) for x in ("a", "b", "c"))
-        assert s.write_many({a: b"A", b: b"B"}) == {a: None, b: None}
+        assert s.write_many({a: b"A", b: b"B"}) == BatchWrite(frozenset({a, b}))
         client.set(f"tiered-progcache:entries:{b}", b"garbage")
         got = s.read_many([a, b, c])
         assert got.hits == {a: b"A"} and got.missing == {c} and set(got.errors) == {b}
-        assert isinstance(got.errors[b], EntryRejected) and got.failure(b) is got.errors[b]
+        assert isinstance(got.errors[b], EntryRejected)
 
 
 def test_corrupt_and_forged_values_are_rejected_and_counted(redis_url, client):
@@ -209,7 +209,7 @@ def test_expiry_is_set_on_each_write(redis_url, client):
         other = entry_name(b"o")
         assert tier.create_entry(other, b"y") is True
         assert 3_599_000 < client.pttl(f"tiered-progcache:entries:{other}") <= 3_600_000
-        assert tier.write_many({other: b"z"}) == {other: None}
+        assert tier.write_many({other: b"z"}) == BatchWrite(frozenset({other}))
         assert 3_599_000 < client.pttl(f"tiered-progcache:entries:{other}") <= 3_600_000
     with RedisProgramCache.from_url(redis_url, strict=True) as forever:
         forever.write_entry(NAME, b"x")

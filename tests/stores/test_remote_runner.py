@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -12,7 +13,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from tiered_progcache import TierUnavailable
 from tiered_progcache.stores.breaker import CircuitBreaker
 from tiered_progcache.stores.remote import RemoteProgramCache
-from tiered_progcache.stores.runner import RequestRunner
+from tiered_progcache.stores.runner import BatchOutcome, RequestRunner
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 from tiered_progcache.testing.slowfs import SlowFileSystem
 from support import FakeClock
@@ -41,8 +42,9 @@ def test_bulk_records_a_half_open_probes_failure():
     clock = FakeClock()
     breaker = _half_open(clock)
     runner = _blocking_runner(breaker)
-    results = runner.call_many("batch", _fail, None, [(n,) for n in range(5)])
-    assert len(results) == 5 and all(isinstance(r, ConnectionError) for r in results)  # every request went out
+    got = runner.call_many("batch", _fail, None, {n: (n,) for n in range(5)})
+    assert got.results == {} and sorted(got.errors) == [0, 1, 2, 3, 4]  # every request went out
+    assert all(isinstance(e, ConnectionError) for e in got.errors.values())
     assert breaker.state == "open"  # the probe failed: another cooldown
     clock.now += 31
     assert breaker.state == "half-open"  # and a later probe may go: the breaker is not stuck open
@@ -53,7 +55,9 @@ def test_bulk_records_a_half_open_probes_success():
     clock = FakeClock()
     breaker = _half_open(clock)
     runner = _blocking_runner(breaker)
-    assert runner.call_many("batch", lambda n: n * 2, None, [(n,) for n in range(5)]) == [0, 2, 4, 6, 8]
+    assert runner.call_many("batch", lambda n: n * 2, None, {n: (n,) for n in range(5)}) == BatchOutcome(
+        {0: 0, 1: 2, 2: 4, 3: 6, 4: 8}
+    )
     assert breaker.state == "closed"
     runner.close()
 
@@ -68,8 +72,8 @@ def test_bulk_a_miss_is_an_answer_and_one_answer_means_the_remote_works():
             raise FileNotFoundError(n)
         raise ConnectionError(n)
 
-    results = runner.call_many("batch", some_missing, None, [(n,) for n in range(3)])
-    assert isinstance(results[0], FileNotFoundError) and isinstance(results[2], ConnectionError)
+    got = runner.call_many("batch", some_missing, None, {n: (n,) for n in range(3)})
+    assert got.results == {} and isinstance(got.errors[0], FileNotFoundError) and isinstance(got.errors[2], ConnectionError)
     assert breaker.state == "closed"
     runner.close()
 
@@ -83,7 +87,7 @@ def test_bulk_abandoned_by_an_interrupt_still_records_the_probe():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        runner.call_many("batch", interrupted, None, [(0,), (1,)])
+        runner.call_many("batch", interrupted, None, {0: (0,), 1: (1,)})
     assert breaker.state == "open"
     clock.now += 31
     assert breaker.state == "half-open"
@@ -95,14 +99,15 @@ def test_bulk_on_an_open_breaker_sends_nothing():
     breaker.trip(ConnectionError("down"))
     runner = _blocking_runner(breaker)
     sent = []
-    results = runner.call_many("batch", sent.append, None, [(1,), (2,)])
-    assert sent == [] and all(isinstance(r, TierUnavailable) for r in results)
+    got = runner.call_many("batch", sent.append, None, {1: (1,), 2: (2,)})
+    assert sent == [] and got.results == {} and all(isinstance(e, TierUnavailable) for e in got.errors.values())
+    assert sorted(got.errors) == [1, 2]
 
 
 def test_bulk_that_fails_whole_opens_a_closed_breaker():
     breaker = CircuitBreaker(failure_threshold=3, cooldown_s=30)
     runner = _blocking_runner(breaker)
-    runner.call_many("batch", _fail, None, [(n,) for n in range(4)])
+    runner.call_many("batch", _fail, None, {n: (n,) for n in range(4)})
     assert breaker.state == "open"  # each failed request counted
     runner.close()
 
@@ -113,11 +118,11 @@ def test_bulk_on_a_blocking_filesystem_times_out_as_one_batch():
     release = threading.Event()
     started = time.monotonic()
     try:
-        results = runner.call_many("batch", lambda n: release.wait(), None, [(n,) for n in range(3)], timeout=0.3)
+        got = runner.call_many("batch", lambda n: release.wait(), None, {n: (n,) for n in range(3)}, timeout=0.3)
     finally:
         release.set()
     assert time.monotonic() - started < 3
-    assert all(isinstance(r, TimeoutError) for r in results)
+    assert got.results == {} and len(got.errors) == 3 and all(isinstance(e, TimeoutError) for e in got.errors.values())
     assert breaker.state == "open"
     runner.close()
 
@@ -130,16 +135,31 @@ def test_bulk_on_an_async_filesystem_is_cancelled_at_its_deadline_and_records_th
     runner = RequestRunner(fs, timeout=5, breaker=breaker, name="slow")  # the batch below gives its own 0.2 s
     assert runner.is_async
     started = time.monotonic()
-    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",), ("bucket/b",)], timeout=0.2)
+    got = runner.call_many("batch", fs.cat_file, fs._cat_file, {"a": ("bucket/a",), "b": ("bucket/b",)}, timeout=0.2)
     assert time.monotonic() - started < 3
-    assert all(isinstance(r, TimeoutError) for r in results)
+    assert got.results == {} and len(got.errors) == 2 and all(isinstance(e, TimeoutError) for e in got.errors.values())
     assert breaker.state == "open"
     fs.delay_s = 0
     fs.pipe_file("bucket/a", b"A")
     clock.now += 31
-    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",), ("bucket/b",)])
-    assert results[0] == b"A" and isinstance(results[1], FileNotFoundError)
+    got = runner.call_many("batch", fs.cat_file, fs._cat_file, {"a": ("bucket/a",), "b": ("bucket/b",)})
+    assert got.results == {"a": b"A"} and list(got.errors) == ["b"] and isinstance(got.errors["b"], FileNotFoundError)
     assert breaker.state == "closed"
+
+
+def test_bulk_on_an_async_filesystem_raises_a_request_cancelled_on_its_own_once_the_breaker_counted_the_batch():
+    """``gather`` hands a cancelled request back in its list; the batch raises it (as ``call`` would), never returns it."""
+    fs = SlowFileSystem()
+    runner = RequestRunner(fs, timeout=5, breaker=CircuitBreaker(failure_threshold=1), name="slow")
+
+    async def answer_or_cancelled(n: int) -> int:
+        if n == 1:
+            raise asyncio.CancelledError
+        return n
+
+    with pytest.raises(asyncio.CancelledError):
+        runner.call_many("batch", lambda n: n, answer_or_cancelled, {0: (0,), 1: (1,)})
+    assert runner.breaker.state == "closed"  # one request was answered: the remote works
 
 
 # -- the thread pool -----------------------------------------------------------------------
@@ -156,8 +176,8 @@ def test_the_pool_never_grows_past_its_maximum_and_reuses_idle_threads():
     )
     gate = threading.Event()
     try:
-        results = runner.call_many("batch", lambda n: gate.wait(), None, [(n,) for n in range(5)], timeout=0.2)
-        assert all(isinstance(r, TimeoutError) for r in results)
+        got = runner.call_many("batch", lambda n: gate.wait(), None, {n: (n,) for n in range(5)}, timeout=0.2)
+        assert len(got.errors) == 5 and all(isinstance(e, TimeoutError) for e in got.errors.values())
         assert len(_pool_threads(name)) == 2  # five hung requests, two threads: the rest waited in the queue
     finally:
         gate.set()
@@ -228,7 +248,7 @@ def test_remote_batches_go_through_its_runner():
     assert not remote.available
     fs.requests.clear()
     got = remote.read_envelopes(["ab" * 32])
-    assert isinstance(got["ab" * 32], TierUnavailable) and sum(fs.requests.values()) == 0
+    assert isinstance(got.errors["ab" * 32], TierUnavailable) and sum(fs.requests.values()) == 0
 
 
 # -- leases --------------------------------------------------------------------------------
@@ -322,8 +342,8 @@ def test_an_explicit_timeout_overrides_the_runners_own():
     try:
         with pytest.raises(TimeoutError, match=r"^op on remote Y took longer than 0.1 s$"):
             runner.call("op", gate.wait, None, timeout=0.1)
-        results = runner.call_many("batch", lambda n: gate.wait(), None, [(1,), (2,)], timeout=0.1)
-        assert [str(r) for r in results] == ["batch on remote Y took longer than 0.1 s"] * 2
+        got = runner.call_many("batch", lambda n: gate.wait(), None, {1: (1,), 2: (2,)}, timeout=0.1)
+        assert {k: str(e) for k, e in got.errors.items()} == dict.fromkeys([1, 2], "batch on remote Y took longer than 0.1 s")
     finally:
         gate.set()
     runner.close()
@@ -338,8 +358,8 @@ def test_a_requests_own_timeout_error_is_passed_on_as_it_is():
 
     with pytest.raises(TimeoutError, match=r"^socket timed out 0$"):
         runner.call("op", socket_timeout, None)
-    results = runner.call_many("batch", socket_timeout, None, [(1,), (2,)])
-    assert [str(r) for r in results] == ["socket timed out 1", "socket timed out 2"]
+    got = runner.call_many("batch", socket_timeout, None, {1: (1,), 2: (2,)})
+    assert {k: str(e) for k, e in got.errors.items()} == {1: "socket timed out 1", 2: "socket timed out 2"}
     assert breaker.consecutive_failures == 3
     runner.close()
 
@@ -358,8 +378,8 @@ def test_a_filesystem_that_cannot_be_built_fails_the_request_and_is_recorded():
     runner = RequestRunner(None, timeout=5, breaker=breaker, name="remote W", factory=FilesystemFactory(_Unbuildable, {}))
     with pytest.raises(ConnectionError, match="cannot connect"):
         runner.call("op", lambda: 1, None)
-    results = runner.call_many("batch", lambda n: n, None, [(1,), (2,)])
-    assert [str(r) for r in results] == ["cannot connect", "cannot connect"]
+    got = runner.call_many("batch", lambda n: n, None, {1: (1,), 2: (2,)})
+    assert got.results == {} and {k: str(e) for k, e in got.errors.items()} == {1: "cannot connect", 2: "cannot connect"}
     assert breaker.consecutive_failures == 2
     with pytest.raises(ConnectionError, match="cannot connect"):
         runner.fs
@@ -406,7 +426,7 @@ def test_a_stoppable_call_gets_a_stop_flag_first_and_it_is_set_when_its_caller_s
     with pytest.raises(TimeoutError, match=r"^read on remote S took longer than 0.1 s$"):
         runner.call("read", long_read, None, stoppable=True, timeout=0.1)
     assert ended.wait(30) and flags[1].is_set()  # told to stop, it stopped
-    assert runner.call_many("batch", read, None, [("x",), ("y",)], stoppable=True) == ["x", "y"]
+    assert runner.call_many("batch", read, None, {"x": ("x",), "y": ("y",)}, stoppable=True) == BatchOutcome({"x": "x", "y": "y"})
     assert flags[2] is flags[3] and not flags[2].is_set()  # one flag for the batch, not set when all answered
     runner.close()
 
@@ -415,7 +435,7 @@ def test_a_batch_waits_up_to_its_deadline_for_requests_still_running():
     runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(), name="remote B")
     gate = threading.Event()
     threading.Timer(0.05, gate.set).start()  # the requests end while the batch waits
-    assert runner.call_many("batch", lambda n: gate.wait(30) and n, None, [(1,), (2,)], timeout=30) == [1, 2]
+    assert runner.call_many("batch", lambda n: gate.wait(30) and n, None, {1: (1,), 2: (2,)}, timeout=30).results == {1: 1, 2: 2}
     runner.close()
 
 
@@ -425,8 +445,8 @@ def test_an_async_request_past_its_deadline_is_a_timeout_error_naming_it():
     runner = RequestRunner(fs, timeout=0.1, breaker=CircuitBreaker(failure_threshold=10), name="slow X")
     with pytest.raises(TimeoutError, match=r"^read on slow X took longer than 0.1 s$"):
         runner.call("read", fs.cat_file, fs._cat_file, "bucket/a")
-    results = runner.call_many("batch", fs.cat_file, fs._cat_file, [("bucket/a",)], timeout=0.1)
-    assert [str(r) for r in results] == ["batch on slow X took longer than 0.1 s"]
+    got = runner.call_many("batch", fs.cat_file, fs._cat_file, {"a": ("bucket/a",)}, timeout=0.1)
+    assert {k: str(e) for k, e in got.errors.items()} == {"a": "batch on slow X took longer than 0.1 s"}
     fs.delay_s = 0
 
 
@@ -470,14 +490,14 @@ def test_pool_threads_are_daemons_and_an_idle_one_takes_one_request_only():
         assert time.monotonic() < deadline
         time.sleep(0.001)
     together = threading.Barrier(2, timeout=10)
-    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(1,), (2,)]) == [1, 2]
+    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, {1: (1,), 2: (2,)}).results == {1: 1, 2: 2}
     threads = _pool_threads(name)
     assert len(threads) == 2 and all(t.daemon for t in threads)
     while runner._threads._idle != 2:  # both count themselves idle again
         assert time.monotonic() < deadline
         time.sleep(0.001)
     together = threading.Barrier(2, timeout=10)
-    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, [(3,), (4,)]) == [3, 4]
+    assert runner.call_many("batch", lambda n: together.wait() >= 0 and n, None, {3: (3,), 4: (4,)}).results == {3: 3, 4: 4}
     assert set(_pool_threads(name)) == set(threads)  # the two idle threads served it: none started
     runner.close()
 
@@ -493,7 +513,7 @@ def test_an_open_breaker_names_the_last_failure_of_a_batch_whole_failed_interrup
     from tiered_progcache.stores.runner import FilesystemFactory
 
     runner = _blocking_runner(CircuitBreaker(failure_threshold=4, cooldown_s=30))
-    runner.call_many("batch", _fail, None, [(n,) for n in range(4)])
+    runner.call_many("batch", _fail, None, {n: (n,) for n in range(4)})
     assert "last: ConnectionError: request 3 failed" in _last_error(runner)
 
     def interrupted(n: int) -> None:
@@ -501,12 +521,12 @@ def test_an_open_breaker_names_the_last_failure_of_a_batch_whole_failed_interrup
 
     runner = _blocking_runner(CircuitBreaker(failure_threshold=1, cooldown_s=30))
     with pytest.raises(KeyboardInterrupt):
-        runner.call_many("batch", interrupted, None, [(0,)])
+        runner.call_many("batch", interrupted, None, {0: (0,)})
     assert "last: KeyboardInterrupt: stop now" in _last_error(runner)
 
     runner = RequestRunner(None, timeout=5, breaker=CircuitBreaker(failure_threshold=1), name="remote W",
                            factory=FilesystemFactory(_Unbuildable, {}))  # fmt: skip
-    assert [str(r) for r in runner.call_many("batch", lambda n: n, None, [(1,)])] == ["cannot connect"]
+    assert {k: str(e) for k, e in runner.call_many("batch", lambda n: n, None, {1: (1,)}).errors.items()} == {1: "cannot connect"}
     assert "last: ConnectionError: cannot connect" in _last_error(runner)
 
 
@@ -516,10 +536,10 @@ def test_a_batch_runs_the_async_function_on_an_async_filesystem_and_the_blocking
 
     fs = SlowFileSystem()
     async_runner = RequestRunner(fs, timeout=5, breaker=CircuitBreaker(), name="slow")
-    assert async_runner.call_many("batch", lambda n: f"sync {n}", on_loop, [(1,)]) == ["async 1"]
-    assert async_runner.call_many("batch", lambda n: f"sync {n}", None, [(2,)]) == ["sync 2"]  # none given
+    assert async_runner.call_many("batch", lambda n: f"sync {n}", on_loop, {1: (1,)}).results == {1: "async 1"}
+    assert async_runner.call_many("batch", lambda n: f"sync {n}", None, {2: (2,)}).results == {2: "sync 2"}  # none given
     blocking = _blocking_runner(CircuitBreaker())
-    assert blocking.call_many("batch", lambda n: f"sync {n}", on_loop, [(3,)]) == ["sync 3"]
+    assert blocking.call_many("batch", lambda n: f"sync {n}", on_loop, {3: (3,)}).results == {3: "sync 3"}
     blocking.close()
 
 
@@ -599,8 +619,8 @@ def test_a_runner_has_eight_pool_threads_by_default():
     runner = RequestRunner(MemoryFileSystem(), timeout=5, breaker=CircuitBreaker(failure_threshold=100), name=name)
     gate = threading.Event()
     try:
-        results = runner.call_many("batch", lambda n: gate.wait(), None, [(n,) for n in range(10)], timeout=0.2)
-        assert all(isinstance(r, TimeoutError) for r in results)
+        got = runner.call_many("batch", lambda n: gate.wait(), None, {n: (n,) for n in range(10)}, timeout=0.2)
+        assert len(got.errors) == 10 and all(isinstance(e, TimeoutError) for e in got.errors.values())
         assert len(_pool_threads(name)) == 8
     finally:
         gate.set()

@@ -25,7 +25,7 @@ def test_on_a_blocking_filesystem_the_coroutine_runs_to_its_end_on_a_runner_thre
     assert isinstance(runner.calls, BlockingCalls)
     data, thread = runner.request("read", _read, runner.calls, "/req/a")
     assert data == b"abc" and thread.startswith("tiered-progcache-remote blocking-")
-    assert runner.request_many("batch", _read, [(runner.calls, "/req/a")] * 2)[1][0] == b"abc"
+    assert runner.request_many("batch", _read, {n: (runner.calls, "/req/a") for n in range(2)}).results[1][0] == b"abc"
     assert runner.breaker.state == "closed"
     runner.close()
 
@@ -54,7 +54,7 @@ def test_a_stoppable_request_gets_a_stop_flag_first_both_ways():
     on_loop = RequestRunner(SlowFileSystem(), timeout=5, breaker=CircuitBreaker(), name="a")
     for runner in (blocking, on_loop):
         assert runner.request("op", flag, 1, stoppable=True) == (True, 1)
-        assert runner.request_many("batch", flag, [(2,), (3,)], stoppable=True) == [(True, 2), (True, 3)]
+        assert runner.request_many("batch", flag, {2: (2,), 3: (3,)}, stoppable=True).results == {2: (True, 2), 3: (True, 3)}
     blocking.close()
 
 

@@ -183,7 +183,8 @@ _BARE_POLICIES = {
 
 def bare_policy(source: TierSource) -> TierPolicy:
     """The policy of a bare resource or store given to ``compile()``: named as :func:`default_policy` names it
-    (``cache`` for one of no known kind), written synchronously, as a bare resource always was."""
+    (``cache`` for one of no known kind), and written synchronously: the chain around it is built per call and
+    starts no thread, so a write is in the resource when the call returns, with no queue left to flush."""
     return _BARE_POLICIES[_kind(store_of(source))]
 
 

@@ -104,7 +104,7 @@ def warm(
                 done += len(landing)
                 _tell(progress, done, len(todo))
             landing = [
-                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.failure(name))) for name in batch
+                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.errors.get(name))) for name in batch
             ]
     if failures:
         logger.warning(
@@ -158,14 +158,15 @@ def push(
                 continue
             payloads[name] = payload
             sizes[name] = len(payload)
-        for name, error in remote.write_many(payloads).items():
-            if error is None:
+        wrote = remote.write_many(payloads)
+        for name in payloads:
+            if name in wrote.written:
                 moved += 1
                 nbytes += sizes[name]
                 metadata += kind_of(payloads[name]) != KERNEL
-            else:
+            elif name in wrote.errors:
                 failures += 1
-                first_problem = first_problem or f"{name[:12]}: {_describe(error)}"
+                first_problem = first_problem or f"{name[:12]}: {_describe(wrote.errors[name])}"
         done += len(batch)
         _tell(progress, done, len(todo))
     if failures:

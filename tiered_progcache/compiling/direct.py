@@ -13,7 +13,7 @@ covers. A lookup fetches the manifest once, takes the newest set that holds on t
 memo; no lexing) and keys the compile with its header digest: the very key a scan would
 give, so nodes in direct mode and nodes that scan share entries. Anything else (no
 manifest, no set that holds, a manifest that is corrupt, forged or over
-:data:`MAX_MANIFEST_BYTES`, a key that does not come out as recorded) scans as before.
+:data:`MAX_MANIFEST_BYTES`, a key that does not come out as recorded) runs the header scan.
 
 Why a set that holds gives the scan's key: the scan is a function of the source, the
 options (both in the direct key) and what its probes see; every probe is built by joining

@@ -384,7 +384,7 @@ def _persisted(
 
 
 def _unwatched_unchanged(watch: Subscription) -> bool:
-    """The paths no watch covers (an untrusted filesystem, a refused watch), re-stat'ed as before."""
+    """The paths no watch covers (an untrusted filesystem, a refused watch), re-stat'ed on every call."""
     return (not watch.stat_checks or _unchanged(watch.stat_checks)) and (
         not watch.stat_real_checks or _same_realpaths(watch.stat_real_checks)
     )

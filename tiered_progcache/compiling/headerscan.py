@@ -33,7 +33,7 @@ include path (role ``cwd`` where the working directory is not the source's).
 
 Two streams (``portable``): the location-bound digest (:func:`header_digest`, and
 ``compile(portable_keys=False)``) names a directory outside the include path by its
-absolute path, as it always has. The portable digest (:func:`header_scan`, the default
+absolute path. The portable digest (:func:`header_scan`, the default
 of ``compile()``) names every directory and absolute spelling by its role, the
 include-path position (``I0``, ``I1``, ...) or the source's directory (``source``),
 plus the path relative to it, so the same files under another root give the same
@@ -277,7 +277,7 @@ class _Scan:
     ``..``): an includer's directory is its ``realpath``, recorded so a retargeted
     symlink invalidates the memo, and the textual ``normpath`` reading is digested too.
     ``portable`` names directories and absolute spellings by role (see the module
-    docstring); otherwise the stream is the location-bound one, byte for byte as before.
+    docstring); otherwise the stream is the location-bound one (:func:`header_digest`'s).
     """
 
     def __init__(self, roles: Sequence[tuple[str, str]], source_dir: str | None, *, portable: bool) -> None:
@@ -338,7 +338,7 @@ class _Scan:
                 self.path_free = False
                 return directory
             return f"{role}:{rel}" if rel else role
-        # location-bound: as before, by include-path index or relative to one, else absolute
+        # location-bound: by include-path index or relative to one, else absolute
         for i, d in enumerate(self.real_include_dirs):
             if directory == d:
                 return f"I{i}"

@@ -1,8 +1,8 @@
 """Header watches: inotify vouches that nothing a memoized header scan depends on has changed.
 
-A warm ``header_digest()`` call used to re-stat every path the scan probed (1,846 of them
-for a ``cub::BlockReduce`` kernel): milliseconds per ``compile()`` hit. Here the kernel
-tells us instead. A scan's :class:`Subscription` stays valid until an event arrives on
+Validating a memoized scan by stat re-stats every path it probed (1,846 of them for a
+``cub::BlockReduce`` kernel): milliseconds per ``compile()`` hit. Here the kernel tells us
+instead. A scan's :class:`Subscription` stays valid until an event arrives on
 something it depends on; a warm call then costs one ``poll(2)`` with a zero timeout on
 the inotify descriptor (and on ``/proc/self/mountinfo``), no stat.
 
@@ -36,7 +36,7 @@ read. ``tests/compiling/test_headerwatch.py`` checks it with a real second proce
 Trusted only where local events are complete: the filesystem type of every watched
 path is read from ``/proc/self/mountinfo``; :data:`TRUSTED_FS_TYPES` (ext2/3/4, xfs,
 btrfs, tmpfs, overlay, zfs, f2fs) are watched, anything else (nfs, cifs/smb, fuse.*,
-9p, virtiofs, lustre, gpfs, ceph, unknown) is re-statted on every call as before: an
+9p, virtiofs, lustre, gpfs, ceph, unknown) is re-statted on every call: an
 edit made on another host to an NFS header never raises an inotify event here.
 
 Never fails a compile: no ``inotify_simple`` (it is a Linux-only dependency), not

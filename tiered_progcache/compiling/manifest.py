@@ -638,7 +638,8 @@ def _read_batches(
                 continue  # no manifest there either (stored by Program.compile(cache=...))
             result = got.hits.get(m)
             if result is None:
-                out[name] = f"unreadable manifest: {_reason(got.failure(m))}"
+                error = got.errors.get(m)
+                out[name] = f"unreadable manifest: {'gone since listed' if error is None else one_line(error)}"
                 continue
             try:
                 out[name] = decode_manifest(result, entry=name)
@@ -706,7 +707,3 @@ def read_shared_manifests(
     except Exception as exc:
         logger.warning("could not read manifests from the shared store: %s", one_line(exc))
     return out
-
-
-def _reason(exc: BaseException) -> str:
-    return "gone since listed" if type(exc) is KeyError else one_line(exc)

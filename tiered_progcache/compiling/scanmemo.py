@@ -1,8 +1,8 @@
 """Header scans persisted in the local cache directory, so a new process skips the scan.
 
-The first ``compile()`` hit of a ``cub::BlockReduce`` kernel in a fresh process used to
-scan 1,691 CCCL headers (the whole tree: a computed ``#include`` in Thrust forces the
-directory fallback) before it could even form the key. The scan's result (digest, every
+Without it, the first ``compile()`` hit of a ``cub::BlockReduce`` kernel in a fresh process
+scans 1,691 CCCL headers (the whole tree: a computed ``#include`` in Thrust forces the
+directory fallback) before it can even form the key. The scan's result (digest, every
 path probed with its stat signature, the directories' realpaths, and whatever else
 ``headermemo.ScanResult`` holds) is written here after a scan; a later process loads it
 and validates it by stat exactly as the in-process memo is validated (watched first

@@ -38,7 +38,7 @@ from ..stores.envelope import HEADER_SIZE, MAX_ENTRY_BYTES, EnvelopeCodec, Inval
 from ..errors import one_line
 from ..stores.kinds import KERNEL, MANIFEST, SYMBOLS, kind_of
 from ..compiling.manifest import ManifestError, decode_manifest, manifest_name
-from ..stores.store import EntryStore, check_entry_name
+from ..stores.store import BatchRead, EntryStore, check_entry_name
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -160,12 +160,13 @@ def export_bundle(
         with open(staging, "wb") as raw:
             sink: IO[bytes] = zstd.stream_writer(raw, closefd=False) if zstd is not None else raw
             with tarfile.open(fileobj=sink, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
-                for done, (entry, payload, error) in enumerate(_read_all(store, listed), start=1):
+                for done, (entry, got) in enumerate(_read_all(store, listed), start=1):
                     if progress is not None:
                         progress(done, len(listed))
+                    payload = got.hits.get(entry.name)
                     if payload is None:
                         failures += 1
-                        logger.warning("export: could not read %s: %s", entry.name, one_line(error))
+                        logger.warning("export: could not read %s: %s", entry.name, one_line(got.errors[entry.name]))
                         continue
                     kind = MANIFEST if entry.name in manifests else kind_of(payload)
                     if sm is not None and kind == SYMBOLS:
@@ -242,7 +243,8 @@ def _with_their_binaries(
         if mangled:
             wanted[entry.name] = (entry, payload, mangled)
     kept: list[tuple[Any, bytes]] = []
-    for _, binary, _ in _read_all(store, exported) if wanted else ():
+    for exported_entry, got in _read_all(store, exported) if wanted else ():
+        binary = got.hits.get(exported_entry.name)
         if binary is None:
             continue
         for name, (entry, payload, mangled) in list(wanted.items()):
@@ -289,19 +291,16 @@ def _compressor(compression: str | None) -> Any:
     return zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
 
 
-def _read_all(store: EntryStore, listed: list[Any]) -> Iterator[tuple[Any, bytes, None] | tuple[Any, None, Exception]]:
-    """Each listed entry still there, a store batch at a time: (entry, verified payload, None), or
-    (entry, None, what its read raised) where it could not be read."""
+def _read_all(store: EntryStore, listed: list[Any]) -> Iterator[tuple[Any, BatchRead]]:
+    """Each listed entry still there (read, or failed to read), a store batch at a time, with what its batch's
+    ``read_many`` got: its payload in ``hits``, else why in ``errors``."""
     batch = max(1, store.transfer_batch)
     for start in range(0, len(listed), batch):
         chunk = listed[start : start + batch]
         got = store.read_many([e.name for e in chunk])
         for entry in chunk:
-            if entry.name in got.hits:
-                yield entry, got.hits[entry.name], None
-            elif entry.name in got.errors:
-                yield entry, None, got.errors[entry.name]
-            # else gone since listed
+            if entry.name in got.hits or entry.name in got.errors:  # else gone since listed
+                yield entry, got
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mtime: float | None) -> None:
@@ -495,14 +494,15 @@ def import_bundle(
     batch = max(1, store.transfer_batch)
     for start in range(0, len(todo), batch):
         chunk = {name: payloads[name] for name in todo[start : start + batch]}
-        for name, error in store.write_many(chunk).items():
-            if error is None:
+        wrote = store.write_many(chunk)
+        for name in chunk:
+            if name in wrote.written:
                 landed += 1
                 nbytes += len(chunk[name])
                 metadata += kind_of(chunk[name]) != KERNEL
-            else:
+            elif name in wrote.errors:
                 failures += 1
-                logger.warning("import: could not write %s to %s: %s", name, store.location, one_line(error))
+                logger.warning("import: could not write %s to %s: %s", name, store.location, one_line(wrote.errors[name]))
         if progress is not None:
             progress(min(start + batch, len(todo)), len(todo))
     return BundleReport(

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
 
 from .envelope import HEADER_SIZE, InvalidEnvelope, first_read_bytes, joined_envelope, rest_to_read
-from .sharedstore import SharedEntryStore, checked_seconds
-from .store import LeaseStore, StoredEntry, check_entry_name, is_entry_name
+from .sharedstore import FetchedEnvelopes, SharedEntryStore, checked_seconds
+from .store import BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
 from ..urls import DEFAULT_REDIS_PREFIX, REDIS_SCHEMES, check_redis_url, is_redis_url, split_redis_url
 
 __all__ = ["DEFAULT_PREFIX", "REDIS_SCHEMES", "RedisLeases", "RedisProgramCache", "check_redis_url", "is_redis_url"]
@@ -161,12 +161,11 @@ class RedisProgramCache(SharedEntryStore):
 
         (A lookup reads both as what they are to it, a miss and a rejected entry, in one command.)
         """
-        value = self._call("verify", self._inspect_value, self.key_for(name))
-        if value is None:
-            return "missing"
-        if isinstance(value, InvalidEnvelope):
-            return value.reason
+        key = self.key_for(name)
         try:
+            value = self._call("verify", self._inspect_value, key)
+            if value is None:
+                return "missing"
             self._codec.open(name, value)
         except InvalidEnvelope as exc:
             return exc.reason
@@ -220,17 +219,17 @@ class RedisProgramCache(SharedEntryStore):
             if cursor == 0:
                 return
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
-        """Seal and ``SET`` many payloads in one pipeline: ``None`` per success, else the exception."""
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
+        """Seal and ``SET`` many payloads in one pipeline: all written, or all failed with the pipeline's exception."""
         self._require_writable("write")
         if not items:
-            return {}
+            return BatchWrite()
         pairs = [(self.key_for(name), self._codec.seal(name, bytes(payload))) for name, payload in items.items()]
         try:
             self._call("batched write", self._set_many, pairs, timeout=self._runner.batch_timeout(len(pairs)))
         except Exception as exc:
-            return dict.fromkeys(items, exc)
-        return dict.fromkeys(items)
+            return BatchWrite(errors=dict.fromkeys(items, exc))
+        return BatchWrite(frozenset(items))
 
     def leases(self) -> RedisLeases | None:
         """Leases at ``<prefix>:leases:<name>`` (``SET NX PX``); None on a read-only tier."""
@@ -238,19 +237,18 @@ class RedisProgramCache(SharedEntryStore):
 
     # -- internals: one request each, run through the runner --------------------------------
 
-    def _fetch_envelope(self, name: str) -> bytes | InvalidEnvelope | None:
+    def _fetch_envelope(self, name: str) -> bytes | None:
         return self._call("read", self._read_value, self.key_for(name))
 
-    def _fetch_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException | None]:
+    def _fetch_envelopes(self, names: list[str]) -> FetchedEnvelopes:
         """One pipeline (a whole failed batch gives every name its exception)."""
         if not names:
-            return {}
-        keys = [self.key_for(name) for name in names]
+            return FetchedEnvelopes()
+        keys = {name: self.key_for(name) for name in names}
         try:
-            values = self._call("batched read", self._read_values, keys, timeout=self._runner.batch_timeout(len(keys)))
+            return self._call("batched read", self._read_values, keys, timeout=self._runner.batch_timeout(len(keys)))
         except Exception as exc:
-            return dict.fromkeys(names, exc)
-        return dict(zip(names, values))
+            return FetchedEnvelopes.filed({}, dict.fromkeys(names, exc))
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
         """``fn(*args)`` through the runner, with redis-py's errors as the builtin ones the chain counts."""
@@ -267,7 +265,7 @@ class RedisProgramCache(SharedEntryStore):
         except redis.exceptions.ConnectionError as exc:
             raise ConnectionError(f"{self._location}: {exc}") from None
 
-    def _read_value(self, key: str) -> bytes | InvalidEnvelope | None:
+    def _read_value(self, key: str) -> bytes | None:
         """One ``GETRANGE`` bounded by the cap (a huge value is never pulled); a second only past the first read.
 
         An empty answer is a miss: ``GETRANGE`` cannot tell an empty value from an absent
@@ -279,59 +277,69 @@ class RedisProgramCache(SharedEntryStore):
             first = exc
         return self._completed(key, first)
 
-    def _read_values(self, keys: list[str]) -> list[bytes | InvalidEnvelope | None]:
-        """One pipeline of one ``GETRANGE`` per key; the rest of an envelope larger than the first read one by one."""
+    def _read_values(self, keys: Mapping[str, str]) -> FetchedEnvelopes:
+        """One pipeline of one ``GETRANGE`` per key (by entry name); the rest of an envelope larger than the first
+        read one by one. A value refused is that name's error; any other failure fails the batch."""
         pipe = self.client.pipeline(transaction=False)
-        for key in keys:
+        for key in keys.values():
             pipe.getrange(key, 0, self._first_read - 1)
-        return [self._completed(key, first) for key, first in zip(keys, pipe.execute(raise_on_error=False))]
-
-    def _completed(self, key: str, first: Any) -> bytes | InvalidEnvelope | None:
-        """The value from its first ``GETRANGE`` answer: None if empty, why it is refused (returned, so the
-        breaker sees an answer), or the envelope, its rest read with one more ``GETRANGE`` where the header says so."""
-        try:
-            first = self._string(first)
-            if not first:
-                return None
-            rest = rest_to_read(first, self._first_read, self._max_entry_bytes)
-            if rest is None:
-                return bytes(first)
-            start, end = rest
+        envelopes: dict[str, bytes | memoryview] = {}
+        missing: set[str] = set()
+        refused: dict[str, Exception] = {}
+        for (name, key), first in zip(keys.items(), pipe.execute(raise_on_error=False)):
             try:
-                more = self.client.getrange(key, start, end - 1)
-            except self._redis.exceptions.ResponseError as exc:
-                more = exc
-            return bytes(joined_envelope(first, self._string(more), end))
-        except InvalidEnvelope as exc:
-            return exc
+                envelope = self._completed(key, first)
+            except InvalidEnvelope as exc:
+                refused[name] = exc
+                continue
+            if envelope is None:
+                missing.add(name)
+            else:
+                envelopes[name] = envelope
+        return FetchedEnvelopes(envelopes, frozenset(missing), refused)
+
+    def _completed(self, key: str, first: Any) -> bytes | None:
+        """The value from its first ``GETRANGE`` answer: None if empty, else the envelope, its rest read with
+        one more ``GETRANGE`` where the header says so; ``InvalidEnvelope`` if it is refused (an answer, to the breaker)."""
+        first = self._string(first)
+        if not first:
+            return None
+        rest = rest_to_read(first, self._first_read, self._max_entry_bytes)
+        if rest is None:
+            return bytes(first)
+        start, end = rest
+        try:
+            more = self.client.getrange(key, start, end - 1)
+        except self._redis.exceptions.ResponseError as exc:
+            more = exc
+        return bytes(joined_envelope(first, self._string(more), end))
 
     def _string(self, answer: Any) -> bytes:
-        """A string command's answer; ``InvalidEnvelope`` for a key of another type, the error itself for any other."""
+        """A string command's answer, where redis-py hands errors back as values (a pipeline with
+        ``raise_on_error=False``): ``InvalidEnvelope`` for a key of another type, the error itself raised for any other."""
         if isinstance(answer, self._redis.exceptions.ResponseError) and "WRONGTYPE" in str(answer):
             raise InvalidEnvelope("not a string value (planted by something else)")
         if isinstance(answer, Exception):
             raise answer
         return bytes(answer)
 
-    def _inspect_value(self, key: str) -> bytes | InvalidEnvelope | None:
+    def _inspect_value(self, key: str) -> bytes | None:
         """For ``verify``, not lookups: ``EXISTS``, ``STRLEN`` and a bounded ``GETRANGE`` in one round trip, so an
-        empty value is told from an absent key and a value over the cap is named by its length, unread."""
+        empty value is told from an absent key and a value over the cap is named by its length, unread
+        (``InvalidEnvelope``)."""
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(key)
         pipe.strlen(key)
         pipe.getrange(key, 0, self._max_value_bytes)
         exists, length, value = pipe.execute(raise_on_error=False)
-        try:
-            value = self._string(value)  # a key of another type: refused
-        except InvalidEnvelope as exc:
-            return exc
+        value = self._string(value)  # a key of another type: refused
         for answer in (exists, length):
             if isinstance(answer, Exception):
                 raise answer
         if not exists:
             return None
         if length > self._max_value_bytes:
-            return InvalidEnvelope(f"{length} bytes stored, more than the {self._max_value_bytes}-byte cap; not read")
+            raise InvalidEnvelope(f"{length} bytes stored, more than the {self._max_value_bytes}-byte cap; not read")
         return value
 
     def _set(self, key: str, blob: bytes, only_if_absent: bool) -> bool:
@@ -350,7 +358,7 @@ class RedisProgramCache(SharedEntryStore):
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.strlen(key)
-        sizes = pipe.execute(raise_on_error=False)
+        sizes = pipe.execute(raise_on_error=False)  # a failed STRLEN comes back as a value: listed with size 0
         return int(cursor), list(keys), [0 if isinstance(s, Exception) else int(s) for s in sizes]
 
     def _check_reachable(self, strict: bool) -> None:

@@ -42,9 +42,9 @@ from .envelope import (
     stored_length,
 )
 from .runner import FilesystemFactory, RequestRunner
-from .sharedstore import SharedEntryStore
+from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
-from .store import STALE_STAGED_AGE_S, LeaseStore, StoredEntry, check_entry_name, is_entry_name
+from .store import STALE_STAGED_AGE_S, BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
 
 __all__ = [
     "MAX_LEASE_BYTES",
@@ -269,24 +269,25 @@ class RemoteProgramCache(SharedEntryStore):
 
     # -- raw envelopes in batches (what transfer.warm/push use) -------------------------
 
-    def read_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
-        """Raw envelopes of ``names`` (or the exception each failed with), fetched side by side, one deadline."""
-        paths = [self.path_for(name) for name in names]
-        results = self._runner.request_many("batched read", self._objects.read_envelope, [(p,) for p in paths], stoppable=True)
-        return dict(zip(names, results))
+    def read_envelopes(self, names: list[str]) -> FetchedEnvelopes:
+        """Raw envelopes of ``names``, fetched side by side under one deadline (absent ones in ``missing``,
+        why each other failed in ``errors``); :meth:`read_many` verifies them."""
+        calls = {name: (self.path_for(name),) for name in names}
+        got = self._runner.request_many("batched read", self._objects.read_envelope, calls, stoppable=True)
+        return FetchedEnvelopes.filed(got.results, got.errors)
 
-    def write_envelopes(self, blobs: Mapping[str, bytes]) -> dict[str, BaseException | None]:
-        """Store sealed envelopes side by side, one deadline: ``None`` per success, else the exception."""
+    def write_envelopes(self, blobs: Mapping[str, bytes]) -> BatchWrite:
+        """Store sealed envelopes side by side under one deadline: the names written, and why each other failed."""
         self._require_writable("write")
-        calls = [(self.path_for(name), blob) for name, blob in blobs.items()]
-        results = self._runner.request_many("batched write", self._objects.put, calls)
-        return {name: (r if isinstance(r, BaseException) else None) for name, r in zip(blobs, results)}
+        calls = {name: (self.path_for(name), blob) for name, blob in blobs.items()}
+        got = self._runner.request_many("batched write", self._objects.put, calls)
+        return BatchWrite(frozenset(got.results), got.errors)
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
-        """Seal and store payloads side by side under one deadline: ``None`` per success, else the exception."""
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
+        """Seal and store payloads side by side under one deadline (:meth:`write_envelopes`)."""
         self._require_writable("write")
         blobs = {name: self._codec.seal(name, bytes(payload)) for name, payload in items.items()}
-        return {name: error for name, error in self.write_envelopes(blobs).items()}  # type: ignore[misc]
+        return self.write_envelopes(blobs)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -297,7 +298,7 @@ class RemoteProgramCache(SharedEntryStore):
         except FileNotFoundError:
             return None
 
-    def _fetch_envelopes(self, names: list[str]) -> dict[str, bytes | BaseException]:
+    def _fetch_envelopes(self, names: list[str]) -> FetchedEnvelopes:
         return self.read_envelopes(names)
 
     def _check_reachable(self, strict: bool) -> None:

@@ -48,8 +48,8 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Callable, TypeVar
+from collections.abc import Awaitable, Hashable, Mapping
+from typing import Any, Callable, Generic, TypeVar
 
 from .. import forks
 from .breaker import CircuitBreaker
@@ -57,15 +57,28 @@ from ..errors import EntryRejected
 from ..settings import MAX_SECONDS
 from .latency import LatencyTracker
 
-__all__ = ["ANSWERS", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
+__all__ = ["ANSWERS", "BatchOutcome", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 #: Exceptions that are the remote's answer (a miss, an object already there, an object refused
 #: while read), not its failure.
 ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, EntryRejected)
 #: Requests of one batch that a connection pool is assumed to run side by side.
 BATCH_PARALLELISM = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchOutcome(Generic[K]):
+    """What :meth:`RequestRunner.call_many` got, by the key of each call: its result, or what it raised.
+
+    Two fields, so a caller reads which requests failed instead of testing each value's type;
+    every key given is in exactly one of them.
+    """
+
+    results: dict[K, Any] = dataclasses.field(default_factory=dict)
+    errors: dict[K, Exception] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,26 +251,27 @@ class RequestRunner:
         what: str,
         sync_fn: Callable[..., Any],
         async_fn: Callable[..., Awaitable[Any]] | None,
-        calls: Sequence[tuple[Any, ...]],
+        calls: Mapping[K, tuple[Any, ...]],
         *,
         timeout: float | None = None,
         stoppable: bool = False,
-    ) -> list[Any]:
-        """Many requests side by side, one per argument tuple in ``calls``, under one deadline.
+    ) -> BatchOutcome[K]:
+        """Many requests side by side, one per argument tuple in ``calls`` (by key), under one deadline.
 
-        Returns one item per call, in order: its result, or the exception it raised (a
-        refused or timed-out batch gives every item the same exception). Never raises an
-        ``Exception``. The batch is one pass through the breaker: if any request was
-        answered the remote works (success, which closes a half-open breaker);
-        if none was, each failed request counts as a failure. ``timeout`` defaults to
-        :meth:`batch_timeout`; ``stoppable`` as for :meth:`call` (one stop flag for the batch).
+        Each key's result or the ``Exception`` its request raised (a refused or timed-out
+        batch gives every key the same one); raises no ``Exception``, and raises what is
+        not one (a request cancelled on its own) once the breaker has counted the batch.
+        The batch is one pass through the breaker: if any request was answered the remote
+        works (success, which closes a half-open breaker); if none was, each failed
+        request counts as a failure. ``timeout`` defaults to :meth:`batch_timeout`;
+        ``stoppable`` as for :meth:`call` (one stop flag for the batch).
         """
         if not calls:
-            return []
+            return BatchOutcome()
         try:
             self.breaker.before_call()
         except Exception as exc:
-            return [exc] * len(calls)
+            return BatchOutcome(errors=dict.fromkeys(calls, exc))
         limit = self.batch_timeout(len(calls)) if timeout is None else timeout
         what = f"{what} on {self.name}"
         try:
@@ -265,21 +279,27 @@ class RequestRunner:
                 self._build()
         except Exception as exc:  # could not even build the filesystem: the batch failed
             self.breaker.record_failure(exc)
-            return [exc] * len(calls)
+            return BatchOutcome(errors=dict.fromkeys(calls, exc))
         try:
             if self._async and async_fn is not None:
-                results = self._many_async(async_fn, [_with_stop(args, stoppable) for args in calls], limit, what)
+                on_loop = {key: _with_stop(args, stoppable) for key, args in calls.items()}
+                results, errors = self._many_async(async_fn, on_loop, limit, what)
             else:
-                results = self._many_sync(sync_fn, calls, limit, what, stoppable)
+                results, errors = self._many_sync(sync_fn, calls, limit, what, stoppable)
         except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
             self.breaker.record_failure(exc)
             raise
-        if any(not isinstance(r, BaseException) or isinstance(r, ANSWERS) for r in results):
+        if results or any(isinstance(error, ANSWERS) for error in errors.values()):
             self.breaker.record_success()
         else:
-            for error in results:
+            for error in errors.values():
                 self.breaker.record_failure(error)
-        return results
+        failures: dict[K, Exception] = {}
+        for key, error in errors.items():
+            if not isinstance(error, Exception):
+                raise error  # cancelled on its own (gather hands that back): raised, as call() raises it
+            failures[key] = error
+        return BatchOutcome(results, failures)
 
     def request(
         self,
@@ -301,11 +321,11 @@ class RequestRunner:
         self,
         what: str,
         op: Callable[..., Awaitable[Any]],
-        calls: Sequence[tuple[Any, ...]],
+        calls: Mapping[K, tuple[Any, ...]],
         *,
         timeout: float | None = None,
         stoppable: bool = False,
-    ) -> list[Any]:
+    ) -> BatchOutcome[K]:
         """:meth:`call_many` of one request written once (as :meth:`request`)."""
         return self.call_many(what, functools.partial(_run_to_end, op), op, calls, timeout=timeout, stoppable=stoppable)
 
@@ -337,42 +357,55 @@ class RequestRunner:
             raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
 
     def _many_sync(
-        self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], timeout: float, what: str, stoppable: bool = False
-    ) -> list[Any]:
+        self, fn: Callable[..., Any], calls: Mapping[K, tuple[Any, ...]], timeout: float, what: str, stoppable: bool = False
+    ) -> tuple[dict[K, Any], dict[K, BaseException]]:
         stop = threading.Event()
-        futures = [self._threads.submit(fn, *((stop, *args) if stoppable else args)) for args in calls]
+        futures = {key: self._threads.submit(fn, *((stop, *args) if stoppable else args)) for key, args in calls.items()}
         deadline = time.monotonic() + timeout
-        results: list[Any] = []
+        results: dict[K, Any] = {}
+        errors: dict[K, BaseException] = {}
         try:
-            for future in futures:
+            for key, future in futures.items():
                 try:
-                    results.append(future.result(max(0.0, deadline - time.monotonic())))
+                    results[key] = future.result(max(0.0, deadline - time.monotonic()))
                 except concurrent.futures.TimeoutError as exc:
                     if future.done() and not future.cancelled():
-                        results.append(exc)  # the request's own TimeoutError
+                        errors[key] = exc  # the request's own TimeoutError
                     else:
                         stop.set()
                         future.cancel()
-                        results.append(TimeoutError(f"{what} took longer than {timeout:g} s"))
+                        errors[key] = TimeoutError(f"{what} took longer than {timeout:g} s")
                 except Exception as exc:
-                    results.append(exc)
+                    errors[key] = exc
         finally:
-            if len(results) < len(futures):
+            if len(results) + len(errors) < len(futures):
                 stop.set()
-            for future in futures[len(results) :]:
-                future.cancel()
-        return results
+                for key, future in futures.items():
+                    if key not in results and key not in errors:
+                        future.cancel()
+        return results, errors
 
     def _many_async(
-        self, fn: Callable[..., Awaitable[Any]], calls: Sequence[tuple[Any, ...]], timeout: float, what: str
-    ) -> list[Any]:
+        self, fn: Callable[..., Awaitable[Any]], calls: Mapping[K, tuple[Any, ...]], timeout: float, what: str
+    ) -> tuple[dict[K, Any], dict[K, BaseException]]:
+        """The batch on the loop; ``gather`` hands each request's exception back in its list, sorted here once."""
+        keys = list(calls)
+
         async def run_all() -> list[Any]:
-            return await asyncio.gather(*(fn(*args) for args in calls), return_exceptions=True)
+            return await asyncio.gather(*(fn(*calls[key]) for key in keys), return_exceptions=True)
 
         try:
-            return list(_run_async(self.fs.loop, run_all, (), timeout, what))
+            gathered = _run_async(self.fs.loop, run_all, (), timeout, what)
         except Exception as exc:  # the whole batch: timed out, or the loop is gone
-            return [exc] * len(calls)
+            return {}, dict.fromkeys(keys, exc)
+        results: dict[K, Any] = {}
+        errors: dict[K, BaseException] = {}
+        for key, answer in zip(keys, gathered):
+            if isinstance(answer, BaseException):
+                errors[key] = answer
+            else:
+                results[key] = answer
+        return results, errors
 
 
 def _with_stop(args: tuple[Any, ...], stoppable: bool) -> tuple[Any, ...]:

@@ -10,6 +10,7 @@ its password. Both subclass :class:`SharedEntryStore`, whose ``__init__`` holds 
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,7 @@ from ..redact import mask_url
 from .runner import FilesystemFactory, RequestRunner
 from .store import BatchRead, EntryStore, check_namespace
 
-__all__ = ["MIN_LIST_TIMEOUT_S", "SharedEntryStore", "checked_seconds", "without_password"]
+__all__ = ["MIN_LIST_TIMEOUT_S", "FetchedEnvelopes", "SharedEntryStore", "checked_seconds", "without_password"]
 
 #: A listing reads the whole prefix (or keyspace) page by page, so it gets at least this long.
 MIN_LIST_TIMEOUT_S = 120.0
@@ -37,6 +38,28 @@ def checked_seconds(setting: str, what: str, value: Any) -> float | None:
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{what} {exc}") from None
     return row.default if checked is None else checked
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchedEnvelopes:
+    """What one batch of envelope fetches got, per name: the raw envelope (not yet verified), absent, or why it failed.
+
+    Every name asked for is in exactly one of ``envelopes``, ``missing`` and ``errors``;
+    :meth:`SharedEntryStore.read_many` opens the envelopes into a :class:`~.store.BatchRead`.
+    """
+
+    envelopes: dict[str, bytes | memoryview] = dataclasses.field(default_factory=dict)
+    missing: frozenset[str] = frozenset()
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def filed(cls, envelopes: Mapping[str, bytes | memoryview], failures: Mapping[str, Exception]) -> FetchedEnvelopes:
+        """From the envelopes fetched and what each failed fetch raised: ``FileNotFoundError`` (fsspec's answer for
+        an absent object) and a plain ``KeyError`` file the name as ``missing``, anything else in ``errors``."""
+        missing = frozenset(
+            name for name, exc in failures.items() if isinstance(exc, FileNotFoundError) or type(exc) is KeyError
+        )
+        return cls(dict(envelopes), missing, {name: exc for name, exc in failures.items() if name not in missing})
 
 
 class SharedEntryStore(EntryStore):
@@ -153,18 +176,18 @@ class SharedEntryStore(EntryStore):
 
     def read_entry(self, name: str) -> bytes:
         """The verified payload of entry ``name``: ``KeyError`` if absent, ``EntryRejected`` if bad."""
-        return self._opened(name, self._fetch_envelope(name))
+        envelope = self._fetch_envelope(name)
+        if envelope is None:
+            raise KeyError(name)
+        return self._codec.open(name, envelope)
 
     def read_many(self, names: list[str]) -> BatchRead:
         """Verified payloads of ``names``, fetched in one batch under one deadline (absent ones in ``missing``,
         ``EntryRejected``/... per failed one in ``errors``)."""
-        results: dict[str, bytes | Exception] = {}
-        for name, fetched in self._fetch_envelopes(list(names)).items():
-            try:
-                results[name] = self._opened(name, fetched)
-            except Exception as exc:
-                results[name] = exc
-        return BatchRead.of(results)
+        fetched = self._fetch_envelopes(list(names))
+        envelopes = fetched.envelopes
+        opened = BatchRead.reading(envelopes, lambda name: self._codec.open(name, envelopes[name]))
+        return BatchRead(opened.hits, fetched.missing | opened.missing, {**fetched.errors, **opened.errors})
 
     def verify_entry(self, name: str) -> str | None:
         """``None`` if entry ``name`` verifies, else a one-line reason (``"missing"`` if absent)."""
@@ -187,22 +210,14 @@ class SharedEntryStore(EntryStore):
     # -- what subclasses fetch -------------------------------------------------------
 
     @abc.abstractmethod
-    def _fetch_envelope(self, name: str) -> bytes | memoryview | BaseException | None:
-        """Entry ``name``'s raw envelope in one request: None (or ``FileNotFoundError``) if absent, an
-        exception (returned or raised) if it failed or was refused while read."""
+    def _fetch_envelope(self, name: str) -> bytes | memoryview | None:
+        """Entry ``name``'s raw envelope in one request, None if absent; raises what failed, or
+        ``EntryRejected`` for an object refused while read."""
 
     @abc.abstractmethod
-    def _fetch_envelopes(self, names: list[str]) -> Mapping[str, bytes | memoryview | BaseException | None]:
-        """Raw envelopes of ``names`` in one batch under one deadline, each as :meth:`_fetch_envelope` gives it;
-        never raises an ``Exception``."""
-
-    def _opened(self, name: str, fetched: bytes | memoryview | BaseException | None) -> bytes:
-        """The verified payload of a fetched envelope: ``KeyError`` if it was absent, else what failed, else opened."""
-        if fetched is None or isinstance(fetched, FileNotFoundError):
-            raise KeyError(name)
-        if isinstance(fetched, BaseException):
-            raise fetched
-        return self._codec.open(name, fetched)
+    def _fetch_envelopes(self, names: list[str]) -> FetchedEnvelopes:
+        """Raw envelopes of ``names`` in one batch under one deadline, filed by name; never raises an
+        ``Exception`` for one entry's failure."""
 
     @property
     def _list_timeout(self) -> float:

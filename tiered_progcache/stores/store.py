@@ -17,7 +17,7 @@ import abc
 import dataclasses
 import hashlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "ENTRY_NAME_LENGTH",
     "STALE_STAGED_AGE_S",
     "BatchRead",
+    "BatchWrite",
     "EntryStore",
     "IndexedDirStore",
     "LeaseStore",
@@ -94,11 +95,10 @@ def check_namespace(namespace: object) -> str:
 class BatchRead:
     """What one :meth:`EntryStore.read_many` got, per name: its payload, absent, or why its read failed.
 
-    Three fields rather than one mapping of payloads and exceptions, so that no caller
-    sorts values by type (``isinstance(x, Exception)``, ``type(x) is KeyError``): a
-    store sorts each outcome once, here (:meth:`of`). Every name asked for is in
-    exactly one of ``hits``, ``missing`` (not there: what a read raised as a plain
-    ``KeyError``) and ``errors`` (anything else, ``EntryRejected`` included).
+    Every name asked for is in exactly one of ``hits``, ``missing`` (not there: what a read
+    raises as a plain ``KeyError``) and ``errors`` (anything else, ``EntryRejected``
+    included), so a caller reads the field it needs. A store builds one with
+    :meth:`reading` or :meth:`filed`, where each read's exception is caught.
     """
 
     hits: dict[str, bytes] = dataclasses.field(default_factory=dict)
@@ -106,31 +106,37 @@ class BatchRead:
     errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, results: Mapping[str, bytes | Exception]) -> BatchRead:
-        """Sorted from name -> payload or the exception its read raised (a plain ``KeyError``: absent)."""
+    def reading(cls, names: Iterable[str], read: Callable[[str], bytes]) -> BatchRead:
+        """Each of ``names`` read with ``read(name)``, one after another, and filed as :meth:`filed` files it."""
         hits: dict[str, bytes] = {}
-        missing: set[str] = set()
-        errors: dict[str, Exception] = {}
-        for name, result in results.items():
-            if type(result) is KeyError:
-                missing.add(name)
-            elif isinstance(result, Exception):
-                errors[name] = result
-            else:
-                hits[name] = result
-        return cls(hits, frozenset(missing), errors)
+        failures: dict[str, Exception] = {}
+        for name in names:
+            try:
+                hits[name] = read(name)
+            except Exception as exc:
+                failures[name] = exc
+        return cls.filed(hits, failures)
+
+    @classmethod
+    def filed(cls, hits: Mapping[str, bytes], failures: Mapping[str, Exception]) -> BatchRead:
+        """From the payloads read and what each failed read raised: a plain ``KeyError`` files the name as
+        ``missing`` (the store's miss), any other exception in ``errors``."""
+        missing = frozenset(name for name, exc in failures.items() if type(exc) is KeyError)
+        return cls(dict(hits), missing, {name: exc for name, exc in failures.items() if name not in missing})
 
     @property
     def failed(self) -> frozenset[str]:
         """Names whose read failed for a reason other than absence (the keys of ``errors``)."""
         return frozenset(self.errors)
 
-    def failure(self, name: str) -> Exception | None:
-        """None if ``name`` was read; its error if it failed; else a ``KeyError`` (absent, or not answered)."""
-        if name in self.hits:
-            return None
-        error = self.errors.get(name)
-        return error if error is not None else KeyError(name)
+
+@dataclasses.dataclass(frozen=True)
+class BatchWrite:
+    """What one :meth:`EntryStore.write_many` did, per name: stored (``written``), or why its write failed
+    (``errors``). Every name given is in exactly one of them."""
+
+    written: frozenset[str] = frozenset()
+    errors: dict[str, Exception] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,30 +291,25 @@ class EntryStore(abc.ABC):
         Never raises an ``Exception`` for one entry's failure. This default reads one by
         one; a store with a batched read (fsspec's ``cat``, a Redis pipeline) overrides it.
         """
-        results: dict[str, bytes | Exception] = {}
-        for name in names:
-            try:
-                results[name] = self.read_entry(name)
-            except Exception as exc:
-                results[name] = exc
-        return BatchRead.of(results)
+        return BatchRead.reading(names, self.read_entry)
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
-        """Store each payload under its name: ``None`` per success, else the exception it raised.
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
+        """Store each payload under its name: the names ``written``, and the exception each other raised (``errors``).
 
         ``PermissionError`` at once on a read-only store. This default writes one by one.
         """
         if self.read_only:
             raise PermissionError(f"{self.location} is read-only; refusing to write")
-        results: dict[str, Exception | None] = {}
+        written: set[str] = set()
+        errors: dict[str, Exception] = {}
         for name, payload in items.items():
             try:
                 self.write_entry(name, payload)
             except Exception as exc:
-                results[name] = exc
+                errors[name] = exc
             else:
-                results[name] = None
-        return results
+                written.add(name)
+        return BatchWrite(frozenset(written), errors)
 
     def seal_record(self, name: str, payload: bytes) -> bytes:
         """``payload`` in this store's envelope for entry-like name ``name`` (signed when it has a key).

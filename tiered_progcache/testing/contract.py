@@ -33,7 +33,7 @@ from ..chain.policy import TierPolicy
 from ..chain.tiered import TieredProgramCache
 from ..errors import EntryRejected
 from ..cluster.lease import LeaseInfo, RemoteLease
-from ..stores.store import EntryStore, LeaseStore, entry_name
+from ..stores.store import BatchWrite, EntryStore, LeaseStore, entry_name
 
 __all__ = ["BackDoor", "EntryStoreTests", "LeaseStoreTests", "ProgramCacheContract", "keyed_chain"]
 
@@ -318,8 +318,8 @@ class EntryStoreTests:
         assert store.create_entry(names[1], b"refused") is False
         assert store.create_entry(entry_name(_key(46)), b"created") is True
         store.delete_entry(names[2])
-        assert store.write_many({names[3]: b"again", entry_name(_key(47)): b"new"}) == {
-            names[3]: None, entry_name(_key(47)): None}
+        assert store.write_many({names[3]: b"again", entry_name(_key(47)): b"new"}) == BatchWrite(
+            frozenset({names[3], entry_name(_key(47))}))
         live = {e.name for e in store.iter_entries()}
         assert len(live) == 7
         assert len(back_door.objects()) == len(live), back_door.objects()
@@ -377,8 +377,6 @@ class EntryStoreTests:
         assert got.hits == {hit: _payload(54)}
         assert got.missing == {absent}
         assert set(got.errors) == got.failed == {bad} and isinstance(got.errors[bad], refused)
-        assert got.failure(hit) is None and got.failure(bad) is got.errors[bad]
-        assert type(got.failure(absent)) is KeyError
         assert all(isinstance(payload, bytes) for payload in got.hits.values())
 
     # -- read-only: every write refused, nothing changed -------------------------------------

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from ..stores.store import STALE_STAGED_AGE_S, BatchRead, EntryStore, LeaseStore, StoredEntry
+from ..stores.store import STALE_STAGED_AGE_S, BatchRead, BatchWrite, EntryStore, LeaseStore, StoredEntry
 
 __all__ = ["OPERATIONS", "Call", "Gate", "WrapperEntryStore"]
 
@@ -319,7 +319,7 @@ class WrapperEntryStore(EntryStore):
         self._enter("read_many", tuple(names))
         return self.store.read_many(names)
 
-    def write_many(self, items: Mapping[str, bytes]) -> dict[str, Exception | None]:
+    def write_many(self, items: Mapping[str, bytes]) -> BatchWrite:
         self._enter("write_many", tuple(items))
         return self.store.write_many(items)
 

@@ -319,9 +319,11 @@ class TieredCacheManager(FileCacheManager):
         for name, file in names.items():
             result = got.hits.get(name)
             if result is None:
-                failure = got.failure(name)
-                assert failure is not None
-                tier.record_read_failure(failure)
+                error = got.errors.get(name)
+                if error is None:
+                    tier.counters.count_miss()  # absent (or not answered): a plain miss
+                else:
+                    tier.record_read_failure(error)
                 return None
             try:
                 stored = bytes(result)
@@ -347,14 +349,8 @@ def _read_many(tier: Any, keys: Mapping[str, bytes]) -> BatchRead:
         try:
             return tier.entries.read_many(list(keys))
         except Exception as exc:  # read_many answers per entry; anything else is the tier failing
-            return BatchRead.of(dict.fromkeys(keys, exc))
-    results: dict[str, bytes | Exception] = {}
-    for name, key in keys.items():
-        try:
-            results[name] = tier.backend.read_key(key)
-        except Exception as exc:
-            results[name] = exc
-    return BatchRead.of(results)
+            return BatchRead.filed({}, dict.fromkeys(keys, exc))
+    return BatchRead.reading(keys, lambda name: tier.backend.read_key(keys[name]))
 
 
 def _read_local(path: str) -> bytes:
