@@ -19,6 +19,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.chain.bootfetch import MAX_LISTED, boot_fetch_for, newest_within
+from tiered_progcache.stores.breaker import CircuitBreaker
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import StoredEntry, entry_name
@@ -40,10 +41,11 @@ def _join_boot_fetch() -> None:
         assert not fetcher.is_alive()
 
 
-def _store(fs: SlowFileSystem, sizes: list[int] | None = None, timeout: float | None = None) -> RemoteProgramCache:
+def _store(fs: SlowFileSystem, sizes: list[int] | None = None, timeout: float | None = None,
+           breaker: CircuitBreaker | None = None) -> RemoteProgramCache:
     """K entries, entry n written n seconds after entry 0 (the newest last)."""
     fs.mkdir("bucket")
-    remote = RemoteProgramCache(fs, "bucket/kernels", timeout=timeout)
+    remote = RemoteProgramCache(fs, "bucket/kernels", timeout=timeout, breaker=breaker)
     for n, key in enumerate(KEYS):
         remote.write_key(key, _payload(key, (sizes or [100] * K)[n]))
         path = fs._strip_protocol(remote.path_for(entry_name(key)))
@@ -268,7 +270,9 @@ class _HangingBatch(SlowFileSystem):
 def test_a_hanging_batch_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path):
     release = threading.Event()
     fs = _HangingBatch(release)
-    remote = _store(fs, timeout=0.2)
+    # The batch's deadline passes while the lookups run, and each of its timed-out reads counts
+    # against the breaker: one that never opens keeps the answers independent of that race.
+    remote = _store(fs, timeout=0.2, breaker=CircuitBreaker(failure_threshold=10**6))
     try:
         with _chain(tmp_path / "node", remote) as cache:
             cache._boot._done = done = _CountingEvent()
@@ -391,3 +395,37 @@ def test_a_store_down_at_construction_is_one_warning_and_no_fetch(tmp_path, capl
                 cache.close(timeout=5)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "is unreachable" in warnings[0], warnings
+
+
+class _ReleasingEvent(threading.Event):
+    """Holds the batch until a lookup waits for it: that lookup has missed locally and takes the batch's branch."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.release.set()
+        return super().wait(60)
+
+
+def test_an_entry_the_batch_brought_after_the_local_miss_is_promoted_into_memory(tmp_path):
+    release = threading.Event()
+    fs = _HangingBatch(release)
+    remote = _store(fs)
+    try:
+        with _chain(tmp_path / "node", remote) as cache:
+            cache._boot._done = _ReleasingEvent(release)
+            assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger
+            assert cache._boot._listed.wait(60)
+            before = cache.stats()
+            assert cache.get(KEYS[1]) == _payload(KEYS[1])  # missed locally, waited, read what the batch brought
+            delta = cache.stats() - before
+            assert (delta["local"].misses, delta["local"].hits, delta["remote"].lookups) == (1, 1, 0)
+            before = cache.stats()
+            assert cache.get(KEYS[1]) == _payload(KEYS[1])
+            delta = cache.stats() - before
+            assert (delta["memory"].hits, delta["local"].lookups) == (1, 0)  # promoted: memory answers now
+    finally:
+        release.set()
+        _join_boot_fetch()
