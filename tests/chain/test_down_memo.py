@@ -9,6 +9,7 @@ removed, it probes again; a successful probe removes the memo; ``strict`` always
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -41,7 +42,10 @@ def test_a_failed_probe_is_skipped_by_the_next_build_for_the_memos_lifetime_only
     clock.now += DOWN_MEMO_S - 1
     second, _ = shared_tier(config, url, down_memo=memo)
     assert second.breaker.state == "open"
-    assert f"found down {DOWN_MEMO_S - 1:.0f} s ago on this node (remove {memo.path(url)} to probe now)" in caplog.text
+    [line] = [r.getMessage() for r in caplog.records if "found down" in r.getMessage()]  # one line, no probe
+    assert line == (f"remote cache {url} is unreachable: {first.breaker.last_error} (found down {DOWN_MEMO_S - 1:.0f} s "
+                    f"ago on this node; remove {memo.path(url)} to probe now); continuing without it, probing again "
+                    "in 30 s")  # fmt: skip
     strict, _ = shared_tier(CacheConfig(remote=url, strict=True), url, down_memo=memo)  # strict: always the truth
     assert strict.breaker.state == "closed"
     clock.now += 1  # the memo's time is over: probed, found, forgotten
@@ -71,7 +75,11 @@ def test_the_next_process_skips_the_probe_of_a_dead_redis_and_the_memo_holds_no_
                            timeout=120) for _ in range(2)]  # fmt: skip
     assert all(run.returncode == 0 for run in runs), [run.stderr for run in runs]
     assert "is unreachable" in runs[0].stderr and "found down" not in runs[0].stderr
-    assert "s ago on this node (remove " in runs[1].stderr and "to probe now)" in runs[1].stderr, runs[1].stderr
+    first, second = (run.stderr.strip() for run in runs)
+    cause = first.split(" is unreachable: ", 1)[1].split("; continuing without it", 1)[0]
+    assert re.fullmatch(rf"{re.escape(first.split(' is unreachable: ')[0])} is unreachable: {re.escape(cause)} "
+                        r"\(found down \d+ s ago on this node; remove \S+ to probe now\); continuing without it, "
+                        r"probing again in 30 s", second), second  # one line, the first process's cause first
     memos = list((tmp_path / "node" / DOWN_MEMO_DIR).iterdir())
     assert len(memos) == 1 and PW not in memos[0].read_text()
     assert all(PW not in run.stderr for run in runs)

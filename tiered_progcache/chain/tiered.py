@@ -646,8 +646,8 @@ def shared_tier(
     if recalled is not None:
         message, left = recalled
         breaker = CircuitBreaker(name=f"{'redis' if is_redis_url(url) else 'remote'} cache {mask_url(url)}")
-        breaker.trip(RemoteDown(f"found down {DOWN_MEMO_S - left:.0f} s ago on this node (remove "
-                                f"{down_memo.path(url)} to probe now): {message}"))  # fmt: skip
+        breaker.trip(RemoteDown(f"{message} (found down {DOWN_MEMO_S - left:.0f} s ago on this node; remove "
+                                f"{down_memo.path(url)} to probe now)"))  # fmt: skip
         common["breaker"] = breaker
     if is_redis_url(url):
         shared: SharedEntryStore = RedisProgramCache.from_url(url, expire_s=config.redis_expire_s, **common)

@@ -363,6 +363,8 @@ class RedisProgramCache(SharedEntryStore):
 
     def _check_reachable(self, strict: bool) -> None:
         """``PING`` once, so a wrong host or password shows up now."""
+        if self._known_down():
+            return
         try:
             self._call("probe", self.client.ping)
         except Exception as exc:

@@ -303,6 +303,8 @@ class RemoteProgramCache(SharedEntryStore):
 
     def _check_reachable(self, strict: bool) -> None:
         """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
+        if self._known_down():
+            return
         try:
             if self._bucket_store:
                 bucket = self.root.split("/", 1)[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,8 @@ from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from ..redact import mask_url
 from .runner import FilesystemFactory, RequestRunner
 from .store import BatchRead, EntryStore, check_namespace
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MIN_LIST_TIMEOUT_S", "FetchedEnvelopes", "SharedEntryStore", "checked_seconds", "without_password"]
 
@@ -109,6 +112,15 @@ class SharedEntryStore(EntryStore):
         self._runner = RequestRunner(
             connection, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
         )
+
+    def _known_down(self) -> bool:
+        """True, with one WARNING line, when the breaker came in open (another process of this node found the
+        store down): the probe is not made, and the line says what that process saw."""
+        if self._breaker.state != "open" or self._breaker.tripped_by is None:
+            return False
+        logger.warning("%s is unreachable: %s; continuing without it, probing again in %.0f s",
+                       self._breaker.name, self._breaker.tripped_by, self._breaker.cooldown_s)  # fmt: skip
+        return True
 
     # -- what the store is -----------------------------------------------------------
 
