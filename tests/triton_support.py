@@ -77,8 +77,9 @@ def files_of(directory: str) -> dict[str, str]:
 def main() -> int:
     with CompileCounter() as counter:
         kernel = compile_kernel()
-    key_dirs = os.listdir(os.environ["TRITON_CACHE_DIR"])
-    files = {d: files_of(os.path.join(os.environ["TRITON_CACHE_DIR"], d)) for d in key_dirs}
+    root = os.environ["TRITON_CACHE_DIR"]
+    key_dirs = [d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))]  # not stats.jsonl, a run's line
+    files = {d: files_of(os.path.join(root, d)) for d in key_dirs}
     print(json.dumps({"compiles": counter.compiles, "hits": counter.hits, "hash": kernel.hash, "files": files}))
     return 0
 
