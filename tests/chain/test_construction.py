@@ -180,3 +180,11 @@ def test_the_boot_fetch_budget_is_at_most_the_local_cap(tmp_path):
     with TieredProgramCache(tmp_path / "local", remote=remote.as_uri(), max_local_bytes=4096,
                             boot_fetch_bytes=1 << 30) as cache:  # fmt: skip
         assert cache._boot._max_bytes == 4096  # what lands is not evicted at once
+
+
+def test_deleting_an_absent_key_raises_keyerror_with_a_read_only_tier_in_the_chain(tmp_path):
+    shared = tmp_path / "shared"
+    with TieredProgramCache(tiers=[InMemoryProgramCache(),
+                                   (FileStreamProgramCache(shared), TierPolicy("shared", read_only=True))]) as cache:
+        with pytest.raises(KeyError):
+            del cache[b"absent" * 6]  # the read-only tier deletes nothing, so it held nothing

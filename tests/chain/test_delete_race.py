@@ -81,7 +81,7 @@ def upload_released_by_the_delete_wait(caplog):
 
 
 def test_a_delete_racing_an_upload_under_way_leaves_no_entry_for_another_node(
-    shared_store, upload_released_by_the_delete_wait
+    shared_store, upload_released_by_the_delete_wait, caplog
 ):
     held, upload = _held(shared_store())
     upload_released_by_the_delete_wait(upload)
@@ -95,6 +95,9 @@ def test_a_delete_racing_an_upload_under_way_leaves_no_entry_for_another_node(
     other = _node(shared_store())
     assert other.get(KEY) is None  # not served: the delete came after the upload
     assert delete_waited
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.chain.tier"] == [
+        "tier remote: a delete waits for the upload of the same entry under way"
+    ]
     assert node.get(KEY) is None
     assert node.stats()["remote"].writes == 1  # the upload did land, and was deleted after
     node.close()
@@ -113,7 +116,8 @@ def test_a_delete_whose_upload_stays_under_way_past_the_wait_says_the_entry_may_
         del node[KEY]
     assert raised.value.tiers == ("remote",)
     assert isinstance(raised.value.__cause__, TimeoutError)
-    assert "still under way" in str(raised.value)
+    assert str(raised.value.__cause__) == ("tier remote: an upload of the entry was still under way 0.01 s after the "
+                                           "delete began; it may land after the delete")  # fmt: skip
     assert node.stats()["remote"].timeouts == 1
     assert node.tiers[0].resource.get(KEY) is None  # the memory tier let it go
     upload.open()
