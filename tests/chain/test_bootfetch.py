@@ -41,6 +41,15 @@ def _join_boot_fetch() -> None:
         assert not fetcher.is_alive()
 
 
+@pytest.fixture
+def release():
+    """The event that lets a hanging batch or listing go; set at teardown, and the boot fetch joined."""
+    event = threading.Event()
+    yield event
+    event.set()
+    _join_boot_fetch()
+
+
 def _store(fs: SlowFileSystem, sizes: list[int] | None = None, timeout: float | None = None,
            breaker: CircuitBreaker | None = None) -> RemoteProgramCache:
     """K entries, entry n written n seconds after entry 0 (the newest last)."""
@@ -267,68 +276,53 @@ class _HangingBatch(SlowFileSystem):
         return await super()._cat_file(path, start, end, **kwargs)
 
 
-def test_a_hanging_batch_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path):
-    release = threading.Event()
+def test_a_hanging_batch_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path, release):
     fs = _HangingBatch(release)
     # The batch's deadline passes while the lookups run, and each of its timed-out reads counts
     # against the breaker: one that never opens keeps the answers independent of that race.
     remote = _store(fs, timeout=0.2, breaker=CircuitBreaker(failure_threshold=10**6))
-    try:
-        with _chain(tmp_path / "node", remote) as cache:
-            cache._boot._done = done = _CountingEvent()
-            assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger: answered; the batch's GETs hang
-            assert cache._boot._listed.wait(60)  # the batch's names are known: the next lookups wait on the batch
-            assert cache.get(b"absent") is None  # not in the batch: no wait, the local directory asked once
-            assert (done.timeouts, cache.stats()["local"].misses) == ([], 2)
-            answers = [cache.get(key) for key in KEYS[1:]]
-            assert answers == [_payload(key) for key in KEYS[1:]]  # each from the store, as before
-            assert done.timed_out == 1 and len(done.timeouts) == 1  # the first waited the deadline out, no other
-            assert 0 < done.timeouts[0] <= 0.2
-            stats = cache.stats()
-            assert (stats["remote"].hits, stats["local"].misses) == (K, K + 1)  # the local directory asked once each
-    finally:
-        release.set()
-        _join_boot_fetch()
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._done = done = _CountingEvent()
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger: answered; the batch's GETs hang
+        assert cache._boot._listed.wait(60)  # the batch's names are known: the next lookups wait on the batch
+        assert cache.get(b"absent") is None  # not in the batch: no wait, the local directory asked once
+        assert (done.timeouts, cache.stats()["local"].misses) == ([], 2)
+        answers = [cache.get(key) for key in KEYS[1:]]
+        assert answers == [_payload(key) for key in KEYS[1:]]  # each from the store, as before
+        assert done.timed_out == 1 and len(done.timeouts) == 1  # the first waited the deadline out, no other
+        assert 0 < done.timeouts[0] <= 0.2
+        stats = cache.stats()
+        assert (stats["remote"].hits, stats["local"].misses) == (K, K + 1)  # the local directory asked once each
 
 
-def test_a_forked_child_does_not_wait_for_its_parents_fetch(tmp_path):
-    release = threading.Event()
+def test_a_forked_child_does_not_wait_for_its_parents_fetch(tmp_path, release):
     fs = _HangingBatch(release)
     remote = _store(fs)
-    try:
-        with _chain(tmp_path / "node", remote) as cache:
-            cache._boot._done = done = _CountingEvent()
-            cache._boot._listed = listed = _CountingEvent()
-            assert cache.get(KEYS[0]) == _payload(KEYS[0])
-            cache._boot._pid = -1  # as in a child forked after the fetch started: the fetching thread is the parent's
-            assert cache.get(KEYS[1]) == _payload(KEYS[1])  # from the store, at once
-            assert (done.timeouts, listed.timeouts) == ([], [])
-            assert cache.stats()["local"].misses == 2  # the local directory asked once for each lookup
-    finally:
-        release.set()
-        _join_boot_fetch()
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._done = done = _CountingEvent()
+        cache._boot._listed = listed = _CountingEvent()
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])
+        cache._boot._pid = -1  # as in a child forked after the fetch started: the fetching thread is the parent's
+        assert cache.get(KEYS[1]) == _payload(KEYS[1])  # from the store, at once
+        assert (done.timeouts, listed.timeouts) == ([], [])
+        assert cache.stats()["local"].misses == 2  # the local directory asked once for each lookup
 
 
-def test_a_hanging_listing_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path):
-    release = threading.Event()
+def test_a_hanging_listing_holds_one_lookup_at_most_the_store_deadline_and_no_other(tmp_path, release):
     fs = _HangingListing(release)
     remote = _store(fs, timeout=0.2)  # a listing gets MIN_LIST_TIMEOUT_S; a waiting lookup only this
-    try:
-        with _chain(tmp_path / "node", remote) as cache:
-            cache._boot._listed = listed = _CountingEvent()
-            answers: list[bytes | None] = []
-            looker = threading.Thread(target=lambda: answers.extend(cache.get(key) for key in KEYS))
-            looker.start()
-            looker.join(60)
-            assert not looker.is_alive() and answers == [_payload(key) for key in KEYS]
-            assert dict(fs.requests) == {"get": K, "list": 1}  # each lookup went to the store, as before
-            assert listed.timed_out == 1  # the second lookup waited the deadline out; the others did not wait
-            assert listed.timeouts == [0.2]  # the store's request deadline
-            assert cache.stats()["local"].misses == K  # once per lookup: one that gave up did not look again
-            assert all(t.daemon for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch")
-    finally:
-        release.set()
-        _join_boot_fetch()
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._listed = listed = _CountingEvent()
+        answers: list[bytes | None] = []
+        looker = threading.Thread(target=lambda: answers.extend(cache.get(key) for key in KEYS))
+        looker.start()
+        looker.join(60)
+        assert not looker.is_alive() and answers == [_payload(key) for key in KEYS]
+        assert dict(fs.requests) == {"get": K, "list": 1}  # each lookup went to the store, as before
+        assert listed.timed_out == 1  # the second lookup waited the deadline out; the others did not wait
+        assert listed.timeouts == [0.2]  # the store's request deadline
+        assert cache.stats()["local"].misses == K  # once per lookup: one that gave up did not look again
+        assert all(t.daemon for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch")
 
 
 @pytest.mark.parametrize("value, error", [(float("inf"), TypeError), (1e300, TypeError), (True, TypeError),
@@ -353,7 +347,7 @@ def test_the_variable_refuses_what_is_not_a_size(text):
         ConfigValues.from_env({"TIERED_PROGCACHE_BOOT_FETCH_BYTES": text})
 
 
-def test_a_store_that_states_no_deadline_is_waited_for_at_most_the_settings_default(tmp_path, monkeypatch):
+def test_a_store_that_states_no_deadline_is_waited_for_at_most_the_settings_default(tmp_path, release, monkeypatch):
     from tiered_progcache.chain import bootfetch
     from tiered_progcache.testing.wrapper import WrapperEntryStore
 
@@ -363,19 +357,14 @@ def test_a_store_that_states_no_deadline_is_waited_for_at_most_the_settings_defa
             return None
 
     monkeypatch.setattr(bootfetch, "DEFAULT_REMOTE_TIMEOUT_S", 0.2)
-    release = threading.Event()
     fs = _HangingListing(release)
     remote = NoDeadline(_store(fs))
-    try:
-        with _chain(tmp_path / "node", remote) as cache:
-            cache._boot._listed = listed = _CountingEvent()
-            looker = threading.Thread(target=lambda: [cache.get(key) for key in KEYS])
-            looker.start()
-            looker.join(60)
-            assert not looker.is_alive() and listed.timed_out == 1
-    finally:
-        release.set()
-        _join_boot_fetch()
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._listed = listed = _CountingEvent()
+        looker = threading.Thread(target=lambda: [cache.get(key) for key in KEYS])
+        looker.start()
+        looker.join(60)
+        assert not looker.is_alive() and listed.timed_out == 1
 
 
 def test_a_store_down_at_construction_is_one_warning_and_no_fetch(tmp_path, caplog):
@@ -409,23 +398,18 @@ class _ReleasingEvent(threading.Event):
         return super().wait(60)
 
 
-def test_an_entry_the_batch_brought_after_the_local_miss_is_promoted_into_memory(tmp_path):
-    release = threading.Event()
+def test_an_entry_the_batch_brought_after_the_local_miss_is_promoted_into_memory(tmp_path, release):
     fs = _HangingBatch(release)
     remote = _store(fs)
-    try:
-        with _chain(tmp_path / "node", remote) as cache:
-            cache._boot._done = _ReleasingEvent(release)
-            assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger
-            assert cache._boot._listed.wait(60)
-            before = cache.stats()
-            assert cache.get(KEYS[1]) == _payload(KEYS[1])  # missed locally, waited, read what the batch brought
-            delta = cache.stats() - before
-            assert (delta["local"].misses, delta["local"].hits, delta["remote"].lookups) == (1, 1, 0)
-            before = cache.stats()
-            assert cache.get(KEYS[1]) == _payload(KEYS[1])
-            delta = cache.stats() - before
-            assert (delta["memory"].hits, delta["local"].lookups) == (1, 0)  # promoted: memory answers now
-    finally:
-        release.set()
-        _join_boot_fetch()
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._done = _ReleasingEvent(release)
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger
+        assert cache._boot._listed.wait(60)
+        before = cache.stats()
+        assert cache.get(KEYS[1]) == _payload(KEYS[1])  # missed locally, waited, read what the batch brought
+        delta = cache.stats() - before
+        assert (delta["local"].misses, delta["local"].hits, delta["remote"].lookups) == (1, 1, 0)
+        before = cache.stats()
+        assert cache.get(KEYS[1]) == _payload(KEYS[1])
+        delta = cache.stats() - before
+        assert (delta["memory"].hits, delta["local"].lookups) == (1, 0)  # promoted: memory answers now

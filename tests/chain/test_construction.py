@@ -7,7 +7,6 @@ Real ``file://`` remotes and a refused Redis port; no server needed.
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
@@ -17,13 +16,12 @@ from tiered_progcache.chain.downmemo import DownMemo
 from tiered_progcache.chain.tiered import default_chain, require_chain, shared_chain, shared_tier
 from tiered_progcache.configvalues import ConfigValues
 from tiered_progcache.stores.localdir import LocalDir
+from tiered_progcache.testing.redis_server import free_port
 from tiered_progcache.errors import one_line
 
 
 def _refused_redis_url() -> str:
-    with socket.socket() as s:  # bound, never listening: a connection is refused
-        s.bind(("127.0.0.1", 0))
-        return f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there: a connection is refused
 
 
 # -- the shared tiers ---------------------------------------------------------------------------
