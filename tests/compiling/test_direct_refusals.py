@@ -353,3 +353,24 @@ def test_the_sources_directory_comes_from_its_name(tree, case, keep):
     options = ProgramOptions(arch="sm_90", include_path=[str(tree / "inc")], name=name,
                              no_source_include="without source includes" in case)
     assert _recorded(QUOTE_SRC, options)["keep"] == keep
+
+
+def test_a_miss_with_no_manifest_reads_it_once_in_all_record_included(tree):
+    """The lookup found the manifest absent; the record after the compile writes one without asking again
+    (on a shared tier each read is a round trip)."""
+    reads: list[bytes] = []
+
+    class Counting(InMemoryProgramCache):
+        def __getitem__(self, key):
+            reads.append(bytes(key))
+            return super().__getitem__(key)
+
+    chain, storage = as_chain(Counting()), bytes(_storage(tree))
+    got, hit = _fresh_lookup(chain, _opts(tree))
+    assert hit == 0 and reads.count(storage) == 1
+    assert direct.record(chain, got, SRC, "c++", _opts(tree), "cubin", (), None, 1.0) is True
+    assert reads.count(storage) == 1  # written, not read again
+    assert direct.decode_direct(chain.get(storage))[0]["key"] == got.key.hex()
+    reads.clear()
+    assert direct.record(chain, got, SRC, "c++", _opts(tree), "cubin", (), None, 1.0) is False
+    assert reads.count(storage) == 1  # a record not right after an absent lookup reads what is there
