@@ -1,4 +1,5 @@
-"""What the header-scan tests share: settled header files and a header memo cleared around each test."""
+"""What the header-scan tests share: settled header files, a header memo cleared around each test, and a
+well-formed direct-mode header set to alter."""
 
 from __future__ import annotations
 
@@ -62,3 +63,13 @@ def fresh_header_memo():
     headermemo.clear_memo()
     yield
     headermemo.clear_memo()
+
+
+def direct_set(**fields) -> dict:
+    """A well-formed direct-manifest header set of two roots (fields as ``direct.header_set`` writes them),
+    with ``fields`` replaced."""
+    one = {"n": 2, "keep": -1, "at": None, "files": [[0, "a.h", "ab" * 32, 1]], "absent": [[-3, "0\0b.h", 1]],
+           "real": [[0, "", 1, -5, "", 1, "I0", ""]], "digest": "cd" * 32, "key": "ef" * 16, "missing": [],
+           "path_free": True}
+    one.update(fields)
+    return one

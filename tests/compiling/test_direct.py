@@ -28,7 +28,7 @@ from tiered_progcache.compiling import direct, headermemo, headerscan
 from tiered_progcache.compiling.keys import compile_key
 from tiered_progcache.stores.kinds import DIRECT, kind_of
 
-from header_support import OLD, fresh_header_memo, write_header  # noqa: F401  (autouse)
+from header_support import OLD, direct_set, fresh_header_memo, write_header  # noqa: F401  (autouse)
 
 #: A CCCL-shaped tree: nested directories, ``..``, ``__has_include`` of a missing header, a computed
 #: include, a second include root, a relative pre_include found on the include path.
@@ -399,15 +399,6 @@ def test_headers_under_one_hosts_working_directory_and_not_the_others_still_shar
     assert (hit, got.key) == (1, recorded.key) and got.key == _scan_key(b).key
 
 
-def _a_set(**rows) -> dict:
-    """A well-formed header set of two roots (fields as header_set writes them), with ``rows`` replaced."""
-    one = {"n": 2, "keep": -1, "at": None, "files": [[0, "a.h", "ab" * 32, 1]], "absent": [[-3, "0\0b.h", 1]],
-           "real": [[0, "", 1, -5, "", 1, "I0", ""]], "digest": "cd" * 32, "key": "ef" * 16, "missing": [],
-           "path_free": True}
-    one.update(rows)
-    return one
-
-
 @pytest.mark.parametrize("rows", [
     {"files": "not a list"},
     {"files": [[0, "a.h", "ab" * 32]]},  # a row one item short
@@ -424,6 +415,6 @@ def _a_set(**rows) -> dict:
     {"real": [[0, "", 1, -7, "", 1, "I0", ""]]},  # below _ANCESTOR
 ])
 def test_a_header_set_with_a_row_out_of_shape_is_refused(rows):
-    assert direct.decode_direct(direct.encode_direct([_a_set()]))[0]["files"]  # the well-formed one decodes
+    assert direct.decode_direct(direct.encode_direct([direct_set()]))[0]["files"]  # the well-formed one decodes
     with pytest.raises(direct.DirectManifestError, match="wrong type or range"):
-        direct.decode_direct(direct.encode_direct([_a_set(**rows)]))
+        direct.decode_direct(direct.encode_direct([direct_set(**rows)]))

@@ -21,16 +21,7 @@ from tiered_progcache.chain.tiered import as_chain
 from tiered_progcache.compiling import direct, headermemo, headerscan, keys
 from tiered_progcache.compiling.direct import DirectManifestError
 
-from header_support import fresh_header_memo, write_header  # noqa: F401  (autouse)
-
-
-def _a_set(**fields) -> dict:
-    """A well-formed header set of two roots (fields as ``header_set`` writes them), with ``fields`` replaced."""
-    one = {"n": 2, "keep": -1, "at": None, "files": [[0, "a.h", "ab" * 32, 1]], "absent": [[-3, "0\0b.h", 1]],
-           "real": [[0, "", 1, -5, "", 1, "I0", ""]], "digest": "cd" * 32, "key": "ef" * 16, "missing": [],
-           "path_free": True}
-    one.update(fields)
-    return one
+from header_support import direct_set, fresh_header_memo, write_header  # noqa: F401  (autouse)
 
 
 def _stored(doc: object) -> bytes:
@@ -41,7 +32,7 @@ def _with_sets(sets: object) -> bytes:
     return _stored({"format": "tiered-progcache/direct", "sets": sets})
 
 
-GOOD = direct.encode_direct([_a_set()])
+GOOD = direct.encode_direct([direct_set()])
 WRONG = "a header set holds a value of the wrong type or range"
 FIELDS = "a header set has other fields than a direct manifest's"
 DOCUMENT = "not a direct manifest document"
@@ -58,21 +49,21 @@ REFUSED = {
     "another format": (_stored({"format": "tiered-progcache/other", "sets": []}), DOCUMENT),
     "an extra field in the document": (_stored({"format": "tiered-progcache/direct", "sets": [], "x": 1}), DOCUMENT),
     "sets that are not a list": (_with_sets({}), SETS),
-    "one set too many": (_with_sets([_a_set()] * (direct.MAX_SETS + 1)), SETS),
+    "one set too many": (_with_sets([direct_set()] * (direct.MAX_SETS + 1)), SETS),
     "a set that is not a mapping": (_with_sets([[]]), FIELDS),
-    "a set missing a field": (_with_sets([{k: v for k, v in _a_set().items() if k != "missing"}]), FIELDS),
-    "no roots": (_with_sets([_a_set(n=0)]), WRONG),
-    "65 roots": (_with_sets([_a_set(n=65)]), WRONG),
-    "roots counted by a bool": (_with_sets([_a_set(n=True)]), WRONG),
-    "a keep mask below -1": (_with_sets([_a_set(keep=-2)]), WRONG),
-    "a keep mask past the roots": (_with_sets([_a_set(keep=4)]), WRONG),
-    "absolute roots one short": (_with_sets([_a_set(at=["/a"])]), WRONG),
-    "absolute roots that are not paths": (_with_sets([_a_set(at=["/a", 2])]), WRONG),
-    "a header digest that is not sha256 hex": (_with_sets([_a_set(digest="cd" * 31)]), WRONG),
-    "an empty key": (_with_sets([_a_set(key="")]), WRONG),
-    "missing spellings that are not a list": (_with_sets([_a_set(missing="a.h")]), WRONG),
-    "a missing spelling that is not a str": (_with_sets([_a_set(missing=[1])]), WRONG),
-    "path_free that is not a bool": (_with_sets([_a_set(path_free=1)]), WRONG),
+    "a set missing a field": (_with_sets([{k: v for k, v in direct_set().items() if k != "missing"}]), FIELDS),
+    "no roots": (_with_sets([direct_set(n=0)]), WRONG),
+    "65 roots": (_with_sets([direct_set(n=65)]), WRONG),
+    "roots counted by a bool": (_with_sets([direct_set(n=True)]), WRONG),
+    "a keep mask below -1": (_with_sets([direct_set(keep=-2)]), WRONG),
+    "a keep mask past the roots": (_with_sets([direct_set(keep=4)]), WRONG),
+    "absolute roots one short": (_with_sets([direct_set(at=["/a"])]), WRONG),
+    "absolute roots that are not paths": (_with_sets([direct_set(at=["/a", 2])]), WRONG),
+    "a header digest that is not sha256 hex": (_with_sets([direct_set(digest="cd" * 31)]), WRONG),
+    "an empty key": (_with_sets([direct_set(key="")]), WRONG),
+    "missing spellings that are not a list": (_with_sets([direct_set(missing="a.h")]), WRONG),
+    "a missing spelling that is not a str": (_with_sets([direct_set(missing=[1])]), WRONG),
+    "path_free that is not a bool": (_with_sets([direct_set(path_free=1)]), WRONG),
 }
 
 
@@ -94,11 +85,11 @@ def test_undecodable_bytes_say_which_layer_failed_and_why(bad, prefix):
 
 
 ACCEPTED = {
-    "64 roots": _a_set(n=64),
-    "a keep mask of every root": _a_set(keep=3),
-    "no keep mask": _a_set(keep=-1),
-    "absolute roots, one per root": _a_set(at=["/a", "/b"]),
-    "missing spellings": _a_set(missing=["<x.h>"]),
+    "64 roots": direct_set(n=64),
+    "a keep mask of every root": direct_set(keep=3),
+    "no keep mask": direct_set(keep=-1),
+    "absolute roots, one per root": direct_set(at=["/a", "/b"]),
+    "missing spellings": direct_set(missing=["<x.h>"]),
 }
 
 
@@ -108,9 +99,9 @@ def test_the_values_at_each_bound_decode(good):
 
 
 def test_the_set_count_bound_keeps_exactly_max_sets():
-    sets = [_a_set(key=f"{i:02x}") for i in range(direct.MAX_SETS)]
+    sets = [direct_set(key=f"{i:02x}") for i in range(direct.MAX_SETS)]
     assert direct.decode_direct(_with_sets(sets)) == sets
-    stored = direct.decode_direct(direct.encode_direct([*sets, _a_set(key="ff")]))
+    stored = direct.decode_direct(direct.encode_direct([*sets, direct_set(key="ff")]))
     assert stored == sets  # the oldest (last) dropped, the newest MAX_SETS kept in order
 
 
@@ -306,7 +297,7 @@ def test_a_set_that_does_not_speak_for_this_node_is_passed_over_for_the_next(tre
         assert lines == []
 
 
-def test_record_says_whether_it_stored_a_set(tree, recorded, caplog):
+def test_record_says_whether_it_storeddirect_set(tree, recorded, caplog):
     chain, first, _ = recorded
     assert direct.record(chain, first, SRC, "c++", _opts(tree), "cubin", (), None, 1.0) is False  # it is there
     plain = 'extern "C" __global__ void k(int* o) { *o = 1; }\n'
@@ -328,14 +319,14 @@ def test_record_says_whether_it_stored_a_set(tree, recorded, caplog):
 
 @pytest.mark.parametrize("bound", ["MAX_MANIFEST_BYTES", "MAX_DECODED_BYTES"])
 def test_a_set_exactly_at_a_byte_bound_is_stored_and_one_byte_more_is_not(monkeypatch, bound):
-    body = json.dumps({"format": "tiered-progcache/direct", "sets": [_a_set()]}, separators=(",", ":")).encode()
+    body = json.dumps({"format": "tiered-progcache/direct", "sets": [direct_set()]}, separators=(",", ":")).encode()
     size = {"MAX_MANIFEST_BYTES": len(direct.DIRECT_MAGIC + zlib.compress(body, 6)),
             "MAX_DECODED_BYTES": len(body)}[bound]  # compact JSON, zlib level 6: what encode_direct stores
     monkeypatch.setattr(direct, bound, size)
-    assert direct.encode_direct([_a_set()]) == direct.DIRECT_MAGIC + zlib.compress(body, 6)
+    assert direct.encode_direct([direct_set()]) == direct.DIRECT_MAGIC + zlib.compress(body, 6)
     monkeypatch.setattr(direct, bound, size - 1)
     with pytest.raises(DirectManifestError) as caught:
-        direct.encode_direct([_a_set()])
+        direct.encode_direct([direct_set()])
     assert str(caught.value) == f"a header set alone is over {direct.MAX_MANIFEST_BYTES} bytes"
 
 
