@@ -184,19 +184,24 @@ def _file_info(path: str, sig: Signature, *, parse: bool = True) -> FileInfo | N
     chunks: list[bytes] = []
     size = 0
     try:
-        with open(path, "rb") as fh:
-            while True:
-                chunk = fh.read(_HASH_CHUNK)
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > MAX_HEADER_BYTES:
-                    return _TOO_BIG  # grew past the bound while we read it
-                hasher.update(chunk)
-                if parse:
-                    chunks.append(chunk)
+        fd = os.open(path, os.O_RDONLY)  # not open(): a file object costs more than reading a small header
     except OSError:
         return None
+    try:
+        while True:
+            chunk = os.read(fd, _HASH_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_HEADER_BYTES:
+                return _TOO_BIG  # grew past the bound while we read it
+            hasher.update(chunk)
+            if parse:
+                chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     info = FileInfo(hasher.digest(), parse_includes(b"".join(chunks)) if parse else ())
     remember_file(path, sig, info, parse=parse)
     return info
