@@ -387,25 +387,22 @@ def _is_hex(value: object, length: int | None = 64) -> bool:
 def _rows(value: object, shape: str, n: int) -> bool:
     """Every row a list of the shape's types: ``i`` a root index (or -1), ``T`` one or a made path
     (``_TEXTUAL``...), ``R`` one of those, ``_ITSELF`` or ``_ANCESTOR``, ``m`` a mask of roots, ``s`` a
-    str, ``h`` a sha256 hex."""
-    if not isinstance(value, list):
+    str, ``h`` a sha256 hex. Checked a column at a time: a CCCL set has hundreds of rows."""
+    if not isinstance(value, list) or not all(isinstance(row, list) and len(row) == len(shape) for row in value):
         return False
     masks = 1 << n
-    for row in value:
-        if not isinstance(row, list) or len(row) != len(shape):
+    for column, kind in zip(zip(*value), shape):
+        if kind == "s":
+            ok = all(isinstance(item, str) for item in column)
+        elif kind == "h":
+            ok = all(isinstance(item, str) and len(item) == 64 and _HEX.issuperset(item) for item in column)
+        elif kind == "m":
+            ok = all(type(item) is int and 0 <= item < masks for item in column)
+        else:
+            low = _LOWEST_INDEX[kind]
+            ok = all(type(item) is int and low <= item < n for item in column)
+        if not ok:
             return False
-        for item, kind in zip(row, shape):
-            if kind == "s":
-                if not isinstance(item, str):
-                    return False
-            elif kind == "h":
-                if not _is_hex(item):
-                    return False
-            elif kind == "m":
-                if not (type(item) is int and 0 <= item < masks):
-                    return False
-            elif not (type(item) is int and _LOWEST_INDEX[kind] <= item < n):
-                return False
     return True
 
 
@@ -509,22 +506,46 @@ def _covered(found: Sequence[str], real: dict[str, str], roots: Sequence[str], o
              ) -> list[tuple[str, str]] | None:
     """How the scan names each file found (``(role, path)``, as ``HeaderFile``): by the role of the
     real directory it lies in (``headerscan.locate``); None where a directory's realpath is not known."""
+    name_of = _namer(real, roots, options)
+    out = []
+    for path in found:
+        place = name_of(path)
+        if place is None:
+            return None
+        out.append(place)
+    return out
+
+
+def _namer(real: dict[str, str], roots: Sequence[str], options: Any) -> Callable[[str], tuple[str, str] | None]:
+    """:func:`_covered` of one file, each directory located once (a few dozen hold hundreds of files)."""
     n_includes = len(path_list(getattr(options, "include_path", None)))
     reals = roots[len(roots) // 2:]
     real_source = None if getattr(options, "no_source_include", False) else reals[n_includes]
-    out = []
-    located: dict[str, tuple[str, str]] = {}  # by real directory: a few dozen for hundreds of files
-    for path in found:
-        directory = real.get(os.path.dirname(path) or ".")
-        if directory is None:
-            return None
-        place = located.get(directory)
+    located: dict[str, tuple[str, str] | None] = {}  # by the directory as spelled: its role and path there
+
+    def name_of(path: str) -> tuple[str, str] | None:
+        head, _, name = path.rpartition("/")
+        spelled = head if head and not head.endswith("/") else (os.path.dirname(path) or ".")
+        place = located.get(spelled, _UNSEEN)
+        if place is _UNSEEN:
+            directory = real.get(spelled)
+            if directory is None:
+                place = None
+            else:
+                role, rel = locate(directory, reals[:n_includes], real_source, reals[-1])
+                place = (role, directory if role == "abs" else rel)
+            located[spelled] = place
         if place is None:
-            place = located[directory] = locate(directory, reals[:n_includes], real_source, reals[-1])
-        role, rel = place
-        name = os.path.basename(path)
-        out.append((role, os.path.join(directory, name) if role == "abs" else (f"{rel}/{name}" if rel else name)))
-    return out
+            return None
+        role, where = place
+        if role == "abs":
+            return role, os.path.join(where, name)
+        return role, f"{where}/{name}" if where else name
+
+    return name_of
+
+
+_UNSEEN: Any = object()
 
 
 def record(
@@ -702,8 +723,9 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         if role and (found_role, "" if found_role == "abs" else found_rel) != (role, role_rel):
             return None  # the scan would name its files otherwise here
         real_checks.append((directory, real))
-    paths, covered = [], {}
+    covered = {}
     mask_of = _file_masks(roots, keep)
+    name_of = _namer(dict(real_checks), roots, options)
     stat_ = os.stat
     for index, rel, digest, mask in one["files"]:
         path = _place(index, rel, roots)
@@ -718,12 +740,10 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
         found = file_digest(path, sig)
         if found is None or found.hex() != digest:
             return None
+        place = name_of(path)
+        if place is None:
+            return None
         checks.append((path, sig))
-        paths.append((path, digest))
-    places = _covered([p for p, _ in paths], dict(real_checks), roots, options)
-    if places is None:
-        return None
-    for place, (_, digest) in zip(places, paths):
         covered[place] = digest
     headers = tuple(sorted((role, path, digest) for (role, path), digest in covered.items()))
     return ScanResult(bytes.fromhex(one["digest"]), True, tuple(checks), tuple(real_checks), time.monotonic(),
