@@ -76,6 +76,9 @@ MAX_MANIFEST_BYTES = 256 * 1024
 MAX_FIELD_CHARS = 4096
 
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+#: What a manifest's time must look like when read: what :data:`_TIME_FORMAT` writes (not strptime, whose
+#: first call in a process costs a fresh node's first hit milliseconds).
+_TIME_PATTERN = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PACKAGES = ("tiered-progcache", "cuda-core", "cuda-bindings")
 
@@ -563,7 +566,10 @@ def _from_document(doc: dict[str, Any], *, build_headers: bool = True) -> Manife
     if not isinstance(written, dict) or set(written) != {"host", "time", "packages"}:
         raise ManifestError("written_by must be {host, time, packages}")
     when = _str(written["time"], "written_by.time")
-    datetime.datetime.strptime(when, _TIME_FORMAT)  # ValueError: refused
+    stamp = _TIME_PATTERN.fullmatch(when)
+    if stamp is None:
+        raise ValueError(f"written_by.time is not {_TIME_FORMAT}")
+    datetime.datetime(*map(int, stamp.groups()))  # ValueError (a 13th month, a 30th of February): refused
     packages = written["packages"]
     if not isinstance(packages, dict) or len(packages) > 16:
         raise ManifestError("written_by.packages must be an object of at most 16 names")
