@@ -226,6 +226,14 @@ def _mutated(change) -> bytes:
         (_mutated(lambda d: d.update(portable="yes")), "portable must be true or false"),
         (_mutated(lambda d: d.update(entry="ABC")), "entry is not an entry name"),
         (_mutated(lambda d: d["written_by"].update(time="yesterday")), "bad field"),
+        # the time is what strftime wrote: two digits a field, a real date, Z, nothing around it
+        (_mutated(lambda d: d["written_by"].update(time="2026-13-01T00:00:00Z")), "bad field"),
+        (_mutated(lambda d: d["written_by"].update(time="2026-02-30T00:00:00Z")), "bad field"),
+        (_mutated(lambda d: d["written_by"].update(time="2026-2-03T00:00:00Z")), "bad field"),
+        (_mutated(lambda d: d["written_by"].update(time="2026-02-03T00:00:00")), "bad field"),
+        (_mutated(lambda d: d["written_by"].update(time=" 2026-02-03T00:00:00Z")), "bad field"),
+        (_mutated(lambda d: d["written_by"].update(time="2026-02-03T00:00:00Z\n")), "bad field"),
+        (_mutated(lambda d: d["written_by"].update(time="\u0662026-02-03T00:00:00Z")), "bad field"),
         (_mutated(lambda d: d["compiler"].update(extra=1)), "compiler must be"),
         (_mutated(lambda d: d.update(name_expressions=[["x", "f"]])), "a name expression must be"),
         (encode_manifest(_manifest()).replace(b'"portable":true', b'"portable":true,"portable":true'), "a key appears twice"),
@@ -238,6 +246,12 @@ def test_the_decoder_refuses_anything_malformed(data, reason):
         decode_manifest(data)
     with pytest.raises(ManifestError, match=reason):  # what a hit reads for the tally: the same checks
         compile_seconds_of(data)
+
+
+def test_a_time_written_at_any_moment_reads_back():
+    for moment in (0, 951_782_400, 1_800_000_000.5, 4_102_444_799):  # 1970, a leap day, 2027, the last second of 2099
+        m = build_manifest(b"k", _INPUTS, 0.25, now=lambda: moment)
+        assert decode_manifest(encode_manifest(m)) == m
 
 
 def test_a_manifest_is_bound_to_its_entry_and_round_trips():
