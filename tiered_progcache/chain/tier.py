@@ -38,7 +38,7 @@ from .stats import GIL_DISABLED, TierCounters, TierStats
 from ..stores.store import EntryStore
 from .writeback import WriteBackQueue
 
-__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "FailureResponse", "Tier",
+__all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "FailureResponse", "Fetched", "Tier",
            "TierSource", "bare_policy", "default_policy", "failure_kind", "store_of"]
 
 logger = logging.getLogger(__name__)
@@ -195,6 +195,16 @@ _MAX_REJECTED = 4096
 
 
 
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """One read of a tier, not yet counted: its bytes, or what it raised (``KeyError``: absent), and its milliseconds.
+    Exactly one of ``data`` and ``error`` is set."""
+
+    data: bytes | None
+    error: Exception | None
+    ms: float
+
+
 class Tier:
     """An entry store in the chain, adapted once. Thread-safe as far as its store is.
 
@@ -291,14 +301,26 @@ class Tier:
             counters.hits += 1
             counters.bytes_read += size
             return data
+        return self.lookup_fetched(key, self.fetch(key))
+
+    def fetch(self, key: bytes) -> Fetched:
+        """Read ``key`` now, counting nothing: what :meth:`lookup_fetched` later counts as the lookup."""
         started = time.perf_counter()
         try:
             data = self._read(key)
         except Exception as exc:
-            counters.record_get((time.perf_counter() - started) * 1e3)
-            self._read_failed(key, exc)
+            return Fetched(None, exc, (time.perf_counter() - started) * 1e3)
+        return Fetched(data, None, (time.perf_counter() - started) * 1e3)
+
+    def lookup_fetched(self, key: bytes, fetched: Fetched) -> bytes | None:
+        """:meth:`lookup`'s answer from a read :meth:`fetch` made (here or ahead of time), counted as one lookup."""
+        counters = self.counters
+        counters.record_get(fetched.ms)
+        if fetched.error is not None:
+            self._read_failed(key, fetched.error)
             return None
-        counters.record_get((time.perf_counter() - started) * 1e3)
+        data = fetched.data
+        assert data is not None  # a read that did not raise returned bytes
         counters.count_hit(len(data))
         hit_log = self._hit_log
         if hit_log is not None:

@@ -14,6 +14,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache, Progra
 
 from . import exitbudget, exitreport
 from .bootfetch import boot_fetch_for
+from .readahead import ReadAhead
 from .._cudacore import as_key_bytes, extract_bytes
 from ..configvalues import ConfigValues
 from ..errors import DeleteFailed, one_line
@@ -161,6 +162,8 @@ class TieredProgramCache(ProgramCacheResource):
         shared = tiers[self._first_shared].entries if local_depth < self._first_shared < len(tiers) else None
         self._boot = boot_fetch_for(self._local_store, shared, settings.boot_fetch_bytes, settings.max_local_bytes,
                                     local_depth)  # a fresh node's first shared lookup also fetches the newest entries
+        self._ahead = (ReadAhead(tiers[self._first_shared], tiers[:self._first_shared])
+                       if self._first_shared < len(tiers) else None)  # fmt: skip
 
     @classmethod
     def _around(cls, resource: TierSource) -> TieredProgramCache:
@@ -281,7 +284,8 @@ class TieredProgramCache(ProgramCacheResource):
                 if data is not None:
                     self._promote(k, data, self._boot.local_depth)
                     return data
-            data = tier.lookup(k)
+            fetched = self._ahead.take(k) if depth == self._first_shared and self._ahead is not None else None
+            data = tier.lookup(k) if fetched is None else tier.lookup_fetched(k, fetched)
             if data is not None:
                 self._promote(k, data, depth)
                 if depth and logger.isEnabledFor(logging.DEBUG):  # the first tier logs its own hits
@@ -326,6 +330,16 @@ class TieredProgramCache(ProgramCacheResource):
         for faster in self._tiers[:depth]:
             if faster.policy.promote:
                 faster.store(k, data, promotion=True)
+
+    def read_ahead(self, key: bytes) -> None:
+        """Start reading entry ``key`` from the shared tier now, for a lookup about to ask for it.
+
+        Unless a tier in front of it holds the entry. The next lookup of ``key`` that reaches the
+        shared tier takes this read's answer and is counted as usual; one no lookup takes costs a
+        request and is not counted (:mod:`.readahead`). No-op without a shared tier. Thread-safe.
+        """
+        if self._ahead is not None:
+            self._ahead.start(key)
 
     def __getitem__(self, key: bytes | str) -> bytes:
         data = self.get(key)

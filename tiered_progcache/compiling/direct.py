@@ -46,7 +46,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cachetools
 from cuda.core import ProgramOptions
@@ -58,6 +58,9 @@ from . import keys
 from .headermemo import ScanResult, is_racy, resolve, signature, signature_of_stat
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
 from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate, path_list
+
+if TYPE_CHECKING:
+    from ..chain.tiered import TieredProgramCache
 
 __all__ = [
     "DIRECT_MAGIC",
@@ -595,7 +598,7 @@ def _read(cache: Any, storage: bytes) -> list[dict[str, Any]] | None:
 
 
 def compile_key(
-    cache: Any,
+    cache: TieredProgramCache,
     source: str | bytes,
     code_type: str,
     options: ProgramOptions,
@@ -610,7 +613,8 @@ def compile_key(
     """:func:`.keys.compile_key`, asking ``cache``'s direct manifest before scanning.
 
     A header-scan memo of this process or of ``memo_dir`` answers first; where none does,
-    the direct manifest is read once and its newest set that holds here gives the key
+    the direct manifest is read once (the newest set's entry read ahead, beside the hashing)
+    and its newest set that holds here gives the key
     (the scan's, byte for byte), the verified set then memoized as a scan (in ``memo_dir``
     at exit). Otherwise the scan runs, and its set is recorded where a manifest exists
     (else :func:`record` after the compile makes one).
@@ -628,6 +632,8 @@ def compile_key(
         if sets is None:
             with _counts_lock:
                 _absent[storage] = True
+        elif sets and len(sets[0]["key"]) == 64:  # the newest set's entry, read while its headers are hashed
+            cache.read_ahead(bytes.fromhex(sets[0]["key"]))
         hit = match(sets or (), source, code_type, options, target_type, name_expressions, extra_digest,
                      by_role, cwd, memo_dir=memo_dir)
     except Exception as exc:  # unsure means scan

@@ -1,0 +1,110 @@
+"""A read started ahead of its lookup: the lookup that takes it is the one counted, and nothing is read twice.
+
+What direct mode uses to read a fresh node's entry while it hashes the headers (chain/readahead.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.chain.readahead import MAX_PENDING, ReadAhead
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.testing import WrapperEntryStore
+
+KEY = b"k" * 32
+VALUE = b"\x7fELF" + bytes(200)
+
+
+def _shared() -> WrapperEntryStore:
+    url = f"memory://ahead-{uuid.uuid4().hex}/kernels"
+    return WrapperEntryStore(RemoteProgramCache.from_url(url, strict=True))
+
+
+def _chain(tmp_path, shared: WrapperEntryStore) -> TieredProgramCache:
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), shared])
+
+
+def test_the_lookup_that_takes_a_read_ahead_is_counted_once_and_reads_nothing_again(tmp_path):
+    shared = _shared()
+    shared.write_key(KEY, VALUE)
+    gate = shared.hold("read_entry")
+    with _chain(tmp_path, shared) as chain:
+        before = chain.stats()
+        chain.read_ahead(KEY)
+        assert gate.wait_arrived()  # the read began before any lookup asked
+        gate.open()
+        assert chain.get(KEY) == VALUE
+        delta = chain.stats() - before
+        assert (delta["remote"].hits, delta["remote"].misses, delta["remote"].bytes_read) == (1, 0, len(VALUE))
+        assert (delta["local"].misses, delta["memory"].misses) == (1, 1)
+        assert chain.get(KEY) == VALUE  # promoted: memory answers
+        assert shared.calls["read_entry"] == 1
+
+
+def test_a_read_ahead_of_an_absent_or_failing_entry_is_its_lookups_miss(tmp_path):
+    shared = _shared()
+    with _chain(tmp_path, shared) as chain:
+        chain.read_ahead(KEY)
+        assert chain.get(KEY) is None
+        assert ((chain.stats())["remote"].misses, chain.stats()["remote"].errors) == (1, 0)
+        shared.fail("read_entry", ConnectionError("down"), times=1)
+        chain.read_ahead(b"j" * 32)
+        assert chain.get(b"j" * 32) is None
+        assert (chain.stats()["remote"].misses, chain.stats()["remote"].errors) == (2, 1)
+        assert shared.calls["read_entry"] == 2  # each read once: the lookups took the reads made ahead
+
+
+def test_a_read_no_lookup_takes_counts_nothing_and_one_started_twice_reads_once(tmp_path):
+    shared = _shared()
+    shared.write_key(KEY, VALUE)
+    with _chain(tmp_path, shared) as chain:
+        tier = chain.tier("remote")
+        ahead = ReadAhead(tier, [])
+        gate = shared.hold("read_entry")
+        ahead.start(KEY)
+        assert gate.wait_arrived()
+        ahead.start(KEY)  # pending already: no second read
+        gate.open()
+        fetched = ahead.take(KEY)
+        assert (fetched.data, fetched.error) == (VALUE, None)
+        assert (tier.counters.hits, tier.counters.misses, tier.counters.bytes_read) == (0, 0, 0)
+        assert ahead.take(KEY) is None  # taken once
+        assert tier.lookup_fetched(KEY, fetched) == VALUE and tier.counters.hits == 1
+        assert shared.calls["read_entry"] == 1
+
+
+def test_an_entry_a_nearer_tier_holds_is_not_read_from_the_shared_one(tmp_path):
+    shared = _shared()
+    shared.write_key(KEY, VALUE)
+    with _chain(tmp_path, shared) as chain:
+        chain[KEY] = VALUE  # memory and local hold it (the shared write goes in the background)
+        assert chain.flush(10)
+        shared.reset_counts()
+        ahead = ReadAhead(chain.tier("remote"), [chain.tier("memory"), chain.tier("local")])
+        ahead.start(KEY)
+        assert ahead.take(KEY) is None and shared.calls["read_entry"] == 0
+        ahead = ReadAhead(chain.tier("remote"), [chain.tier("local")])
+        chain.tier("local").backend.delete_key(KEY)
+        ahead.start(KEY)
+        assert ahead.take(KEY).data == VALUE and shared.calls["read_entry"] == 1
+
+
+def test_at_most_max_pending_reads_wait_for_a_lookup(tmp_path):
+    shared = _shared()
+    with _chain(tmp_path, shared) as chain:
+        ahead = ReadAhead(chain.tier("remote"), [])
+        keys = [n.to_bytes(32, "big") for n in range(MAX_PENDING + 1)]
+        for key in keys:
+            ahead.start(key)
+        assert MAX_PENDING == 64
+        assert ahead.take(keys[0]) is None  # the oldest, dropped
+        assert all(ahead.take(key).error is not None for key in keys[1:])  # each absent: a KeyError, kept
+
+
+def test_a_chain_without_a_shared_tier_reads_nothing_ahead(tmp_path):
+    with TieredProgramCache(tmp_path / "local") as chain:
+        chain.read_ahead(KEY)
+        assert chain.get(KEY) is None and chain.stats()["local"].misses == 1
