@@ -19,6 +19,7 @@ from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.chain.bootfetch import MAX_LISTED, boot_fetch_for, newest_within
+from tiered_progcache.chain.stats import MetadataKey
 from tiered_progcache.stores.breaker import CircuitBreaker
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
@@ -83,6 +84,22 @@ def test_a_fresh_node_reads_k_entries_in_one_listing_one_batch_and_the_first_loo
         assert cache.get(b"absent") is None and fs.requests["get"] == K + 1  # a name not in the batch: as before
         assert cache.stats()["local"].misses == local_misses + 1  # ... and the local directory asked once, not twice
         assert cache._boot.report[0] == K
+
+
+def test_a_metadata_read_is_a_fresh_nodes_first_shared_lookup_too(tmp_path):
+    """Direct mode's first read is a direct manifest (metadata, promoted into the local directory): it starts the
+    fetch while the directory is still empty, and a later metadata read of a name in the batch reads it locally."""
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])  # the trigger
+        assert cache.get(MetadataKey(KEYS[1])) == _payload(KEYS[1])  # waits for the batch
+        for key in KEYS[2:]:
+            assert cache.get(key) == _payload(key)
+        _join_boot_fetch()
+        assert dict(fs.requests) == {"get": 1 + (K - 1), "list": 1}
+        stats = cache.stats()
+        assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (0, 0, K - 2)
 
 
 def test_the_trigger_asks_the_local_directory_once(tmp_path):
@@ -413,3 +430,37 @@ def test_an_entry_the_batch_brought_after_the_local_miss_is_promoted_into_memory
         assert cache.get(KEYS[1]) == _payload(KEYS[1])
         delta = cache.stats() - before
         assert (delta["memory"].hits, delta["local"].lookups) == (1, 0)  # promoted: memory answers now
+
+
+class _HangingBatchAsked(_HangingBatch):
+    """:class:`_HangingBatch`, with an event set once every hung GET was asked (the batch is under way, all held)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__(release)
+        self.held = 0
+        self.all_asked = threading.Event()
+
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        short = f"{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}"
+        if path not in self.asked and short in self.hung:
+            self.asked.add(path)
+            self.held += 1
+            if self.held == len(self.hung):
+                self.all_asked.set()
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
+        self.asked.add(path)
+        return await SlowFileSystem._cat_file(self, path, start, end, **kwargs)
+
+
+def test_a_lookup_read_ahead_does_not_wait_for_the_batch(tmp_path, release):
+    fs = _HangingBatchAsked(release)
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._done = done = _CountingEvent()
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger
+        assert fs.all_asked.wait(60)  # the batch's GETs are all out, and held
+        cache.read_ahead(KEYS[1])  # its GET is the second of that entry's: answered
+        assert cache.get(KEYS[1]) == _payload(KEYS[1])
+        assert done.timeouts == []  # taken from the read ahead: the batch was never waited for
+        assert cache.stats()["remote"].hits == 2

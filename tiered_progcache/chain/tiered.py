@@ -279,12 +279,14 @@ class TieredProgramCache(ProgramCacheResource):
         """
         for depth in range(start, stop):
             tier = self._tiers[depth]
-            if depth == self._first_shared and self._boot is not None and self._boot.landed(k):
-                data = self._tiers[self._boot.local_depth].lookup(k)  # the boot fetch brought it
-                if data is not None:
-                    self._promote(k, data, self._boot.local_depth)
-                    return data
-            fetched = self._ahead.take(k) if depth == self._first_shared and self._ahead is not None else None
+            fetched = None
+            if depth == self._first_shared:
+                fetched = None if self._ahead is None else self._ahead.take(k)  # read already: not the batch's wait
+                if fetched is None and self._boot is not None and self._boot.landed(k):
+                    data = self._tiers[self._boot.local_depth].lookup(k)  # the boot fetch brought it
+                    if data is not None:
+                        self._promote(k, data, self._boot.local_depth)
+                        return data
             data = tier.lookup(k) if fetched is None else tier.lookup_fetched(k, fetched)
             if data is not None:
                 self._promote(k, data, depth)
@@ -299,8 +301,16 @@ class TieredProgramCache(ProgramCacheResource):
         return default
 
     def _get_metadata(self, k: bytes, start: int, stop: int, default: bytes | None) -> bytes | None:
-        """A :class:`MetadataKey`'s read: tiers ``start:stop`` in order, promoted, not counted as a lookup."""
+        """A :class:`MetadataKey`'s read: tiers ``start:stop`` in order, promoted, not counted as a lookup.
+
+        At the shared tier it is a lookup for the boot fetch as an entry's is: a fresh node's first
+        (direct mode's manifest) starts it, while the local directory is still empty."""
         for depth in range(start, stop):
+            if depth == self._first_shared and self._boot is not None and self._boot.landed(k):
+                data = self._tiers[self._boot.local_depth].lookup_metadata(k)  # the boot fetch brought it
+                if data is not None:
+                    self._promote(k, data, self._boot.local_depth)
+                    return data
             data = self._tiers[depth].lookup_metadata(k)
             if data is not None:
                 self._promote(k, data, depth)
