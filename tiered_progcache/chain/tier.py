@@ -195,7 +195,7 @@ _MAX_REJECTED = 4096
 
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Fetched:
     """One read of a tier, not yet counted: its bytes, or what it raised (``KeyError``: absent), and its milliseconds.
     Exactly one of ``data`` and ``error`` is set."""
