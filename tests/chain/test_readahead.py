@@ -5,12 +5,16 @@ What direct mode uses to read a fresh node's entry while it hashes the headers (
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 
 from tiered_progcache import TieredProgramCache
+from tiered_progcache.chain.policy import TierPolicy
 from tiered_progcache.chain.readahead import MAX_PENDING, ReadAhead
+from tiered_progcache.chain.tier import Tier
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.testing import WrapperEntryStore
 
@@ -108,3 +112,38 @@ def test_a_chain_without_a_shared_tier_reads_nothing_ahead(tmp_path):
     with TieredProgramCache(tmp_path / "local") as chain:
         chain.read_ahead(KEY)
         assert chain.get(KEY) is None and chain.stats()["local"].misses == 1
+
+
+def test_each_read_runs_on_a_daemon_thread_named_for_its_key(tmp_path):
+    """A read in flight never holds the process's exit (it ends within the store's deadline anyway)."""
+    shared = _shared()
+    shared.write_key(KEY, VALUE)
+    with _chain(tmp_path, shared) as chain:
+        ahead = ReadAhead(chain.tier("remote"), [])
+        gate = shared.hold("read_entry")
+        try:
+            ahead.start(KEY)
+            assert gate.wait_arrived()
+            readers = [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-ahead-")]
+            assert [(t.name, t.daemon) for t in readers] == [(f"tiered-progcache-ahead-{KEY[:4].hex()}", True)]
+        finally:
+            gate.open()
+        assert ahead.take(KEY).data == VALUE
+
+
+def test_a_read_that_raises_is_logged_and_left_to_the_lookup(tmp_path, caplog):
+    """What no tier's read catches (not an ``Exception``) costs the read ahead only: logged, and the lookup reads."""
+
+    class Interrupted(BaseException):
+        pass
+
+    shared, nearby = _shared(), _shared()
+    nearby.fail("read_entry", Interrupted("a bug"))
+    with _chain(tmp_path, shared) as chain:
+        ahead = ReadAhead(chain.tier("remote"), [Tier(nearby, TierPolicy("nearby"))])
+        with caplog.at_level(logging.DEBUG, "tiered_progcache.chain.readahead"):
+            ahead.start(KEY)
+            assert ahead.take(KEY) is None
+        assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.chain.readahead"] == [
+            f"read ahead of {KEY[:8].hex()} failed: Interrupted('a bug')"]
+        assert shared.calls["read_entry"] == 0
