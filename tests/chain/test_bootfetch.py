@@ -465,3 +465,23 @@ def test_a_lookup_read_ahead_does_not_wait_for_the_batch(tmp_path, release):
         assert cache.get(KEYS[1]) == _payload(KEYS[1])
         assert done.timeouts == []  # taken from the read ahead: the batch was never waited for
         assert cache.stats()["remote"].hits == 2
+
+
+def test_a_metadata_read_memory_answers_never_waits_for_the_batch(tmp_path, release):
+    fs = _HangingBatch(release)
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._done = done = _CountingEvent()
+        cache._boot._listed = listed = _CountingEvent()
+        cache.tier("memory").backend.write_key(KEYS[1], b"in memory")  # the local directory stays empty
+        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])  # the trigger; the batch's GETs hang
+        assert cache.get(MetadataKey(KEYS[1])) == b"in memory"
+        assert (done.timeouts, listed.timeouts) == ([], [])  # asked of the boot fetch only at the shared tier
+
+
+def test_a_chain_with_no_boot_fetch_reads_metadata_from_its_shared_tier(tmp_path):
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), remote]) as cache:  # no local directory: no boot fetch
+        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])
+        assert dict(fs.requests) == {"get": 1}

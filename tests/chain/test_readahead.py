@@ -16,7 +16,10 @@ from tiered_progcache.chain.policy import TierPolicy
 from tiered_progcache.chain.readahead import MAX_PENDING, ReadAhead
 from tiered_progcache.chain.tier import Tier
 from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing import WrapperEntryStore
+
+from support import FileBackDoor
 
 KEY = b"k" * 32
 VALUE = b"\x7fELF" + bytes(200)
@@ -147,3 +150,20 @@ def test_a_read_that_raises_is_logged_and_left_to_the_lookup(tmp_path, caplog):
         assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.chain.readahead"] == [
             f"read ahead of {KEY[:8].hex()} failed: Interrupted('a bug')"]
         assert shared.calls["read_entry"] == 0
+
+
+def test_a_corrupt_entry_read_ahead_is_rejected_and_replaced_by_the_next_write(tmp_path):
+    """Writes to a store with conditional creates never rewrite an entry, except one a read found corrupt:
+    a read made ahead is that read too."""
+    (tmp_path / "bucket").mkdir()
+    remote = RemoteProgramCache.from_url((tmp_path / "bucket").as_uri(), strict=True)
+    assert remote.atomic_create
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), (remote, TierPolicy("remote", shared=True))]) as chain:
+        chain[KEY] = VALUE
+        FileBackDoor(tmp_path / "bucket").write(entry_name(KEY), b"not an envelope")
+        chain.tier("memory").backend.delete_key(KEY)
+        chain.read_ahead(KEY)
+        assert chain.get(KEY) is None and chain.stats()["remote"].rejected == 1
+        chain[KEY] = VALUE + b"again"
+        chain.tier("memory").backend.delete_key(KEY)
+        assert chain.get(KEY) == VALUE + b"again"
