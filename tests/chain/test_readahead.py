@@ -167,3 +167,19 @@ def test_a_corrupt_entry_read_ahead_is_rejected_and_replaced_by_the_next_write(t
         chain[KEY] = VALUE + b"again"
         chain.tier("memory").backend.delete_key(KEY)
         assert chain.get(KEY) == VALUE + b"again"
+
+
+def test_a_lookup_is_timed_in_milliseconds_from_its_read_hit_or_miss(tmp_path):
+    """The read's own time, in ms: a store that takes at least 50 ms per read shows at least 50 (and not
+    seconds' worth), whether the lookup read it or took a read made ahead, and for a miss as for a hit."""
+    shared = _shared()
+    shared.write_key(KEY, VALUE)
+    shared.delay("read_entry", 0.05)  # a real pause: a lower bound on the read's time, not a synchronization
+    for ahead in (False, True):
+        for key in (KEY, b"absent" * 6):
+            with _chain(tmp_path / f"{ahead}-{key[:1].hex()}", shared) as chain:
+                if ahead:
+                    chain.read_ahead(key)
+                chain.get(key)
+                ms = chain.stats()["remote"].get_p50_ms
+                assert 50 <= ms < 60_000, (ahead, key, ms)
