@@ -94,6 +94,7 @@ def test_a_metadata_read_is_a_fresh_nodes_first_shared_lookup_too(tmp_path):
     with _chain(tmp_path / "node", remote) as cache:
         assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])  # the trigger
         assert cache.get(MetadataKey(KEYS[1])) == _payload(KEYS[1])  # waits for the batch
+        assert cache.tier("memory").backend.read_key(KEYS[1]) == _payload(KEYS[1])  # and promoted from there
         for key in KEYS[2:]:
             assert cache.get(key) == _payload(key)
         _join_boot_fetch()
