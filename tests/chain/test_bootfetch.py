@@ -285,11 +285,16 @@ class _HangingBatch(SlowFileSystem):
         self.release = release
         self.hung = {f"{name[:2]}/{name[2:]}" for name in map(entry_name, KEYS[1:])}
         self.asked: set[str] = set()
+        self.held = 0
+        self.all_asked = threading.Event()  # set once every hung GET was asked: the batch is out, all held
 
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         first = path not in self.asked
         self.asked.add(path)
         if first and path.rsplit("/", 2)[-2] + "/" + path.rsplit("/", 1)[-1] in self.hung:
+            self.held += 1
+            if self.held == len(self.hung):
+                self.all_asked.set()
             while not self.release.is_set():
                 await asyncio.sleep(0.01)
         return await super()._cat_file(path, start, end, **kwargs)
@@ -434,29 +439,8 @@ def test_an_entry_the_batch_brought_after_the_local_miss_is_promoted_into_memory
         assert (delta["memory"].hits, delta["local"].lookups) == (1, 0)  # promoted: memory answers now
 
 
-class _HangingBatchAsked(_HangingBatch):
-    """:class:`_HangingBatch`, with an event set once every hung GET was asked (the batch is under way, all held)."""
-
-    def __init__(self, release: threading.Event) -> None:
-        super().__init__(release)
-        self.held = 0
-        self.all_asked = threading.Event()
-
-    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        short = f"{path.rsplit('/', 2)[-2]}/{path.rsplit('/', 1)[-1]}"
-        if path not in self.asked and short in self.hung:
-            self.asked.add(path)
-            self.held += 1
-            if self.held == len(self.hung):
-                self.all_asked.set()
-            while not self.release.is_set():
-                await asyncio.sleep(0.01)
-        self.asked.add(path)
-        return await SlowFileSystem._cat_file(self, path, start, end, **kwargs)
-
-
 def test_a_lookup_read_ahead_does_not_wait_for_the_batch(tmp_path, release):
-    fs = _HangingBatchAsked(release)
+    fs = _HangingBatch(release)
     remote = _store(fs)
     with _chain(tmp_path / "node", remote) as cache:
         cache._boot._done = done = _CountingEvent()
