@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -52,12 +53,20 @@ def test_bad_variables_are_value_errors_naming_them(variable, text, match):
         CacheConfig.from_env({"TIERED_PROGCACHE_" + variable: text})
 
 
-def test_a_misspelt_storage_option_is_an_error_at_construction_even_without_strict(tmp_path, s3_bucket):
-    """Before: ``endpoint_ur1`` made the filesystem fail and the cache ran local-only, silently."""
+def test_a_misspelt_storage_option_is_a_type_error_with_strict_and_an_error_line_without(tmp_path, s3_bucket, caplog):
+    """Before: ``endpoint_ur1`` made the filesystem fail and the cache ran local-only, silently. Without ``strict``
+    the probe runs beside the first compile: one ERROR line names the option, and the tier counts one error."""
     options = dict(s3_bucket.storage_options)
     options["endpoint_ur1"] = options.pop("endpoint_url")
-    with pytest.raises((TypeError, ValueError), match="endpoint_ur1"):
-        TieredProgramCache(tmp_path, remote=s3_bucket.url, remote_options=options, strict=False, remote_timeout=2)
+    with pytest.raises(TypeError, match="endpoint_ur1"):
+        TieredProgramCache(tmp_path, remote=s3_bucket.url, remote_options=options, strict=True, remote_timeout=2)
+    with caplog.at_level(logging.ERROR, logger="tiered_progcache"):
+        cache = TieredProgramCache(tmp_path, remote=s3_bucket.url, remote_options=options, remote_timeout=2)
+        assert cache.shared_store.wait_ready(60)
+    lines = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "endpoint_ur1" in lines[0] and "correct the storage options" in lines[0], lines
+    assert not cache.shared_store.available
+    assert cache.stats()["remote"].errors == 1
 
 
 def test_deeply_nested_remote_options_in_the_command_is_a_usage_error(tmp_path):

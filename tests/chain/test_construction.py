@@ -40,6 +40,7 @@ def test_three_remotes_of_one_kind_are_named_remote_remote2_remote3(tmp_path):
 def test_create_root_overrides_the_setting_and_none_means_the_setting(tmp_path, setting, argument, created):
     root = tmp_path / "missing"
     shared, kind = shared_tier(ConfigValues(create_remote_root=setting), root.as_uri(), create_root=argument)
+    assert shared.wait_ready(60)  # the probe runs beside the constructor
     assert kind == "remote" and root.is_dir() is created
     assert shared.breaker.state == ("closed" if created else "open")  # a missing root is an outage
 
@@ -69,6 +70,7 @@ def test_the_default_chain_remembers_a_failed_probe_in_its_local_directory(tmp_p
     url = _refused_redis_url()
     cache = TieredProgramCache(tmp_path / "local", remote=url, remote_timeout=2.0)
     try:
+        assert cache.shared_store.wait_ready(60)  # the probe runs beside the constructor
         assert cache.shared_store.breaker.state == "open"
         recalled = DownMemo(tmp_path / "local").recall(url)
         assert recalled is not None and "refused" in recalled[0].lower()

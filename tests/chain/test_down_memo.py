@@ -35,13 +35,14 @@ def test_a_failed_probe_is_skipped_by_the_next_build_for_the_memos_lifetime_only
     memo = DownMemo(node, clock=clock)
     config = CacheConfig(remote=url)
     first, _ = shared_tier(config, url, down_memo=memo)
+    assert first.wait_ready(60)  # the probe runs beside the constructor
     assert first.breaker.state == "open" and "does not exist" in first.breaker.last_error
     assert memo.path(url).parent == node / DOWN_MEMO_DIR and memo.path(url).is_file()
     assert memo.recall(url)[1] == DOWN_MEMO_S
     root.mkdir()  # the share is back, but within the memo's time nobody looks
     clock.now += DOWN_MEMO_S - 1
     second, _ = shared_tier(config, url, down_memo=memo)
-    assert second.breaker.state == "open"
+    assert second.wait_ready(60) and second.breaker.state == "open"
     [line] = [r.getMessage() for r in caplog.records if "found down" in r.getMessage()]  # one line, no probe
     assert line == (f"remote cache {url} is unreachable: {first.breaker.last_error} (found down {DOWN_MEMO_S - 1:.0f} s "
                     f"ago on this node; remove {memo.path(url)} to probe now); continuing without it, probing again "
@@ -50,6 +51,7 @@ def test_a_failed_probe_is_skipped_by_the_next_build_for_the_memos_lifetime_only
     assert strict.breaker.state == "closed"
     clock.now += 1  # the memo's time is over: probed, found, forgotten
     third, _ = shared_tier(config, url, down_memo=memo)
+    assert third.wait_ready(60)
     assert third.breaker.state == "closed" and not memo.path(url).exists()
     for store in (first, second, strict, third):
         store.close()

@@ -69,7 +69,8 @@ _NODE = textwrap.dedent("""
     tpc.on_compile(hold)
     if len(sys.argv) > 1:
         cache = tpc.TieredProgramCache(sys.argv[3], remote=sys.argv[1], remote_options=json.loads(sys.argv[2]),
-                                       remote_timeout=float(sys.argv[4]), exit_timeout=float(sys.argv[5]))
+                                       remote_timeout=float(sys.argv[4]), exit_timeout=float(sys.argv[5]),
+                                       lease_min_compile_rtts=0)  # every compile takes the lease
     else:
         cache = tpc.TieredProgramCache.from_env()
     atexit.register(lambda: print("done", time.monotonic(), flush=True))  # after threading's exit hooks
@@ -111,7 +112,8 @@ def _exit_after_a_compile_against_a_hung_remote(
                 str(EXIT_TIMEOUT_S)]
     stderr = tmp_path / "stderr"
     with open(stderr, "w") as err:
-        node = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        env = {**os.environ, "TIERED_PROGCACHE_LEASE_MIN_COMPILE_RTTS": "0"}  # every compile takes the lease
+        node = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         try:
             assert node.stdout.readline().strip() == "compiling"  # it holds the lease now
             os.kill(server.pid, signal.SIGSTOP)  # the remote hangs from here on

@@ -111,6 +111,7 @@ def test_latency_tracker_counts_exactly_under_many_threads():
 
 def test_the_runner_times_each_single_request_and_no_listing_or_batch(tmp_path):
     remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
+    assert remote.wait_ready(30)  # the probe's own requests are timed too
     latency = remote.runner.latency
     before = latency.recorded
     names = [entry_name(b"k%d" % n) for n in range(3)]
@@ -179,7 +180,8 @@ def test_a_compile_is_short_exactly_under_k_round_trips():
     policy = FlightPolicy(lease_min_compile_rtts=4.0)
     assert not policy.short(0.2, 0.05)  # 0.2 s = 4 x 50 ms: the lease
     assert policy.short(0.1999, 0.05)
-    assert not policy.short(0.0001, None)  # no request timed yet: the lease protects it
+    assert policy.short(0.1999, None)  # no request timed yet: R counts as UNMEASURED_ROUND_TRIP_S (50 ms)
+    assert not policy.short(0.2, None)
     assert not FlightPolicy(lease_min_compile_rtts=0.0).short(0.0, 10.0)  # 0: always the lease
     admitting = FlightPolicy(lease_min_compile_rtts=0.0, min_upload_compile_s=0.5)
     assert admitting.short(0.49, None)  # would not be uploaded: nobody could wait for it
@@ -191,7 +193,8 @@ def test_a_compile_is_short_exactly_under_k_round_trips():
 def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
     """A real remote whose runner has timed exactly these round trips (seconds)."""
     remote = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}")
-    remote.runner.latency = LatencyTracker()  # forget the probe at construction
+    assert remote.wait_ready(60)  # the probe (beside the constructor) has ended
+    remote.runner.latency = LatencyTracker()  # forget the probe
     for seconds in round_trips:
         remote.runner.latency.record(seconds)
     return remote
@@ -833,6 +836,7 @@ def test_each_store_of_a_node_directory_is_seeded_once_with_what_the_node_measur
     compile_times.clear()
     for url, rtt in zip(urls, (0.25, 0.5)):
         with TieredProgramCache(tmp_path / "node", remote=url) as cache:
+            assert cache.shared_store.wait_ready(60)  # the probe (beside the constructor) has ended
             latency = cache.shared_store.runner.latency
             latency.__init__()  # forget the probe: only what the node persisted
             singleflight.predict(cache, "c++", "cubin", 1000)
@@ -846,6 +850,7 @@ def test_every_constant_of_the_policy_is_pinned():
 
     assert (fp.POLL_FLOOR_S, fp.POLL_GROWTH, fp.COMPILE_TIME_WEIGHT, fp.HEADER_BYTES) == (0.01, 0.02, 0.3, 8192)
     assert (fp.UNTIMED_FIXED_S, fp.UNTIMED_SECONDS_PER_BYTE, fp.MAX_PERSISTED_S) == (0.02, 2e-6, 3600.0)
+    assert fp.UNMEASURED_ROUND_TRIP_S == 0.05
     assert (fp.UPLOAD_FLUSH_TIMEOUT_S, fp.EXIT_POLL_S, LATENCY_WINDOW, DEFAULT_LEASE_MIN_COMPILE_RTTS) == (
         30.0, 0.1, 64, 1.0)
     assert fp.DECISIONS == ("raced_won", "raced_found", "held", "waited", "found_under_lease", "failed",
@@ -985,9 +990,12 @@ def test_describe_says_each_case_and_why_word_for_word(tmp_path):
     assert describe(alone, 0.02) == "node: no shared tier, the node lock only (C 20.0 ms)"
     (tmp_path / "remote").mkdir()
     unknown = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path)], lease_min_compile_rtts=2.0)
-    assert plan(unknown, 0.001) == ("lease", None)
-    assert describe(unknown, 0.001) == (
-        "lease: C 1.0 ms >= 2 x R unknown: one node compiles, the others wait for its entry")
+    assert plan(unknown, 0.0999) == ("short", None)
+    assert describe(unknown, 0.0999) == (
+        "short: C 99.9 ms < 2 x R unknown, 50 ms assumed: the compile races the shared lookup, no lease")
+    assert plan(unknown, 0.1) == ("lease", None)
+    assert describe(unknown, 0.1) == (
+        "lease: C 100.0 ms >= 2 x R unknown, 50 ms assumed: one node compiles, the others wait for its entry")
     read_only = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}", read_only=True)
     read_only.runner.latency = LatencyTracker()
     read_only.runner.latency.record(0.05)

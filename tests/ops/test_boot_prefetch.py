@@ -57,6 +57,7 @@ def warm_s3(s3_bucket, tmp_path):
 def test_a_fresh_node_is_ready_after_one_listing_and_one_batch_then_compiles_from_disk(tmp_path, warm_s3, events):
     proxy, settings = warm_s3
     with TieredProgramCache(tmp_path / "node", **settings) as node:
+        assert node.shared_store.wait_ready(60)  # its probe (beside the constructor) is not counted below
         before = proxy.requests
         report = node.warm()
         assert (report.entries, report.failures) == (K, 0)  # the cubins; their manifests stay on the remote
@@ -73,6 +74,7 @@ def test_without_the_prefetch_a_fresh_node_pays_one_request_per_kernel(tmp_path,
     The boot fetch is off."""
     proxy, settings = warm_s3
     with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, boot_fetch_bytes=0, **settings) as node:
+        assert node.shared_store.wait_ready(60)  # its probe (beside the constructor) is not counted below
         before = proxy.requests
         for i in range(K):
             tpc.compile(kernel(400 + i), "c++", options(), cache=node)
@@ -86,6 +88,7 @@ def test_a_fresh_node_that_only_compiles_gets_its_kernels_in_one_listing_and_one
     proxy, settings = warm_s3
     others = set(threading.enumerate())  # an earlier test's fetch from a dead store is not this node's to wait for
     with TieredProgramCache(tmp_path / "node", lease_min_compile_rtts=0.0, **settings) as node:
+        assert node.shared_store.wait_ready(60)  # its probe (beside the constructor) is not counted below
         before, stats = proxy.requests, node.stats()
         for i in range(K):
             tpc.compile(kernel(400 + i), "c++", options(), cache=node)

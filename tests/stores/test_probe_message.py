@@ -56,6 +56,7 @@ def test_a_refused_port_is_counted_as_an_error_not_a_timeout(refused_port, tmp_p
     with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
         cache = TieredProgramCache(tmp_path / "node", remote="s3://bucket/x", remote_timeout=0.3,
                                    remote_options=_s3_options(refused_port))  # fmt: skip
+        assert cache.shared_store.wait_ready(60)  # the probe runs beside the constructor
     try:
         remote = cache.stats()["remote"]
         assert (remote.errors, remote.timeouts) == (1, 0)

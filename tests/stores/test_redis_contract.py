@@ -269,6 +269,7 @@ def test_password_never_shows(caplog):
         wrong = url.replace("s3cr3t-pw", "wrong-pw")
         with caplog.at_level(logging.WARNING):
             tier = RedisProgramCache.from_url(wrong)
+            assert tier.wait_ready(60)  # the probe runs beside the constructor
         assert tier.available is False
         with pytest.raises(PermissionError, match="access denied, check the password") as info:
             RedisProgramCache.from_url(wrong, strict=True)
@@ -281,6 +282,7 @@ def test_unreachable_at_construction_warns_and_opens_the_breaker(caplog):
     url = f"redis://127.0.0.1:{free_port()}/0"
     with caplog.at_level(logging.WARNING):
         tier = RedisProgramCache.from_url(url, timeout=1)
+        assert tier.wait_ready(60)  # the probe runs beside the constructor
     assert tier.available is False and "unreachable" in caplog.text
     with pytest.raises(ConnectionError, match="unreachable"):
         RedisProgramCache.from_url(url, timeout=1, strict=True)

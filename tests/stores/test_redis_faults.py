@@ -96,7 +96,7 @@ def test_an_unreachable_server_at_start_runs_the_chain_without_it(tmp_path):
     from tiered_progcache.testing.redis_server import free_port
 
     tier = RedisProgramCache.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=1)
-    assert tier.available is False
+    assert tier.wait_ready(60) and tier.available is False
     chain = _chain(tmp_path, tier)
     cubin = _compile(chain, 16)
     assert cubin.startswith(b"\x7fELF")

@@ -284,6 +284,7 @@ def test_missing_bucket_default_degrades_then_recovers(moto_server, caplog, tmp_
             storage_options=moto_server.storage_options(),
             breaker=CircuitBreaker(cooldown_s=30, clock=clock),
         )
+        assert remote.wait_ready(60)  # the probe runs beside the constructor
     assert "does not exist" in caplog.text and "continuing without it" in caplog.text
     with pytest.raises(TierUnavailable):
         remote.read_key(b"k")

@@ -32,6 +32,7 @@ def test_a_silent_ftp_server_degrades_to_an_open_breaker(blackhole_server, caplo
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="tiered_progcache"):
         remote = RemoteProgramCache.from_url(url, timeout=1, breaker=breaker)
+        assert remote.wait_ready(60)  # the probe runs beside the constructor
     print(f"\nftp:// construction with a silent server took {time.monotonic() - started:.2f} s (timeout 1 s)")
     assert remote.available is False and breaker.state == "open"
     assert any("no answer within 1 s" in r.getMessage() and url in r.getMessage() for r in caplog.records)

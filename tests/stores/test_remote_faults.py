@@ -177,6 +177,7 @@ def test_slow_remote_times_out_then_is_skipped(tmp_path):
     fs = SlowFileSystem()
     fs.mkdir("bucket")
     remote = RemoteProgramCache(fs, "bucket/kernels", timeout=0.2, breaker=CircuitBreaker(3, 60))
+    assert remote.wait_ready(60)  # the probe answered before the store hangs
     chain = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), remote])
     fs.delay_s = 3600  # every request now hangs; the deadline cancels it
     started = time.monotonic()

@@ -243,6 +243,7 @@ def test_remote_batches_go_through_its_runner():
     fs.mkdir("bucket")
     breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30)
     remote = RemoteProgramCache(fs, "bucket/kernels", breaker=breaker)
+    assert remote.wait_ready(60)  # its probe's success would close the breaker tripped below
     assert remote.runner.breaker is breaker and remote.available
     breaker.trip(ConnectionError("down"))
     assert not remote.available
@@ -316,6 +317,7 @@ def test_a_filesystem_without_conditional_create_says_so():
 def test_lease_requests_go_through_the_breaker():
     breaker = CircuitBreaker(failure_threshold=1, cooldown_s=30)
     remote = RemoteProgramCache.from_url(f"memory://leases-{uuid.uuid4().hex}/k", breaker=breaker)
+    assert remote.wait_ready(60)  # its probe's success would close the breaker tripped below
     breaker.trip(ConnectionError("down"))
     leases = remote.leases()
     for attempt in (

@@ -21,13 +21,18 @@ from ..settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_R
 if TYPE_CHECKING:
     from ..stores.store import EntryStore
 
-__all__ = ["POLL_FLOOR_S", "POLL_GROWTH", "FlightPolicy", "FlightWait", "TierPolicy", "WriteMode"]
+__all__ = ["POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "FlightPolicy", "FlightWait", "TierPolicy", "WriteMode"]
 
 #: The shortest poll period: on a store that answers in microseconds (a local path) a waiter still pauses.
 POLL_FLOOR_S = 0.01
 #: A waiter's poll period grows to this fraction of the time waited so far: a long compile is
 #: learned of at most 2% late, and seven waiters polling do not slow its holder down.
 POLL_GROWTH = 0.02
+
+#: ``R`` until the store has answered once (its probe runs beside the first compile): the far end of the
+#: round trips within a region. A compile predicted shorter races the lookup (never slower than
+#: compiling alone); one that reads a library's headers is predicted longer and takes the lease.
+UNMEASURED_ROUND_TRIP_S = 0.05
 
 WriteMode = Literal["sync", "background"]
 
@@ -84,11 +89,13 @@ class FlightPolicy:
         """True if a compile predicted at ``estimate_s`` should race the lookup rather than take the lease.
 
         Short: under ``lease_min_compile_rtts`` round trips, or under the upload threshold (its
-        entry would not reach the others). An unknown round trip (nothing timed) is not short.
+        entry would not reach the others). An unknown round trip (nothing timed yet) counts as
+        :data:`UNMEASURED_ROUND_TRIP_S`.
         """
         if self.min_upload_compile_s is not None and estimate_s < self.min_upload_compile_s:
             return True
-        return round_trip_s is not None and estimate_s < self.lease_min_compile_rtts * round_trip_s
+        rtt = UNMEASURED_ROUND_TRIP_S if round_trip_s is None else round_trip_s
+        return estimate_s < self.lease_min_compile_rtts * rtt
 
     def wait_plan(self, store: EntryStore, clock: Callable[[], float] = time.monotonic) -> FlightWait:
         """How to wait, from now on ``clock``, for another node's compile."""

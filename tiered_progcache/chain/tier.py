@@ -256,8 +256,13 @@ class Tier:
                 max_pending_bytes=max_pending_write_bytes,
                 name=policy.name,
             )
-        startup_failure = backend.startup_failure
-        if startup_failure is not None:  # the store logged it; counted here, so a dead remote shows in stats()
+        backend.when_ready(self._count_startup_failure)
+
+    def _count_startup_failure(self) -> None:
+        """The store's failed first probe as the tier's first error or timeout (the store logged it), so a dead
+        remote shows in ``stats()``."""
+        startup_failure = self.backend.startup_failure
+        if startup_failure is not None:
             response = FAILURE_POLICY["read"].get(failure_kind(startup_failure), _NOTHING)
             if response.counter in ("errors", "timeouts"):
                 self.counters.add(response.counter)

@@ -683,10 +683,15 @@ def shared_tier(
         shared = RemoteProgramCache.from_url(url, storage_options=config.remote_options, create_root=create, **common)
         kind = "remote"
     if down_memo is not None and recalled is None:
-        if shared.breaker.state == "open":  # its probe failed: the next process need not pay it again
-            down_memo.remember(url, mask_url(shared.breaker.last_error))
-        else:
-            down_memo.forget(url)
+        memo = down_memo
+
+        def remember_probe() -> None:
+            if shared.breaker.state == "open":  # its probe failed: the next process need not pay it again
+                memo.remember(url, mask_url(shared.breaker.last_error))
+            else:
+                memo.forget(url)
+
+        shared.when_ready(remember_probe)
     return shared, kind
 
 

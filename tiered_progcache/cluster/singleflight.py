@@ -20,7 +20,7 @@ from cuda.core.utils import ProgramCacheResource
 from ..chain import exitbudget
 from .flightfailure import FailureRecord
 from . import flightpolicy
-from .flightpolicy import FlightDecision, compile_times, report, untimed_estimate
+from .flightpolicy import UNMEASURED_ROUND_TRIP_S, FlightDecision, compile_times, report, untimed_estimate
 from .lease import RemoteLease, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from ..stores.ratelimit import log_once
@@ -97,7 +97,8 @@ def describe(cache: TieredProgramCache, estimate_s: float) -> str:
     """The case a miss predicted at ``estimate_s`` would take in ``cache``, and why, in one line (``explain``)."""
     case, rtt = plan(cache, estimate_s)
     policy = cache.flight_policy
-    c, r = f"C {estimate_s * 1e3:.1f} ms", "R unknown" if rtt is None else f"R {rtt * 1e3:.1f} ms"
+    c = f"C {estimate_s * 1e3:.1f} ms"
+    r = f"R unknown, {UNMEASURED_ROUND_TRIP_S * 1e3:g} ms assumed" if rtt is None else f"R {rtt * 1e3:.1f} ms"
     k = f"{policy.lease_min_compile_rtts:g} x {r}"
     if cache.shared_store is None:
         return f"node: no shared tier, the node lock only ({c})"

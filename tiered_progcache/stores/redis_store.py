@@ -101,7 +101,7 @@ class RedisProgramCache(SharedEntryStore):
         self._max_value_bytes = HEADER_SIZE + _MAC_SIZE + self._max_entry_bytes
         self._first_read = first_read_bytes(self._max_entry_bytes)
         self._leases = None if self._read_only else RedisLeases(self, f"{prefix}:leases:")
-        self._check_reachable(strict)
+        self._start_probe(strict)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float | None = None, **options: Any) -> RedisProgramCache:

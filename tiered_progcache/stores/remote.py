@@ -115,7 +115,7 @@ class RemoteProgramCache(SharedEntryStore):
         self._create_root = bool(create_root)
         options = factory.kwargs if factory is not None else getattr(fs, "storage_options", {})
         self._endpoint = _endpoint_of(options)
-        self._check_reachable(strict)
+        self._start_probe(strict)
 
     @classmethod
     def from_url(
@@ -325,7 +325,12 @@ class RemoteProgramCache(SharedEntryStore):
         except TypeError as exc:
             # The filesystem rejected an argument (a misspelt storage option such as
             # ``endpoint_ur1``): a configuration error, not an outage, so never a silent local-only run.
-            raise TypeError(f"remote cache {self._location}: the filesystem rejected its storage options: {exc}") from exc
+            error = TypeError(f"remote cache {self._location}: the filesystem rejected its storage options: {exc} "
+                              "(correct the storage options; strict=True raises this at construction)")
+            if strict:
+                raise error from exc
+            logger.error("%s; continuing without it", error)
+            self._breaker.trip(error)
         except Exception as exc:
             error, message = _probe_failure(self._location, exc, self.timeout, self._endpoint)
             if strict:

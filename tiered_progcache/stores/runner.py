@@ -43,6 +43,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import math
 import queue
 import threading
@@ -57,7 +58,9 @@ from ..errors import EntryRejected
 from ..settings import MAX_SECONDS
 from .latency import LatencyTracker
 
-__all__ = ["ANSWERS", "BatchOutcome", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["ANSWERS", "PROBE_DEADLINES", "BatchOutcome", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -65,6 +68,9 @@ K = TypeVar("K", bound=Hashable)
 #: Exceptions that are the remote's answer (a miss, an object already there, an object refused
 #: while read), not its failure.
 ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, EntryRejected)
+#: Deadlines a store's first probe can take: the filesystem's construction and two requests (a file:// root
+#: looked for, then made), each under the request deadline. A request waits for the probe at most this long.
+PROBE_DEADLINES = 3
 #: Requests of one batch that a connection pool is assumed to run side by side.
 BATCH_PARALLELISM = 16
 
@@ -147,6 +153,7 @@ class RequestRunner:
         self._threads = _DaemonThreads(max_threads, name=f"remote {name}")
         self._connect_lock = threading.Lock()
         self._forked = False
+        self._probe: _Probe | None = None
         #: Durations of single requests run under the per-request deadline (see :mod:`.latency`).
         self.latency = LatencyTracker()
         _RUNNERS.add(self)
@@ -188,10 +195,36 @@ class RequestRunner:
                 self._fs = _in_daemon_thread(build, self.timeout, f"connecting to {self.name}")
             return self._fs
 
+    def start_probe(self, probe: Callable[[], None]) -> None:
+        """Run ``probe`` (the store's first contact) on a thread of its own; other threads' requests wait for it.
+
+        The client's construction and the first round trip then run beside the caller's first
+        compile instead of before it. A request waits for the probe at most :data:`PROBE_DEADLINES`
+        request deadlines (what the probe itself can take), then is made.
+        """
+        self._probe = _Probe(probe, self.name)
+
+    def when_probed(self, then: Callable[[], None]) -> None:
+        """Call ``then`` once the probe has ended: now if there is none or it has, else on its thread."""
+        probe = self._probe
+        if probe is None or not probe.add(then):
+            then()
+
+    def wait_probed(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for the probe to end; True if it has (or there is none)."""
+        probe = self._probe
+        return probe is None or probe.done.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
+
+    def _await_probe(self) -> None:
+        probe = self._probe
+        if probe is not None and probe.thread is not threading.current_thread():  # never the probe itself
+            probe.done.wait(self.timeout * PROBE_DEADLINES)  # as long as the probe can take, at most
+
     def _after_fork_in_child(self) -> None:
         """In a forked child: no parent threads, and a filesystem rebuilt on first use where it cannot cross a fork."""
         self._threads = _DaemonThreads(self._max_threads, name=f"remote {self.name}")
         self._connect_lock = threading.Lock()
+        self._probe = None  # the parent's probe thread is not in the child: its requests need not wait for it
         if self._rebuild_after_fork:
             self._fs = None
             self._forked = True
@@ -221,8 +254,9 @@ class RequestRunner:
         what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
         ``EntryRejected`` counts as an answer.
         """
-        self.breaker.before_call()
         limit = self.timeout if timeout is None else timeout
+        self._await_probe()
+        self.breaker.before_call()
         what = f"{what} on {self.name}"
         started = time.monotonic()
         try:
@@ -268,11 +302,12 @@ class RequestRunner:
         """
         if not calls:
             return BatchOutcome()
+        limit = self.batch_timeout(len(calls)) if timeout is None else timeout
+        self._await_probe()
         try:
             self.breaker.before_call()
         except Exception as exc:
             return BatchOutcome(errors=dict.fromkeys(calls, exc))
-        limit = self.batch_timeout(len(calls)) if timeout is None else timeout
         what = f"{what} on {self.name}"
         try:
             if self._fs is None:
@@ -337,7 +372,9 @@ class RequestRunner:
         return fs if self._async else BlockingCalls(fs)
 
     def close(self) -> None:
-        """Let the idle threads go; a later request starts fresh ones."""
+        """Let the idle threads go; a later request starts fresh ones. A probe still in flight gets one request
+        deadline to end first, so what it found is said (and remembered) before a short process exits."""
+        self.wait_probed(self.timeout)
         self._threads.close()
 
     # -- internals ----------------------------------------------------------------------
@@ -507,6 +544,43 @@ def _in_daemon_thread(fn: Callable[[], T], timeout: float, what: str) -> T:
         if future.done():
             raise
         raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+class _Probe:
+    """A store's first contact, run on a daemon thread, and what to call when it ends."""
+
+    def __init__(self, probe: Callable[[], None], name: str) -> None:
+        self.done = threading.Event()  # set once the probe and what waited for its end have run
+        self._lock = threading.Lock()
+        self._ended = False
+        self._then: list[Callable[[], None]] = []
+        self.thread = threading.Thread(target=self._run, args=(probe,), name=f"tiered-progcache-probe {name}",
+                                       daemon=True)
+        self.thread.start()
+
+    def add(self, then: Callable[[], None]) -> bool:
+        """Keep ``then`` for the probe's end; False if it has ended (the caller calls it)."""
+        with self._lock:
+            if self._ended:
+                return False
+            self._then.append(then)
+            return True
+
+    def _run(self, probe: Callable[[], None]) -> None:
+        try:
+            probe()
+        except Exception:  # the probe records what it found on the breaker; anything else is a bug, said here
+            logger.exception("probe of %s failed", self.thread.name)
+        finally:
+            with self._lock:
+                self._ended = True
+                then, self._then = self._then, []
+            for call in then:
+                try:
+                    call()
+                except Exception:
+                    logger.exception("after the probe of %s", self.thread.name)
+            self.done.set()
 
 
 _RUNNERS: weakref.WeakSet[RequestRunner] = weakref.WeakSet()

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import settings
@@ -112,6 +113,25 @@ class SharedEntryStore(EntryStore):
         self._runner = RequestRunner(
             connection, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
         )
+
+    def _start_probe(self, strict: bool) -> None:
+        """Probe the store (:meth:`_check_reachable`): now with ``strict`` (a bad config raises here), else on a
+        thread of its own, which the store's requests wait for, so a process's first compile runs beside it."""
+        if strict:
+            self._check_reachable(True)
+        else:
+            self._runner.start_probe(functools.partial(self._check_reachable, False))
+
+    @abc.abstractmethod
+    def _check_reachable(self, strict: bool) -> None:
+        """One request that shows whether the store answers: raise what failed with ``strict``, else log it
+        and trip the breaker."""
+
+    def when_ready(self, then: Callable[[], None]) -> None:
+        self._runner.when_probed(then)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._runner.wait_probed(timeout)
 
     def _known_down(self) -> bool:
         """True, with one WARNING line, when the breaker came in open (another process of this node found the

@@ -217,11 +217,19 @@ class EntryStore(abc.ABC):
 
     @property
     def startup_failure(self) -> BaseException | None:
-        """Why the store's probe at construction failed (it then started with its breaker open), else None.
+        """Why the store's first probe failed (it then opened its breaker), else None; read it once :meth:`when_ready`.
 
         The chain counts it as its tier's first error or timeout: a dead remote shows in ``stats()``.
         """
         return None
+
+    def when_ready(self, then: Callable[[], None]) -> None:
+        """Call ``then`` once the store's first probe has ended (now, where it has none or it has ended)."""
+        then()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for the first probe to end; True if it has."""
+        return True
 
     @property
     def request_timeout_s(self) -> float | None:

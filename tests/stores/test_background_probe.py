@@ -1,0 +1,170 @@
+"""A shared tier's first probe runs on a thread of its own: the constructor returns at once, every request waits for it.
+
+So a fresh process's first compile runs beside the client's construction and the first round
+trip. ``strict=True`` keeps the probe in the constructor, where a bad configuration raises.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from tiered_progcache import TieredProgramCache, TierUnavailable
+from tiered_progcache.chain.downmemo import DownMemo
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.breaker import CircuitBreaker
+from tiered_progcache.stores.runner import PROBE_DEADLINES, RequestRunner
+from tiered_progcache.stores.store import entry_name
+from tiered_progcache.testing.slowfs import SlowFileSystem
+
+
+class HeldProbeFileSystem(SlowFileSystem):
+    """A store whose bucket probe (``_info`` of the bucket) waits for ``probe_gate``; it records each request's
+    operation and whether the probe had answered when the request arrived."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.probe_gate = threading.Event()
+        self.probe_answered = False
+        self.seen: list[tuple[str, bool]] = []
+
+    async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        if path.strip("/") in self.buckets:
+            self.seen.append(("probe", self.probe_answered))
+            while not self.probe_gate.is_set():  # on the loop: yield to it while held
+                await _sleep_briefly()
+            self.probe_answered = True
+        return await super()._info(path, **kwargs)
+
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        self.seen.append(("read", self.probe_answered))
+        return await super()._cat_file(path, start, end, **kwargs)
+
+
+async def _sleep_briefly() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.001)
+
+
+def _held_store(**options: Any) -> tuple[RemoteProgramCache, HeldProbeFileSystem]:
+    fs = HeldProbeFileSystem()
+    fs.mkdir("bucket")
+    return RemoteProgramCache(fs, "bucket/kernels", **options), fs
+
+
+def _waiting_in_probe_gate(thread: threading.Thread) -> bool:
+    """True once ``thread`` is inside the runner's wait for the probe (read from its stack, not timed)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "_await_probe":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_the_constructor_returns_while_the_probe_is_held_and_a_read_waits_for_it():
+    store, fs = _held_store(timeout=60)
+    try:
+        assert not store.wait_ready(0)  # built, the probe still in flight
+        read: list[Any] = []
+        reader = threading.Thread(target=lambda: read.append(store.verify_entry(entry_name(b"k"))))
+        reader.start()
+        deadline = time.monotonic() + 60
+        while not (_waiting_in_probe_gate(reader) and fs.seen):  # both at their gates
+            assert time.monotonic() < deadline, "the read never waited for the probe"
+            time.sleep(0.001)
+        assert fs.seen == [("probe", False)]  # the read has not reached the store
+    finally:
+        fs.probe_gate.set()
+    reader.join(60)
+    assert read == ["missing"]
+    assert fs.seen == [("probe", False), ("read", True)]
+    assert store.wait_ready(0) and store.available
+
+
+def test_a_request_waits_for_the_probes_outcome_and_does_not_ask_a_store_found_down():
+    """The probe runs into its deadline (the store holds it): the read waited for that, then the breaker refused it."""
+    store, fs = _held_store(timeout=0.2)
+    try:
+        with pytest.raises(TierUnavailable):
+            store.verify_entry(entry_name(b"k"))
+        assert fs.seen == [("probe", False)] and not store.available
+    finally:
+        fs.probe_gate.set()
+
+
+def test_a_request_waits_for_a_probe_at_most_as_long_as_a_probe_can_take():
+    """Three deadlines (the filesystem's construction, two requests); a probe held past them is not waited for."""
+    held = threading.Event()
+    runner = RequestRunner(MemoryFileSystem(), timeout=0.2, breaker=CircuitBreaker(), name="test remote")
+    runner.start_probe(held.wait)  # a probe that outlives every deadline (only a bug could)
+    try:
+        started = time.monotonic()
+        assert runner.call("read", lambda: "answered", None) == "answered"
+        assert PROBE_DEADLINES == 3
+        assert time.monotonic() - started >= 0.2 * PROBE_DEADLINES and not runner.wait_probed(0)
+    finally:
+        held.set()
+
+
+def test_the_probes_own_requests_do_not_wait_for_it():
+    fs = HeldProbeFileSystem()
+    fs.mkdir("bucket")
+    fs.probe_gate.set()
+    store = RemoteProgramCache(fs, "bucket/kernels", timeout=3600)  # were it to wait for itself: an hour
+    assert store.wait_ready(60)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_wait_for_its_parents_probe():
+    """The probe's thread is not in the child, so nothing there would ever end it."""
+    store, fs = _held_store(timeout=3600)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: answer with the exit code, never return into pytest
+            os._exit(0 if store.wait_ready(0) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not store.wait_ready(0)  # the parent's is still held
+    finally:
+        fs.probe_gate.set()
+
+
+def test_strict_probes_in_the_constructor():
+    fs = HeldProbeFileSystem()
+    fs.mkdir("bucket")
+    fs.probe_gate.set()
+    store = RemoteProgramCache(fs, "bucket/kernels", strict=True)
+    assert store.wait_ready(0) and fs.seen == [("probe", False)]
+
+
+def test_what_waits_for_the_probe_is_called_once_it_ends_and_at_once_after():
+    store, fs = _held_store()
+    called: list[str] = []
+    store.when_ready(lambda: called.append("early"))
+    assert called == []
+    fs.probe_gate.set()
+    assert store.wait_ready(float("inf"))  # any timeout a caller passes is one the platform takes
+    store.when_ready(lambda: called.append("late"))
+    assert called == ["early", "late"]
+
+
+def test_a_failed_background_probe_opens_the_breaker_counts_one_error_and_is_remembered(tmp_path):
+    """A chain built on a dead remote: the probe's failure reaches the breaker, the tier's ``errors`` and the
+    down memo once the probe ends, as the constructor's probe did."""
+    memo = DownMemo(tmp_path / "local")
+    cache = TieredProgramCache(tmp_path / "local", remote="s3://no-such-bucket-here/kernels",
+                               remote_options={"endpoint_url": "http://127.0.0.1:9", "key": "k", "secret": "s"},
+                               remote_timeout=2)  # fmt: skip
+    shared = cache.shared_store
+    assert shared is not None and shared.wait_ready(60)
+    assert not shared.available
+    assert cache.stats()["remote"].errors == 1
+    assert memo.recall("s3://no-such-bucket-here/kernels") is not None
