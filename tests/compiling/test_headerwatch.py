@@ -464,3 +464,14 @@ def test_the_default_budget_is_the_documented_8192_watches(tmp_path):
         assert 0 < len(sub.stat_checks) < len(checks)  # the rest re-statted by the caller
     finally:
         watcher.close()
+
+
+def test_the_mount_memo_keeps_the_most_recently_used_paths_within_its_bound(monkeypatch):
+    from tiered_progcache.compiling import headerwatch
+
+    monkeypatch.setattr(headerwatch, "_MAX_MEMO_PATHS", 3)
+    mounts = headerwatch._MountTable("21 1 254:0 / / rw - ext4 /dev/vda rw\n30 21 0:40 / /nfs rw - nfs4 srv:/ rw\n")
+    assert [mounts.fs_type(p) for p in ("/nfs/a", "/b")] == ["nfs4", "ext4"]  # memoized: /nfs/a, /nfs, /b
+    assert mounts.fs_type("/nfs/a") == "nfs4"  # used again: the newest
+    assert mounts.fs_type("/c") == "ext4"
+    assert len(mounts._memo) == 3 and "/nfs/a" in mounts._memo and "/c" in mounts._memo

@@ -78,6 +78,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import cachetools
+
 from .. import forks
 from ..stores.ratelimit import log_once
 
@@ -124,7 +126,7 @@ WATCH_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | I
               | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF)
 
 _MAX_SYMLINKS = 40  # as the kernel's ELOOP limit
-_MAX_MEMO_PATHS = 200_000  # filesystem types remembered by path before the memo starts over
+_MAX_MEMO_PATHS = 200_000  # filesystem types remembered by path, the least recently used forgotten first
 _READ_CHUNK = 1 << 16
 
 Pair = tuple[str, str]  # (real directory, name looked up in it)
@@ -251,14 +253,12 @@ class _MountTable:
             except (ValueError, IndexError):
                 continue
             self.types[point] = fs_type
-        self._memo: dict[str, str] = {}
+        self._memo: cachetools.LRUCache[str, str] = cachetools.LRUCache(_MAX_MEMO_PATHS)
 
     def fs_type(self, real_path: str) -> str:
         """The type of the filesystem ``real_path`` (no symlinks in it) lives on; "" if unknown."""
         found = self._memo.get(real_path)
         if found is None:
-            if len(self._memo) >= _MAX_MEMO_PATHS:
-                self._memo.clear()
             found = self.types.get(real_path)
             if found is None:
                 parent = os.path.dirname(real_path)
