@@ -73,3 +73,11 @@ def test_each_directory_is_located_once():
     assert [name_of(p) for p in ("/spelled/inc/a.h", "/spelled/inc/b.h", "/nowhere/x.h", "/nowhere/y.h")] == [
         ("I0", "a.h"), ("I0", "b.h"), None, None]
     assert real.asked == ["/spelled/inc", "/nowhere"]
+
+
+def test_a_doubled_slash_is_looked_up_as_os_path_dirname_spells_the_directory():
+    """``inc//a.h`` lies in ``inc`` (the slash before the name is not part of the directory); ``//a.h`` in ``//``."""
+    real = {"/spelled/inc": "/real/inc", "/": "/"}
+    name_of = _namer(real, ROOTS, ProgramOptions(arch="sm_90", include_path=["/spelled/inc"]))
+    assert name_of("/spelled/inc//a.h") == ("I0", "a.h")
+    assert name_of("//r.h") is None  # '//' was never seen spelled so: unknown, not '/'
