@@ -474,4 +474,5 @@ def test_the_mount_memo_keeps_the_most_recently_used_paths_within_its_bound(monk
     assert [mounts.fs_type(p) for p in ("/nfs/a", "/b")] == ["nfs4", "ext4"]  # memoized: /nfs/a, /nfs, /b
     assert mounts.fs_type("/nfs/a") == "nfs4"  # used again: the newest
     assert mounts.fs_type("/c") == "ext4"
-    assert len(mounts._memo) == 3 and "/nfs/a" in mounts._memo and "/c" in mounts._memo
+    assert len(mounts._memo) == 3 and mounts._memo["/nfs/a"] == "nfs4" and mounts._memo["/c"] == "ext4"
+    assert headerwatch._MountTable("").fs_type("/a/b") == ""  # no mount table read: no type, up to the root
