@@ -21,7 +21,8 @@ from ..settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_R
 if TYPE_CHECKING:
     from ..stores.store import EntryStore
 
-__all__ = ["POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "FlightPolicy", "FlightWait", "TierPolicy", "WriteMode"]
+__all__ = ["POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "FlightPolicy", "FlightWait", "TierPolicy",
+           "WriteMode"]
 
 #: The shortest poll period: on a store that answers in microseconds (a local path) a waiter still pauses.
 POLL_FLOOR_S = 0.01
