@@ -646,6 +646,9 @@ def test_a_failed_holder_publishes_its_error_and_its_waiter_raises_the_same_erro
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     node_a = TieredProgramCache(tmp_path / "a", remote=url, signing_key=b"k" * 32)
     node_b = TieredProgramCache(tmp_path / "b", remote=url, signing_key=b"k" * 32 if same_key else b"j" * 32)
+    # Both probes answered: R is measured (microseconds), so the 22 ms kernel takes the lease; with R
+    # still unknown (50 ms assumed) it would race instead.
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
     stop = tpc.on_compile(_hold_until_waiting(node_b))
     errors: dict[str, BaseException] = {}
 
