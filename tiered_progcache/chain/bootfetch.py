@@ -119,12 +119,10 @@ class BootFetch:
         from . import transfer
 
         started = time.perf_counter()
-        self._shared.wait_ready()  # the store's first probe (each of its requests has a deadline)
-        if not self._shared.available:  # the probe found it down and said so: a fetch cannot help
-            self._listed.set()
-            self._done.set()
-            return
         try:
+            self._shared.wait_ready()  # the store's first probe (each of its requests has a deadline)
+            if not self._shared.available:  # the probe found it down and said so: a fetch cannot help
+                return
             listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
             self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=trigger))
             self._listed.set()
