@@ -353,6 +353,8 @@ def test_a_live_holder_is_waited_for(tmp_path, decisions, fresh_compile_times):
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
     node_a = TieredProgramCache(tmp_path / "a", remote=url)
     node_b = TieredProgramCache(tmp_path / "b", remote=url)
+    # Both probes answered: R is measured, so the kernel takes the lease (with R unknown it would race).
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
     a_compiling, let_go = threading.Event(), threading.Event()
     runs: list[str] = []
 
