@@ -62,5 +62,7 @@ class ReadAhead:
             held = any(tier.lookup_metadata(key) is not None for tier in self._nearby)
             future.set_result(None if held else self._shared.fetch(key))
         except BaseException as exc:  # a bug here costs the read ahead, never the lookup: it reads again
-            future.set_result(None)  # first: whatever the log line does, the lookup is not left waiting
-            logger.debug("read ahead of %s failed: %r", key[:8].hex(), exc)
+            try:
+                logger.debug("read ahead of %s failed: %r", key[:8].hex(), exc)
+            finally:  # whatever the log line does, the lookup is not left waiting
+                future.set_result(None)
