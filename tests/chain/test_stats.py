@@ -224,3 +224,17 @@ def test_stats_count_each_flight_decision_and_a_difference_keeps_only_the_run():
     assert run.flight == dict.fromkeys(FLIGHT_DECISIONS, 1) and cache.stats().flight["held"] == 2
     with pytest.raises(ValueError, match="unknown flight decision 'raced'"):
         cache.flight_counts.count("raced")
+
+
+def test_an_uncacheable_key_is_logged_once_while_among_the_last_4096_logged():
+    """The bound on the keys remembered as logged drops the least recently logged one, never all of them."""
+    from tiered_progcache.chain import stats
+
+    tally = stats.CompileTally()
+    keys = [i.to_bytes(32, "big") for i in range(stats._MAX_LOGGED_KEYS + 1)]
+    assert stats._MAX_LOGGED_KEYS == 4096
+    assert [tally.count_uncacheable("computed #include", k) for k in keys] == [True] * len(keys)
+    assert tally.count_uncacheable("computed #include", keys[-1]) is False  # the newest stays remembered
+    assert tally.count_uncacheable("computed #include", keys[1]) is False  # and the oldest but one
+    assert tally.count_uncacheable("computed #include", keys[0]) is True  # the oldest was dropped: a line again
+    assert tally.snapshot().uncacheable == (("computed_include", len(keys) + 3),)

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
+import cachetools
+
 __all__ = ["FLIGHT_DECISIONS", "GIL_DISABLED", "UNCACHEABLE_REASONS", "CacheStats", "CompileTally", "CompileTotals",
            "FlightCounts", "MetadataKey", "TierCounters", "TierStats", "uncacheable_reason"]
 
@@ -271,7 +273,7 @@ class CompileTally:
         self._compile_seconds = 0.0
         self._saved_seconds = 0.0
         self._uncacheable: dict[str, int] = {}
-        self._logged: set[bytes] = set()
+        self._logged: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(_MAX_LOGGED_KEYS)
         self._lock = threading.Lock()
 
     def count_compile(self, seconds: float | None) -> None:
@@ -288,9 +290,7 @@ class CompileTally:
             self._uncacheable[label] = self._uncacheable.get(label, 0) + 1
             if key in self._logged:
                 return False
-            if len(self._logged) >= _MAX_LOGGED_KEYS:
-                self._logged.clear()
-            self._logged.add(key)
+            self._logged[key] = True  # past the bound the least recently logged key goes (logged again if seen)
             return True
 
     def count_saved(self, seconds: float | None) -> None:
@@ -306,7 +306,7 @@ class CompileTally:
 
 #: The ``reason`` of an uncacheable compile (the Prometheus label; a few values, never a path).
 UNCACHEABLE_REASONS = ("computed_include", "header_too_large", "other")
-#: Keys whose uncacheable compile was logged, per tally (then cleared: at worst a line again).
+#: Keys whose uncacheable compile was logged, per tally (the least recently logged dropped past it: a line again).
 _MAX_LOGGED_KEYS = 4096
 
 
