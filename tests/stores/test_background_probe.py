@@ -168,3 +168,39 @@ def test_a_failed_background_probe_opens_the_breaker_counts_one_error_and_is_rem
     assert not shared.available
     assert cache.stats()["remote"].errors == 1
     assert memo.recall("s3://no-such-bucket-here/kernels") is not None
+
+
+def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_estimate_then_plans_with_r():
+    """R unknown (50 ms assumed) would race a cheap kernel; the plan waits for the probe at most
+    min(C, 50 ms) first, so a store that answers at once (file://, nearby) takes the lease it should."""
+    from cuda.core.utils import InMemoryProgramCache
+
+    from tiered_progcache.cluster.singleflight import plan
+
+    store, fs = _held_store(timeout=60)
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), store]) as cache:
+        shared = cache.shared_store
+        asked: list[float | None] = []
+        real_wait = shared.wait_ready
+
+        def recording_wait(timeout: float | None = None) -> bool:
+            asked.append(timeout)
+            return real_wait(timeout)
+
+        shared.wait_ready = recording_wait
+        assert plan(cache, 0.02) == ("short", None)  # the probe still held: the wait ended, the kernel races
+        every_kernel_races = TieredProgramCache(tiers=[InMemoryProgramCache(), store], lease_min_compile_rtts=1e300)
+        assert every_kernel_races.shared_store is shared
+        assert plan(every_kernel_races, 1e298) == ("short", None)  # the wait is still 50 ms at most
+        assert asked == [0.02, 0.05]
+
+        def opening_wait(timeout: float | None = None) -> bool:  # the probe answers during the wait
+            asked.append(timeout)
+            fs.probe_gate.set()
+            return real_wait(60)
+
+        shared.wait_ready = opening_wait
+        case, rtt = plan(cache, 0.03)
+        assert asked == [0.02, 0.05, 0.03] and rtt is not None and rtt == shared.round_trip_s
+        assert case == ("short" if 0.03 < rtt else "node")  # this store has no atomic create: the node lock
+        assert plan(cache, 1e300) == ("node", rtt) and len(asked) == 3  # R known: no wait

@@ -117,6 +117,11 @@ def plan(cache: TieredProgramCache, estimate_s: float) -> tuple[str, float | Non
     if shared is None:
         return NODE, None
     rtt = round_trip(shared)
+    if rtt is None and cache.flight_policy.short(estimate_s, rtt):
+        # R unknown would race. A probe that answers within the time assumed for it decides instead:
+        # a nearby store's comes in milliseconds, and its lease compiles each kernel once.
+        shared.wait_ready(min(estimate_s, UNMEASURED_ROUND_TRIP_S))
+        rtt = round_trip(shared)
     if cache.flight_policy.short(estimate_s, rtt):
         return SHORT, rtt
     return (NODE if _lease_store(shared) is None else LEASE), rtt
