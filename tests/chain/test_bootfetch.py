@@ -309,6 +309,7 @@ def test_a_hanging_batch_holds_one_lookup_at_most_the_store_deadline_and_no_othe
         cache._boot._done = done = _CountingEvent()
         assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger: answered; the batch's GETs hang
         assert cache._boot._listed.wait(60)  # the batch's names are known: the next lookups wait on the batch
+        assert fs.all_asked.wait(60)  # and its GETs are out and held (so no lookup's own GET is the one that hangs)
         assert cache.get(b"absent") is None  # not in the batch: no wait, the local directory asked once
         assert (done.timeouts, cache.stats()["local"].misses) == ([], 2)
         answers = [cache.get(key) for key in KEYS[1:]]
@@ -326,6 +327,7 @@ def test_a_forked_child_does_not_wait_for_its_parents_fetch(tmp_path, release):
         cache._boot._done = done = _CountingEvent()
         cache._boot._listed = listed = _CountingEvent()
         assert cache.get(KEYS[0]) == _payload(KEYS[0])
+        assert fs.all_asked.wait(60)  # the batch is out and held (else the lookup's GET could be the one that hangs)
         cache._boot._pid = -1  # as in a child forked after the fetch started: the fetching thread is the parent's
         assert cache.get(KEYS[1]) == _payload(KEYS[1])  # from the store, at once
         assert (done.timeouts, listed.timeouts) == ([], [])
