@@ -85,8 +85,8 @@ def test_the_constructor_returns_while_the_probe_is_held_and_a_read_waits_for_it
         fs.probe_gate.set()
     reader.join(60)
     assert read == ["missing"]
-    assert fs.seen == [("probe", False), ("read", True)]
-    assert store.wait_ready(0) and store.available
+    assert store.wait_ready(60) and store.available  # the probe, then its round-trip sample beside the read
+    assert fs.seen[0] == ("probe", False) and sorted(fs.seen[1:]) == [("probe", True), ("read", True)]
 
 
 def test_a_request_waits_for_the_probes_outcome_and_does_not_ask_a_store_found_down():
@@ -204,3 +204,27 @@ def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_e
         assert asked == [0.02, 0.05, 0.03] and rtt is not None and rtt == shared.round_trip_s
         assert case == ("short" if 0.03 < rtt else "node")  # this store has no atomic create: the node lock
         assert plan(cache, 1e300) == ("node", rtt) and len(asked) == 3  # R known: no wait
+
+
+def test_the_probes_request_is_no_round_trip_and_one_more_request_after_it_is_the_first():
+    """The probe's request opens the connection (TCP, TLS, the client's first use: 4-7 round trips on S3 and
+    Redis), so it is not a sample of ``R``; one more request, once the probe has ended, is the first."""
+    store, fs = _held_store(timeout=60)
+    try:
+        assert not store.wait_ready(0)
+        assert store.runner.latency.recorded == 0
+    finally:
+        fs.probe_gate.set()  # the probe's request, however long it was held, is not timed
+    assert store.wait_ready(60)
+    assert [op for op, _ in fs.seen] == ["probe", "probe"] and store.runner.latency.recorded == 1
+
+
+def test_a_store_found_down_by_its_probe_takes_no_round_trip_sample():
+    """Nothing is asked of a store its probe found down (the breaker open): ``R`` stays unknown."""
+    breaker = CircuitBreaker(failure_threshold=1)
+    fs = HeldProbeFileSystem()  # no bucket: the probe fails
+    store = RemoteProgramCache(fs, "bucket/kernels", timeout=60, breaker=breaker)
+    fs.probe_gate.set()
+    assert store.wait_ready(60)
+    assert not store.available and store.round_trip_s is None
+    assert [op for op, _ in fs.seen] == []  # no bucket to hold: the probe failed before it reached the gate

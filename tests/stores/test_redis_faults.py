@@ -104,3 +104,23 @@ def test_an_unreachable_server_at_start_runs_the_chain_without_it(tmp_path):
     stats = chain.stats()["remote"]
     assert (stats.skipped, stats.errors, stats.hits) == (2, 1, 0)  # the read and the write skipped; the probe at start an error
     chain.close()
+
+
+def test_the_probes_ping_opens_the_connection_and_the_next_ping_is_the_first_round_trip():
+    """Of the two PINGs a new store sends (the probe, then one on the connection it opened), only the second is
+    a sample of ``R``: the first carries the connection's setup (about four round trips)."""
+    import redis
+
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+
+        def pings() -> int:
+            return admin.info("commandstats").get("cmdstat_ping", {}).get("calls", 0)
+
+        before = pings()  # the server's own start checks it answers
+        tier = RedisProgramCache.from_url(server.url, timeout=30)
+        try:
+            assert tier.wait_ready(60)
+            assert (pings() - before, tier.runner.latency.recorded) == (2, 1)
+        finally:
+            tier.close()

@@ -366,7 +366,7 @@ class RedisProgramCache(SharedEntryStore):
         if self._known_down():
             return
         try:
-            self._call("probe", self.client.ping)
+            self._call("probe", self.client.ping, timeout=self._runner.timeout)  # opens the connection: no sample
         except Exception as exc:
             message = f"redis cache {self._location} is unreachable: {type(exc).__name__}: {exc}"
             if strict:
@@ -374,6 +374,9 @@ class RedisProgramCache(SharedEntryStore):
                 raise error(message) from None
             logger.warning("%s; continuing without it, probing again in %.0f s", message, self._breaker.cooldown_s)
             self._breaker.trip(exc)
+
+    def _time_round_trip(self) -> None:
+        self._call("round trip", self.client.ping)
 
 
 class RedisLeases(LeaseStore):

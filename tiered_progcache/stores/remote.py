@@ -305,12 +305,13 @@ class RemoteProgramCache(SharedEntryStore):
         """Build the filesystem and probe the bucket (object stores) or directory once, so a bad config shows up now."""
         if self._known_down():
             return
+        deadline = self._runner.timeout  # given: the probe's request opens the connection, not a round-trip sample
         try:
             if self._bucket_store:
                 bucket = self.root.split("/", 1)[0]
-                self._runner.request("probe", self._objects.probe_bucket, bucket)
+                self._runner.request("probe", self._objects.probe_bucket, bucket, timeout=deadline)
             elif self.root not in ("", "/"):
-                if not self._runner.request("probe", self._objects.is_dir, self.root):
+                if not self._runner.request("probe", self._objects.is_dir, self.root, timeout=deadline):
                     if self._read_only:
                         raise FileNotFoundError(f"{self.root} does not exist")
                     if self._objects.local and not self._create_root:
@@ -321,7 +322,7 @@ class RemoteProgramCache(SharedEntryStore):
                             "TIERED_PROGCACHE_CREATE_REMOTE_ROOT=1 for from_env() and the command, or the "
                             "command's --create-remote-root)"
                         )
-                    self._runner.request("probe", self._objects.make_root, self.root)
+                    self._runner.request("probe", self._objects.make_root, self.root, timeout=deadline)
         except TypeError as exc:
             # The filesystem rejected an argument (a misspelt storage option such as
             # ``endpoint_ur1``): a configuration error, not an outage, so never a silent local-only run.
@@ -339,6 +340,12 @@ class RemoteProgramCache(SharedEntryStore):
             failure = error(message)  # what stats() counts it as (errors or timeouts) says what the message says
             failure.__cause__ = exc
             self._breaker.trip(failure)
+
+    def _time_round_trip(self) -> None:
+        if self._bucket_store:
+            self._runner.request("round trip", self._objects.probe_bucket, self.root.split("/", 1)[0])
+        elif self.root not in ("", "/"):
+            self._runner.request("round trip", self._objects.is_dir, self.root)
 
 
 class RemoteLeases(LeaseStore):

@@ -195,14 +195,16 @@ class RequestRunner:
                 self._fs = _in_daemon_thread(build, self.timeout, f"connecting to {self.name}")
             return self._fs
 
-    def start_probe(self, probe: Callable[[], None]) -> None:
+    def start_probe(self, probe: Callable[[], None], time_round_trip: Callable[[], None] | None = None) -> None:
         """Run ``probe`` (the store's first contact) on a thread of its own; other threads' requests wait for it.
 
         The client's construction and the first round trip then run beside the caller's first
         compile instead of before it. A request waits for the probe at most :data:`PROBE_DEADLINES`
-        request deadlines (what the probe itself can take), then is made.
+        request deadlines (what the probe itself can take), then is made. ``time_round_trip``: one
+        more request on that thread once the probe has ended (no request waits for it), the store's
+        first round-trip sample; the probe's own opens the connection, which is not a round trip.
         """
-        self._probe = _Probe(probe, self.name)
+        self._probe = _Probe(probe, self.name, time_round_trip)
 
     def when_probed(self, then: Callable[[], None]) -> None:
         """Call ``then`` once the probe has ended: now if there is none or it has, else on its thread."""
@@ -211,9 +213,10 @@ class RequestRunner:
             then()
 
     def wait_probed(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit) for the probe to end; True if it has (or there is none)."""
+        """Wait up to ``timeout`` seconds (None: no limit) for the probe and its round-trip sample to end; True if
+        they have (or there is no probe)."""
         probe = self._probe
-        return probe is None or probe.done.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
+        return probe is None or probe.timed.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
 
     def _await_probe(self) -> None:
         probe = self._probe
@@ -549,13 +552,14 @@ def _in_daemon_thread(fn: Callable[[], T], timeout: float, what: str) -> T:
 class _Probe:
     """A store's first contact, run on a daemon thread, and what to call when it ends."""
 
-    def __init__(self, probe: Callable[[], None], name: str) -> None:
+    def __init__(self, probe: Callable[[], None], name: str, time_round_trip: Callable[[], None] | None) -> None:
         self.done = threading.Event()  # set once the probe and what waited for its end have run
+        self.timed = threading.Event()  # set once the round-trip sample after it has been taken (or failed)
         self._lock = threading.Lock()
         self._ended = False
         self._then: list[Callable[[], None]] = []
-        self.thread = threading.Thread(target=self._run, args=(probe,), name=f"tiered-progcache-probe {name}",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(probe, time_round_trip),
+                                       name=f"tiered-progcache-probe {name}", daemon=True)
         self.thread.start()
 
     def add(self, then: Callable[[], None]) -> bool:
@@ -566,7 +570,7 @@ class _Probe:
             self._then.append(then)
             return True
 
-    def _run(self, probe: Callable[[], None]) -> None:
+    def _run(self, probe: Callable[[], None], time_round_trip: Callable[[], None] | None) -> None:
         try:
             probe()
         except Exception:  # the probe records what it found on the breaker; anything else is a bug, said here
@@ -581,6 +585,13 @@ class _Probe:
                 except Exception:
                     logger.exception("after the probe of %s", self.thread.name)
             self.done.set()
+            try:
+                if time_round_trip is not None:
+                    time_round_trip()
+            except Exception as exc:  # a request like any: the breaker has counted its failure
+                logger.debug("the round trip after the probe of %s failed: %r", self.thread.name, exc)
+            finally:
+                self.timed.set()
 
 
 _RUNNERS: weakref.WeakSet[RequestRunner] = weakref.WeakSet()

@@ -120,12 +120,17 @@ class SharedEntryStore(EntryStore):
         if strict:
             self._check_reachable(True)
         else:
-            self._runner.start_probe(functools.partial(self._check_reachable, False))
+            self._runner.start_probe(functools.partial(self._check_reachable, False), self._time_round_trip)
 
     @abc.abstractmethod
     def _check_reachable(self, strict: bool) -> None:
         """One request that shows whether the store answers: raise what failed with ``strict``, else log it
-        and trip the breaker."""
+        and trip the breaker. Not a round-trip sample (it opens the connection): pass the deadline explicitly."""
+
+    @abc.abstractmethod
+    def _time_round_trip(self) -> None:
+        """The probe's request once more, on the connection it opened: the store's first round-trip sample.
+        Raises what the request raised (the breaker's refusal where the probe found the store down)."""
 
     def when_ready(self, then: Callable[[], None]) -> None:
         self._runner.when_probed(then)
