@@ -238,3 +238,34 @@ def test_an_uncacheable_key_is_logged_once_while_among_the_last_4096_logged():
     assert tally.count_uncacheable("computed #include", keys[1]) is False  # and the oldest but one
     assert tally.count_uncacheable("computed #include", keys[0]) is True  # the oldest was dropped: a line again
     assert tally.snapshot().uncacheable == (("computed_include", len(keys) + 3),)
+
+
+def test_a_hits_saved_seconds_are_read_once_per_key_when_the_tally_is_read_and_counted_per_hit():
+    from tiered_progcache.chain import stats
+
+    tally = stats.CompileTally()
+    reads: list[bytes] = []
+
+    def read_of(key: bytes, seconds: float | None):
+        return lambda: reads.append(key) or seconds
+
+    for key, seconds in ((b"a", 0.5), (b"b", None), (b"a", 0.5), (b"c", 0.25)):
+        tally.count_saved_later(key, read_of(key, seconds))
+    assert reads == []  # the hits read nothing
+    assert tally.snapshot().saved_seconds == 0.5 * 2 + 0.25
+    assert reads == [b"a", b"b", b"c"]
+    assert tally.snapshot().saved_seconds == 1.25 and len(reads) == 3  # each read once
+
+
+def test_at_most_1024_keys_wait_for_their_saved_seconds():
+    from tiered_progcache.chain import stats
+
+    assert stats.MAX_PENDING_KEYS == 1024
+    tally = stats.CompileTally()
+    reads: list[int] = []
+    for n in range(stats.MAX_PENDING_KEYS):
+        tally.count_saved_later(n.to_bytes(4, "big"), lambda n=n: reads.append(n) or 1.0)
+    assert reads == []
+    tally.count_saved_later(b"last", lambda: reads.append(-1) or 1.0)  # one past the bound: all are read now
+    assert reads == [*range(stats.MAX_PENDING_KEYS), -1]
+    assert tally.snapshot().saved_seconds == stats.MAX_PENDING_KEYS + 1

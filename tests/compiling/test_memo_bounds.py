@@ -13,6 +13,7 @@ import cachetools
 import pytest
 from cuda.core import ProgramOptions
 
+import tiered_progcache
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.compiling import compile as compile_module
 from tiered_progcache.compiling import headermemo, keys
@@ -65,6 +66,7 @@ def test_the_saved_seconds_memo_forgets_the_least_recently_used_key_only(tmp_pat
     with TieredProgramCache(tmp_path / "node") as cache:
         for key in (b"a", b"b", b"a", b"c"):  # no manifests: each remembers None, once
             compile_module._record_hit(cache, key)
+            cache.compile_tally.snapshot()  # the tally reads what its hits saved, so the memo learns it now
         memo = id(cache.identity)
         assert set(compile_module._saved) == {(memo, b"a"), (memo, b"c")}
 
@@ -121,3 +123,19 @@ def test_the_view_memo_forgets_the_least_recently_used_view_only(monkeypatch):
     assert views.get(a) == "view a"
     views.put(c, "view c")
     assert [views.get(r) for r in (a, b, c)] == ["view a", None, "view c"]
+
+
+def test_a_hit_reads_its_manifest_when_the_tally_is_read_not_before(tmp_path, monkeypatch):
+    """With no ``on_hit`` hook the hit pays no manifest read; ``stats()`` reads it once and counts every hit."""
+    source = 'extern "C" __global__ void saved(float* x) { x[0] = 1.0f; }\n'
+    options = ProgramOptions(arch="sm_90")
+    with TieredProgramCache(tmp_path / "node") as cache:
+        tiered_progcache.compile(source, "c++", options, cache=cache)
+        recorded = cache.stats().compiling.compile_seconds
+    monkeypatch.setattr(compile_module, "_saved", cachetools.LRUCache(8))  # a new process's memory
+    with TieredProgramCache(tmp_path / "node") as cache:
+        for _ in range(3):
+            tiered_progcache.compile(source, "c++", options, cache=cache)
+        assert len(compile_module._saved) == 0  # no manifest read yet
+        assert cache.stats().compiling.saved_seconds == pytest.approx(3 * round(recorded, 6), abs=3e-6)
+        assert list(compile_module._saved.values()) == [round(recorded, 6)]

@@ -263,10 +263,11 @@ class CompileTally:
     """The compiler runs and seconds ``compile()`` spent and saved through one cache (behind ``stats --run``,
     the directory's cumulative ``stats``). Counted once per compile or hit, never per lookup; thread-safe.
 
-    ``saved_seconds`` sums the compile time each hit's manifest records (0 for an entry without one).
+    ``saved_seconds`` sums the compile time each hit's manifest records (0 for an entry without one). A hit
+    may leave that read to the next snapshot (:meth:`count_saved_later`): the hit itself then reads nothing more.
     """
 
-    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_uncacheable", "_logged", "_lock")
+    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_uncacheable", "_logged", "_pending", "_lock")
 
     def __init__(self) -> None:
         self._compiles = 0
@@ -274,6 +275,7 @@ class CompileTally:
         self._saved_seconds = 0.0
         self._uncacheable: dict[str, int] = {}
         self._logged: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(_MAX_LOGGED_KEYS)
+        self._pending: dict[bytes, tuple[Callable[[], float | None], int]] = {}  # key -> (its read, hits)
         self._lock = threading.Lock()
 
     def count_compile(self, seconds: float | None) -> None:
@@ -298,7 +300,27 @@ class CompileTally:
             with self._lock:
                 self._saved_seconds += seconds
 
+    def count_saved_later(self, key: bytes, read: Callable[[], float | None]) -> None:
+        """One hit of ``key`` whose saved seconds ``read()`` gives when a snapshot asks (once per key and snapshot).
+
+        Past :data:`MAX_PENDING_KEYS` keys waiting, they are read now: the wait is bounded.
+        """
+        with self._lock:
+            hits = self._pending[key][1] if key in self._pending else 0
+            self._pending[key] = (read, hits + 1)
+            full = len(self._pending) > MAX_PENDING_KEYS
+        if full:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Read the saved seconds of the hits waiting (outside the lock: each is a read from a tier)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for read, hits in pending.values():
+            self.count_saved((read() or 0.0) * hits)
+
     def snapshot(self) -> CompileTotals:
+        self._settle()
         with self._lock:
             return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds,
                                  tuple(sorted(self._uncacheable.items())))  # fmt: skip
@@ -308,6 +330,8 @@ class CompileTally:
 UNCACHEABLE_REASONS = ("computed_include", "header_too_large", "other")
 #: Keys whose uncacheable compile was logged, per tally (the least recently logged dropped past it: a line again).
 _MAX_LOGGED_KEYS = 4096
+#: Keys whose hits wait for their saved seconds, per tally; one more and they are all read.
+MAX_PENDING_KEYS = 1024
 
 
 def uncacheable_reason(declined: str) -> str:

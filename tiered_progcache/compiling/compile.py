@@ -9,6 +9,7 @@ caller unchanged. docs/architecture.md and docs/cluster.md say how and why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -123,32 +124,36 @@ def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
 def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
     """The hit's saved compile seconds to the hooks and to the chain's tally (``stats``).
 
-    For the tally alone only the tiers on this node are asked (a hit costs no extra shared request).
+    For the tally alone the manifest is read when the tally is (``count_saved_later``), from the tiers
+    on this node only: a hit costs no extra read then, and never an extra shared request.
     """
-    memo = (id(cache.identity), key)
     with _counter_lock:
         hooks = list(_hit_hooks)
+        memo = (id(cache.identity), key)
         known = memo in _saved
         seconds = _saved[memo] if known else None
+    if not known and not hooks:
+        cache.compile_tally.count_saved_later(key, functools.partial(_saved_seconds, cache, key, shared=False))
+        return
     if not known:
-        seconds = _manifest_seconds(cache, key, shared=bool(hooks))
-        with _counter_lock:
-            _saved[memo] = seconds  # once per key and process: later hits are a dict lookup
+        seconds = _saved_seconds(cache, key, shared=True)
     cache.compile_tally.count_saved(seconds)
     if hooks:
         call_each(hooks, HitEvent(key, seconds), logger, "on_hit")
 
 
-def _manifest_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool = True) -> float | None:
-    """The compile time entry ``key``'s manifest records, or None: a metadata read through the chain (no
-    lookup counted; failures counted and skipped by its policy). ``shared=False``: the tiers on this node only."""
+def _saved_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool) -> float | None:
+    """The compile time entry ``key``'s manifest records, or None, remembered for this process: a metadata
+    read through the chain (no lookup counted; failures counted and skipped by its policy). ``shared=False``:
+    the tiers on this node only."""
     data = cache.get(MetadataKey(manifest_key(key)), where="all" if shared else "nearby")
-    if data is None:
-        return None
     try:
-        return compile_seconds_of(data, entry=entry_name(key))
+        seconds = None if data is None else compile_seconds_of(data, entry=entry_name(key))
     except ManifestError:
-        return None
+        seconds = None
+    with _counter_lock:
+        _saved[(id(cache.identity), key)] = seconds  # once per key and process: later hits are a dict lookup
+    return seconds
 
 
 def _record_compile(event: CompileEvent) -> None:
