@@ -6,6 +6,7 @@ LRU of the same kind put in its place, through the functions that read and write
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -44,10 +45,10 @@ def test_the_file_memo_forgets_the_least_recently_used_file_only(tmp_path, monke
             fh.write(f"#define H{i}\n")
         sigs.append(_settled(path))
     info = FileInfo(b"\0" * 32, ())
-    headermemo.remember_file(paths[0], sigs[0], info, parse=False)
-    headermemo.remember_file(paths[1], sigs[1], info, parse=False)
+    headermemo.remember_file(paths[0], sigs[0], info, parse=False, after=sigs[0])
+    headermemo.remember_file(paths[1], sigs[1], info, parse=False, after=sigs[1])
     assert headermemo.known_file(paths[0], sigs[0], parse=False) is info  # now the most recently used
-    headermemo.remember_file(paths[2], sigs[2], info, parse=False)  # the bound: paths[1] goes
+    headermemo.remember_file(paths[2], sigs[2], info, parse=False, after=sigs[2])  # the bound: paths[1] goes
     assert [headermemo.known_file(p, s, parse=False) is info for p, s in zip(paths, sigs)] == [True, False, True]
 
 
@@ -80,7 +81,8 @@ def test_a_full_file_memo_keeps_exactly_its_bound(tmp_path, monkeypatch, count):
         path = str(tmp_path / f"f{i}.h")
         with open(path, "w") as fh:
             fh.write("x")
-        headermemo.remember_file(path, _settled(path), info, parse=False)
+        sig = _settled(path)
+        headermemo.remember_file(path, sig, info, parse=False, after=sig)
     assert len(headermemo._file_memo) == 3
 
 
@@ -139,3 +141,36 @@ def test_a_hit_reads_its_manifest_when_the_tally_is_read_not_before(tmp_path, mo
         assert len(compile_module._saved) == 0  # no manifest read yet
         assert cache.stats().compiling.saved_seconds == pytest.approx(3 * round(recorded, 6), abs=3e-6)
         assert list(compile_module._saved.values()) == [round(recorded, 6)]
+
+
+def test_a_header_changed_between_its_stat_and_its_read_is_hashed_as_it_is_now_and_not_memoized(tmp_path):
+    from tiered_progcache.compiling import headerscan
+
+    path = str(tmp_path / "h.h")
+    with open(path, "w") as fh:
+        fh.write("#define A 1\n")
+    stated = _settled(path)
+    with open(path, "a") as fh:  # grows after the stat the caller holds
+        fh.write("#define B 2\n")
+    now = _settled(path)
+    info = headerscan._file_info(path, stated, parse=True)
+    assert info.digest == hashlib.sha256(b"#define A 1\n#define B 2\n").digest()  # the whole file, as it is now
+    assert headermemo.known_file(path, stated, parse=True) is None
+    assert headermemo.known_file(path, now, parse=True) is None
+    assert headerscan._file_info(path, now, parse=True) == info  # an unchanged read is memoized
+    assert headermemo.known_file(path, now, parse=True) == info
+
+
+def test_a_header_that_grew_past_the_bound_while_read_is_too_big(tmp_path, monkeypatch):
+    from tiered_progcache.compiling import headerscan
+
+    monkeypatch.setattr(headerscan, "MAX_HEADER_BYTES", 64)
+    monkeypatch.setattr(headerscan, "_HASH_CHUNK", 16)
+    path = str(tmp_path / "h.h")
+    with open(path, "w") as fh:
+        fh.write("x" * 60)
+    stated = _settled(path)
+    with open(path, "a") as fh:
+        fh.write("y" * 10)  # 70 bytes now, over the 64-byte bound
+    assert headerscan._file_info(path, stated, parse=False) is headerscan._TOO_BIG
+    assert headermemo.known_file(path, stated, parse=False) is None

@@ -22,7 +22,8 @@ Thread-safe: the memos change under one lock (made anew in a forked child); the 
 behind :func:`validation_counts` and :func:`files_hashed` are read without it.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: scanmemo decodes ScanResult by its type hints in every
+# new process, and hints kept as strings cost it about 1 ms of compiling them first.
 
 import atexit
 import dataclasses
@@ -241,15 +242,15 @@ def known_file(path: str, sig: Signature, *, parse: bool) -> FileInfo | None:
     return None
 
 
-def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool) -> None:
+def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool, after: Signature) -> None:
     """A file just read and hashed: counted (:func:`files_hashed`), and memoized if it settled.
 
-    Settled: not rewritten while it was read (a stat after still gives ``sig``) and not modified
-    within ``RACY_NS``. ``parse`` False: ``info`` has no includes; a later parse reads it again.
+    Settled: not changed while it was read (``after``, the signature of the descriptor read, is
+    still ``sig``) and not modified within ``RACY_NS``. ``parse`` False: ``info`` has no includes;
+    a later parse reads it again.
     """
     global _files_hashed
     _files_hashed += 1
-    after = signature(path)
     if after == sig and not is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
             _file_memo[path] = (sig, info, parse)

@@ -82,6 +82,7 @@ from .headermemo import (
     memoized,
     remember_file,
     signature,
+    signature_of_stat,
 )
 from ..stores.ratelimit import log_once
 
@@ -169,9 +170,11 @@ _NOTHING_READ = {True: HeaderScan(None, (), (), True), False: HeaderScan(None, (
 def _file_info(path: str, sig: Signature, *, parse: bool = True) -> FileInfo | None:
     """Digest and include list of a regular file, memoized by its stat signature.
 
-    Streamed: never more than ``MAX_HEADER_BYTES`` read (``_TOO_BIG`` past it). ``parse=False``
-    (a directory walk's files) hashes in chunks and keeps no text; its memo entry has no includes,
-    so a later include of the same file parses it then.
+    One read of the size ``sig`` gives (and a byte more, to see it grew), then ``fstat`` of the
+    same descriptor: a file that still has ``sig`` was read whole and is memoized. One that
+    changed is read on to its end and not memoized. Never more than ``MAX_HEADER_BYTES`` and a
+    chunk read (``_TOO_BIG`` past it). ``parse=False`` (a directory walk's files) keeps no
+    includes: a later include of the same file parses it then.
     """
     if sig is None or sig[0] != "f":
         return None
@@ -180,32 +183,31 @@ def _file_info(path: str, sig: Signature, *, parse: bool = True) -> FileInfo | N
     cached = known_file(path, sig, parse=parse)
     if cached is not None:
         return cached
-    hasher = hashlib.sha256(usedforsecurity=False)
-    chunks: list[bytes] = []
-    size = 0
     try:
         fd = os.open(path, os.O_RDONLY)  # not open(): a file object costs more than reading a small header
     except OSError:
         return None
     try:
-        while True:
-            chunk = os.read(fd, _HASH_CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_HEADER_BYTES:
-                return _TOO_BIG  # grew past the bound while we read it
-            hasher.update(chunk)
-            if parse:
+        chunks = [os.read(fd, sig[2] + 1)]
+        after = signature_of_stat(os.fstat(fd))
+        size = len(chunks[0])
+        if after != sig or size != sig[2]:  # changed since the stat: read on to its end, as it is now
+            while size <= MAX_HEADER_BYTES:
+                chunk = os.read(fd, _HASH_CHUNK)
+                if not chunk:
+                    break
                 chunks.append(chunk)
+                size += len(chunk)
     except OSError:
         return None
     finally:
         os.close(fd)
-    info = FileInfo(hasher.digest(), parse_includes(b"".join(chunks)) if parse else ())
-    remember_file(path, sig, info, parse=parse)
+    if size > MAX_HEADER_BYTES:
+        return _TOO_BIG  # grew past the bound while we read it
+    data = b"".join(chunks)
+    info = FileInfo(hashlib.sha256(data, usedforsecurity=False).digest(), parse_includes(data) if parse else ())
+    remember_file(path, sig, info, parse=parse, after=after)
     return info
-
 
 
 def role_token(role: str) -> str:
