@@ -85,8 +85,9 @@ def test_the_constructor_returns_while_the_probe_is_held_and_a_read_waits_for_it
         fs.probe_gate.set()
     reader.join(60)
     assert read == ["missing"]
-    assert store.wait_ready(60) and store.available  # the probe, then its round-trip sample beside the read
-    assert fs.seen[0] == ("probe", False) and sorted(fs.seen[1:]) == [("probe", True), ("read", True)]
+    assert store.wait_ready(60) and store.available
+    # The read that waited is R's first sample, on the connection the probe opened: no request beside it.
+    assert fs.seen == [("probe", False), ("read", True)] and store.runner.latency.recorded == 1
 
 
 def test_a_request_waits_for_the_probes_outcome_and_does_not_ask_a_store_found_down():
@@ -112,6 +113,41 @@ def test_a_request_waits_for_a_probe_at_most_as_long_as_a_probe_can_take():
         assert time.monotonic() - started >= 0.2 * PROBE_DEADLINES and not runner.wait_probed(0)
     finally:
         held.set()
+
+
+def test_a_request_that_outlived_its_wait_for_the_probe_gives_the_first_sample_back_to_the_probe():
+    """The read claimed R's first sample but ended before the probe did: the probe's thread takes it after all."""
+    held = threading.Event()
+    sampled: list[str] = []
+    runner = RequestRunner(MemoryFileSystem(), timeout=0.05, breaker=CircuitBreaker(), name="test remote")
+    runner.start_probe(held.wait, lambda: sampled.append("after the probe"))
+    try:
+        assert runner.call("read", lambda: "answered", None) == "answered"  # waited its 3 deadlines, then ran
+        assert not runner.wait_probed(0) and sampled == []
+    finally:
+        held.set()
+    assert runner.wait_probed(60) and sampled == ["after the probe"]
+
+
+def test_only_the_first_request_that_waits_for_the_probe_is_the_sample_and_a_batch_is_none():
+    """Two reads and a batch wait for the probe: the first read is R's first sample; the probe's thread takes none."""
+    store, fs = _held_store(timeout=60)
+    readers = [threading.Thread(target=store.verify_entry, args=(entry_name(bytes([n])),)) for n in range(2)]
+    batch = threading.Thread(target=store.read_many, args=([entry_name(b"x"), entry_name(b"y")],))
+    try:
+        for thread in (*readers, batch):
+            thread.start()
+        deadline = time.monotonic() + 60
+        while not all(_waiting_in_probe_gate(t) for t in (*readers, batch)):
+            assert time.monotonic() < deadline, "the requests never waited for the probe"
+            time.sleep(0.001)
+    finally:
+        fs.probe_gate.set()
+    for thread in (*readers, batch):
+        thread.join(60)
+    assert store.wait_ready(60)
+    assert [op for op, _ in fs.seen].count("probe") == 1  # the probe's own request only
+    assert store.runner.latency.recorded == 2  # both reads are timed; neither waits for a third request
 
 
 def test_the_probes_own_requests_do_not_wait_for_it():

@@ -106,6 +106,55 @@ def test_an_unreachable_server_at_start_runs_the_chain_without_it(tmp_path):
     chain.close()
 
 
+def test_a_lookup_that_waits_for_the_probe_is_the_first_round_trip_on_the_one_connection_it_opened():
+    """A fresh node's first lookup arrives while the probe runs: it goes out on the probe's connection once the
+    probe has answered, and it is R's first sample. No second PING, no second connection (three round trips
+    of setup on a new one)."""
+    import threading
+
+    import redis
+
+    from test_background_probe import _waiting_in_probe_gate
+
+    entered, gate = threading.Event(), threading.Event()
+
+    class GatedPing(redis.Redis):  # the real client; the first PING (the probe's) waits for the test's word
+        def ping(self, **kwargs):
+            if not entered.is_set():
+                entered.set()
+                gate.wait(60)
+            return super().ping(**kwargs)
+
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+
+        def counts() -> tuple[int, int, int]:
+            stats, commands = admin.info("stats"), admin.info("commandstats")
+            return (stats["total_connections_received"], commands.get("cmdstat_ping", {}).get("calls", 0),
+                    commands.get("cmdstat_getrange", {}).get("calls", 0))
+
+        before = counts()
+        client = GatedPing.from_url(server.url, socket_timeout=30, socket_connect_timeout=30)
+        tier = RedisProgramCache(client, url=server.url, timeout=30)
+        reader = threading.Thread(target=tier.verify_entry, args=(entry_name(b"k"),))
+        try:
+            reader.start()
+            assert entered.wait(60)
+            deadline = time.monotonic() + 60
+            while not _waiting_in_probe_gate(reader):
+                assert time.monotonic() < deadline, "the lookup never waited for the probe"
+                time.sleep(0.001)
+        finally:
+            gate.set()
+        reader.join(60)
+        try:
+            assert tier.wait_ready(60)
+            connections, pings, reads = (now - then for now, then in zip(counts(), before))
+            assert (connections, pings, reads, tier.runner.latency.recorded) == (1, 1, 1, 1)
+        finally:
+            tier.close()
+
+
 def test_the_probes_ping_opens_the_connection_and_the_next_ping_is_the_first_round_trip():
     """Of the two PINGs a new store sends (the probe, then one on the connection it opened), only the second is
     a sample of ``R``: the first carries the connection's setup (about four round trips)."""

@@ -200,9 +200,10 @@ class RequestRunner:
 
         The client's construction and the first round trip then run beside the caller's first
         compile instead of before it. A request waits for the probe at most :data:`PROBE_DEADLINES`
-        request deadlines (what the probe itself can take), then is made. ``time_round_trip``: one
-        more request on that thread once the probe has ended (no request waits for it), the store's
-        first round-trip sample; the probe's own opens the connection, which is not a round trip.
+        request deadlines (what the probe itself can take), then is made. The probe's own request opens
+        the connection, which is not a round trip: ``R``'s first sample is the first request that
+        waited for the probe (on the connection it opened), else ``time_round_trip``, one more
+        request on the probe's thread once it has ended (no request waits for it).
         """
         self._probe = _Probe(probe, self.name, time_round_trip)
 
@@ -218,10 +219,15 @@ class RequestRunner:
         probe = self._probe
         return probe is None or probe.timed.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
 
-    def _await_probe(self) -> None:
+    def _await_probe(self, sampled: bool) -> _Probe | None:
+        """Wait for the probe (never on its own thread); the probe, if this request (``sampled``: one whose
+        time is recorded) is to be ``R``'s first sample, in place of the probe thread's own request."""
         probe = self._probe
-        if probe is not None and probe.thread is not threading.current_thread():  # never the probe itself
-            probe.done.wait(self.timeout * PROBE_DEADLINES)  # as long as the probe can take, at most
+        if probe is None or probe.thread is threading.current_thread():
+            return None
+        claimed = sampled and probe.claim_sample()
+        probe.done.wait(self.timeout * PROBE_DEADLINES)  # as long as the probe can take, at most
+        return probe if claimed else None
 
     def _after_fork_in_child(self) -> None:
         """In a forked child: no parent threads, and a filesystem rebuilt on first use where it cannot cross a fork."""
@@ -257,8 +263,16 @@ class RequestRunner:
         what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
         ``EntryRejected`` counts as an answer.
         """
+        sample_for = self._await_probe(sampled=timeout is None)
+        try:
+            return self._call(what, sync_fn, async_fn, args, timeout, stoppable)
+        finally:
+            if sample_for is not None:  # R's first sample is in (or this request failed): wait_ready may return
+                sample_for.sampled()
+
+    def _call(self, what: str, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]] | None,
+              args: tuple[Any, ...], timeout: float | None, stoppable: bool) -> T:
         limit = self.timeout if timeout is None else timeout
-        self._await_probe()
         self.breaker.before_call()
         what = f"{what} on {self.name}"
         started = time.monotonic()
@@ -306,7 +320,7 @@ class RequestRunner:
         if not calls:
             return BatchOutcome()
         limit = self.batch_timeout(len(calls)) if timeout is None else timeout
-        self._await_probe()
+        self._await_probe(sampled=False)
         try:
             self.breaker.before_call()
         except Exception as exc:
@@ -554,9 +568,10 @@ class _Probe:
 
     def __init__(self, probe: Callable[[], None], name: str, time_round_trip: Callable[[], None] | None) -> None:
         self.done = threading.Event()  # set once the probe and what waited for its end have run
-        self.timed = threading.Event()  # set once the round-trip sample after it has been taken (or failed)
+        self.timed = threading.Event()  # set once R's first sample after it has been taken (or failed)
         self._lock = threading.Lock()
         self._ended = False
+        self._claimed = False  # a request that waited for the probe is R's first sample
         self._then: list[Callable[[], None]] = []
         self.thread = threading.Thread(target=self._run, args=(probe, time_round_trip),
                                        name=f"tiered-progcache-probe {name}", daemon=True)
@@ -570,6 +585,24 @@ class _Probe:
             self._then.append(then)
             return True
 
+    def claim_sample(self) -> bool:
+        """True for the first request to ask while the probe runs: it will be ``R``'s first sample, on the
+        connection the probe opens, and the probe's thread makes no request of its own beside it."""
+        with self._lock:
+            if self._ended or self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    def sampled(self) -> None:
+        """The claiming request has ended. If the probe outlived that request's wait, the claim is given back
+        (the probe's thread takes the sample when it ends)."""
+        with self._lock:
+            if not self._ended:
+                self._claimed = False
+                return
+        self.timed.set()
+
     def _run(self, probe: Callable[[], None], time_round_trip: Callable[[], None] | None) -> None:
         try:
             probe()
@@ -579,19 +612,21 @@ class _Probe:
             with self._lock:
                 self._ended = True
                 then, self._then = self._then, []
+                claimed = self._claimed
             for call in then:
                 try:
                     call()
                 except Exception:
                     logger.exception("after the probe of %s", self.thread.name)
             self.done.set()
-            try:
-                if time_round_trip is not None:
-                    time_round_trip()
-            except Exception as exc:  # a request like any: the breaker has counted its failure
-                logger.debug("the round trip after the probe of %s failed: %r", self.thread.name, exc)
-            finally:
-                self.timed.set()
+            if not claimed:  # else the request that waited is the sample, and sets ``timed`` when it ends
+                try:
+                    if time_round_trip is not None:
+                        time_round_trip()
+                except Exception as exc:  # a request like any: the breaker has counted its failure
+                    logger.debug("the round trip after the probe of %s failed: %r", self.thread.name, exc)
+                finally:
+                    self.timed.set()
 
 
 _RUNNERS: weakref.WeakSet[RequestRunner] = weakref.WeakSet()
