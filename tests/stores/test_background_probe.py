@@ -6,6 +6,7 @@ trip. ``strict=True`` keeps the probe in the constructor, where a bad configurat
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -127,6 +128,49 @@ def test_a_request_that_outlived_its_wait_for_the_probe_gives_the_first_sample_b
     finally:
         held.set()
     assert runner.wait_probed(60) and sampled == ["after the probe"]
+
+
+def test_the_sample_is_in_only_when_the_request_that_claimed_it_has_ended():
+    """Two requests wait for the probe; the second ends first: R's first sample is still to come (``wait_ready``
+    waits for the first), and the probe's thread makes no request of its own."""
+    held, in_flight = threading.Event(), threading.Event()
+    extra: list[str] = []
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="test remote")
+    runner.start_probe(held.wait, lambda: extra.append("the probe's own"))
+    first = threading.Thread(target=runner.call, args=("read", in_flight.wait, None))
+    second = threading.Thread(target=runner.call, args=("read", lambda: "answered", None))
+    try:
+        for thread in (first, second):  # one after the other: the first to wait claims the sample
+            thread.start()
+            deadline = time.monotonic() + 60
+            while not _waiting_in_probe_gate(thread):
+                assert time.monotonic() < deadline, "the request never waited for the probe"
+                time.sleep(0.001)
+        held.set()
+        second.join(60)
+        assert not second.is_alive() and runner.latency.recorded == 1
+        assert not runner.wait_probed(0)  # the claimed sample is still in flight
+    finally:
+        held.set()
+        in_flight.set()
+    first.join(60)
+    assert runner.wait_probed(60) and runner.latency.recorded == 2 and extra == []
+
+
+def test_a_probe_that_raises_and_a_step_after_it_that_raises_are_logged_and_requests_go_on(caplog):
+    """Only a bug makes either raise (the probe records what it found on the breaker): each is one ERROR line with
+    its traceback, and the requests waiting for the probe go on."""
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="test remote")
+    gate = threading.Event()
+    with caplog.at_level(logging.ERROR, logger="tiered_progcache.stores.runner"):
+        runner.start_probe(lambda: gate.wait(60) and 1 / 0)
+        runner.when_probed(lambda: [][0])  # kept for the probe's end: the probe waits at its gate
+        gate.set()
+        assert runner.wait_probed(60)
+        assert runner.call("read", lambda: "answered", None) == "answered"
+    lines = [(r.getMessage(), r.exc_info[0]) for r in caplog.records]
+    assert lines == [("probe of tiered-progcache-probe test remote failed", ZeroDivisionError),
+                     ("after the probe of tiered-progcache-probe test remote", IndexError)]
 
 
 def test_only_the_first_request_that_waits_for_the_probe_is_the_sample_and_a_batch_is_none():
