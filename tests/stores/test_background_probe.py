@@ -173,6 +173,18 @@ def test_a_probe_that_raises_and_a_step_after_it_that_raises_are_logged_and_requ
                      ("after the probe of tiered-progcache-probe test remote", IndexError)]
 
 
+def test_a_failed_round_trip_after_the_probe_is_one_debug_line_and_ends_the_wait(caplog):
+    def refused() -> None:
+        raise ConnectionError("refused")
+
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="test remote")
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.stores.runner"):
+        runner.start_probe(lambda: None, refused)
+        assert runner.wait_probed(60) and runner.latency.recorded == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
+        "the round trip after the probe of tiered-progcache-probe test remote failed: ConnectionError('refused')"]
+
+
 def test_only_the_first_request_that_waits_for_the_probe_is_the_sample_and_a_batch_is_none():
     """Two reads and a batch wait for the probe: the first read is R's first sample; the probe's thread takes none."""
     store, fs = _held_store(timeout=60)
