@@ -174,3 +174,28 @@ def test_a_header_that_grew_past_the_bound_while_read_is_too_big(tmp_path, monke
         fh.write("y" * 10)  # 70 bytes now, over the 64-byte bound
     assert headerscan._file_info(path, stated, parse=False) is headerscan._TOO_BIG
     assert headermemo.known_file(path, stated, parse=False) is None
+
+
+def test_a_header_of_exactly_the_bound_is_hashed_and_one_byte_more_is_too_big(tmp_path, monkeypatch):
+    from tiered_progcache.compiling import headerscan
+
+    monkeypatch.setattr(headerscan, "MAX_HEADER_BYTES", 64)
+    at, over = str(tmp_path / "at.h"), str(tmp_path / "over.h")
+    with open(at, "w") as fh:
+        fh.write("x" * 64)
+    with open(over, "w") as fh:
+        fh.write("x" * 65)
+    assert headerscan._file_info(at, _settled(at), parse=False).digest == hashlib.sha256(b"x" * 64).digest()
+    assert headerscan._file_info(over, _settled(over), parse=False) is headerscan._TOO_BIG
+
+
+def test_a_header_hashed_without_its_includes_is_parsed_when_they_are_asked_for(tmp_path):
+    from tiered_progcache.compiling import headerscan
+
+    path = str(tmp_path / "h.h")
+    with open(path, "w") as fh:
+        fh.write('#include "other.h"\n')
+    sig = _settled(path)
+    assert headerscan._file_info(path, sig, parse=False).includes == ()  # a directory walk's read: no includes
+    assert headerscan._file_info(path, sig, parse=True).includes != ()  # read again, and parsed
+    assert headermemo.known_file(path, sig, parse=True).includes != ()
