@@ -199,3 +199,24 @@ def test_a_header_hashed_without_its_includes_is_parsed_when_they_are_asked_for(
     assert headerscan._file_info(path, sig, parse=False).includes == ()  # a directory walk's read: no includes
     assert headerscan._file_info(path, sig, parse=True).includes != ()  # read again, and parsed
     assert headermemo.known_file(path, sig, parse=True).includes != ()
+
+
+def test_an_unchanged_header_is_hashed_from_one_read(tmp_path, monkeypatch):
+    """The read the stat's size asks for, and a byte more, is the whole file when the descriptor's fstat agrees."""
+    from tiered_progcache.compiling import headerscan
+
+    path = str(tmp_path / "h.h")
+    with open(path, "w") as fh:
+        fh.write("#define A 1\n" * 100)
+    sig = _settled(path)
+    reads: list[int] = []
+    real_read = os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counted)
+    info = headerscan._file_info(path, sig, parse=True)
+    monkeypatch.undo()
+    assert reads == [1201] and info.digest == hashlib.sha256(b"#define A 1\n" * 100).digest()
