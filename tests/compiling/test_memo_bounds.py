@@ -161,17 +161,18 @@ def test_a_header_changed_between_its_stat_and_its_read_is_hashed_as_it_is_now_a
     assert headermemo.known_file(path, now, parse=True) == info
 
 
-def test_a_header_that_grew_past_the_bound_while_read_is_too_big(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stated_bytes", [60, 63])  # 63: the first read (its size and a byte) ends at the bound
+def test_a_header_that_grew_past_the_bound_while_read_is_too_big(tmp_path, monkeypatch, stated_bytes):
     from tiered_progcache.compiling import headerscan
 
     monkeypatch.setattr(headerscan, "MAX_HEADER_BYTES", 64)
     monkeypatch.setattr(headerscan, "_HASH_CHUNK", 16)
     path = str(tmp_path / "h.h")
     with open(path, "w") as fh:
-        fh.write("x" * 60)
+        fh.write("x" * stated_bytes)
     stated = _settled(path)
     with open(path, "a") as fh:
-        fh.write("y" * 10)  # 70 bytes now, over the 64-byte bound
+        fh.write("y" * (70 - stated_bytes))  # 70 bytes now, over the 64-byte bound
     assert headerscan._file_info(path, stated, parse=False) is headerscan._TOO_BIG
     assert headermemo.known_file(path, stated, parse=False) is None
 
