@@ -133,3 +133,15 @@ def test_a_symbol_map_read_from_the_local_tier_is_promoted_and_not_counted(tmp_p
         snap = fresh.stats()
         assert (snap["memory"].misses, snap["local"].hits, snap["local"].misses) == (1, 1, 0)
         assert snap["memory"].promotions == 3  # the binary, its symbol map, and its manifest (the seconds saved)
+
+
+def test_the_exit_report_counts_the_manifest_reads_its_saved_seconds_make(tmp_path):
+    """The tally is read before the tiers' counters: the hit's manifest, read for its seconds then, is in them."""
+    from tiered_progcache.chain import exitreport
+
+    with TieredProgramCache(tmp_path / "c") as cache:
+        tiered_progcache.compile(TEMPLATED, "c++", OPTS, cache=cache, name_expressions=NAMES)
+    with TieredProgramCache(tmp_path / "c") as fresh:
+        tiered_progcache.compile(TEMPLATED, "c++", OPTS, cache=fresh, name_expressions=NAMES)
+        counts = exitreport.tier_counts([(t.name, t.counters) for t in fresh.tiers], fresh.compile_tally)
+        assert counts.tiers["memory"]["promotions"] == 3 and counts.compiling.saved_seconds > 0

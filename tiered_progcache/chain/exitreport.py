@@ -48,11 +48,12 @@ class Counts(NamedTuple):
 
 def tier_counts(tiers: list[tuple[str, Any]], tally: CompileTally, flight: FlightCounts | None = None) -> Counts:
     """``Counts`` of tiers' counters (each with a ``snapshot()`` that is a ``TierStats``), a tally and flights."""
+    compiling = tally.snapshot()  # first: it may read hits' manifests, which the tiers count
     now = {}
     for name, counters in tiers:
         snap = counters.snapshot()
         now[name] = {field: getattr(snap, field) for field in COUNTER_FIELDS}
-    return Counts(now, tally.snapshot(), flight.snapshot() if flight is not None else {})
+    return Counts(now, compiling, flight.snapshot() if flight is not None else {})
 
 
 class Source:

@@ -239,8 +239,8 @@ class TieredProgramCache(ProgramCacheResource):
 
     def stats(self) -> CacheStats:
         """An immutable per-tier snapshot, the compiles and the flight decisions; ``after - before`` gives one run's."""
-        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers), self._compile_tally.snapshot(),
-                          self._flight_counts.snapshot())
+        compiling = self._compile_tally.snapshot()  # first: it may read hits' manifests, which the tiers count
+        return CacheStats(tuple((t.name, t.snapshot()) for t in self._tiers), compiling, self._flight_counts.snapshot())
 
     def __repr__(self) -> str:
         chain = " -> ".join(f"{t.name}:{type(t.resource).__name__}" for t in self._tiers)
