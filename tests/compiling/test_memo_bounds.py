@@ -7,6 +7,7 @@ LRU of the same kind put in its place, through the functions that read and write
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 
@@ -225,3 +226,44 @@ def test_an_unchanged_header_is_hashed_from_one_read(tmp_path, monkeypatch):
     info = headerscan._file_info(path, sig, parse=True)
     monkeypatch.undo()
     assert reads == [1201] and info.digest == hashlib.sha256(b"#define A 1\n" * 100).digest()
+
+
+def test_the_tally_reads_a_hits_manifest_from_the_node_only(tmp_path, monkeypatch):
+    """A hit whose manifest is only on the shared tier saves 0 in ``stats()``: the tally never asks the bucket."""
+    source = 'extern "C" __global__ void remote_only(float* x) { x[0] = 3.0f; }\n'
+    options = ProgramOptions(arch="sm_90")
+    (tmp_path / "bucket").mkdir()
+    remote = f"file://{tmp_path / 'bucket'}"
+    with TieredProgramCache(tmp_path / "node-a", remote=remote) as cache:
+        tiered_progcache.compile(source, "c++", options, cache=cache)
+        assert cache.flush(60)
+    monkeypatch.setattr(compile_module, "_saved", cachetools.LRUCache(8))
+    with TieredProgramCache(tmp_path / "node-b", remote=remote, boot_fetch_bytes=0) as cache:
+        compiled = tiered_progcache.compile_count()
+        tiered_progcache.compile(source, "c++", options, cache=cache)  # the entry from the bucket, not its manifest
+        assert tiered_progcache.compile_count() == compiled
+        assert cache.stats().compiling.saved_seconds == 0
+        assert list(compile_module._saved.values()) == [None]
+
+
+def test_an_on_hit_hook_gets_the_key_and_one_that_raises_is_logged_by_name(tmp_path, caplog):
+    from tiered_progcache.compiling.compile import on_hit
+
+    source = 'extern "C" __global__ void hooked(float* x) { x[0] = 4.0f; }\n'
+    options = ProgramOptions(arch="sm_90")
+    seen = []
+
+    def failing(event) -> None:
+        seen.append(event.key)
+        raise RuntimeError("a hook's own bug")
+
+    with TieredProgramCache(tmp_path / "node") as cache:
+        tiered_progcache.compile(source, "c++", options, cache=cache)
+        stop = on_hit(failing)
+        try:
+            with caplog.at_level(logging.ERROR, logger="tiered_progcache.compiling.compile"):
+                assert tiered_progcache.compile(source, "c++", options, cache=cache).code
+        finally:
+            stop()
+    assert len(seen) == 1 and isinstance(seen[0], bytes) and len(seen[0]) == 32
+    assert [r.getMessage().split(" <")[0] for r in caplog.records] == ["on_hit hook"]
