@@ -267,3 +267,35 @@ def test_an_on_hit_hook_gets_the_key_and_one_that_raises_is_logged_by_name(tmp_p
             stop()
     assert len(seen) == 1 and isinstance(seen[0], bytes) and len(seen[0]) == 32
     assert [r.getMessage().split(" <")[0] for r in caplog.records] == ["on_hit hook"]
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_a_manifest_that_names_another_entry_saves_nothing(tmp_path, monkeypatch, hooked):
+    """Kernel B's manifest key holding kernel A's manifest (copied, or a bug): refused, B's hit saves 0 (None)."""
+    from tiered_progcache.chain.stats import MetadataKey
+    from tiered_progcache.compiling.compile import on_compile, on_hit
+    from tiered_progcache.compiling.manifest import manifest_key
+
+    options = ProgramOptions(arch="sm_90")
+    sources = [f'extern "C" __global__ void named{n}(float* x) {{ x[0] = {n}.5f; }}\n' for n in range(2)]
+    keys_made: list[bytes] = []
+    stop = on_compile(lambda event: keys_made.append(event.key))
+    try:
+        with TieredProgramCache(tmp_path / "node") as cache:
+            for source in sources:
+                tiered_progcache.compile(source, "c++", options, cache=cache)
+            first, second = keys_made
+            cache.put(manifest_key(second), cache.get(MetadataKey(manifest_key(first))))
+    finally:
+        stop()
+    monkeypatch.setattr(compile_module, "_saved", cachetools.LRUCache(8))
+    seen = []
+    stop = on_hit(seen.append) if hooked else (lambda: None)
+    try:
+        with TieredProgramCache(tmp_path / "node") as cache:
+            tiered_progcache.compile(sources[1], "c++", options, cache=cache)
+            assert cache.stats().compiling.saved_seconds == 0
+    finally:
+        stop()
+    assert list(compile_module._saved.values()) == [None]
+    assert [event.saved_seconds for event in seen] == ([None] if hooked else [])
