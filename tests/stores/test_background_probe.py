@@ -320,3 +320,13 @@ def test_a_store_found_down_by_its_probe_takes_no_round_trip_sample():
     assert store.wait_ready(60)
     assert not store.available and store.round_trip_s is None
     assert [op for op, _ in fs.seen] == []  # no bucket to hold: the probe failed before it reached the gate
+
+
+def test_wait_probed_without_a_timeout_waits_for_the_sample():
+    """What the boot fetch calls: no deadline of its own (each request has one)."""
+    gate = threading.Event()
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="test remote")
+    runner.start_probe(lambda: None, lambda: gate.wait(60))
+    assert not runner.wait_probed(0)
+    gate.set()
+    assert runner.wait_probed() is True
