@@ -330,3 +330,16 @@ def test_wait_probed_without_a_timeout_waits_for_the_sample():
     assert not runner.wait_probed(0)
     gate.set()
     assert runner.wait_probed() is True
+
+
+def test_close_gives_a_probe_still_in_flight_one_request_deadline_not_more():
+    held = threading.Event()
+    runner = RequestRunner(MemoryFileSystem(), timeout=0.05, breaker=CircuitBreaker(), name="test remote")
+    runner.start_probe(held.wait)  # stuck: only a bug could hold a probe past its deadlines
+    try:
+        closer = threading.Thread(target=runner.close)
+        closer.start()
+        closer.join(60)  # one deadline (50 ms) is the wait; an hour would be the bug
+        assert not closer.is_alive() and not runner.wait_probed(0)
+    finally:
+        held.set()
