@@ -343,3 +343,14 @@ def test_close_gives_a_probe_still_in_flight_one_request_deadline_not_more():
         assert not closer.is_alive() and not runner.wait_probed(0)
     finally:
         held.set()
+
+
+def test_a_stuck_probe_never_holds_the_interpreters_exit():
+    held = threading.Event()
+    runner = RequestRunner(MemoryFileSystem(), timeout=60, breaker=CircuitBreaker(), name="held remote")
+    runner.start_probe(held.wait)
+    try:
+        (probe,) = [t for t in threading.enumerate() if t.name == "tiered-progcache-probe held remote"]
+        assert probe.daemon
+    finally:
+        held.set()
