@@ -120,9 +120,14 @@ class BootFetch:
 
         started = time.perf_counter()
         try:
-            self._shared.wait_ready()  # the store's first probe (each of its requests has a deadline)
+            probed = threading.Event()
+            self._shared.when_ready(probed.set)
+            probed.wait()  # the store's first probe (each of its requests has a deadline)
             if not self._shared.available:  # the probe found it down and said so: a fetch cannot help
                 return
+            # R's first sample is the first lookup's request as a rule: the listing goes after it, on the
+            # connection the probe opened, but never waits on that lookup longer than one request deadline.
+            self._shared.wait_ready(self._shared.request_timeout_s or DEFAULT_REMOTE_TIMEOUT_S)
             listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
             self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=trigger))
             self._listed.set()

@@ -225,7 +225,7 @@ class RequestRunner:
         probe = self._probe
         if probe is None or probe.thread is threading.current_thread():
             return None
-        claimed = sampled and probe.claim_sample()
+        claimed = sampled and not probe.done.is_set() and probe.claim_sample()  # once it ended: no lock taken
         probe.done.wait(self.timeout * PROBE_DEADLINES)  # as long as the probe can take, at most
         return probe if claimed else None
 

@@ -129,8 +129,8 @@ class SharedEntryStore(EntryStore):
 
     @abc.abstractmethod
     def _time_round_trip(self) -> None:
-        """The probe's request once more, on the connection it opened: the store's first round-trip sample.
-        Raises what the request raised (the breaker's refusal where the probe found the store down)."""
+        """The probe's request once more, on the connection it opened: the store's first round-trip sample where
+        no request waited for the probe (one that did is the sample instead). Raises what the request raised (the breaker's refusal where the probe found the store down)."""
 
     def when_ready(self, then: Callable[[], None]) -> None:
         self._runner.when_probed(then)
