@@ -354,3 +354,20 @@ def test_a_stuck_probe_never_holds_the_interpreters_exit():
         assert probe.daemon
     finally:
         held.set()
+
+
+def test_a_store_on_a_shared_breaker_that_tripped_and_recovered_probes_and_says_nothing_of_being_down(caplog):
+    """``breaker`` may be shared with other stores: one tripped at another store's construction, then closed by a
+    success, keeps what tripped it; a store built on it now is not down: its probe goes out, no WARNING."""
+    breaker = CircuitBreaker(name="shared breaker")
+    breaker.trip(OSError("down at the first store's construction"))
+    breaker.record_success()
+    assert breaker.state == "closed" and breaker.tripped_by is not None
+    caplog.set_level(logging.WARNING, logger="tiered_progcache")
+    caplog.clear()
+    store, fs = _held_store(breaker=breaker)
+    fs.probe_gate.set()
+    assert store.wait_ready(60)
+    assert fs.seen[0] == ("probe", False) and store.available
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    store.close()
