@@ -69,8 +69,9 @@ STATS_FILE_ENV = ENV_PREFIX + "STATS_FILE"
 #: The memory tier's default byte cap: a few thousand typical cubins.
 DEFAULT_MAX_MEMORY_BYTES = 256 << 20
 
-#: Leases only for compiles of at least this many round trips (docs/cluster.md, "When nodes wait").
-DEFAULT_LEASE_MIN_COMPILE_RTTS = 1.0
+#: Leases only for compiles of at least this many round trips: the holder's three before its compile (look, create,
+#: look) and the waiter's one after it (docs/cluster.md, "When nodes wait").
+DEFAULT_LEASE_MIN_COMPILE_RTTS = 4.0
 #: None: a waiter waits while the holder's lease is renewed; a factor opts into giving up after that many
 #: of the holder's estimated compile times (plus the landing's round trips).
 DEFAULT_WAIT_PATIENCE: float | None = None

@@ -187,7 +187,8 @@ def test_a_compile_is_short_exactly_under_k_round_trips():
     assert admitting.short(0.49, None)  # would not be uploaded: nobody could wait for it
     assert not admitting.short(0.5, 0.0)
     for prior in (DEFAULT_COMPILE_TIME_PRIOR_S, 0.0001, 3.0):  # kept for old configurations: decides nothing
-        assert not FlightPolicy(compile_time_prior_s=prior).short(0.06, 0.05)
+        assert not FlightPolicy(compile_time_prior_s=prior).short(0.2, 0.05)  # the default: 4 round trips
+        assert FlightPolicy(compile_time_prior_s=prior).short(0.1999, 0.05)
 
 
 def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
@@ -263,7 +264,7 @@ def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
 def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
     tmp_path, slow_s3, decisions, fresh_compile_times, predicted, headers, choice, requests
 ):
-    """At a 50 ms round trip, 0.01 s is under the default one round trip, 10 s over; a never-timed
+    """At a 50 ms round trip, 0.01 s is under the default four round trips, 10 s over; a never-timed
     compile is predicted from its size: header-less, 22 ms (short, it races); reading 64 headers,
     1.07 s (long: it takes the lease). Requests on the wire: raced: the look (beside the compile), the
     conditional creates of the manifest and the cubin (3); held: look, lease create, look under the
@@ -351,9 +352,9 @@ def test_a_live_holder_is_waited_for(tmp_path, decisions, fresh_compile_times):
     seeing the release, finds the entry behind it ("waited"), never a lease of its own ("found")."""
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
-    node_a = TieredProgramCache(tmp_path / "a", remote=url)
-    node_b = TieredProgramCache(tmp_path / "b", remote=url)
-    # Both probes answered: R is measured, so the kernel takes the lease (with R unknown it would race).
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, lease_min_compile_rtts=0.0)  # the lease, whatever R
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, lease_min_compile_rtts=0.0)
+    # Both probes answered before the first kernel.
     assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
     a_compiling, let_go = threading.Event(), threading.Event()
     runs: list[str] = []
@@ -646,11 +647,10 @@ def test_a_failed_holder_publishes_its_error_and_its_waiter_raises_the_same_erro
 
     url = f"file://{tmp_path / 'remote'}"
     (tmp_path / "remote").mkdir(exist_ok=True)  # a missing file:// root is an error, not created
-    node_a = TieredProgramCache(tmp_path / "a", remote=url, signing_key=b"k" * 32)
-    node_b = TieredProgramCache(tmp_path / "b", remote=url, signing_key=b"k" * 32 if same_key else b"j" * 32)
-    # Both probes answered: R is measured (microseconds), so the 22 ms kernel takes the lease; with R
-    # still unknown (50 ms assumed) it would race instead.
-    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    node_a = TieredProgramCache(tmp_path / "a", remote=url, signing_key=b"k" * 32, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(tmp_path / "b", remote=url, signing_key=b"k" * 32 if same_key else b"j" * 32,
+                                lease_min_compile_rtts=0.0)  # the lease whatever R a loaded machine times
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)  # both probes answered
     stop = tpc.on_compile(_hold_until_waiting(node_b))
     errors: dict[str, BaseException] = {}
 
@@ -817,11 +817,11 @@ def test_a_new_process_knows_r_before_its_first_kernel_from_what_the_node_measur
         latency.__init__()  # a store that has timed nothing: R is what the node persisted for it
         assert cache.shared_store.round_trip_s is None and singleflight.round_trip(cache.shared_store) == 0.25
         latency.record(0.25)
-        assert singleflight.plan(cache, 0.2) == ("short", 0.25) and singleflight.plan(cache, 0.3) == ("lease", 0.25)
-        assert singleflight.describe(cache, 0.2) == (
-            "short: C 200.0 ms < 1 x R 250.0 ms: the compile races the shared lookup, no lease")
-        assert singleflight.describe(cache, 0.3) == (
-            "lease: C 300.0 ms >= 1 x R 250.0 ms: one node compiles, the others wait for its entry")
+        assert singleflight.plan(cache, 0.9) == ("short", 0.25) and singleflight.plan(cache, 1.1) == ("lease", 0.25)
+        assert singleflight.describe(cache, 0.9) == (
+            "short: C 900.0 ms < 4 x R 250.0 ms: the compile races the shared lookup, no lease")
+        assert singleflight.describe(cache, 1.1) == (
+            "lease: C 1100.0 ms >= 4 x R 250.0 ms: one node compiles, the others wait for its entry")
 
 
 def test_each_store_of_a_node_directory_is_seeded_once_with_what_the_node_measured_for_it(tmp_path):
@@ -857,7 +857,7 @@ def test_every_constant_of_the_policy_is_pinned():
     assert (fp.UNTIMED_FIXED_S, fp.UNTIMED_SECONDS_PER_BYTE, fp.MAX_PERSISTED_S) == (0.02, 2e-6, 3600.0)
     assert fp.UNMEASURED_ROUND_TRIP_S == 0.05
     assert (fp.UPLOAD_FLUSH_TIMEOUT_S, fp.EXIT_POLL_S, LATENCY_WINDOW, DEFAULT_LEASE_MIN_COMPILE_RTTS) == (
-        30.0, 0.1, 64, 1.0)
+        30.0, 0.1, 64, 4.0)
     assert fp.DECISIONS == ("raced_won", "raced_found", "held", "waited", "found_under_lease", "failed",
                             "gave_up", "no_lease")
 
@@ -1014,9 +1014,9 @@ def test_describe_says_each_case_and_why_word_for_word(tmp_path):
     assert plan(admitting, 0.4) == ("short", 0.01)
     assert describe(admitting, 0.4) == ("short: C 400.0 ms < min_upload_compile_s (not uploaded): the compile races "
                                         "the shared lookup, no lease")
-    assert describe(admitting, 0.5) == "lease: C 500.0 ms >= 1 x R 10.0 ms: one node compiles, the others wait for its entry"
+    assert describe(admitting, 0.5) == "lease: C 500.0 ms >= 4 x R 10.0 ms: one node compiles, the others wait for its entry"
     racing = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 0.01)])
-    assert describe(racing, 0.005) == "short: C 5.0 ms < 1 x R 10.0 ms: the compile races the shared lookup, no lease"
+    assert describe(racing, 0.005) == "short: C 5.0 ms < 4 x R 10.0 ms: the compile races the shared lookup, no lease"
     for cache in (alone, unknown, node, admitting, racing):
         cache.close()
 
@@ -1028,7 +1028,7 @@ def test_at_exactly_the_upload_threshold_a_short_compile_is_short_by_its_round_t
 
     (tmp_path / "remote").mkdir()
     cache = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 1.0)], min_upload_compile_s=0.5)
-    assert describe(cache, 0.5) == "short: C 500.0 ms < 1 x R 1000.0 ms: the compile races the shared lookup, no lease"
+    assert describe(cache, 0.5) == "short: C 500.0 ms < 4 x R 1000.0 ms: the compile races the shared lookup, no lease"
     cache.close()
 
 

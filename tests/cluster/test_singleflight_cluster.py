@@ -231,7 +231,7 @@ def test_a_shared_store_without_atomic_create_gets_node_level_single_flight_only
             InMemoryProgramCache(),
             (FileStreamProgramCache(tmp_path / node), TierPolicy("local")),
             (remote, TierPolicy("remote", shared=True)),
-        ])
+        ], **WAIT_FOR_HOLDER)  # never short: the node lock is the case under test, whatever R a loaded machine times
 
     caches = {node: [chain(node), chain(node)] for node in ("node0", "node1")}
     both_compiling = threading.Barrier(2, timeout=30)

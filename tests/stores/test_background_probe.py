@@ -294,7 +294,7 @@ def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_e
         shared.wait_ready = opening_wait
         case, rtt = plan(cache, 0.03)
         assert asked == [0.02, 0.05, 0.03] and rtt is not None and rtt == shared.round_trip_s
-        assert case == ("short" if 0.03 < rtt else "node")  # this store has no atomic create: the node lock
+        assert case == ("short" if cache.flight_policy.short(0.03, rtt) else "node")  # no atomic create: node lock
         assert plan(cache, 1e300) == ("node", rtt) and len(asked) == 3  # R known: no wait
 
 

@@ -37,7 +37,7 @@ COMPILE_TIME_WEIGHT = 0.3
 HEADER_BYTES = 8192
 #: A kind never timed here is predicted at this plus :data:`UNTIMED_SECONDS_PER_BYTE` per byte of size:
 #: NVRTC's fixed cost for a small kernel on one core (1 KiB, no header: 25 ms on an H200 host's core).
-#: A header-less kernel races a store 30 ms away; one reading a library's headers takes the lease.
+#: A header-less kernel races a store 10 ms away; one reading a library's headers takes the lease.
 UNTIMED_FIXED_S = 0.02
 #: See :data:`UNTIMED_FIXED_S` (16 ms a header, with :data:`HEADER_BYTES`).
 UNTIMED_SECONDS_PER_BYTE = 2e-6
