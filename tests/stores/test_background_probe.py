@@ -371,3 +371,23 @@ def test_a_store_on_a_shared_breaker_that_tripped_and_recovered_probes_and_says_
     assert fs.seen[0] == ("probe", False) and store.available
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     store.close()
+
+
+def test_the_boot_fetch_waits_for_rs_first_sample_at_most_one_request_deadline(tmp_path):
+    """The boot fetch lists after R's first sample, which is the first lookup's own request as a rule. A sample
+    that never ends (claimed here and held) keeps the fetch back one request deadline (0.5 s), not for ever."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    store, fs = _held_store(timeout=0.5)
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    probe = store.runner._probe
+    try:
+        assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
+        fs.probe_gate.set()
+        assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
+        assert cache.get(b"k" * 32) is None  # the first lookup at the shared tier starts the boot fetch
+        assert cache._boot.wait(60)  # it listed and finished past its one deadline, the sample still out
+        assert cache._boot.report == (0, None) and not store.wait_ready(0)
+    finally:
+        probe.sampled()
+        cache.close()
