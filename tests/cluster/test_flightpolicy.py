@@ -189,6 +189,8 @@ def test_a_compile_is_short_exactly_under_k_round_trips():
     for prior in (DEFAULT_COMPILE_TIME_PRIOR_S, 0.0001, 3.0):  # kept for old configurations: decides nothing
         assert not FlightPolicy(compile_time_prior_s=prior).short(0.2, 0.05)  # the default: 4 round trips
         assert FlightPolicy(compile_time_prior_s=prior).short(0.1999, 0.05)
+    cheap = untimed_estimate(compile_size(1143, 0))  # a header-less 1 KiB kernel never timed here: 22.3 ms
+    assert FlightPolicy().short(cheap, 0.0056) and not FlightPolicy().short(cheap, 0.0055)  # races over 5.6 ms
 
 
 def _store_at(tmp_path, *round_trips: float) -> RemoteProgramCache:
