@@ -385,9 +385,18 @@ def test_the_boot_fetch_waits_for_rs_first_sample_at_most_one_request_deadline(t
         assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
         fs.probe_gate.set()
         assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
+        asked: list[float | None] = []
+        real_wait = store.wait_ready
+
+        def recording_wait(timeout: float | None = None) -> bool:
+            asked.append(timeout)
+            return real_wait(timeout)
+
+        store.wait_ready = recording_wait
         assert cache.get(b"k" * 32) is None  # the first lookup at the shared tier starts the boot fetch
         assert cache._boot.wait(60)  # it listed and finished past its one deadline, the sample still out
-        assert cache._boot.report == (0, None) and not store.wait_ready(0)
+        assert asked == [0.5]  # the store's own request deadline, not the setting's default
+        assert cache._boot.report == (0, None) and not real_wait(0)
     finally:
         probe.sampled()
         cache.close()
