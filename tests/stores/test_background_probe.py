@@ -70,6 +70,19 @@ def _waiting_in_probe_gate(thread: threading.Thread) -> bool:
     return False
 
 
+def _record_waits(store: Any) -> tuple[list[float | None], Any]:
+    """Make ``store.wait_ready`` record each timeout it is asked for; the list, and the real ``wait_ready``."""
+    asked: list[float | None] = []
+    real_wait = store.wait_ready
+
+    def recording_wait(timeout: float | None = None) -> bool:
+        asked.append(timeout)
+        return real_wait(timeout)
+
+    store.wait_ready = recording_wait
+    return asked, real_wait
+
+
 def test_the_constructor_returns_while_the_probe_is_held_and_a_read_waits_for_it():
     store, fs = _held_store(timeout=60)
     try:
@@ -272,14 +285,7 @@ def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_e
     store, fs = _held_store(timeout=60)
     with TieredProgramCache(tiers=[InMemoryProgramCache(), store]) as cache:
         shared = cache.shared_store
-        asked: list[float | None] = []
-        real_wait = shared.wait_ready
-
-        def recording_wait(timeout: float | None = None) -> bool:
-            asked.append(timeout)
-            return real_wait(timeout)
-
-        shared.wait_ready = recording_wait
+        asked, real_wait = _record_waits(shared)
         assert plan(cache, 0.02) == ("short", None)  # the probe still held: the wait ended, the kernel races
         every_kernel_races = TieredProgramCache(tiers=[InMemoryProgramCache(), store], lease_min_compile_rtts=1e300)
         assert every_kernel_races.shared_store is shared
@@ -385,14 +391,7 @@ def test_the_boot_fetch_waits_for_rs_first_sample_at_most_one_request_deadline(t
         assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
         fs.probe_gate.set()
         assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
-        asked: list[float | None] = []
-        real_wait = store.wait_ready
-
-        def recording_wait(timeout: float | None = None) -> bool:
-            asked.append(timeout)
-            return real_wait(timeout)
-
-        store.wait_ready = recording_wait
+        asked, real_wait = _record_waits(store)
         assert cache.get(b"k" * 32) is None  # the first lookup at the shared tier starts the boot fetch
         assert cache._boot.wait(60)  # it listed and finished past its one deadline, the sample still out
         assert asked == [0.5]  # the store's own request deadline, not the setting's default
