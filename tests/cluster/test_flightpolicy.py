@@ -2,7 +2,9 @@
 
 The arithmetic is checked exactly at its boundaries; the integration tests run real NVRTC
 against moto S3 behind a real delay proxy (its wire-level request count) and a real
-file:// remote, and read the policy's choices from its own hook (``on_flight``).
+file:// remote, and read the policy's choices from its own hook (``on_flight``). That remote
+stands for an NFS share (the mount table the store reads says so), where ``R`` is measured:
+on this host's own disk it is 0 (:func:`test_a_directory_on_this_hosts_disk_is_no_distance`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tiered_progcache.cluster.flightpolicy import (
     compile_times,
     on_flight,
 )
+from tiered_progcache.stores import fsutil
 from tiered_progcache.stores.latency import LatencyTracker
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.settings import DEFAULT_COMPILE_TIME_PRIOR_S, DEFAULT_LEASE_MIN_COMPILE_RTTS
@@ -38,6 +41,15 @@ from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F40
 from test_singleflight import Work, kernel, options
 
 JOIN_S = 90
+
+
+@pytest.fixture(autouse=True)
+def nfs_mounts(tmp_path_factory, monkeypatch):
+    """A mount table with one NFS root: every file:// remote here is a network share, its ``R`` measured."""
+    table = tmp_path_factory.mktemp("mounts") / "mountinfo"
+    table.write_text("1 0 0:50 / / rw,relatime - nfs4 fileserver:/export rw\n")
+    monkeypatch.setattr(fsutil, "MOUNT_TABLE", str(table))
+    return table
 
 
 @pytest.fixture
@@ -127,6 +139,36 @@ def test_the_runner_times_each_single_request_and_no_listing_or_batch(tmp_path):
     remote.write_many({name: b"\x7fELF" for name in names})
     assert latency.recorded - before == 7  # a listing and two batches are not one round trip each
     assert remote.round_trip_s == latency.median() and remote.round_trip_s > 0
+
+
+def test_a_directory_on_this_hosts_disk_is_no_distance(tmp_path, nfs_mounts, monkeypatch, decisions):
+    """R is 0 for a file:// remote on a local filesystem (the real mount table says which): whatever its
+    requests took, a miss takes the lease, even with k = 1e9. Under an NFS root, the same directory's R is measured."""
+    (tmp_path / "remote").mkdir()
+    url = f"file://{tmp_path / 'remote'}"
+    share = RemoteProgramCache.from_url(url)
+    monkeypatch.setattr(fsutil, "MOUNT_TABLE", "/proc/self/mountinfo")
+    real = RemoteProgramCache.from_url(url)
+    for store in (share, real):
+        assert store.wait_ready(30)
+        store.seed_round_trip(1.0)  # a loaded host's request: seconds
+    assert share.round_trip_s == share.runner.latency.median() > 0
+    assert real.runner.latency.median() > 0
+    assert real.round_trip_s == (0.0 if fsutil.on_local_disk(tmp_path) else real.runner.latency.median())
+    table = tmp_path / "mountinfo"
+    table.write_text(f"1 0 0:50 / / rw - nfs4 fileserver:/export rw\n2 1 0:51 / {tmp_path} rw - xfs /dev/nvme0n1 rw\n")
+    monkeypatch.setattr(fsutil, "MOUNT_TABLE", str(table))
+    disk = RemoteProgramCache.from_url(url)
+    disk.seed_round_trip(1.0)
+    assert disk.round_trip_s == 0.0 and disk.runner.latency.median() > 0
+    from cuda.core.utils import InMemoryProgramCache
+
+    from tiered_progcache.cluster.singleflight import describe, plan
+
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), disk], lease_min_compile_rtts=1e9) as cache:
+        assert plan(cache, 1e-6) == ("lease", 0.0)
+        assert describe(cache, 0.5) == (
+            "lease: C 500.0 ms >= 1e+09 x R 0.0 ms: one node compiles, the others wait for its entry")
 
 
 def test_compile_times_are_an_exponentially_weighted_rate_per_code_and_target_type():

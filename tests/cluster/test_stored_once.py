@@ -64,9 +64,11 @@ def shared(request, tmp_path):
 
 
 def _node(tmp_path, name: str, store) -> TieredProgramCache:
-    """Every compile short (k = 1e9 round trips): each miss races the shared lookup."""
-    return TieredProgramCache(tiers=[InMemoryProgramCache(), (store, TierPolicy("remote", write="background",
-                                                                                shared=True))],
+    """Every compile short (k = 1e9 round trips of a store taken as 1 s away, a file:// one on this disk
+    included): each miss races the shared lookup."""
+    far = store if isinstance(store, WrapperEntryStore) else WrapperEntryStore(store, round_trip_s=1.0)
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), (far, TierPolicy("remote", write="background",
+                                                                              shared=True))],
                               lease_min_compile_rtts=1e9)
 
 
@@ -83,7 +85,7 @@ def test_a_race_won_by_the_compile_over_an_entry_already_up_rewrites_nothing(tmp
     key = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
     names = [entry_name(key), entry_name(manifest_key(key))]
     _predicting(compile_times, source, 0.001)
-    store_a, store_b = shared(), WrapperEntryStore(shared())
+    store_a, store_b = shared(), WrapperEntryStore(shared(), round_trip_s=1.0)
     logs = [PutLog(s) for s in (store_a, store_b.store)] if store_a.location.startswith("s3") else []
     with _node(tmp_path, "a", store_a) as node_a:
         obj = tpc.compile(source, "c++", options(), cache=node_a)

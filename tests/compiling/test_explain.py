@@ -164,9 +164,9 @@ def test_a_miss_with_nothing_similar_says_so(tmp_path, include):
 
 @pytest.mark.parametrize("rtts, case", [(0.0, "lease"), (1e9, "short")])
 def test_explain_says_which_flight_case_a_miss_takes_with_its_c_and_r(tmp_path, rtts, case):
-    """A cache with a shared tier: the case (short: races the lookup; lease) from the predicted C and the store's R."""
-    (tmp_path / "remote").mkdir()
-    with TieredProgramCache(tmp_path / "c", remote=(tmp_path / "remote").as_uri(), lease_min_compile_rtts=rtts) as cache:
+    """A cache with a shared tier: the case (short: races the lookup; lease) from the predicted C and the store's R
+    (a memory:// store's, measured: a file:// one on this host's disk is no distance)."""
+    with TieredProgramCache(tmp_path / "c", remote=f"memory://{tmp_path.name}/remote", lease_min_compile_rtts=rtts) as cache:
         report = explain(OTHER, "c++", ProgramOptions(arch="sm_80"), cache=cache)
         c = predict(cache, "c++", "cubin", compile_size(len(OTHER), 0))
         r = cache.shared_store.round_trip_s

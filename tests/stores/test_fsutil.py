@@ -48,3 +48,34 @@ def test_refusals_raise_the_callers_exception_and_a_missing_file_is_file_not_fou
         fsutil.open_regular(tmp_path / "fifo", refuse=InvalidEnvelope)
     with pytest.raises(FileNotFoundError):
         fsutil.open_regular(tmp_path / "absent")
+
+
+MOUNTS = (
+    "1 0 8:1 / / rw,relatime - nfs4 server:/export rw\n"
+    "2 1 0:5 / /scratch rw - xfs /dev/nvme0n1 rw\n"
+    "3 2 0:6 / /scratch/shared\\040dir rw shared:4 - fuse.gcsfuse bucket rw\n"
+    "4 1 0:7 / /scratch2 rw - ext4 /dev/sda rw\n"
+    "5 1 0:8 / /tmp rw - tmpfs tmpfs rw\n"
+    "garbage without a separator\n"
+)
+
+
+@pytest.mark.parametrize("path, local", [
+    ("/scratch/cache", True),  # xfs
+    ("/scratch", True),
+    ("/scratch/shared dir/kernels", False),  # the longest mount point wins; "\040" is a space
+    ("/scratch/shared dirt", True),  # a prefix of a name is not its mount point
+    ("/scratch2/x", True),
+    ("/tmp/a/b", True),  # tmpfs: memory on this host
+    ("/home/user", False),  # under the NFS root
+])
+def test_a_path_is_on_this_hosts_disk_by_its_mount_points_filesystem_type(tmp_path, path, local):
+    table = tmp_path / "mountinfo"
+    table.write_text(MOUNTS)
+    assert fsutil.on_local_disk(path, str(table)) is local
+
+
+def test_an_unreadable_mount_table_is_not_a_local_disk(tmp_path):
+    assert fsutil.on_local_disk("/tmp", str(tmp_path / "absent")) is False
+    assert fsutil.LOCAL_DISK_TYPES >= {"ext4", "xfs", "btrfs", "tmpfs", "overlay"}
+    assert not fsutil.LOCAL_DISK_TYPES & {"nfs", "nfs4", "cifs", "lustre", "fuse", "9p", "ceph"}

@@ -17,18 +17,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
 from typing import Callable
 
 from ..errors import EntryRejected
 
-__all__ = ["DIR_MODE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "open_regular", "write_atomic"]
+__all__ = ["DIR_MODE", "LOCAL_DISK_TYPES", "MOUNT_TABLE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "on_local_disk", "open_regular",
+           "write_atomic"]
 
 #: Mode of the directories we create (before the umask; never world-writable).
 DIR_MODE = 0o775
 #: Mode of staging directories (``tmp/``).
 STAGING_DIR_MODE = 0o700
+#: Linux filesystem types that live on this host (a disk, memory, a container's layers); any other is remote.
+LOCAL_DISK_TYPES = frozenset({"bcachefs", "btrfs", "ext2", "ext3", "ext4", "f2fs", "overlay", "ramfs", "tmpfs", "xfs", "zfs"})
+#: The mount table :func:`on_local_disk` reads (a test points it at a table of its own).
+MOUNT_TABLE = "/proc/self/mountinfo"
 
 # Read-only, the last component never followed, non-blocking (a FIFO cannot hang the open;
 # no effect on a regular file's reads), closed across exec.
@@ -173,3 +179,28 @@ def create_exclusive(
     finally:
         with contextlib.suppress(OSError):
             os.unlink(staged)
+
+
+def on_local_disk(path: str | os.PathLike[str], mountinfo: str | None = None) -> bool:
+    """True if ``path`` (or its nearest existing parent) is on a filesystem of :data:`LOCAL_DISK_TYPES`.
+
+    From the mount table (Linux): the mount point that is the longest prefix of the real path. False
+    where that cannot be read (another OS) or the type is any other (NFS, FUSE, Lustre, ...).
+    """
+    real = os.path.realpath(path)
+    try:
+        with open(mountinfo or MOUNT_TABLE, encoding="utf-8", errors="surrogateescape") as fh:
+            mounts = fh.read().splitlines()
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for line in mounts:  # "36 35 98:0 / /mnt rw,relatime shared:1 - ext4 /dev/vda rw"
+        fields, _, after = line.partition(" - ")
+        parts = fields.split(" ")
+        if len(parts) < 5 or not after:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])  # "\040" is a space
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, after.split(" ", 1)[0]
+    return fstype in LOCAL_DISK_TYPES

@@ -113,6 +113,7 @@ class RemoteProgramCache(SharedEntryStore):
         if self._bucket_store and not self.root:
             raise ValueError(f"remote URL {self.url!r} names no bucket")
         self._create_root = bool(create_root)
+        self._on_this_host = self._objects.local and fsutil.on_local_disk(self.root or "/")
         options = factory.kwargs if factory is not None else getattr(fs, "storage_options", {})
         self._endpoint = _endpoint_of(options)
         self._start_probe(strict)
@@ -173,6 +174,15 @@ class RemoteProgramCache(SharedEntryStore):
     @property
     def atomic_create(self) -> bool:
         return self._objects.atomic_create
+
+    @property
+    def round_trip_s(self) -> float | None:
+        """0.0 for a directory on this host's own disk, else the measured median (``SharedEntryStore``).
+
+        A request there is a system call, so no compile is worth racing it: what a loaded host's
+        requests take is its load, not a distance, and the nodes sharing such a directory share its cores.
+        """
+        return 0.0 if self._on_this_host else super().round_trip_s
 
     def path_for(self, name: str) -> str:
         """The object path of entry ``name`` on the filesystem (``ValueError`` unless an entry name)."""
