@@ -86,10 +86,8 @@ class HolderProcess:
 
     def is_gone(self) -> bool:
         """True only when this host can tell for sure that the process no longer runs (elsewhere the TTL decides)."""
-        if (self.host, self.boot_id, self.pid_ns) != _this_host():
-            return False
-        if not self.boot_id or not self.pid_ns:
-            return False  # no /proc: cannot tell a PID of this namespace from another's
+        if not (self.boot_id and self.pid_ns) or (self.host, self.boot_id, self.pid_ns) != _this_host():
+            return False  # another host, or no /proc: cannot tell a PID of this namespace from another's
         try:
             with open(f"/proc/{self.pid}/stat", encoding="ascii", errors="replace") as fh:
                 fields = fh.read().rsplit(")", 1)[-1].split()
@@ -406,7 +404,6 @@ def wait_for_lease(lease: RemoteLease, poll: Callable[[], T | None], timeout: fl
         return ended(WaitEnd.FOUND, found)
     seen_raw: bytes | None = None  # the lease's bytes as last read, and when they last changed
     seen_since = started
-    unreadable_since: float | None = None
     quick_retries = 0  # retries without a pause (the lease was just released or broken); capped
     recheck_at = clock()
     next_poll = started + plan.poll_period()
@@ -424,6 +421,7 @@ def wait_for_lease(lease: RemoteLease, poll: Callable[[], T | None], timeout: fl
             if raw != seen_raw:
                 seen_raw, seen_since = raw, now  # renewed, replaced, or new: the holder is alive
             unrenewed_for = now - seen_since
+            stale = unrenewed_for >= lease.ttl_s + EXPIRY_MARGIN_S / 2  # an honest expiry comes first
             retake = False
             if info is None:
                 # Released: the holder is done (its result is up: look once more) or failed.
@@ -432,8 +430,6 @@ def wait_for_lease(lease: RemoteLease, poll: Callable[[], T | None], timeout: fl
                     return ended(WaitEnd.FOUND, found)
                 retake = True
             elif isinstance(info, LeaseInfo):
-                unreadable_since = None
-                stale = unrenewed_for >= lease.ttl_s + EXPIRY_MARGIN_S / 2  # an honest expiry comes first
                 live = not (info.expired(wall) or stale)
                 if live and info.failure is not None and open_failure is not None:
                     failure = open_failure(info.failure)  # its holder is done (and may be gone): it failed
@@ -450,18 +446,12 @@ def wait_for_lease(lease: RemoteLease, poll: Callable[[], T | None], timeout: fl
                 else:
                     recheck_at = now + min(LEASE_RECHECK_S, max(0.0, info.expires_at - wall) + EXPIRY_MARGIN_S,
                                            lease.ttl_s - unrenewed_for + EXPIRY_MARGIN_S)
+            elif stale:  # not a lease document (a partial write, or garbage), unchanged for one TTL
+                with contextlib.suppress(Exception):
+                    lease.break_if_unchanged(info)
+                retake = True
             else:
-                # Not a lease document (a partial write, or garbage): give it one TTL.
-                if unreadable_since is None:
-                    unreadable_since = wall
-                until_expiry = unreadable_since + lease.ttl_s - wall
-                if until_expiry <= 0:
-                    with contextlib.suppress(Exception):
-                        lease.break_if_unchanged(info)
-                    unreadable_since = None
-                    retake = True
-                else:
-                    recheck_at = now + min(LEASE_RECHECK_S, until_expiry + EXPIRY_MARGIN_S)
+                recheck_at = now + min(LEASE_RECHECK_S, lease.ttl_s - unrenewed_for + EXPIRY_MARGIN_S)
             if retake:
                 if (took := take()) is not None:
                     return took
