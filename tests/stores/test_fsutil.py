@@ -51,12 +51,18 @@ def test_refusals_raise_the_callers_exception_and_a_missing_file_is_file_not_fou
 
 
 MOUNTS = (
+    "garbage without a separator\n"
     "1 0 8:1 / / rw,relatime - nfs4 server:/export rw\n"
     "2 1 0:5 / /scratch rw - xfs /dev/nvme0n1 rw\n"
     "3 2 0:6 / /scratch/shared\\040dir rw shared:4 - fuse.gcsfuse bucket rw\n"
     "4 1 0:7 / /scratch2 rw - ext4 /dev/sda rw\n"
     "5 1 0:8 / /tmp rw - tmpfs tmpfs rw\n"
-    "garbage without a separator\n"
+    "6 5 0:9 / /tmp/odd rw no separator, so not a mount line\n"
+    "7 1 / - nfs4 too few fields\n"
+    "8 1 0:10 / /five - btrfs /dev/sdb rw\n"
+    "9 1 0:11 / /stacked rw - ext4 /dev/sdc rw\n"
+    "10 9 0:12 / /stacked rw - nfs4 server:/over rw\n"
+    "11 1 0:13 / /mntX rw - ext4 /dev/sdd rw\n"
 )
 
 
@@ -67,7 +73,11 @@ MOUNTS = (
     ("/scratch/shared dirt", True),  # a prefix of a name is not its mount point
     ("/scratch2/x", True),
     ("/tmp/a/b", True),  # tmpfs: memory on this host
+    ("/tmp/odd/f", True),  # a line without " - " is not a mount
+    ("/five/f", True),  # five fields before " - " name a mount point
+    ("/stacked/f", False),  # of two mounts on one point, the last is on top
     ("/home/user", False),  # under the NFS root
+    ("/mnt/f", False),  # not under /mntX
 ])
 def test_a_path_is_on_this_hosts_disk_by_its_mount_points_filesystem_type(tmp_path, path, local):
     table = tmp_path / "mountinfo"
@@ -75,7 +85,20 @@ def test_a_path_is_on_this_hosts_disk_by_its_mount_points_filesystem_type(tmp_pa
     assert fsutil.on_local_disk(path, str(table)) is local
 
 
+def test_under_a_local_root_every_path_is_on_this_hosts_disk(tmp_path):
+    table = tmp_path / "mountinfo"
+    table.write_text("1 0 8:1 / / rw - ext4 /dev/vda rw\n2 1 0:5 / /nfs rw - nfs srv:/x rw\n")
+    assert [fsutil.on_local_disk(p, str(table)) for p in ("/", "/home/u", "/nfs/a", "/nfsx")] == [True, True, False, True]
+
+
 def test_an_unreadable_mount_table_is_not_a_local_disk(tmp_path):
     assert fsutil.on_local_disk("/tmp", str(tmp_path / "absent")) is False
     assert fsutil.LOCAL_DISK_TYPES >= {"ext4", "xfs", "btrfs", "tmpfs", "overlay"}
     assert not fsutil.LOCAL_DISK_TYPES & {"nfs", "nfs4", "cifs", "lustre", "fuse", "9p", "ceph"}
+
+
+def test_a_mount_point_that_is_not_utf8_is_matched_as_the_path_decodes(tmp_path):
+    table = tmp_path / "mountinfo"
+    table.write_bytes(b"1 0 8:1 / / rw - nfs4 srv:/ rw\n2 1 0:5 / /data\xff rw - xfs /dev/x rw\n")
+    assert fsutil.on_local_disk(os.fsdecode(b"/data\xff/kernels"), str(table)) is True
+    assert fsutil.on_local_disk("/data/kernels", str(table)) is False

@@ -184,23 +184,23 @@ def create_exclusive(
 def on_local_disk(path: str | os.PathLike[str], mountinfo: str | None = None) -> bool:
     """True if ``path`` (or its nearest existing parent) is on a filesystem of :data:`LOCAL_DISK_TYPES`.
 
-    From the mount table (Linux): the mount point that is the longest prefix of the real path. False
-    where that cannot be read (another OS) or the type is any other (NFS, FUSE, Lustre, ...).
+    From the mount table (Linux): the mount point that is the longest prefix of the real path, the
+    last of equal ones (mounted on top). False where the table cannot be read (another OS) or the
+    type is any other (NFS, FUSE, Lustre, ...).
     """
     real = os.path.realpath(path)
     try:
-        with open(mountinfo or MOUNT_TABLE, encoding="utf-8", errors="surrogateescape") as fh:
-            mounts = fh.read().splitlines()
+        with open(mountinfo or MOUNT_TABLE, "rb") as fh:
+            table = os.fsdecode(fh.read())  # paths as os.path.realpath decodes them
     except OSError:
         return False
-    best, fstype = "", ""
-    for line in mounts:  # "36 35 98:0 / /mnt rw,relatime shared:1 - ext4 /dev/vda rw"
+    longest, fstype = 0, ""
+    for line in table.splitlines():  # "36 35 98:0 / /mnt rw,relatime shared:1 - ext4 /dev/vda rw"
         fields, _, after = line.partition(" - ")
         parts = fields.split(" ")
         if len(parts) < 5 or not after:
             continue
         point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])  # "\040" is a space
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, fstype = point, after.split(" ", 1)[0]
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= longest:
+            longest, fstype = len(point), after.partition(" ")[0]
     return fstype in LOCAL_DISK_TYPES
