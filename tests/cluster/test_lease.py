@@ -199,13 +199,26 @@ def test_a_waiter_gets_the_holders_result_when_it_is_published(leases, cleanup):
     assert RemoteLease(leases, NAME, 30).read() is None  # and took no lease for it
 
 
-def test_garbage_in_the_lease_slot_is_respected_for_exactly_one_ttl_then_broken(leases):
+@pytest.mark.parametrize("ttl", [0.5, 3.0])  # 3 s: rereads a second apart, the last one at the TTL
+def test_garbage_in_the_lease_slot_is_respected_for_exactly_one_ttl_then_broken(leases, ttl):
     clock = SteppedClock()
-    assert leases.create(NAME, b"\x00not json", 0.5)
-    waiter = RemoteLease(leases, NAME, ttl_s=0.5, clock=clock.time)
+    assert leases.create(NAME, b"\x00not json", ttl)
+    waiter = RemoteLease(leases, NAME, ttl_s=ttl, clock=clock.time)
     found, held = clock.wait(waiter, timeout=10)
     assert held
-    assert 0.5 <= clock.mono < 0.5 + EXPIRY_SLACK_S
+    assert ttl <= clock.mono < ttl + EXPIRY_SLACK_S
+    waiter.release()
+
+
+def test_a_lease_whose_stated_expiry_comes_before_the_waiters_ttl_is_reread_and_broken_at_it(leases):
+    """A holder that wrote a 0.3 s lease and stopped renewing (its process lives: only the expiry tells):
+    a waiter with a 5 s TTL rereads it at its stated expiry, not a second later."""
+    clock = SteppedClock()
+    holder = RemoteLease(leases, NAME, ttl_s=0.3, clock=clock.time)
+    assert leases.create(NAME, holder._document(), 0.3)  # taken, never renewed
+    waiter = RemoteLease(leases, NAME, ttl_s=5, clock=clock.time)
+    found, held = clock.wait(waiter, timeout=10)
+    assert held and 0.3 <= clock.mono < 0.3 + EXPIRY_SLACK_S
     waiter.release()
 
 
