@@ -88,7 +88,8 @@ def test_a_path_is_on_this_hosts_disk_by_its_mount_points_filesystem_type(tmp_pa
 def test_under_a_local_root_every_path_is_on_this_hosts_disk(tmp_path):
     table = tmp_path / "mountinfo"
     table.write_text("1 0 8:1 / / rw - ext4 /dev/vda rw\n2 1 0:5 / /nfs rw - nfs srv:/x rw\n")
-    assert [fsutil.on_local_disk(p, str(table)) for p in ("/", "/home/u", "/nfs/a", "/nfsx")] == [True, True, False, True]
+    paths = ("/", "/home/u", "/nfs/a", "/nfsx")
+    assert [fsutil.on_local_disk(p, str(table)) for p in paths] == [True, True, False, True]
 
 
 def test_an_unreadable_mount_table_is_not_a_local_disk(tmp_path):

@@ -24,15 +24,16 @@ from typing import Callable
 
 from ..errors import EntryRejected
 
-__all__ = ["DIR_MODE", "LOCAL_DISK_TYPES", "MOUNT_TABLE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs", "on_local_disk", "open_regular",
-           "write_atomic"]
+__all__ = ["DIR_MODE", "LOCAL_DISK_TYPES", "MOUNT_TABLE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs",
+           "on_local_disk", "open_regular", "write_atomic"]
 
 #: Mode of the directories we create (before the umask; never world-writable).
 DIR_MODE = 0o775
 #: Mode of staging directories (``tmp/``).
 STAGING_DIR_MODE = 0o700
 #: Linux filesystem types that live on this host (a disk, memory, a container's layers); any other is remote.
-LOCAL_DISK_TYPES = frozenset({"bcachefs", "btrfs", "ext2", "ext3", "ext4", "f2fs", "overlay", "ramfs", "tmpfs", "xfs", "zfs"})
+LOCAL_DISK_TYPES = frozenset({"bcachefs", "btrfs", "ext2", "ext3", "ext4", "f2fs", "overlay", "ramfs", "tmpfs", "xfs",
+                              "zfs"})
 #: The mount table :func:`on_local_disk` reads (a test points it at a table of its own).
 MOUNT_TABLE = "/proc/self/mountinfo"
 
