@@ -23,6 +23,7 @@ from cuda.core import ProgramOptions
 from tiered_progcache.compiling import headermemo, headerwatch
 from tiered_progcache.compiling.headerscan import header_digest
 from tiered_progcache.compiling.headerwatch import HeaderWatcher, replace_watcher
+from tiered_progcache.stores.fsutil import MountTable
 
 from header_support import OLD, SRC, fresh_header_memo  # noqa: F401  (autouse)
 from header_support import write_header as _write
@@ -467,12 +468,12 @@ def test_the_default_budget_is_the_documented_8192_watches(tmp_path):
 
 
 def test_the_mount_memo_keeps_the_most_recently_used_paths_within_its_bound(monkeypatch):
-    from tiered_progcache.compiling import headerwatch
+    from tiered_progcache.stores import fsutil
 
-    monkeypatch.setattr(headerwatch, "_MAX_MEMO_PATHS", 3)
-    mounts = headerwatch._MountTable("21 1 254:0 / / rw - ext4 /dev/vda rw\n30 21 0:40 / /nfs rw - nfs4 srv:/ rw\n")
+    monkeypatch.setattr(fsutil, "_MAX_MEMO_PATHS", 3)
+    mounts = MountTable("21 1 254:0 / / rw - ext4 /dev/vda rw\n30 21 0:40 / /nfs rw - nfs4 srv:/ rw\n")
     assert [mounts.fs_type(p) for p in ("/nfs/a", "/b")] == ["nfs4", "ext4"]  # memoized: /nfs/a, /nfs, /b
     assert mounts.fs_type("/nfs/a") == "nfs4"  # used again: the newest
     assert mounts.fs_type("/c") == "ext4"
     assert len(mounts._memo) == 3 and mounts._memo["/nfs/a"] == "nfs4" and mounts._memo["/c"] == "ext4"
-    assert headerwatch._MountTable("").fs_type("/a/b") == ""  # no mount table read: no type, up to the root
+    assert MountTable("").fs_type("/a/b") == ""  # no mount table read: no type, up to the root

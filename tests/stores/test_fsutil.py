@@ -94,8 +94,8 @@ def test_under_a_local_root_every_path_is_on_this_hosts_disk(tmp_path):
 
 def test_an_unreadable_mount_table_is_not_a_local_disk(tmp_path):
     assert fsutil.on_local_disk("/tmp", str(tmp_path / "absent")) is False
-    assert fsutil.LOCAL_DISK_TYPES >= {"ext4", "xfs", "btrfs", "tmpfs", "overlay"}
-    assert not fsutil.LOCAL_DISK_TYPES & {"nfs", "nfs4", "cifs", "lustre", "fuse", "9p", "ceph"}
+    assert fsutil.LOCAL_FS_TYPES >= {"ext4", "xfs", "btrfs", "tmpfs", "overlay"}
+    assert not fsutil.LOCAL_FS_TYPES & {"nfs", "nfs4", "cifs", "lustre", "fuse", "9p", "ceph"}
 
 
 def test_a_mount_point_that_is_not_utf8_is_matched_as_the_path_decodes(tmp_path):

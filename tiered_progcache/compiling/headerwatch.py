@@ -78,9 +78,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import cachetools
-
 from .. import forks
+from ..stores.fsutil import LOCAL_FS_TYPES, MountTable
 from ..stores.ratelimit import log_once
 
 try:
@@ -102,7 +101,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Filesystems whose local inotify events are complete (every change made on this host raises one).
-TRUSTED_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs"})
+TRUSTED_FS_TYPES = LOCAL_FS_TYPES
 #: Kernel watches one watcher may hold (each costs up to ~1 KiB of kernel memory and one of the
 #: user's ``fs.inotify.max_user_watches``); a ``cub::BlockReduce`` scan takes about 1,850.
 DEFAULT_MAX_WATCHES = 8192
@@ -126,7 +125,6 @@ WATCH_MASK = (IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | I
               | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF)
 
 _MAX_SYMLINKS = 40  # as the kernel's ELOOP limit
-_MAX_MEMO_PATHS = 200_000  # filesystem types remembered by path, the least recently used forgotten first
 _READ_CHUNK = 1 << 16
 
 Pair = tuple[str, str]  # (real directory, name looked up in it)
@@ -238,48 +236,6 @@ class _Resolver:
             return None, pairs
         target_real, target_pairs = self.directory(os.path.join(parent_real, target))
         return target_real, (*pairs, *target_pairs)
-
-
-class _MountTable:
-    """Filesystem types by mount point, from ``/proc/self/mountinfo`` (the last mount on a point wins)."""
-
-    def __init__(self, text: str) -> None:
-        self.types: dict[str, str] = {}
-        for line in text.splitlines():
-            fields = line.split(" ")
-            try:
-                separator = fields.index("-", 6)
-                point, fs_type = _unescape(fields[4]), fields[separator + 1]
-            except (ValueError, IndexError):
-                continue
-            self.types[point] = fs_type
-        self._memo: cachetools.LRUCache[str, str] = cachetools.LRUCache(_MAX_MEMO_PATHS)
-
-    def fs_type(self, real_path: str) -> str:
-        """The type of the filesystem ``real_path`` (no symlinks in it) lives on; "" if unknown."""
-        found = self._memo.get(real_path)
-        if found is None:
-            found = self.types.get(real_path)
-            if found is None:
-                parent = os.path.dirname(real_path)
-                found = "" if parent == real_path else self.fs_type(parent)
-            self._memo[real_path] = found
-        return found
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as ``\\ooo`` octal escapes."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 1 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
 
 
 class HeaderWatcher:
@@ -628,7 +584,7 @@ class HeaderWatcher:
 
     # -- the mount table -------------------------------------------------------------------
 
-    def _read_mounts(self) -> _MountTable:
+    def _read_mounts(self) -> MountTable:
         os.lseek(self._mount_fd, 0, os.SEEK_SET)
         chunks = []
         while True:
@@ -636,7 +592,7 @@ class HeaderWatcher:
             if not chunk:
                 break
             chunks.append(chunk)
-        return _MountTable(b"".join(chunks).decode("utf-8", "surrogateescape"))
+        return MountTable(b"".join(chunks).decode("utf-8", "surrogateescape"))
 
     def fs_type(self, path: str) -> str:
         """The filesystem type this watcher sees ``path`` on ("" if unknown)."""

@@ -17,25 +17,27 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import stat
 import tempfile
 from typing import Callable
 
+import cachetools
+
 from ..errors import EntryRejected
 
-__all__ = ["DIR_MODE", "LOCAL_DISK_TYPES", "MOUNT_TABLE", "STAGING_DIR_MODE", "create_exclusive", "make_dirs",
-           "on_local_disk", "open_regular", "write_atomic"]
+__all__ = ["DIR_MODE", "LOCAL_FS_TYPES", "MOUNT_TABLE", "STAGING_DIR_MODE", "MountTable", "create_exclusive",
+           "make_dirs", "on_local_disk", "open_regular", "write_atomic"]
 
 #: Mode of the directories we create (before the umask; never world-writable).
 DIR_MODE = 0o775
 #: Mode of staging directories (``tmp/``).
 STAGING_DIR_MODE = 0o700
-#: Linux filesystem types that live on this host (a disk, memory, a container's layers); any other is remote.
-LOCAL_DISK_TYPES = frozenset({"bcachefs", "btrfs", "ext2", "ext3", "ext4", "f2fs", "overlay", "ramfs", "tmpfs", "xfs",
-                              "zfs"})
+#: Linux filesystem types that live on this host (a disk, memory, a container's layers): every change made on
+#: this host raises a local inotify event there. Any other type (nfs, cifs, fuse.*, 9p, lustre...) is remote.
+LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs"})
 #: The mount table :func:`on_local_disk` reads (a test points it at a table of its own).
 MOUNT_TABLE = "/proc/self/mountinfo"
+_MAX_MEMO_PATHS = 200_000  # filesystem types remembered by path, the least recently used forgotten first
 
 # Read-only, the last component never followed, non-blocking (a FIFO cannot hang the open;
 # no effect on a regular file's reads), closed across exec.
@@ -182,26 +184,57 @@ def create_exclusive(
             os.unlink(staged)
 
 
-def on_local_disk(path: str | os.PathLike[str], mountinfo: str | None = None) -> bool:
-    """True if ``path`` (or its nearest existing parent) is on a filesystem of :data:`LOCAL_DISK_TYPES`.
+class MountTable:
+    """Filesystem types by mount point, from a ``/proc/self/mountinfo`` text (the last mount on a point wins)."""
 
-    From the mount table (Linux): the mount point that is the longest prefix of the real path, the
-    last of equal ones (mounted on top). False where the table cannot be read (another OS) or the
-    type is any other (NFS, FUSE, Lustre, ...).
+    def __init__(self, text: str) -> None:
+        self.types: dict[str, str] = {}
+        for line in text.splitlines():  # "36 35 98:0 / /mnt rw,relatime shared:1 - ext4 /dev/vda rw"
+            fields = line.split(" ")
+            try:
+                separator = fields.index("-", 5)
+                point, fs_type = _unescape(fields[4]), fields[separator + 1]
+            except (ValueError, IndexError):
+                continue
+            self.types[point] = fs_type
+        self._memo: cachetools.LRUCache[str, str] = cachetools.LRUCache(_MAX_MEMO_PATHS)
+
+    def fs_type(self, real_path: str) -> str:
+        """The type of the filesystem ``real_path`` (no symlinks in it) lives on; "" if unknown."""
+        found = self._memo.get(real_path)
+        if found is None:
+            found = self.types.get(real_path)
+            if found is None:
+                parent = os.path.dirname(real_path)
+                found = "" if parent == real_path else self.fs_type(parent)
+            self._memo[real_path] = found
+        return found
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as ``\\ooo`` octal escapes."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) + 1 and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def on_local_disk(path: str | os.PathLike[str], mountinfo: str | None = None) -> bool:
+    """True if ``path`` (or its nearest existing parent) is on a filesystem of :data:`LOCAL_FS_TYPES`.
+
+    From the mount table (Linux; :class:`MountTable`). False where it cannot be read (another OS)
+    or the type is any other (NFS, FUSE, Lustre, ...).
     """
-    real = os.path.realpath(path)
     try:
         with open(mountinfo or MOUNT_TABLE, "rb") as fh:
-            table = os.fsdecode(fh.read())  # paths as os.path.realpath decodes them
+            table = MountTable(os.fsdecode(fh.read()))  # paths as os.path.realpath decodes them
     except OSError:
         return False
-    longest, fstype = 0, ""
-    for line in table.splitlines():  # "36 35 98:0 / /mnt rw,relatime shared:1 - ext4 /dev/vda rw"
-        fields, _, after = line.partition(" - ")
-        parts = fields.split(" ")
-        if len(parts) < 5 or not after:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])  # "\040" is a space
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= longest:
-            longest, fstype = len(point), after.partition(" ")[0]
-    return fstype in LOCAL_DISK_TYPES
+    return table.fs_type(os.path.realpath(path)) in LOCAL_FS_TYPES
