@@ -103,3 +103,9 @@ def test_a_mount_point_that_is_not_utf8_is_matched_as_the_path_decodes(tmp_path)
     table.write_bytes(b"1 0 8:1 / / rw - nfs4 srv:/ rw\n2 1 0:5 / /data\xff rw - xfs /dev/x rw\n")
     assert fsutil.on_local_disk(os.fsdecode(b"/data\xff/kernels"), str(table)) is True
     assert fsutil.on_local_disk("/data/kernels", str(table)) is False
+
+
+def test_a_mount_line_is_read_by_its_fields_and_its_escapes():
+    assert fsutil.MountTable("7 1 / - nfs4 too few fields\n").types == {}  # no " - " after the mount point
+    table = fsutil.MountTable("1 0 0:1 / /a\\134b\\011c\\040 rw - xfs x rw\n2 0 0:2 / /d1234 rw - ext4 y rw\n")
+    assert table.types == {"/a\\b\tc ": "xfs", "/d1234": "ext4"}  # backslash, tab, space; digits are no escape

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import stat
 import tempfile
 from typing import Callable
@@ -213,17 +214,7 @@ class MountTable:
 
 def _unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash as ``\\ooo`` octal escapes."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 1 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def on_local_disk(path: str | os.PathLike[str], mountinfo: str | None = None) -> bool:
