@@ -295,12 +295,10 @@ class FileStore:
 
 
 def _serve_moto(conn) -> None:  # a child process, as a real remote would be
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    from moto.server import ThreadedMotoServer
+    from tiered_progcache.testing.servers import MotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    conn.send(server.get_host_and_port())
+    server = MotoServer()
+    conn.send(server.host_and_port)
     conn.recv()
     server.stop()
 

@@ -83,12 +83,10 @@ def _row(name: str, ours_ms: float, base_ms: float, target: str, unit: str = "ms
 
 
 def _serve_moto(conn) -> None:  # runs in a child process
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    from moto.server import ThreadedMotoServer
+    from tiered_progcache.testing.servers import MotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    conn.send(server.get_host_and_port())
+    server = MotoServer()
+    conn.send(server.host_and_port)
     conn.recv()  # until the parent says stop
     server.stop()
 

@@ -33,6 +33,7 @@ __all__ = [
     "BlackholeServer",
     "FakeGCS",
     "MotoS3",
+    "MotoServer",
     "RemoteBucket",
     "blackhole_server",
     "gcs_bucket",
@@ -68,6 +69,49 @@ class RemoteBucket:
         return sorted(self.fs.find(self.bucket))
 
 
+class _ConditionalWritesAtomic:
+    """moto's S3 app with each conditional request decided in one step, as S3 decides it.
+
+    moto checks ``If-None-Match: *`` and then puts, so two racing creates of one key can
+    both succeed (seen in CI: two of eight lease racers won). A lock around every
+    request that carries a condition makes the check and the write one step.
+    """
+
+    _CONDITIONS = ("HTTP_IF_NONE_MATCH", "HTTP_IF_MATCH")
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if not any(header in environ for header in self._CONDITIONS):
+            return self._app(environ, start_response)
+        with self._lock:
+            return list(self._app(environ, start_response))  # the whole response inside the lock
+
+
+class MotoServer:
+    """moto's S3 server on a loopback port in a thread of this process, conditional writes atomic."""
+
+    def __init__(self) -> None:
+        from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+        app = _ConditionalWritesAtomic(DomainDispatcherApplication(create_backend_app))
+        self._server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="moto", daemon=True)
+        self._thread.start()
+        host, port = self._server.server_address[:2]
+        self.host_and_port: tuple[str, int] = (str(host), int(port))
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket: new connections are refused."""
+        self._server.shutdown()
+        self._thread.join()
+        self._server.server_close()
+
+
 class MotoS3:
     """moto's S3 server in a thread of this process; any thread or process may send it requests.
 
@@ -75,12 +119,8 @@ class MotoS3:
     """
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._server.start()
-        host, port = self._server.get_host_and_port()
+        self._server = MotoServer()
+        host, port = self._server.host_and_port
         self.endpoint_url = f"http://{host}:{port}"
         self.running = True
 
@@ -109,9 +149,6 @@ class MotoS3:
             return
         self.running = False
         self._server.stop()
-        server = getattr(self._server, "_server", None)
-        if server is not None:
-            server.server_close()
 
 
 class FakeGCS:
