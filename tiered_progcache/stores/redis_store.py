@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
 
@@ -58,6 +59,17 @@ def _redis() -> Any:
     except ImportError:
         raise ImportError("a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'") from None
     return redis
+
+
+def _one_round_trip_handshake(redis_version: str) -> dict[str, Any]:
+    """Client options for a connection that costs one round trip: RESP2 (no ``HELLO``; ``AUTH`` only with a
+    password) and no ``CLIENT SETINFO``. redis-py's defaults add two (``HELLO 3``, then the ``SETINFO``
+    tail), and a fresh node's first hit waits for a connection.
+    """
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", redis_version)[:2])
+    if major_minor >= (7, 2):  # driver_info replaced lib_name and lib_version
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
 
 
 def _glob_escape(text: str) -> str:
@@ -121,7 +133,8 @@ class RedisProgramCache(SharedEntryStore):
         client_url, prefix = split_redis_url(url)
         redis = _redis()
         limit = checked_seconds("remote_timeout", "timeout", timeout)
-        client = redis.Redis.from_url(client_url, socket_timeout=limit, socket_connect_timeout=limit)
+        client = redis.Redis.from_url(client_url, socket_timeout=limit, socket_connect_timeout=limit,
+                                      **_one_round_trip_handshake(redis.__version__))
         return cls(client, url=url, prefix=prefix, timeout=limit, **options)
 
     def __repr__(self) -> str:
