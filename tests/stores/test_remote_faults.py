@@ -178,7 +178,9 @@ def test_slow_remote_times_out_then_is_skipped(tmp_path):
     fs.mkdir("bucket")
     remote = RemoteProgramCache(fs, "bucket/kernels", timeout=0.2, breaker=CircuitBreaker(3, 60))
     assert remote.wait_ready(60)  # the probe answered before the store hangs
-    chain = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), remote])
+    # No boot fetch: its listing would hang to the listing's deadline (120 s) past this test, into the next.
+    chain = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path), remote],
+                               boot_fetch_bytes=0)
     fs.delay_s = 3600  # every request now hangs; the deadline cancels it
     started = time.monotonic()
     for n in range(5):
