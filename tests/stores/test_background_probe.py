@@ -54,6 +54,10 @@ async def _sleep_briefly() -> None:
     await asyncio.sleep(0.001)
 
 
+#: What a held probe has sent: its two bucket requests at once (an async store's pool keeps both connections).
+PROBE_HELD = [("probe", False), ("probe", False)]
+
+
 def _held_store(**options: Any) -> tuple[RemoteProgramCache, HeldProbeFileSystem]:
     fs = HeldProbeFileSystem()
     fs.mkdir("bucket")
@@ -94,14 +98,14 @@ def test_the_constructor_returns_while_the_probe_is_held_and_a_read_waits_for_it
         while not (_waiting_in_probe_gate(reader) and fs.seen):  # both at their gates
             assert time.monotonic() < deadline, "the read never waited for the probe"
             time.sleep(0.001)
-        assert fs.seen == [("probe", False)]  # the read has not reached the store
+        assert fs.seen == PROBE_HELD  # the read has not reached the store
     finally:
         fs.probe_gate.set()
     reader.join(60)
     assert read == ["missing"]
     assert store.wait_ready(60) and store.available
     # The read that waited is R's first sample, on the connection the probe opened: no request beside it.
-    assert fs.seen == [("probe", False), ("read", True)] and store.runner.latency.recorded == 1
+    assert fs.seen == [*PROBE_HELD, ("read", True)] and store.runner.latency.recorded == 1
 
 
 def test_a_request_waits_for_the_probes_outcome_and_does_not_ask_a_store_found_down():
@@ -110,7 +114,7 @@ def test_a_request_waits_for_the_probes_outcome_and_does_not_ask_a_store_found_d
     try:
         with pytest.raises(TierUnavailable):
             store.verify_entry(entry_name(b"k"))
-        assert fs.seen == [("probe", False)] and not store.available
+        assert fs.seen == PROBE_HELD and not store.available
     finally:
         fs.probe_gate.set()
 
@@ -215,7 +219,7 @@ def test_only_the_first_request_that_waits_for_the_probe_is_the_sample_and_a_bat
     for thread in (*readers, batch):
         thread.join(60)
     assert store.wait_ready(60)
-    assert [op for op, _ in fs.seen].count("probe") == 1  # the probe's own request only
+    assert [op for op, _ in fs.seen].count("probe") == 2  # the probe's own two requests only
     assert store.runner.latency.recorded == 2  # both reads are timed; neither waits for a third request
 
 
@@ -247,7 +251,7 @@ def test_strict_probes_in_the_constructor():
     fs.mkdir("bucket")
     fs.probe_gate.set()
     store = RemoteProgramCache(fs, "bucket/kernels", strict=True)
-    assert store.wait_ready(0) and fs.seen == [("probe", False)]
+    assert store.wait_ready(0) and [op for op, _ in fs.seen] == ["probe", "probe"]
 
 
 def test_what_waits_for_the_probe_is_called_once_it_ends_and_at_once_after():
@@ -314,7 +318,7 @@ def test_the_probes_request_is_no_round_trip_and_one_more_request_after_it_is_th
     finally:
         fs.probe_gate.set()  # the probe's request, however long it was held, is not timed
     assert store.wait_ready(60)
-    assert [op for op, _ in fs.seen] == ["probe", "probe"] and store.runner.latency.recorded == 1
+    assert [op for op, _ in fs.seen] == ["probe", "probe", "probe"] and store.runner.latency.recorded == 1
 
 
 def test_a_store_found_down_by_its_probe_takes_no_round_trip_sample():

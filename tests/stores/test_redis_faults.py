@@ -106,10 +106,10 @@ def test_an_unreachable_server_at_start_runs_the_chain_without_it(tmp_path):
     chain.close()
 
 
-def test_a_lookup_that_waits_for_the_probe_is_the_first_round_trip_on_the_one_connection_it_opened():
-    """A fresh node's first lookup arrives while the probe runs: it goes out on the probe's connection once the
-    probe has answered, and it is R's first sample. No second PING, no second connection (three round trips
-    of setup on a new one)."""
+def test_a_lookup_that_waits_for_the_probe_is_the_first_round_trip_on_a_connection_it_opened():
+    """A fresh node's first lookup arrives while the probe runs: it goes out on a connection the probe opened
+    once the probe has answered, and it is R's first sample. The probe PINGs on two connections at once (the
+    two a fresh node's first hit uses side by side); no third PING, no third connection."""
     import threading
 
     import redis
@@ -150,14 +150,16 @@ def test_a_lookup_that_waits_for_the_probe_is_the_first_round_trip_on_the_one_co
         try:
             assert tier.wait_ready(60)
             connections, pings, reads = (now - then for now, then in zip(counts(), before))
-            assert (connections, pings, reads, tier.runner.latency.recorded) == (1, 1, 1, 1)
+            assert (pings, reads, tier.runner.latency.recorded) == (2, 1, 1)
+            # Two where the PINGs overlap, as over any network; here the gate may hold one until the other is done.
+            assert connections in (1, 2)
         finally:
             tier.close()
 
 
 def test_the_probes_ping_opens_the_connection_and_the_next_ping_is_the_first_round_trip():
-    """Of the two PINGs a new store sends (the probe, then one on the connection it opened), only the second is
-    a sample of ``R``: the first carries the connection's setup (about four round trips)."""
+    """Of the PINGs a new store sends (the probe's two at once, then one on a connection they opened), only the
+    last is a sample of ``R``: the probe's carry the connections' setup."""
     import redis
 
     with RedisServer() as server:
@@ -170,6 +172,6 @@ def test_the_probes_ping_opens_the_connection_and_the_next_ping_is_the_first_rou
         tier = RedisProgramCache.from_url(server.url, timeout=30)
         try:
             assert tier.wait_ready(60)
-            assert (pings() - before, tier.runner.latency.recorded) == (2, 1)
+            assert (pings() - before, tier.runner.latency.recorded) == (3, 1)
         finally:
             tier.close()

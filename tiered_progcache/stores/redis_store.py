@@ -26,10 +26,12 @@ Keys are ``<prefix>:entries:<name>`` and ``<prefix>:leases:<name>`` (Triton's fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import re
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
 
@@ -379,7 +381,7 @@ class RedisProgramCache(SharedEntryStore):
         if self._known_down():
             return
         try:
-            self._call("probe", self.client.ping, timeout=self._runner.timeout)  # opens the connection: no sample
+            self._call("probe", self._ping_on_two_connections, timeout=self._runner.timeout)  # no sample: it connects
         except Exception as exc:
             message = f"redis cache {self._location} is unreachable: {type(exc).__name__}: {exc}"
             if strict:
@@ -387,6 +389,19 @@ class RedisProgramCache(SharedEntryStore):
                 raise error(message) from None
             logger.warning("%s; continuing without it, probing again in %.0f s", message, self._breaker.cooldown_s)
             self._breaker.trip(exc)
+
+    def _ping_on_two_connections(self) -> None:
+        """``PING`` on two connections at once, so the pool keeps both: a fresh node's first hit makes two
+        requests side by side (its entry read ahead while the boot fetch lists), and a connection opened
+        then would cost the hit a round trip. This thread's ``PING`` is the probe's answer."""
+        spare = threading.Thread(target=self._spare_ping, name="tiered-progcache-redis-spare", daemon=True)
+        spare.start()
+        self.client.ping()
+        spare.join(min(self.timeout, threading.TIMEOUT_MAX))
+
+    def _spare_ping(self) -> None:
+        with contextlib.suppress(Exception):  # the probe's own PING says whether the server answers
+            self.client.ping()
 
     def _time_round_trip(self) -> None:
         self._call("round trip", self.client.ping)

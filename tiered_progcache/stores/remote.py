@@ -17,6 +17,7 @@ async (s3fs, gcsfs) or blocking (file://, memory://).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import logging
@@ -353,7 +354,7 @@ class RemoteProgramCache(SharedEntryStore):
 
     def _time_round_trip(self) -> None:
         if self._bucket_store:
-            self._runner.request("round trip", self._objects.probe_bucket, self.root.split("/", 1)[0])
+            self._runner.request("round trip", self._objects.ask_bucket, self.root.split("/", 1)[0])
         elif self.root not in ("", "/"):
             self._runner.request("round trip", self._objects.is_dir, self.root)
 
@@ -440,6 +441,16 @@ class _Objects:
     # -- the root and its listing --------------------------------------------------------
 
     async def probe_bucket(self, bucket: str) -> None:
+        """Ask for the bucket; on an async filesystem twice at once, so its pool keeps two connections: a
+        fresh node's first hit makes two requests side by side (its entry read ahead while the boot fetch
+        lists), and a connection opened then would cost the hit a round trip."""
+        if self._async:
+            await asyncio.gather(self.ask_bucket(bucket), self.ask_bucket(bucket))
+        else:
+            await self.ask_bucket(bucket)
+
+    async def ask_bucket(self, bucket: str) -> None:
+        """One request for the bucket (a round trip once connected)."""
         await self._fs._info(bucket)
 
     async def is_dir(self, path: str) -> bool:
