@@ -167,6 +167,7 @@ def test_explain_says_which_flight_case_a_miss_takes_with_its_c_and_r(tmp_path, 
     """A cache with a shared tier: the case (short: races the lookup; lease) from the predicted C and the store's R
     (a memory:// store's, measured: a file:// one on this host's disk is no distance)."""
     with TieredProgramCache(tmp_path / "c", remote=f"memory://{tmp_path.name}/remote", lease_min_compile_rtts=rtts) as cache:
+        assert cache.shared_store.wait_ready(60)  # R's first sample taken: explain and this test read the same R
         report = explain(OTHER, "c++", ProgramOptions(arch="sm_80"), cache=cache)
         c = predict(cache, "c++", "cubin", compile_size(len(OTHER), 0))
         r = cache.shared_store.round_trip_s
