@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 
 from tiered_progcache.testing.redis_server import RedisServer
@@ -39,3 +42,43 @@ def test_the_tier_connects_with_nothing_but_its_requests():
 ])
 def test_the_options_that_skip_client_setinfo_follow_redis_pys_version(version, options):
     assert _one_round_trip_handshake(version) == options
+
+
+class _SparePingSeen(RedisProgramCache):
+    """The tier, recording the thread its spare ``PING`` runs on (the probe's second connection)."""
+
+    seen: list[tuple[str, bool]] = []
+
+    def _spare_ping(self) -> None:
+        thread = threading.current_thread()
+        self.seen.append((thread.name, thread.daemon))
+        super()._spare_ping()
+
+
+def test_the_spare_ping_runs_on_a_named_daemon_thread(monkeypatch):
+    """A named thread (so a stack dump says what it is) that never holds up interpreter exit."""
+    monkeypatch.setattr(_SparePingSeen, "seen", [])
+    with RedisServer() as server:
+        tier = _SparePingSeen.from_url(server.url + "/0/spare", strict=True)
+        tier.close()
+    assert _SparePingSeen.seen == [("tiered-progcache-redis-spare", True)]
+
+
+def test_a_spare_ping_that_fails_raises_nothing_on_its_thread(monkeypatch, caplog):
+    """The server is down: the probe's own ``PING`` says so (one WARNING, the breaker open); the spare one's
+    failure ends its thread quietly, with no unhandled exception for ``threading.excepthook``."""
+    from tiered_progcache.testing.redis_server import free_port
+
+    unhandled: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)
+    monkeypatch.setattr(_SparePingSeen, "seen", [])
+    caplog.set_level(logging.WARNING, logger="tiered_progcache")
+    tier = _SparePingSeen.from_url(f"redis://127.0.0.1:{free_port()}/0", timeout=5)
+    try:
+        assert tier.wait_ready(60)  # refused at once: the probe, its spare PING and the sample after it are over
+        assert not tier.available
+    finally:
+        tier.close()
+    assert [name for name, _ in _SparePingSeen.seen] == ["tiered-progcache-redis-spare"]
+    assert unhandled == []
+    assert len([r for r in caplog.records if "is unreachable" in r.getMessage()]) == 1
