@@ -321,6 +321,30 @@ def test_the_probes_request_is_no_round_trip_and_one_more_request_after_it_is_th
     assert [op for op, _ in fs.seen] == ["probe", "probe", "probe"] and store.runner.latency.recorded == 1
 
 
+def test_a_directory_stores_first_sample_is_one_more_look_at_its_root(tmp_path, monkeypatch):
+    """On a directory store (``file://``, NFS) the probe looks for the root; the first sample of ``R`` is one
+    more look at the root, taken on the probe's thread when no request waited for the probe."""
+    from tiered_progcache.stores import remote
+
+    root = tmp_path / "remote"
+    root.mkdir()
+    looked: list[str] = []
+    real_is_dir = remote._Objects.is_dir
+
+    async def is_dir(self: Any, path: str) -> bool:
+        looked.append(path)
+        return await real_is_dir(self, path)
+
+    monkeypatch.setattr(remote._Objects, "is_dir", is_dir)
+    store = RemoteProgramCache.from_url(f"file://{root}", timeout=60)
+    try:
+        assert store.wait_ready(60) and store.available
+        assert store.runner.latency.recorded == 1 and store.round_trip_s is not None
+    finally:
+        store.close()
+    assert looked == [store.root, store.root]  # the probe's look (the root is there), then the sample's
+
+
 def test_a_store_found_down_by_its_probe_takes_no_round_trip_sample():
     """Nothing is asked of a store its probe found down (the breaker open): ``R`` stays unknown."""
     breaker = CircuitBreaker(failure_threshold=1)
