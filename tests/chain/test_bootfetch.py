@@ -86,6 +86,22 @@ def test_a_fresh_node_reads_k_entries_in_one_listing_one_batch_and_the_first_loo
         assert cache._boot.report[0] == K
 
 
+def test_an_entry_read_ahead_before_the_pick_is_read_once_not_again_in_the_batch(tmp_path):
+    """A direct-mode hit reads its entry ahead while the fetch lists: the batch leaves that entry out, as it
+    leaves out the trigger's, so each entry is read from the store exactly once."""
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        cache.read_ahead(KEYS[1])  # before the first shared lookup: the fetch has not listed yet
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger
+        _join_boot_fetch()
+        assert cache._boot._batch == frozenset(entry_name(key) for key in KEYS[2:])
+        for key in KEYS[1:]:
+            assert cache.get(key) == _payload(key)
+        assert dict(fs.requests) == {"get": K, "list": 1}
+        assert cache.stats()["remote"].hits == 2  # the trigger's and the read ahead's; the batch's are local hits
+
+
 def test_a_metadata_read_is_a_fresh_nodes_first_shared_lookup_too(tmp_path):
     """Direct mode's first read is a direct manifest (metadata, promoted into the local directory): it starts the
     fetch while the directory is still empty, and a later metadata read of a name in the batch reads it locally."""
@@ -224,7 +240,8 @@ def test_the_local_cap_bounds_the_budget_and_the_pick_leaves_manifests_and_the_t
     listed = [StoredEntry(a, 10, 3.0), StoredEntry(manifest_name(a), 1, 4.0), StoredEntry(b, 10, 2.0),
               StoredEntry(c, 10, None)]
     assert newest_within(listed, 10**300) == [a, b, c]  # any int budget is safe: the listing bounds it
-    assert newest_within(listed, 20, leave_out=a) == [b, c]
+    assert newest_within(listed, 20, leave_out={a}) == [b, c]
+    assert newest_within(listed, 20, leave_out=(a, c)) == [b]
     assert newest_within(listed, 19) == [a]
     local, remote = LocalDir("/nonexistent"), RemoteProgramCache(SlowFileSystem(), "bucket/x")
     assert boot_fetch_for(local, remote, 100, 50, 1)._max_bytes == 50

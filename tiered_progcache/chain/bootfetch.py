@@ -6,7 +6,8 @@ local directory empty, one background thread lists the store once (at most
 :data:`MAX_LISTED` entries), picks the newest entries within the byte budget (manifests of
 listed entries left behind, as ``warm`` does) and reads them in one concurrent batch into
 the local directory through :func:`tiered_progcache.chain.transfer.warm`, verified. The
-triggering lookup goes on as before; a later lookup of a name in the batch waits for the
+triggering lookup goes on as before, and an entry a lookup reads ahead for itself before the pick is left
+out of the batch (read once, not twice); a later lookup of a name in the batch waits for the
 batch (at most the store's request deadline) and reads it locally; any other is looked up
 as before. A failing fetch costs only itself: it is logged once and changes no answer.
 """
@@ -18,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from ..errors import one_line
@@ -55,6 +57,7 @@ class BootFetch:
         self._listed = threading.Event()  # the batch's names are known
         self._done = threading.Event()  # the batch landed, or the fetch failed or was not needed
         self._batch: frozenset[str] = frozenset()
+        self._asked: set[str] = set()  # entries lookups read for themselves: the trigger's, those read ahead
         #: What the fetch did: ``(listed, TransferReport)``, None until it finished (or if it failed).
         self.report: tuple[int, TransferReport | None] | None = None
 
@@ -90,6 +93,11 @@ class BootFetch:
         self._given_up = True
         return False
 
+    def asked(self, key: bytes) -> None:
+        """A lookup reads ``key``'s entry from the shared tier itself (read ahead): a batch not yet picked leaves it out."""
+        with self._lock:
+            self._asked.add(entry_name(key))
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the fetch finished (or was not needed); False if ``timeout`` ran out. For tests and benchmarks."""
         return self._done.wait(timeout)
@@ -99,6 +107,7 @@ class BootFetch:
             if self._started:
                 return
             self._started = True
+            self._asked.add(trigger)
             self._pid = os.getpid()  # the process whose thread fetches (a child forked later does not wait for it)
         if not self._shared.available:  # its breaker is open: the fault is reported already, and a fetch cannot help
             self._listed.set()
@@ -113,9 +122,9 @@ class BootFetch:
             self._listed.set()
             self._done.set()
             return
-        threading.Thread(target=self._run, args=(trigger,), name="tiered-progcache-boot-fetch", daemon=True).start()
+        threading.Thread(target=self._run, name="tiered-progcache-boot-fetch", daemon=True).start()
 
-    def _run(self, trigger: str) -> None:
+    def _run(self) -> None:
         from . import transfer
 
         started = time.perf_counter()
@@ -129,7 +138,9 @@ class BootFetch:
             # connection the probe opened, but never waits on that lookup longer than one request deadline.
             self._shared.wait_ready(self._shared.request_timeout_s or DEFAULT_REMOTE_TIMEOUT_S)
             listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
-            self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=trigger))
+            with self._lock:
+                asked = frozenset(self._asked)
+            self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=asked))
             self._listed.set()
             report = transfer.warm(self._shared, self._local, sorted(self._batch)) if self._batch else None
             self.report = (len(listed), report)
@@ -144,18 +155,18 @@ class BootFetch:
             self._done.set()
 
 
-def newest_within(listed: list[StoredEntry], max_bytes: int, *, leave_out: str = "") -> list[str]:
+def newest_within(listed: list[StoredEntry], max_bytes: int, *, leave_out: Collection[str] = ()) -> list[str]:
     """The newest listed entries (unknown times last, then by name) whose stored sizes add up to at most ``max_bytes``.
 
-    Manifests of listed entries and ``leave_out`` (the lookup that started the fetch asks
-    for it itself) are not taken; the first entry that does not fit ends the pick.
+    Manifests of listed entries and ``leave_out`` (entries lookups read for themselves) are
+    not taken; the first entry that does not fit ends the pick.
     """
     manifests = {manifest_name(entry.name) for entry in listed}
     ordered = sorted(listed, key=lambda e: (e.mtime is None, -(e.mtime or 0.0), e.name))
     picked: list[str] = []
     total = 0
     for entry in ordered:
-        if entry.name in manifests or entry.name == leave_out:
+        if entry.name in manifests or entry.name in leave_out:
             continue
         if total + entry.size > max_bytes:
             break

@@ -349,6 +349,8 @@ class TieredProgramCache(ProgramCacheResource):
         request and is not counted (:mod:`.readahead`). No-op without a shared tier. Thread-safe.
         """
         if self._ahead is not None:
+            if self._boot is not None:
+                self._boot.asked(key)  # read once: a batch picked after this leaves it out
             self._ahead.start(key)
 
     def __getitem__(self, key: bytes | str) -> bytes:
