@@ -100,6 +100,8 @@ def test_an_entry_read_ahead_before_the_pick_is_read_once_not_again_in_the_batch
             assert cache.get(key) == _payload(key)
         assert dict(fs.requests) == {"get": K, "list": 1}
         assert cache.stats()["remote"].hits == 2  # the trigger's and the read ahead's; the batch's are local hits
+        cache.read_ahead(b"read ahead after the pick")
+        assert cache._boot._asked == set()  # kept for the pick only: a long-running process does not grow it
 
 
 def test_a_metadata_read_is_a_fresh_nodes_first_shared_lookup_too(tmp_path):

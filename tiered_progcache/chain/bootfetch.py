@@ -95,6 +95,8 @@ class BootFetch:
 
     def asked(self, key: bytes) -> None:
         """A lookup reads ``key``'s entry from the shared tier itself (read ahead): a batch not yet picked leaves it out."""
+        if self._listed.is_set():  # picked already, or no fetch: nothing to keep
+            return
         with self._lock:
             self._asked.add(entry_name(key))
 
@@ -140,6 +142,7 @@ class BootFetch:
             listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
             with self._lock:
                 asked = frozenset(self._asked)
+                self._asked.clear()  # needed for this pick only
             self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=asked))
             self._listed.set()
             report = transfer.warm(self._shared, self._local, sorted(self._batch)) if self._batch else None
