@@ -94,11 +94,13 @@ class BootFetch:
         return False
 
     def asked(self, key: bytes) -> None:
-        """A lookup reads ``key``'s entry from the shared tier itself (read ahead): a batch not yet picked leaves it out."""
-        if self._listed.is_set():  # picked already, or no fetch: nothing to keep
+        """A lookup reads ``key``'s entry from the shared tier itself (read ahead): a batch not yet picked
+        leaves it out."""
+        if self._listed.is_set():  # picked already, or no fetch: nothing to keep (no lock on the hot path)
             return
         with self._lock:
-            self._asked.add(entry_name(key))
+            if not self._listed.is_set():  # the pick clears the names and sets it under this lock
+                self._asked.add(entry_name(key))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the fetch finished (or was not needed); False if ``timeout`` ran out. For tests and benchmarks."""
@@ -140,11 +142,10 @@ class BootFetch:
             # connection the probe opened, but never waits on that lookup longer than one request deadline.
             self._shared.wait_ready(self._shared.request_timeout_s or DEFAULT_REMOTE_TIMEOUT_S)
             listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
-            with self._lock:
-                asked = frozenset(self._asked)
+            with self._lock:  # a name read ahead is in this pick or kept nowhere
+                self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=self._asked))
                 self._asked.clear()  # needed for this pick only
-            self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=asked))
-            self._listed.set()
+                self._listed.set()
             report = transfer.warm(self._shared, self._local, sorted(self._batch)) if self._batch else None
             self.report = (len(listed), report)
             logger.info("boot fetch from %s: %d of %d listed entries in %.3f s", self._shared.location,
