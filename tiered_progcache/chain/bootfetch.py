@@ -2,7 +2,8 @@
 
 A node whose local directory holds no entry (a new machine, a new container) would pay one
 round trip per kernel. On the chain's first lookup that reaches the shared tier, with the
-local directory empty, one background thread lists the store once (at most
+local directory empty, one background thread lists the store once the store's probe has
+answered (beside the triggering lookup's own request, not after it; at most
 :data:`MAX_LISTED` entries), picks the newest entries within the byte budget (manifests of
 listed entries left behind, as ``warm`` does) and reads them in one concurrent batch into
 the local directory through :func:`tiered_progcache.chain.transfer.warm`, verified. The
@@ -138,9 +139,6 @@ class BootFetch:
             probed.wait()  # the store's first probe (each of its requests has a deadline)
             if not self._shared.available:  # the probe found it down and said so: a fetch cannot help
                 return
-            # R's first sample is the first lookup's request as a rule: the listing goes after it, on the
-            # connection the probe opened, but never waits on that lookup longer than one request deadline.
-            self._shared.wait_ready(self._shared.request_timeout_s or DEFAULT_REMOTE_TIMEOUT_S)
             listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
             with self._lock:  # a name read ahead is in this pick or kept nowhere
                 self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=self._asked))
