@@ -33,6 +33,9 @@ class HeldProbeFileSystem(SlowFileSystem):
         super().__init__(**kwargs)
         self.probe_gate = threading.Event()
         self.probe_answered = False
+        self.probe_fails = False  # once released, the probe raises (the store is down) instead of answering
+        self.listing_fails = False
+        self.listing_made = threading.Event()
         self.seen: list[tuple[str, bool]] = []
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
@@ -40,8 +43,17 @@ class HeldProbeFileSystem(SlowFileSystem):
             self.seen.append(("probe", self.probe_answered))
             while not self.probe_gate.is_set():  # on the loop: yield to it while held
                 await _sleep_briefly()
+            if self.probe_fails:
+                raise ConnectionRefusedError("the store is down")
             self.probe_answered = True
         return await super()._info(path, **kwargs)
+
+    async def _find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, **kwargs: Any) -> Any:
+        self.seen.append(("list", self.probe_answered))
+        self.listing_made.set()
+        if self.listing_fails:
+            raise ConnectionRefusedError("the store is down")
+        return await super()._find(path, maxdepth=maxdepth, withdirs=withdirs, **kwargs)
 
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         self.seen.append(("read", self.probe_answered))
@@ -427,3 +439,49 @@ def test_the_boot_fetch_lists_once_the_probe_answered_not_after_rs_first_sample(
     finally:
         probe.sampled()
         cache.close()
+
+
+def test_the_boot_fetch_lists_beside_a_probe_still_out(tmp_path):
+    """The listing goes out while the store's first probe is still held at its gate (a round trip sooner than
+    after it): the fetch lists the empty store and ends before the probe has answered."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    store, fs = _held_store(timeout=60)
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    lookup = threading.Thread(target=cache.get, args=(b"k" * 32,))  # the first lookup: it waits for the probe
+    try:
+        lookup.start()
+        assert cache._boot.wait(60)  # listed and ended, the probe still held
+        assert sorted(fs.seen) == sorted([*PROBE_HELD, ("list", False)]) and not fs.probe_answered
+        assert cache._boot.report == (0, None)
+    finally:
+        fs.probe_gate.set()
+        lookup.join(60)
+        cache.close()
+
+
+def test_a_listing_that_failed_beside_a_probe_that_found_the_store_down_is_not_a_second_warning(tmp_path, caplog):
+    """One fault, one warning: the probe's. The boot fetch's listing, out beside it, failed too; its line
+    waits for the probe's verdict and, the store found down, is INFO."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    store, fs = _held_store(timeout=60)
+    fs.probe_fails = fs.listing_fails = True
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    lookup = threading.Thread(target=cache.get, args=(b"k" * 32,))
+    try:
+        with caplog.at_level(logging.INFO, logger="tiered_progcache"):
+            lookup.start()
+            assert fs.listing_made.wait(60)  # the listing was made (and fails) while the probe is held
+            assert not cache._boot.wait(0)  # it waits for the probe's verdict before saying anything
+            fs.probe_gate.set()
+            assert cache._boot.wait(60) and store.wait_ready(60) and not store.available
+    finally:
+        fs.probe_gate.set()
+        lookup.join(60)
+        cache.close()
+    fetch = [r for r in caplog.records if r.name == "tiered_progcache.chain.bootfetch"]
+    assert [(r.levelno, r.getMessage().split(": ")[-1]) for r in fetch] == [
+        (logging.INFO, "the store is down")], fetch
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "is unreachable: its endpoint refused the connection" in warnings[0], warnings

@@ -2,8 +2,8 @@
 
 A node whose local directory holds no entry (a new machine, a new container) would pay one
 round trip per kernel. On the chain's first lookup that reaches the shared tier, with the
-local directory empty, one background thread lists the store once the store's probe has
-answered (beside the triggering lookup's own request, not after it; at most
+local directory empty, one background thread lists the store beside the store's first probe
+and the triggering lookup's own request, not after them (at most
 :data:`MAX_LISTED` entries), picks the newest entries within the byte budget (manifests of
 listed entries left behind, as ``warm`` does) and reads them in one concurrent batch into
 the local directory through :func:`tiered_progcache.chain.transfer.warm`, verified. The
@@ -134,12 +134,8 @@ class BootFetch:
 
         started = time.perf_counter()
         try:
-            probed = threading.Event()
-            self._shared.when_ready(probed.set)
-            probed.wait()  # the store's first probe (each of its requests has a deadline)
-            if not self._shared.available:  # the probe found it down and said so: a fetch cannot help
-                return
-            listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
+            with self._shared.beside_probe():  # a round trip sooner than after it; the client is the probe's
+                listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
             with self._lock:  # a name read ahead is in this pick or kept nowhere
                 self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=self._asked))
                 self._asked.clear()  # needed for this pick only
@@ -150,8 +146,11 @@ class BootFetch:
                         len(self._batch), len(listed), time.perf_counter() - started)  # fmt: skip
         except Exception as exc:  # a failing store, a full disk: the lookups go on as before
             self._batch = frozenset()
-            logger.warning("boot fetch from %s failed (lookups go to the store as before): %s",
-                           self._shared.location, one_line(exc))  # fmt: skip
+            # A store the probe (beside the listing) found down is reported by the probe: one warning, not two.
+            self._shared.wait_ready(self._shared.request_timeout_s or DEFAULT_REMOTE_TIMEOUT_S)
+            logger.log(logging.WARNING if self._shared.available else logging.INFO,
+                       "boot fetch from %s failed (lookups go to the store as before): %s",
+                       self._shared.location, one_line(exc))  # fmt: skip
         finally:
             self._listed.set()
             self._done.set()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -49,7 +50,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Hashable, Mapping
+from collections.abc import Awaitable, Hashable, Iterator, Mapping
 from typing import Any, Callable, Generic, TypeVar
 
 from .. import forks
@@ -154,6 +155,7 @@ class RequestRunner:
         self._connect_lock = threading.Lock()
         self._forked = False
         self._probe: _Probe | None = None
+        self._beside = _BesideProbe()
         #: Durations of single requests run under the per-request deadline (see :mod:`.latency`).
         self.latency = LatencyTracker()
         _RUNNERS.add(self)
@@ -207,6 +209,16 @@ class RequestRunner:
         """
         self._probe = _Probe(probe, self.name, time_round_trip)
 
+    @contextlib.contextmanager
+    def beside_probe(self) -> Iterator[None]:
+        """This thread's requests in the block go out beside the probe, not after it: each waits only for the
+        client the probe builds, as any first request does (the boot fetch's listing)."""
+        self._beside.active = True
+        try:
+            yield
+        finally:
+            self._beside.active = False
+
     def when_probed(self, then: Callable[[], None]) -> None:
         """Call ``then`` once the probe has ended: now if there is none or it has, else on its thread."""
         probe = self._probe
@@ -223,7 +235,7 @@ class RequestRunner:
         """Wait for the probe (never on its own thread); the probe, if this request (``sampled``: one whose
         time is recorded) is to be ``R``'s first sample, in place of the probe thread's own request."""
         probe = self._probe
-        if probe is None or probe.thread is threading.current_thread():
+        if probe is None or probe.thread is threading.current_thread() or self._beside.active:
             return None
         claimed = sampled and not probe.done.is_set() and probe.claim_sample()  # once it ended: no lock taken
         probe.done.wait(self.timeout * PROBE_DEADLINES)  # as long as the probe can take, at most
@@ -561,6 +573,12 @@ def _in_daemon_thread(fn: Callable[[], T], timeout: float, what: str) -> T:
         if future.done():
             raise
         raise TimeoutError(f"{what} took longer than {timeout:g} s") from None
+
+
+class _BesideProbe(threading.local):
+    """Per thread: whether its requests skip the wait for the probe (:meth:`RequestRunner.beside_probe`)."""
+
+    active = False
 
 
 class _Probe:

@@ -10,6 +10,7 @@ its password. Both subclass :class:`SharedEntryStore`, whose ``__init__`` holds 
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -137,6 +138,9 @@ class SharedEntryStore(EntryStore):
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self._runner.wait_probed(timeout)
+
+    def beside_probe(self) -> contextlib.AbstractContextManager[None]:
+        return self._runner.beside_probe()
 
     def _known_down(self) -> bool:
         """True, with one WARNING line, when the breaker came in open (another process of this node found the

@@ -14,6 +14,7 @@ cluster lease (``<root>/leases/<name>``), with a declared ``atomic_create``.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -230,6 +231,10 @@ class EntryStore(abc.ABC):
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for the first probe to end; True if it has."""
         return True
+
+    def beside_probe(self) -> contextlib.AbstractContextManager[None]:
+        """A block whose requests from this thread go out beside the store's first probe, not after it."""
+        return contextlib.nullcontext()
 
     @property
     def request_timeout_s(self) -> float | None:
