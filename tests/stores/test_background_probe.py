@@ -36,6 +36,8 @@ class HeldProbeFileSystem(SlowFileSystem):
         self.probe_fails = False  # once released, the probe raises (the store is down) instead of answering
         self.listing_fails = False
         self.listing_made = threading.Event()
+        self.listing_gate = threading.Event()  # a listing answers once it is set (set here: at once)
+        self.listing_gate.set()
         self.seen: list[tuple[str, bool]] = []
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
@@ -51,6 +53,8 @@ class HeldProbeFileSystem(SlowFileSystem):
     async def _find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, **kwargs: Any) -> Any:
         self.seen.append(("list", self.probe_answered))
         self.listing_made.set()
+        while not self.listing_gate.is_set():
+            await _sleep_briefly()
         if self.listing_fails:
             raise ConnectionRefusedError("the store is down")
         return await super()._find(path, maxdepth=maxdepth, withdirs=withdirs, **kwargs)
@@ -485,3 +489,64 @@ def test_a_listing_that_failed_beside_a_probe_that_found_the_store_down_is_not_a
         (logging.INFO, "the store is down")], fetch
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "is unreachable: its endpoint refused the connection" in warnings[0], warnings
+
+
+def test_a_listing_answered_after_the_probe_found_the_store_down_leaves_the_breaker_open(tmp_path, caplog):
+    """The probe is the one that says whether the store works: a listing sent beside it and answered after
+    it tripped the breaker (an absent root answers "nothing there") does not close it again, so nothing
+    is uploaded to a store the probe refused, and no "reachable again" is logged."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    store, fs = _held_store(timeout=60)
+    fs.probe_fails = True
+    fs.listing_gate.clear()
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    lookup = threading.Thread(target=cache.get, args=(b"k" * 32,))
+    try:
+        with caplog.at_level(logging.INFO, logger="tiered_progcache"):
+            lookup.start()
+            assert fs.listing_made.wait(60)  # out beside the probe, held before it answers
+            fs.probe_gate.set()
+            assert store.wait_ready(60) and not store.available  # the probe found the store down
+            fs.listing_gate.set()
+            assert cache._boot.wait(60) and cache._boot.report == (0, None)  # the listing answered: nothing
+            assert not store.available and store.breaker.state == "open"
+    finally:
+        fs.probe_gate.set()
+        fs.listing_gate.set()
+        lookup.join(60)
+        cache.close()
+    assert not [r for r in caplog.records if "reachable again" in r.getMessage()]
+
+
+def test_a_request_beside_the_probe_while_the_breaker_is_not_closed_waits_for_the_probe_as_any_request():
+    """Beside the probe only while the breaker is closed: on a store coming back from a cooldown (its probe
+    the one call that may go) a listing made beside the probe waits for it, then goes and is booked."""
+    now = [0.0]
+    breaker = CircuitBreaker(cooldown_s=10, name="remote cache slow://bucket/kernels", clock=lambda: now[0])
+    breaker.trip(OSError("down a cooldown ago"))
+    now[0] = 11.0  # the cooldown is over: the probe may go (and holds the breaker while it is out)
+    store, fs = _held_store(timeout=60, breaker=breaker)
+    listed: list[Any] = []
+
+    def list_beside() -> None:
+        with store.beside_probe():
+            listed.append(list(store.iter_entries()))
+
+    lister = threading.Thread(target=list_beside)
+    try:
+        deadline = time.monotonic() + 60
+        while not fs.seen:  # the probe is out, at its gate
+            assert time.monotonic() < deadline, "the probe never went out"
+            time.sleep(0.001)
+        lister.start()
+        while not _waiting_in_probe_gate(lister):
+            assert time.monotonic() < deadline, "the listing never waited for the probe"
+            time.sleep(0.001)
+        assert not fs.listing_made.is_set()
+        fs.probe_gate.set()
+        lister.join(60)
+        assert listed == [[]] and ("list", True) in fs.seen and breaker.state == "closed"
+    finally:
+        fs.probe_gate.set()
+        store.close()

@@ -212,7 +212,8 @@ class RequestRunner:
     @contextlib.contextmanager
     def beside_probe(self) -> Iterator[None]:
         """This thread's requests in the block go out beside the probe, not after it: each waits only for the
-        client the probe builds, as any first request does (the boot fetch's listing)."""
+        client the probe builds, as any first request does (the boot fetch's listing), and leaves the breaker's
+        books to the probe. While the breaker is not closed they wait for the probe as any other."""
         self._beside.active = True
         try:
             yield
@@ -235,7 +236,7 @@ class RequestRunner:
         """Wait for the probe (never on its own thread); the probe, if this request (``sampled``: one whose
         time is recorded) is to be ``R``'s first sample, in place of the probe thread's own request."""
         probe = self._probe
-        if probe is None or probe.thread is threading.current_thread() or self._beside.active:
+        if probe is None or probe.thread is threading.current_thread():
             return None
         claimed = sampled and not probe.done.is_set() and probe.claim_sample()  # once it ended: no lock taken
         probe.done.wait(self.timeout * PROBE_DEADLINES)  # as long as the probe can take, at most
@@ -275,15 +276,19 @@ class RequestRunner:
         what the request raised; a miss (``FileNotFoundError``), ``FileExistsError`` or an
         ``EntryRejected`` counts as an answer.
         """
-        sample_for = self._await_probe(sampled=timeout is None)
+        # Beside the probe (and only while the breaker is closed) a request neither waits for it nor keeps the
+        # breaker's books: the probe alone says whether the store works, and an answer to a request sent before
+        # it tripped the breaker must not close it again.
+        beside = self._beside.active and self.breaker.state == "closed"
+        sample_for = None if beside else self._await_probe(sampled=timeout is None)
         try:
-            return self._call(what, sync_fn, async_fn, args, timeout, stoppable)
+            return self._call(what, sync_fn, async_fn, args, timeout, stoppable, books=not beside)
         finally:
             if sample_for is not None:  # R's first sample is in (or this request failed): wait_ready may return
                 sample_for.sampled()
 
     def _call(self, what: str, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]] | None,
-              args: tuple[Any, ...], timeout: float | None, stoppable: bool) -> T:
+              args: tuple[Any, ...], timeout: float | None, stoppable: bool, *, books: bool = True) -> T:
         limit = self.timeout if timeout is None else timeout
         self.breaker.before_call()
         what = f"{what} on {self.name}"
@@ -299,14 +304,17 @@ class RequestRunner:
         except ANSWERS:
             if timeout is None:
                 self.latency.record(time.monotonic() - started)
-            self.breaker.record_success()  # an answer: the remote works
+            if books:
+                self.breaker.record_success()  # an answer: the remote works
             raise
         except BaseException as exc:  # a half-open probe's outcome is always recorded
-            self.breaker.record_failure(exc)
+            if books:
+                self.breaker.record_failure(exc)
             raise
         if timeout is None:  # one round trip (listings and bulk calls pass their own deadline)
             self.latency.record(time.monotonic() - started)
-        self.breaker.record_success()
+        if books:
+            self.breaker.record_success()
         return result
 
     def call_many(
