@@ -288,7 +288,7 @@ class RequestRunner:
                 sample_for.sampled()
 
     def _call(self, what: str, sync_fn: Callable[..., T], async_fn: Callable[..., Awaitable[T]] | None,
-              args: tuple[Any, ...], timeout: float | None, stoppable: bool, *, books: bool = True) -> T:
+              args: tuple[Any, ...], timeout: float | None, stoppable: bool, *, books: bool) -> T:
         limit = self.timeout if timeout is None else timeout
         self.breaker.before_call()
         what = f"{what} on {self.name}"
