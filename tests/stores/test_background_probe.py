@@ -550,3 +550,27 @@ def test_a_request_beside_the_probe_while_the_breaker_is_not_closed_waits_for_th
     finally:
         fs.probe_gate.set()
         store.close()
+
+
+def test_a_failed_listing_waits_for_the_probes_verdict_at_most_one_request_deadline(tmp_path, caplog):
+    """The failed listing's line waits for the probe, but a round-trip sample that never ends (claimed here
+    and held) keeps it back one request deadline of the store's (0.5 s), not the setting's, not for ever."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    store, fs = _held_store(timeout=0.5)
+    fs.listing_fails = True
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    probe = store.runner._probe
+    try:
+        assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
+        fs.probe_gate.set()
+        assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
+        asked, real_wait = _record_waits(store)
+        with caplog.at_level(logging.WARNING, logger="tiered_progcache.chain.bootfetch"):
+            assert cache.get(b"k" * 32) is None  # the first lookup at the shared tier starts the boot fetch
+            assert cache._boot.wait(60) and not real_wait(0)  # it ended, the sample still out
+        assert asked == [0.5]
+        assert [r.getMessage().rsplit(": ", 1)[-1] for r in caplog.records] == ["the store is down"]
+    finally:
+        probe.sampled()
+        cache.close()
