@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from typing import Any
@@ -39,10 +38,21 @@ class HeldProbeFileSystem(SlowFileSystem):
         self.listing_gate = threading.Event()  # a listing answers once it is set (set here: at once)
         self.listing_gate.set()
         self.seen: list[tuple[str, bool]] = []
+        self._arrived = threading.Condition()
+
+    def _note(self, request: tuple[str, bool]) -> None:
+        with self._arrived:
+            self.seen.append(request)
+            self._arrived.notify_all()
+
+    def wait_seen(self, count: int) -> bool:
+        """Wait until ``count`` requests have arrived (False after 60 s)."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: len(self.seen) >= count, 60)
 
     async def _info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         if path.strip("/") in self.buckets:
-            self.seen.append(("probe", self.probe_answered))
+            self._note(("probe", self.probe_answered))
             while not self.probe_gate.is_set():  # on the loop: yield to it while held
                 await _sleep_briefly()
             if self.probe_fails:
@@ -51,7 +61,7 @@ class HeldProbeFileSystem(SlowFileSystem):
         return await super()._info(path, **kwargs)
 
     async def _find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, **kwargs: Any) -> Any:
-        self.seen.append(("list", self.probe_answered))
+        self._note(("list", self.probe_answered))
         self.listing_made.set()
         while not self.listing_gate.is_set():
             await _sleep_briefly()
@@ -60,7 +70,7 @@ class HeldProbeFileSystem(SlowFileSystem):
         return await super()._find(path, maxdepth=maxdepth, withdirs=withdirs, **kwargs)
 
     async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        self.seen.append(("read", self.probe_answered))
+        self._note(("read", self.probe_answered))
         return await super()._cat_file(path, start, end, **kwargs)
 
 
@@ -80,14 +90,49 @@ def _held_store(**options: Any) -> tuple[RemoteProgramCache, HeldProbeFileSystem
     return RemoteProgramCache(fs, "bucket/kernels", **options), fs
 
 
-def _waiting_in_probe_gate(thread: threading.Thread) -> bool:
-    """True once ``thread`` is inside the runner's wait for the probe (read from its stack, not timed)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if "_await_probe" in frame.f_code.co_name:  # also under a mutation tool's renamed copy
-            return True
-        frame = frame.f_back
-    return False
+def _chain_over(store: RemoteProgramCache, tmp_path: Any) -> TieredProgramCache:
+    """Memory, an empty local directory, then ``store``: its first shared lookup starts the boot fetch."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    return TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+
+
+def _answer_the_probe_and_hold_the_sample(store: RemoteProgramCache, fs: HeldProbeFileSystem) -> Any:
+    """The probe answers, but ``R``'s first sample is claimed here and never ends (until ``probe.sampled()``)."""
+    probe = store.runner._probe
+    assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
+    fs.probe_gate.set()
+    assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
+    return probe
+
+
+class _SeenWaiting(threading.Event):
+    """An event that records the threads that wait on it: put in place of a probe's ``done`` before the probe
+    ends, it shows which requests wait for the probe, without polling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen = threading.Condition()
+        self.waiters: set[threading.Thread] = set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._seen:
+            self.waiters.add(threading.current_thread())
+            self._seen.notify_all()
+        return super().wait(timeout)
+
+    def waited_on_by(self, *threads: threading.Thread) -> bool:
+        """Wait until each of ``threads`` waits on this event (False after 60 s)."""
+        with self._seen:
+            return self._seen.wait_for(lambda: self.waiters.issuperset(threads), 60)
+
+
+def _watch_waits_for(runner: RequestRunner) -> _SeenWaiting:
+    """Put a :class:`_SeenWaiting` in place of ``runner``'s probe's ``done`` (the probe must not have ended)."""
+    probe = runner._probe
+    assert probe is not None and not probe.done.is_set()
+    probe.done = done = _SeenWaiting()  # the probe sets this one when it ends
+    return done
 
 
 def _record_waits(store: Any) -> tuple[list[float | None], Any]:
@@ -108,12 +153,10 @@ def test_the_constructor_returns_while_the_probe_is_held_and_a_read_waits_for_it
     try:
         assert not store.wait_ready(0)  # built, the probe still in flight
         read: list[Any] = []
+        done = _watch_waits_for(store.runner)
         reader = threading.Thread(target=lambda: read.append(store.verify_entry(entry_name(b"k"))))
         reader.start()
-        deadline = time.monotonic() + 60
-        while not (_waiting_in_probe_gate(reader) and fs.seen):  # both at their gates
-            assert time.monotonic() < deadline, "the read never waited for the probe"
-            time.sleep(0.001)
+        assert done.waited_on_by(reader) and fs.wait_seen(len(PROBE_HELD))  # both at their gates
         assert fs.seen == PROBE_HELD  # the read has not reached the store
     finally:
         fs.probe_gate.set()
@@ -172,13 +215,11 @@ def test_the_sample_is_in_only_when_the_request_that_claimed_it_has_ended():
     runner.start_probe(held.wait, lambda: extra.append("the probe's own"))
     first = threading.Thread(target=runner.call, args=("read", in_flight.wait, None))
     second = threading.Thread(target=runner.call, args=("read", lambda: "answered", None))
+    done = _watch_waits_for(runner)
     try:
         for thread in (first, second):  # one after the other: the first to wait claims the sample
             thread.start()
-            deadline = time.monotonic() + 60
-            while not _waiting_in_probe_gate(thread):
-                assert time.monotonic() < deadline, "the request never waited for the probe"
-                time.sleep(0.001)
+            assert done.waited_on_by(thread), "the request never waited for the probe"
         held.set()
         second.join(60)
         assert not second.is_alive() and runner.latency.recorded == 1
@@ -223,13 +264,11 @@ def test_only_the_first_request_that_waits_for_the_probe_is_the_sample_and_a_bat
     store, fs = _held_store(timeout=60)
     readers = [threading.Thread(target=store.verify_entry, args=(entry_name(bytes([n])),)) for n in range(2)]
     batch = threading.Thread(target=store.read_many, args=([entry_name(b"x"), entry_name(b"y")],))
+    done = _watch_waits_for(store.runner)
     try:
         for thread in (*readers, batch):
             thread.start()
-        deadline = time.monotonic() + 60
-        while not all(_waiting_in_probe_gate(t) for t in (*readers, batch)):
-            assert time.monotonic() < deadline, "the requests never waited for the probe"
-            time.sleep(0.001)
+        assert done.waited_on_by(*readers, batch), "the requests never waited for the probe"
     finally:
         fs.probe_gate.set()
     for thread in (*readers, batch):
@@ -426,15 +465,10 @@ def test_a_store_on_a_shared_breaker_that_tripped_and_recovered_probes_and_says_
 def test_the_boot_fetch_lists_once_the_probe_answered_not_after_rs_first_sample(tmp_path):
     """The boot fetch lists as soon as the probe has answered, beside the first lookup's own request: a
     round-trip sample still out (claimed here and held, under a 60 s deadline) keeps it back not at all."""
-    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
-
     store, fs = _held_store(timeout=60)
-    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
-    probe = store.runner._probe
+    cache = _chain_over(store, tmp_path)
+    probe = _answer_the_probe_and_hold_the_sample(store, fs)
     try:
-        assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
-        fs.probe_gate.set()
-        assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
         asked, real_wait = _record_waits(store)
         assert cache.get(b"k" * 32) is None  # the first lookup at the shared tier starts the boot fetch
         assert cache._boot.wait(60)  # it listed and finished, the sample still out
@@ -448,10 +482,8 @@ def test_the_boot_fetch_lists_once_the_probe_answered_not_after_rs_first_sample(
 def test_the_boot_fetch_lists_beside_a_probe_still_out(tmp_path):
     """The listing goes out while the store's first probe is still held at its gate (a round trip sooner than
     after it): the fetch lists the empty store and ends before the probe has answered."""
-    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
-
     store, fs = _held_store(timeout=60)
-    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    cache = _chain_over(store, tmp_path)
     lookup = threading.Thread(target=cache.get, args=(b"k" * 32,))  # the first lookup: it waits for the probe
     try:
         lookup.start()
@@ -467,11 +499,9 @@ def test_the_boot_fetch_lists_beside_a_probe_still_out(tmp_path):
 def test_a_listing_that_failed_beside_a_probe_that_found_the_store_down_is_not_a_second_warning(tmp_path, caplog):
     """One fault, one warning: the probe's. The boot fetch's listing, out beside it, failed too; its line
     waits for the probe's verdict and, the store found down, is INFO."""
-    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
-
     store, fs = _held_store(timeout=60)
     fs.probe_fails = fs.listing_fails = True
-    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    cache = _chain_over(store, tmp_path)
     lookup = threading.Thread(target=cache.get, args=(b"k" * 32,))
     try:
         with caplog.at_level(logging.INFO, logger="tiered_progcache"):
@@ -495,12 +525,10 @@ def test_a_listing_answered_after_the_probe_found_the_store_down_leaves_the_brea
     """The probe is the one that says whether the store works: a listing sent beside it and answered after
     it tripped the breaker (an absent root answers "nothing there") does not close it again, so nothing
     is uploaded to a store the probe refused, and no "reachable again" is logged."""
-    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
-
     store, fs = _held_store(timeout=60)
     fs.probe_fails = True
     fs.listing_gate.clear()
-    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
+    cache = _chain_over(store, tmp_path)
     lookup = threading.Thread(target=cache.get, args=(b"k" * 32,))
     try:
         with caplog.at_level(logging.INFO, logger="tiered_progcache"):
@@ -535,14 +563,10 @@ def test_a_request_beside_the_probe_while_the_breaker_is_not_closed_waits_for_th
 
     lister = threading.Thread(target=list_beside)
     try:
-        deadline = time.monotonic() + 60
-        while not fs.seen:  # the probe is out, at its gate
-            assert time.monotonic() < deadline, "the probe never went out"
-            time.sleep(0.001)
+        assert fs.wait_seen(len(PROBE_HELD))  # the probe is out, at its gate
+        done = _watch_waits_for(store.runner)
         lister.start()
-        while not _waiting_in_probe_gate(lister):
-            assert time.monotonic() < deadline, "the listing never waited for the probe"
-            time.sleep(0.001)
+        assert done.waited_on_by(lister), "the listing never waited for the probe"
         assert not fs.listing_made.is_set()
         fs.probe_gate.set()
         lister.join(60)
@@ -555,16 +579,11 @@ def test_a_request_beside_the_probe_while_the_breaker_is_not_closed_waits_for_th
 def test_a_failed_listing_waits_for_the_probes_verdict_at_most_one_request_deadline(tmp_path, caplog):
     """The failed listing's line waits for the probe, but a round-trip sample that never ends (claimed here
     and held) keeps it back one request deadline of the store's (0.5 s), not the setting's, not for ever."""
-    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
-
     store, fs = _held_store(timeout=0.5)
     fs.listing_fails = True
-    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), store])
-    probe = store.runner._probe
+    cache = _chain_over(store, tmp_path)
+    probe = _answer_the_probe_and_hold_the_sample(store, fs)
     try:
-        assert probe is not None and probe.claim_sample()  # a request that will be the sample, and never ends
-        fs.probe_gate.set()
-        assert probe.done.wait(60) and not store.wait_ready(0)  # the probe answered; the sample is still out
         asked, real_wait = _record_waits(store)
         with caplog.at_level(logging.WARNING, logger="tiered_progcache.chain.bootfetch"):
             assert cache.get(b"k" * 32) is None  # the first lookup at the shared tier starts the boot fetch
@@ -574,3 +593,26 @@ def test_a_failed_listing_waits_for_the_probes_verdict_at_most_one_request_deadl
     finally:
         probe.sampled()
         cache.close()
+
+
+def test_a_request_after_the_beside_block_waits_for_the_probe_again():
+    """``beside_probe`` holds for its block only: the same thread's next request waits for the probe."""
+    store, fs = _held_store(timeout=60)
+    read: list[Any] = []
+
+    def after_the_block() -> None:
+        with store.beside_probe():
+            pass
+        read.append(store.verify_entry(entry_name(b"k")))
+
+    thread = threading.Thread(target=after_the_block)
+    try:
+        done = _watch_waits_for(store.runner)
+        thread.start()
+        assert done.waited_on_by(thread), "the request after the block did not wait for the probe"
+        assert not read
+    finally:
+        fs.probe_gate.set()
+        thread.join(60)
+        store.close()
+    assert read == ["missing"]
