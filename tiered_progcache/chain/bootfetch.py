@@ -80,9 +80,7 @@ class BootFetch:
             return name in self._batch
         if self._given_up:
             return False
-        limit = self._shared.request_timeout_s
-        if limit is None:  # a store that states no deadline: the setting's default bounds the wait
-            limit = DEFAULT_REMOTE_TIMEOUT_S
+        limit = self._request_deadline()
         deadline = time.monotonic() + limit
         if not self._listed.wait(limit):
             self._given_up = True
@@ -106,6 +104,11 @@ class BootFetch:
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the fetch finished (or was not needed); False if ``timeout`` ran out. For tests and benchmarks."""
         return self._done.wait(timeout)
+
+    def _request_deadline(self) -> float:
+        """The store's deadline for one request; a store that states none: the setting's default."""
+        limit = self._shared.request_timeout_s
+        return DEFAULT_REMOTE_TIMEOUT_S if limit is None else limit
 
     def _start(self, trigger: str) -> None:
         with self._lock:
@@ -147,7 +150,7 @@ class BootFetch:
         except Exception as exc:  # a failing store, a full disk: the lookups go on as before
             self._batch = frozenset()
             # A store the probe (beside the listing) found down is reported by the probe: one warning, not two.
-            self._shared.wait_ready(self._shared.request_timeout_s or DEFAULT_REMOTE_TIMEOUT_S)
+            self._shared.wait_ready(self._request_deadline())
             logger.log(logging.WARNING if self._shared.available else logging.INFO,
                        "boot fetch from %s failed (lookups go to the store as before): %s",
                        self._shared.location, one_line(exc))  # fmt: skip
