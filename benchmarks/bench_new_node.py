@@ -8,7 +8,8 @@ clock as an application's imports would) compiles the same kernels through ``com
 store, beside a fresh node compiling them with no remote (``alone``), alternately. Prints, per run,
 the ms from the cache's construction until the boot fetch's batch landed and until the node held
 all its kernels, its NVRTC runs and flight decisions; then the medians and their ratio to alone.
-No asserts. Stores as in ``bench_fleet.py`` (moto warmed first), behind the delay proxy.
+No asserts. Stores as in ``bench_fleet.py``, behind the delay proxy; nothing warms a server but the
+cold node's own requests (as the cluster's earlier nodes would have).
 """
 
 from __future__ import annotations
@@ -90,8 +91,6 @@ def main() -> None:
     for name in args.stores.split(","):
         store = STORES[name]()
         try:
-            if name == "s3":
-                store.warm_up()
             store.set_rtt(args.rtt_ms / 1e3)
             remote = store.new_prefix()
             sources = [src for src, _ in bench_fleet.kernel_sources("cheap", args.kernels, 0, 0,
