@@ -114,7 +114,7 @@ def test_a_lookup_that_waits_for_the_probe_is_the_first_round_trip_on_a_connecti
 
     import redis
 
-    from test_background_probe import _waiting_in_probe_gate
+    from test_background_probe import _watch_waits_for
 
     entered, gate = threading.Event(), threading.Event()
 
@@ -138,12 +138,10 @@ def test_a_lookup_that_waits_for_the_probe_is_the_first_round_trip_on_a_connecti
         tier = RedisProgramCache(client, url=server.url, timeout=30)
         reader = threading.Thread(target=tier.verify_entry, args=(entry_name(b"k"),))
         try:
+            done = _watch_waits_for(tier.runner)  # the probe's PING is held: it has not ended
             reader.start()
             assert entered.wait(60)
-            deadline = time.monotonic() + 60
-            while not _waiting_in_probe_gate(reader):
-                assert time.monotonic() < deadline, "the lookup never waited for the probe"
-                time.sleep(0.001)
+            assert done.waited_on_by(reader), "the lookup never waited for the probe"
         finally:
             gate.set()
         reader.join(60)
