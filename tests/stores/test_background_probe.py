@@ -334,9 +334,10 @@ def test_a_failed_background_probe_opens_the_breaker_counts_one_error_and_is_rem
     assert memo.recall("s3://no-such-bucket-here/kernels") is not None
 
 
-def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_estimate_then_plans_with_r():
-    """R unknown (50 ms assumed) would race a cheap kernel; the plan waits for the probe at most
-    min(C, 50 ms) first, so a store that answers at once (file://, nearby) takes the lease it should."""
+def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_c_over_k_then_plans_with_r():
+    """R unknown (50 ms assumed) would race a cheap kernel; a store near enough for the lease (R under C / k)
+    answers its probe within about C / k, so the plan waits that long, no longer: a far store costs the
+    kernel that wait, then it races. Where no R could make it take the lease, it does not wait."""
     from cuda.core.utils import InMemoryProgramCache
 
     from tiered_progcache.cluster.singleflight import plan
@@ -345,11 +346,17 @@ def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_e
     with TieredProgramCache(tiers=[InMemoryProgramCache(), store]) as cache:
         shared = cache.shared_store
         asked, real_wait = _record_waits(shared)
+        assert cache.flight_policy.lease_min_compile_rtts == 4
         assert plan(cache, 0.02) == ("short", None)  # the probe still held: the wait ended, the kernel races
+        assert asked == [0.02 / 4]
         every_kernel_races = TieredProgramCache(tiers=[InMemoryProgramCache(), store], lease_min_compile_rtts=1e300)
         assert every_kernel_races.shared_store is shared
-        assert plan(every_kernel_races, 1e298) == ("short", None)  # the wait is still 50 ms at most
-        assert asked == [0.02, 0.05]
+        assert plan(every_kernel_races, 1e298) == ("short", None)
+        assert asked == [0.02 / 4, 1e298 / 1e300]
+        never_uploaded = TieredProgramCache(tiers=[InMemoryProgramCache(), store], min_upload_compile_s=1.0)
+        assert plan(never_uploaded, 0.5) == ("short", None) and len(asked) == 2  # races whatever R is: no wait
+        always_leased = TieredProgramCache(tiers=[InMemoryProgramCache(), store], lease_min_compile_rtts=0)
+        assert plan(always_leased, 0.001) == ("node", None) and len(asked) == 2  # no atomic create: node lock
 
         def opening_wait(timeout: float | None = None) -> bool:  # the probe answers during the wait
             asked.append(timeout)
@@ -358,7 +365,7 @@ def test_a_kernel_that_would_race_an_unknown_r_waits_for_the_probe_at_most_its_e
 
         shared.wait_ready = opening_wait
         case, rtt = plan(cache, 0.03)
-        assert asked == [0.02, 0.05, 0.03] and rtt is not None and rtt == shared.round_trip_s
+        assert asked[2:] == [0.03 / 4] and rtt is not None and rtt == shared.round_trip_s
         assert case == ("short" if cache.flight_policy.short(0.03, rtt) else "node")  # no atomic create: node lock
         assert plan(cache, 1e300) == ("node", rtt) and len(asked) == 3  # R known: no wait
 

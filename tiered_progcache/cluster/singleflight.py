@@ -116,13 +116,13 @@ def plan(cache: TieredProgramCache, estimate_s: float) -> tuple[str, float | Non
     shared = cache.shared_store
     if shared is None:
         return NODE, None
-    rtt = round_trip(shared)
-    if rtt is None and cache.flight_policy.short(estimate_s, rtt):
-        # R unknown would race. A probe that answers within the time assumed for it decides instead:
-        # a nearby store's comes in milliseconds, and its lease compiles each kernel once.
-        shared.wait_ready(min(estimate_s, UNMEASURED_ROUND_TRIP_S))
+    rtt, policy = round_trip(shared), cache.flight_policy
+    if rtt is None and policy.short(estimate_s, rtt) and not policy.short(estimate_s, 0.0):
+        # R unknown would race, and a store near enough for the lease (R under C / k) would not: its probe
+        # answers within about that, so wait that long and no longer. A far store's wait is compile time lost.
+        shared.wait_ready(estimate_s / policy.lease_min_compile_rtts)
         rtt = round_trip(shared)
-    if cache.flight_policy.short(estimate_s, rtt):
+    if policy.short(estimate_s, rtt):
         return SHORT, rtt
     return (NODE if _lease_store(shared) is None else LEASE), rtt
 
