@@ -185,7 +185,7 @@ def test_the_graph_sees_lazy_imports_and_leaves_out_type_checking_ones():
 LAYERS: tuple[tuple[str, frozenset[str], str], ...] = tuple((name, frozenset(f"tiered_progcache{m}" for m in members), why)
                                                             for name, members, why in [  # fmt: skip
     ("helpers", {"._cudacore", ".settings", ".settingsdoc", ".errors", ".forks", ".hooks", ".redact", ".units", ".urls",
-                 ".configfile", ".configvalues", ".samples"},
+                 ".configfile", ".configvalues", ".samples", ".version"},
      "what every package may import: the settings table, cuda-core's calls and small helpers"),
     ("stores", {".stores"}, "where entries live, and how a stored entry is framed, named and told apart"),
     ("chain", {".chain"}, "the tiers in order over the stores, their policies (the flight policy's too), bulk transfer"),

@@ -15,6 +15,7 @@ from .chain.stats import CacheStats, TierStats
 from .stores.store import BatchRead, BatchWrite, EntryStore, LeaseStore, StoredEntry
 from .chain.tier import Tier
 from .chain.tiered import CacheStores, TieredProgramCache, stores_of
+from .version import VERSION as __version__
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",

@@ -100,13 +100,30 @@ def test_compile_records_what_the_entry_was_built_from_by_whom_when_and_how_long
     written = datetime.datetime.strptime(p.written_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
     assert math.floor(before) <= written.timestamp() <= after
     assert dict(p.packages) == {
-        "tiered-progcache": _installed("tiered-progcache"),
+        "tiered-progcache": tiered_progcache.__version__,
         "cuda-core": _installed("cuda-core"),
         "cuda-bindings": _installed("cuda-bindings"),
         "python": platform.python_version(),
     }
     assert str(tmp_path).encode() not in stored  # no absolute path of this machine
     assert json.loads(stored)["format"] == MANIFEST_FORMAT and stored == encode_manifest(m)
+
+
+def test_the_packages_a_manifest_records_are_the_installed_ones_read_without_a_metadata_scan(monkeypatch):
+    """The versions come from the imported modules, not a scan of the installed distributions' metadata
+    (a fresh process's first compile pays it); they are the installed distributions' versions."""
+    from tiered_progcache.compiling import manifest
+
+    def no_scan(name: str) -> str:
+        raise AssertionError(f"importlib.metadata.version({name!r}) was called")
+
+    monkeypatch.setattr(importlib.metadata, "version", no_scan)
+    packages = dict(manifest._packages.__wrapped__())
+    monkeypatch.undo()
+    assert packages == {name: importlib.metadata.version(name) for name in ("tiered-progcache", "cuda-core",
+                                                                              "cuda-bindings")} | {
+        "python": platform.python_version()}
+    assert tiered_progcache.__version__ == packages["tiered-progcache"]
 
 
 def test_the_manifest_is_stored_before_the_binary_under_a_name_derived_from_the_binarys(tmp_path, include, events):
