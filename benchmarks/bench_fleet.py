@@ -7,7 +7,7 @@
 
 What it measures is what users run. Each node is a real fresh process (spawn) with its own
 empty local directory; before the start signal (a barrier) it has imported Python modules
-(the store's client library too: s3fs, gcsfs, redis-py) and nothing else: no cache built, no request sent, nothing compiled, NVRTC not loaded (the
+(the store's client library too: s3fs, gcsfs with what its default imports, redis-py) and nothing else: no cache built, no request sent, nothing compiled, NVRTC not loaded (the
 ``nvrtc`` column says how many nodes had ``libnvrtc`` mapped at the signal; 0 unless
 ``--preload``). After the signal it builds its cache with ``TieredProgramCache.from_env``
 (``TIERED_PROGCACHE_*`` variables apply; the constructor's probe of the store is on the
@@ -152,6 +152,8 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
             import fsspec
 
             fsspec.get_filesystem_class(scheme)
+            if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
+                importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
     order = list(spec["sources"])
     if spec["seed"] is not None:
         random.Random(spec["seed"]).shuffle(order)

@@ -15,6 +15,7 @@ cold node's own requests (as the cluster's earlier nodes would have).
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import multiprocessing as mp
 import os
@@ -46,6 +47,8 @@ def _node(spec: dict[str, Any], results) -> None:
             import fsspec
 
             fsspec.get_filesystem_class(scheme)
+            if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
+                importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
     landed: list[float] = []
 
     class _BatchLanded(logging.Handler):
