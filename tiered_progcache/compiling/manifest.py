@@ -254,11 +254,11 @@ def _packages() -> tuple[tuple[str, str], ...]:
     """The versions of the packages that made the entry, from the modules the compile imported: no scan of the
     installed distributions' metadata (1.4 ms of a fresh process's first compile here, more where many are
     installed), and the right answer from a checkout too."""
-    import cuda.bindings
-    import cuda.core
+    from cuda.bindings import __version__ as bindings_version
+    from cuda.core import __version__ as core_version
 
-    found = [("tiered-progcache", VERSION), ("cuda-core", str(cuda.core.__version__)),
-             ("cuda-bindings", str(cuda.bindings.__version__)), ("python", platform.python_version())]
+    found = [("tiered-progcache", VERSION), ("cuda-core", str(core_version)), ("cuda-bindings", str(bindings_version)),
+             ("python", platform.python_version())]
     return tuple(sorted(found))  # as the stored document (sorted keys) gives them back
 
 
