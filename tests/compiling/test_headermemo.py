@@ -94,7 +94,11 @@ def test_the_realpath_check_answers_exactly_as_realpath(tmp_path):
     (real / "a" / "loop").symlink_to("loop")
     (real / "a" / "up").symlink_to("..")
     base = str(real)
+    (real / "a" / "rel").symlink_to("../a/b")
+    (real / "a" / "b" / "back").symlink_to(tmp_path / "via" / "a")
     dirs = [base, f"{base}/a", f"{base}/a/b", f"{tmp_path}/via/a/b", f"{base}/a/here", f"{base}/a/here/b",
+            f"{tmp_path}/via", f"{tmp_path}/via/a", f"{base}/a/rel", f"{base}/a/rel/back/b", f"{tmp_path}/via/a/rel",
+            f"{tmp_path}/via/missing/x", f"{base}/a/b/back/here/rel",
             f"{base}/a/loop", f"{base}/a/loop/x", f"{base}/a/up/a", f"{base}/missing/x", f"{base}/a/../a/b",
             f"{base}/a/./b", "/" + f"{base}/a", f"{base}/a/b/"]
     pairs = []
@@ -102,6 +106,10 @@ def test_the_realpath_check_answers_exactly_as_realpath(tmp_path):
         for recorded in {d, os.path.realpath(d), f"{base}/a/b"}:
             assert headermemo._same_realpaths(((d, recorded),)) == (os.path.realpath(d) == recorded), (d, recorded)
             pairs.append((d, recorded))
+    for order in (dirs, dirs[::-1], sorted(dirs), sorted(dirs, key=len)):
+        shared: dict[str, str] = {"/": "/"}  # one memo across the paths, as a validation shares it
+        assert [headermemo.resolve(d, shared) for d in order] == [os.path.realpath(d) for d in order]
+        assert all(headermemo.resolve(d, shared) == os.path.realpath(d) for d in order)  # answered from the memo
     good = tuple((d, r) for d, r in pairs if os.path.realpath(d) == r)
     assert headermemo._same_realpaths(good)
     for bad in [(d, r) for d, r in pairs if os.path.realpath(d) != r]:

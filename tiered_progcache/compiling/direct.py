@@ -711,13 +711,13 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
             return None
         checks.append((path, None))
     real_checks = []
-    no_link: dict[str, bool] = {"/": True}  # what resolve() found of each component
+    real_of: dict[str, str] = {"/": "/"}  # the real path of each directory resolve() met
     for index, rel, mask, real_index, real_rel, real_mask, role, role_rel in one["real"]:
         directory = _place_made(index, rel, roots)
         if directory is None or _mask(directory, roots, keep) != mask:
             return None
         note(index, rel)
-        resolved = resolve(directory, no_link)
+        resolved = resolve(directory, real_of)
         if real_index == _ANCESTOR:
             real = _place_ancestor(real_rel, roots, eligible, resolved)
         else:

@@ -188,38 +188,33 @@ def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
 
 def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
     """True if every directory still resolves where it did (no symlink on the way was retargeted)."""
-    no_link: dict[str, bool] = {"/": True}
-    return all(resolve(directory, no_link) == real for directory, real in real_checks)
+    resolved: dict[str, str] = {"/": "/"}
+    return all(resolve(directory, resolved) == real for directory, real in real_checks)
 
 
-def resolve(path: str, no_link: dict[str, bool]) -> str:
-    """Exactly ``os.path.realpath(path)``, but a path with no symbolic link on the way costs an ``lstat``
-    of each of its components, each shared by the paths resolved with the same ``no_link`` (start it as
-    ``{"/": True}``): ``realpath`` of a normalized absolute path with no link on the way is that path.
-    Where a link is found, ``realpath`` decides."""
-    if _is_plain_absolute(path) and _no_link_on_the_way(path, no_link):
-        return path
-    return os.path.realpath(path)
+def resolve(path: str, resolved: dict[str, str]) -> str:
+    """Exactly ``os.path.realpath(path)``, at one ``lstat`` per component not seen before: ``resolved``
+    (start it as ``{"/": "/"}``) keeps the real path of each directory on the way, shared by the paths
+    resolved with it. A component that is a symbolic link is resolved by ``realpath`` from its real parent."""
+    found = resolved.get(path)
+    if found is not None:
+        return found
+    if not _is_plain_absolute(path):
+        return os.path.realpath(path)
+    parent, _, name = path.rpartition("/")
+    real_parent = resolve(parent or "/", resolved)
+    candidate = f"{real_parent.rstrip('/')}/{name}"
+    try:
+        is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+    except OSError:
+        is_link = False  # as realpath: a component it cannot lstat is taken as it is
+    found = resolved[path] = os.path.realpath(candidate) if is_link else candidate
+    return found
 
 
 def _is_plain_absolute(path: str) -> bool:
-    """Absolute, normalized, and not ``//``-rooted: what ``realpath`` returns unchanged when nothing is a link."""
+    """Absolute, normalized, and not ``//``-rooted: the form whose real path is its parent's and its name's."""
     return path.startswith("/") and not path.startswith("//") and os.path.normpath(path) == path
-
-
-def _no_link_on_the_way(path: str, no_link: dict[str, bool]) -> bool:
-    """No component of ``path`` (absolute, normalized) is a symbolic link: one ``lstat`` per new component."""
-    found = no_link.get(path)
-    if found is None:
-        parent = path.rpartition("/")[0] or "/"
-        found = _no_link_on_the_way(parent, no_link)
-        if found:
-            try:
-                found = not stat.S_ISLNK(os.lstat(path).st_mode)
-            except OSError:
-                found = True  # as realpath: a component it cannot lstat is taken as it is
-        no_link[path] = found
-    return found
 
 
 def is_racy(sig: Signature) -> bool:
