@@ -83,6 +83,36 @@ def test_retargeting_a_symlinked_directory_changes_the_digest_on_a_warm_memo(tmp
     assert header_digest(src, _opts(tmp_path / "inc")) != before
 
 
+def test_directories_resolved_together_lstat_each_component_once_a_link_on_the_way_too(tmp_path, monkeypatch):
+    """The memo ``resolve`` shares: a component already resolved costs nothing, a new one one ``lstat``,
+    behind a symbolic link as in front of one (``/usr/local/cuda -> cuda-13.0``)."""
+    base = tmp_path.resolve() / "t"
+    (base / "a" / "b" / "c").mkdir(parents=True)
+    (base / "a" / "d").mkdir()
+    (tmp_path.resolve() / "via").symlink_to(base)
+    seen: list[str] = []
+    real_lstat = os.lstat
+
+    def counting_lstat(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(os.fspath(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counting_lstat)
+    memo: dict[str, str] = {"/": "/"}
+    dirs = [f"{base}/a/b/c", f"{base}/a/b", f"{base}/a/d", f"{base}/a"]
+    assert [headermemo.resolve(d, memo) for d in dirs] == dirs
+    prefixes = {d[:i] for d in dirs for i in range(1, len(d) + 1) if i == len(d) or d[i] == "/"}
+    assert sorted(seen) == sorted(prefixes - {"/"})  # each component once
+    via = f"{tmp_path.resolve()}/via"
+    assert headermemo.resolve(f"{via}/a", memo) == f"{base}/a"
+    seen.clear()
+    for rel, real in (("a/b", "a/b"), ("a/b/c", "a/b/c"), ("a/d", "a/d")):
+        assert headermemo.resolve(f"{via}/{rel}", memo) == f"{base}/{real}"
+    assert seen == [f"{base}/a/b", f"{base}/a/b/c", f"{base}/a/d"]  # behind the link: one lstat each
+    assert [headermemo.resolve(f"{via}/{rel}", memo) for rel in ("a/b", "a/b/c")] == [f"{base}/a/b", f"{base}/a/b/c"]
+    assert len(seen) == 3  # asked again: from the memo
+
+
 def test_the_realpath_check_answers_exactly_as_realpath(tmp_path):
     """A directory recorded as its own real path is checked by one lstat per shared component: the answer
     must be ``os.path.realpath(d) == real`` for every shape of path (links on the way, a link loop, a
