@@ -9,7 +9,7 @@ same cheap kernels through ``compile()``: ``alone`` with no remote, then on a ne
 the store with this tree's library and with each ``--tree`` (another checkout's directory, whose
 ``tiered_progcache`` the node imports instead). One node, so the fleet's races and leases are out
 of it: what is left is the node's own cost of the shared tier (its probe, lookups, uploads and
-their threads). Prints per variant the median wall from the cache's construction to the last
+their threads). Nothing warms a server but the nodes' own requests. Prints per variant the median wall from the cache's construction to the last
 kernel, its ratio to alone, the process's CPU seconds and each kernel's median ms. Stores as in
 ``bench_fleet.py``, behind the delay proxy. No asserts.
 """
@@ -71,8 +71,6 @@ def main() -> None:
     for store_name in args.stores.split(","):
         store = {"gcs": bench_fleet.GCSStore, "s3": bench_fleet.S3Store, "redis": bench_fleet.RedisStore}[store_name]()
         try:
-            if store_name == "s3":
-                store.warm_up()  # as bench_fleet's warmed rows: moto loads each operation's code on first use
             store.set_rtt(args.rtt_ms / 1e3)
             variants = [("alone", None), ("this tree", "")] + [(tree, tree) for tree in args.tree]
             runs: dict[str, list[Any]] = {name: [] for name, _ in variants}
