@@ -203,7 +203,7 @@ def resolve(path: str, resolved: dict[str, str]) -> str:
         return os.path.realpath(path)
     parent, _, name = path.rpartition("/")
     real_parent = resolve(parent or "/", resolved)
-    candidate = f"{real_parent.rstrip('/')}/{name}"
+    candidate = os.path.join(real_parent, name)
     try:
         is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
     except OSError:
