@@ -16,6 +16,7 @@ from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 import tiered_progcache as tpc
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.chain.policy import TierPolicy
+from tiered_progcache.cluster.flightpolicy import compile_times
 from tiered_progcache.compiling.manifest import manifest_key
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import entry_name
@@ -79,8 +80,6 @@ def _files(store: RemoteProgramCache, names: list[str]) -> dict[str, tuple[int, 
 
 
 def test_a_race_won_by_the_compile_over_an_entry_already_up_rewrites_nothing(tmp_path, shared, decisions):
-    from tiered_progcache.cluster.flightpolicy import compile_times
-
     source = kernel(340)
     key = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
     names = [entry_name(key), entry_name(manifest_key(key))]
@@ -112,6 +111,42 @@ def test_a_race_won_by_the_compile_over_an_entry_already_up_rewrites_nothing(tmp
         assert logs[1].stored() == {} and [s for _, s in logs[1].puts] == [412, 412]  # B's: refused
     else:
         assert _files(store_a, names) == before  # the same files, never replaced
+
+
+def test_a_race_whose_lookup_finds_the_entry_after_the_compile_won_forgoes_the_uploads_still_queued(
+        tmp_path, shared, decisions):
+    """B's compile wins while its uploads queue behind another one under way; then the lookup finds A's
+    entry: the cubin's and the manifest's queued uploads are dropped (``forgone``), never sent."""
+    source = kernel(341)
+    key = make_program_cache_key(code=source, code_type="c++", options=options(), target_type="cubin")
+    names = [entry_name(key), entry_name(manifest_key(key))]
+    filler = b"f" * 32
+    _predicting(compile_times, source, 0.001)
+    store_a, store_b = shared(), WrapperEntryStore(shared(), round_trip_s=1.0)
+    logs = [PutLog(s) for s in (store_a, store_b.store)] if store_a.location.startswith("s3") else []
+    with _node(tmp_path, "a", store_a) as node_a:
+        tpc.compile(source, "c++", options(), cache=node_a)
+        assert node_a.flush(JOIN_S)
+    lookup = store_b.hold("read_entry", name=names[0], timeout=JOIN_S)
+    upload = store_b.hold("create_entry", name=entry_name(filler), timeout=JOIN_S)
+    with _node(tmp_path, "b", store_b) as node_b:
+        try:
+            node_b[filler] = b"\x7fELF" + bytes(64)
+            assert upload.wait_arrived(JOIN_S)  # under way: B's next uploads queue behind it
+            tpc.compile(source, "c++", options(), cache=node_b)  # the compile won: the lookup is held
+            lookup.open()
+            for thread in [t for t in threading.enumerate() if t.name.startswith("tiered-progcache-look-")]:
+                thread.join(JOIN_S)
+        finally:
+            lookup.open()
+            upload.open()
+        assert node_b.flush(JOIN_S)
+        remote = node_b.stats()["remote"]
+    assert [d.choice for d in decisions] == ["raced_won", "raced_won"]
+    assert remote.forgone == 2 and remote.writes == 1 and remote.hits == 1  # the filler written
+    assert store_b.names("create_entry", "write_entry") == [entry_name(filler)]
+    if logs:
+        assert [s for _, s in logs[1].puts] == [200]  # the filler's; neither of B's two was sent
 
 
 def test_a_rejected_entry_is_replaced_by_the_next_upload(tmp_path, shared):

@@ -33,7 +33,8 @@ from tiered_progcache.compiling.manifest import (
     manifest_key,
     manifest_name,
 )
-from tiered_progcache.stores.store import entry_name
+from tiered_progcache.compiling.symbols import symbols_key, symbols_name
+from tiered_progcache.stores.store import companion_keys, entry_name
 
 NAMED = r"""
 #include "x.h"
@@ -278,3 +279,11 @@ def test_a_manifest_is_bound_to_its_entry_and_round_trips():
         decode_manifest(encode_manifest(m), entry="0" * 64)
     with pytest.raises(ManifestError, match="no manifest"):
         decode_manifest(None)
+
+
+@pytest.mark.parametrize("key", [b"k" * 32, bytes(range(32)), hashlib.sha256(b"x").digest() + b"long"])
+def test_the_companion_keys_are_the_manifest_and_symbol_map_keys_and_their_names_what_a_listing_pairs(key):
+    """What a tier drops on a hit (``companion_keys``) is exactly what ``compile()`` stores beside the entry."""
+    manifest, symbols = companion_keys(key)
+    assert (manifest, symbols) == (manifest_key(key), symbols_key(key))
+    assert entry_name(manifest) == manifest_name(entry_name(key)) and entry_name(symbols) == symbols_name(entry_name(key))

@@ -21,7 +21,8 @@ K_REMOTE, K_LOCAL, K_NEW = matmul_source(16), matmul_source(32), matmul_source(1
 #: stats field -> metric family name, as documented in docs/operations.md
 FAMILY = {
     "hits": "hits", "misses": "misses", "writes": "writes", "promotions": "promotions", "errors": "errors",
-    "timeouts": "timeouts", "skipped": "skipped", "dropped": "dropped_writes", "rejected": "rejected",
+    "timeouts": "timeouts", "skipped": "skipped", "dropped": "dropped_writes", "forgone": "forgone_writes",
+    "rejected": "rejected",
     "bytes_read": "read_bytes", "bytes_written": "written_bytes",
 }  # fmt: skip
 

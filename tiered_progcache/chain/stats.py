@@ -44,6 +44,7 @@ COUNTER_FIELDS = (
     "timeouts",
     "skipped",
     "dropped",
+    "forgone",
     "rejected",
     "bytes_read",
     "bytes_written",
@@ -56,9 +57,10 @@ class TierStats:
 
     ``rejected`` counts entries refused by integrity or signature checks, ``skipped``
     the operations not attempted while a failing remote cools down, ``dropped`` the
-    background writes lost to a full queue. ``entries``/``bytes_held`` are ``None``
-    where the tier cannot tell cheaply (a remote bucket). Latencies are in
-    milliseconds over the most recent operations.
+    background writes lost to a full queue, ``forgone`` the queued ones a lookup made needless
+    (it found the entry there, so its upload, manifest and symbol map included, would write
+    nothing). ``entries``/``bytes_held`` are ``None`` where the tier cannot tell cheaply (a
+    remote bucket). Latencies are in milliseconds over the most recent operations.
     """
 
     hits: int = 0
@@ -69,6 +71,7 @@ class TierStats:
     timeouts: int = 0
     skipped: int = 0
     dropped: int = 0
+    forgone: int = 0
     rejected: int = 0
     bytes_read: int = 0
     bytes_written: int = 0

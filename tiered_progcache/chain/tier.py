@@ -35,7 +35,7 @@ from .policy import TierPolicy
 from ..stores.ratelimit import RateLimitedLogger
 from ..settings import DEFAULT_MAX_PENDING_UPLOAD_BYTES, DEFAULT_MAX_PENDING_UPLOADS
 from .stats import GIL_DISABLED, TierCounters, TierStats
-from ..stores.store import EntryStore
+from ..stores.store import EntryStore, companion_keys
 from .writeback import WriteBackQueue
 
 __all__ = ["CLEAR_WAIT_S", "DELETE_UPLOAD_WAIT_S", "FAILURE_POLICY", "FailureKind", "FailureResponse", "Fetched", "Tier",
@@ -305,6 +305,8 @@ class Tier:
             size = len(data)  # before the +=, so no call splits its read and write
             counters.hits += 1
             counters.bytes_read += size
+            if self.writeback is not None:
+                self._forgo_uploads(key)
             return data
         return self.lookup_fetched(key, self.fetch(key))
 
@@ -327,12 +329,23 @@ class Tier:
         data = fetched.data
         assert data is not None  # a read that did not raise returned bytes
         counters.count_hit(len(data))
+        if self.writeback is not None:
+            self._forgo_uploads(key)
         hit_log = self._hit_log
         if hit_log is not None:
             self._untimed_mask = _untimed_mask(hit_log)  # re-read one hit in 64: DEBUG turns the fast path off
             if hit_log.isEnabledFor(logging.DEBUG):
                 hit_log.debug("lookup %s: %s hit (%d bytes)", key[:8].hex(), self.name, len(data))
         return data
+
+    def _forgo_uploads(self, key: bytes) -> None:
+        """This tier holds entry ``key`` (a lookup just read it): drop its queued uploads of the entry, its manifest
+        and its symbol map (``forgone``). An entry once written is never rewritten, so each would only cost a request."""
+        writeback = self.writeback
+        assert writeback is not None
+        forgone = sum(writeback.cancel(k) for k in (key, *companion_keys(key)))
+        if forgone:
+            self.counters.add("forgone", forgone)
 
     def _read_failed(self, key: bytes, exc: Exception) -> None:
         self.record_read_failure(exc)

@@ -41,7 +41,8 @@ from ..errors import one_line
 from .headerscan import path_roles, role_relative
 from .keys import CompileKey, HeaderFile
 from ..stores.kinds import MANIFEST_FORMAT
-from ..stores.store import EntryStore, StoredEntry, entry_name, is_entry_name, manifest_name, read_in_batches
+from ..stores.store import (EntryStore, StoredEntry, companion_keys, entry_name, is_entry_name, manifest_name,
+                            read_in_batches)
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -217,7 +218,7 @@ def _shown(name: str | bytes) -> str:
 
 def manifest_key(key: bytes) -> bytes:
     """The cache key the manifest of the entry with cache key ``key`` is stored under (pure)."""
-    return (entry_name(bytes(key)) + "#manifest").encode()
+    return companion_keys(bytes(key))[0]
 
 
 # -- building one ------------------------------------------------------------------------------------

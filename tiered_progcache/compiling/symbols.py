@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from ..chain.stats import MetadataKey
 from ..stores.kinds import SYMBOLS_FORMAT
-from ..stores.store import entry_name, is_entry_name
+from ..stores.store import companion_keys, entry_name, is_entry_name
 
 __all__ = ["SYMBOLS_FORMAT", "decode_symbols", "encode_symbols", "symbols_key", "symbols_name"]
 
@@ -33,7 +33,7 @@ def symbols_key(key: bytes) -> bytes:
 
     >>> cache.get(symbols_key(key))   # b'{"format": "tiered-progcache/symbols", ...}'
     """
-    return MetadataKey((entry_name(bytes(key)) + "#symbols").encode())
+    return MetadataKey(companion_keys(bytes(key))[1])
 
 
 def symbols_name(name: str) -> str:

@@ -55,6 +55,7 @@ _COUNTERS = (
     ("timeouts", "timeouts", "operations that ran past the tier's deadline"),
     ("skipped", "skipped", "operations not attempted while the tier's circuit breaker was open"),
     ("dropped", "dropped_writes", "background writes dropped by a full queue"),
+    ("forgone", "forgone_writes", "queued background writes dropped because a lookup found the entry on the tier"),
     ("rejected", "rejected", "entries refused by their digest or signature check"),
     ("bytes_read", "read_bytes", "payload bytes returned by hits"),
     ("bytes_written", "written_bytes", "payload bytes written"),

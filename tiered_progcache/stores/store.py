@@ -39,6 +39,7 @@ __all__ = [
     "StoredEntry",
     "check_entry_name",
     "check_namespace",
+    "companion_keys",
     "entry_name",
     "is_entry_name",
     "read_in_batches",
@@ -83,6 +84,15 @@ def manifest_name(name: str) -> str:
     if not is_entry_name(name):
         raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
     return entry_name((name + "#manifest").encode())
+
+
+def companion_keys(key: bytes) -> tuple[bytes, bytes]:
+    """The cache keys of entry ``key``'s manifest and symbol map: derived from its name, as they are stored.
+
+    Every writer stores them before the entry, so a tier that holds the entry holds them too.
+    """
+    name = entry_name(key)
+    return (name + "#manifest").encode(), (name + "#symbols").encode()
 
 
 def check_namespace(namespace: object) -> str:
