@@ -491,3 +491,30 @@ def test_a_chain_with_no_boot_fetch_reads_metadata_from_its_shared_tier(tmp_path
     with TieredProgramCache(tiers=[InMemoryProgramCache(), remote]) as cache:  # no local directory: no boot fetch
         assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])
         assert dict(fs.requests) == {"get": 1}
+
+
+def test_an_upload_queued_for_an_entry_the_batch_brought_is_forgone_when_a_shared_lookup_reads_it(tmp_path):
+    """The batch read the entry from the shared tier, so that tier holds it: a race's shared lookup answered by
+    the batch drops the node's queued uploads of the entry and its manifest there; neither is sent."""
+    from tiered_progcache.compiling.manifest import manifest_key
+
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    gate = threading.Event()
+    with _chain(tmp_path / "node", remote) as cache:
+        try:
+            assert cache.get(KEYS[0], where="shared") == _payload(KEYS[0])  # the trigger
+            _join_boot_fetch()
+            fs.write_gate = gate
+            cache.put(b"filler", _payload(b"filler"))  # its upload held under way: the next ones queue
+            assert fs.writes_started.wait(60)
+            cache.put(manifest_key(KEYS[1]), b"{}")  # what a compile that won the race stores, manifest first
+            cache.put(KEYS[1], _payload(KEYS[1]))
+            before = cache.stats()["remote"]
+            assert cache.get(KEYS[1], where="shared") == _payload(KEYS[1])  # the race's lookup, answered by the batch
+            remote_stats = cache.stats()["remote"]
+            assert remote_stats.forgone - before.forgone == 2 and remote_stats.lookups == before.lookups
+        finally:
+            gate.set()
+        assert cache.flush(60)
+        assert fs.requests["put"] == 1 and cache.stats()["remote"].writes == 1  # the filler's upload alone

@@ -306,7 +306,7 @@ class Tier:
             counters.hits += 1
             counters.bytes_read += size
             if self.writeback is not None:
-                self._forgo_uploads(key)
+                self.forgo_uploads(key)
             return data
         return self.lookup_fetched(key, self.fetch(key))
 
@@ -330,7 +330,7 @@ class Tier:
         assert data is not None  # a read that did not raise returned bytes
         counters.count_hit(len(data))
         if self.writeback is not None:
-            self._forgo_uploads(key)
+            self.forgo_uploads(key)
         hit_log = self._hit_log
         if hit_log is not None:
             self._untimed_mask = _untimed_mask(hit_log)  # re-read one hit in 64: DEBUG turns the fast path off
@@ -338,11 +338,12 @@ class Tier:
                 hit_log.debug("lookup %s: %s hit (%d bytes)", key[:8].hex(), self.name, len(data))
         return data
 
-    def _forgo_uploads(self, key: bytes) -> None:
-        """This tier holds entry ``key`` (a lookup just read it): drop its queued uploads of the entry, its manifest
-        and its symbol map (``forgone``). An entry once written is never rewritten, so each would only cost a request."""
+    def forgo_uploads(self, key: bytes) -> None:
+        """This tier holds entry ``key`` (a read of it there just answered): drop its queued uploads of the entry, its
+        manifest and its symbol map (``forgone``). An entry once written is never rewritten: each would cost a request."""
         writeback = self.writeback
-        assert writeback is not None
+        if writeback is None:
+            return
         forgone = sum(writeback.cancel(k) for k in (key, *companion_keys(key)))
         if forgone:
             self.counters.add("forgone", forgone)

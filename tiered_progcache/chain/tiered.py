@@ -286,6 +286,7 @@ class TieredProgramCache(ProgramCacheResource):
                     data = self._tiers[self._boot.local_depth].lookup(k)  # the boot fetch brought it
                     if data is not None:
                         self._promote(k, data, self._boot.local_depth)
+                        tier.forgo_uploads(k)  # the batch read it from this tier
                         return data
             data = tier.lookup(k) if fetched is None else tier.lookup_fetched(k, fetched)
             if data is not None:
