@@ -82,3 +82,23 @@ def test_a_spare_ping_that_fails_raises_nothing_on_its_thread(monkeypatch, caplo
     assert [name for name, _ in _SparePingSeen.seen] == ["tiered-progcache-redis-spare"]
     assert unhandled == []
     assert len([r for r in caplog.records if "is unreachable" in r.getMessage()]) == 1
+
+
+def test_a_node_on_redis_imports_no_fsspec(tmp_path):
+    """A Redis tier's construction, reads and writes import nothing of fsspec: its import (about 25 ms) would be
+    on a fresh node's clock, before the first compile."""
+    import subprocess
+    import sys
+
+    child = (
+        "import sys, tiered_progcache as tpc\n"
+        "with tpc.TieredProgramCache(sys.argv[1], remote=sys.argv[2]) as cache:\n"
+        "    cache[b'k' * 32] = b'payload'\n"
+        "    assert cache.flush(60) and cache.get(b'k' * 32, where='shared') == b'payload'\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'fsspec'))\n"
+    )
+    with RedisServer() as server:
+        done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "node"), server.url + "/0/nofsspec"],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
