@@ -4,10 +4,13 @@
                                         [--tree DIR ...]
 
 Each round, for each variant in turn, a fresh node process (empty local directory, NVRTC not
-loaded, the store's client library imported before the clock) builds its cache and compiles the
+loaded, nothing imported but ``tiered_progcache`` and ``cuda.core``) builds its cache and compiles the
 same cheap kernels through ``compile()``: ``alone`` with no remote, then on a new (empty) prefix of
 the store with this tree's library and with each ``--tree`` (another checkout's directory, whose
-``tiered_progcache`` the node imports instead). One node, so the fleet's races and leases are out
+``tiered_progcache`` the node imports instead). The store's client library (redis-py, s3fs, gcsfs)
+is imported on the clock, by the cache's construction, as in a process that never imported it
+itself; the ``client imported before`` row beside it is the same node with the client imported
+before the clock, as an application that uses the library itself would have. One node, so the fleet's races and leases are out
 of it: what is left is the node's own cost of the shared tier (its probe, lookups, uploads and
 their threads). Nothing warms a server but the nodes' own requests. Prints per variant the median wall from the cache's construction to the last
 kernel, its ratio to alone, the process's CPU seconds and each kernel's median ms. Stores as in
@@ -37,7 +40,7 @@ def _node(spec: dict[str, Any], results: Any) -> None:
 
     import tiered_progcache as tpc
 
-    url = spec["remote"].get("remote", "")
+    url = spec["remote"].get("remote", "") if spec["client_imported"] else ""
     if url.startswith("redis"):
         import redis  # noqa: F401
     elif url:
@@ -72,15 +75,16 @@ def main() -> None:
         store = {"gcs": bench_fleet.GCSStore, "s3": bench_fleet.S3Store, "redis": bench_fleet.RedisStore}[store_name]()
         try:
             store.set_rtt(args.rtt_ms / 1e3)
-            variants = [("alone", None), ("this tree", "")] + [(tree, tree) for tree in args.tree]
-            runs: dict[str, list[Any]] = {name: [] for name, _ in variants}
+            variants = [("alone", None, False), ("this tree", "", False),
+                        ("this tree, client imported before", "", True)] + [(tree, tree, False) for tree in args.tree]
+            runs: dict[str, list[Any]] = {name: [] for name, _, _ in variants}
             for round_ in range(args.runs):
                 sources = bench_fleet.kernel_sources("cheap", args.kernels, 0, 0, f"one{os.getpid()}r{round_}")
-                for name, tree in variants:
+                for name, tree, client_imported in variants:
                     with tempfile.TemporaryDirectory(prefix="bench-one-node-") as tmp:
                         results = ctx.Queue()
                         spec = {"local_dir": os.path.join(tmp, "node"), "sources": sources, "tree": tree or "",
-                                "remote": {} if tree is None else store.new_prefix()}
+                                "remote": {} if tree is None else store.new_prefix(), "client_imported": client_imported}
                         proc = ctx.Process(target=_node, args=(spec, results), daemon=True)
                         proc.start()
                         runs[name].append(results.get(timeout=300))
@@ -92,7 +96,7 @@ def main() -> None:
                 cpu = statistics.median(r[1] for r in rows)
                 per_kernel = " ".join(f"{statistics.median(r[2][i] for r in rows) * 1e3:.0f}"
                                       for i in range(args.kernels))
-                print(f"  {name:24s} wall {wall * 1e3:5.0f} ms ({wall / alone:.2f}x)  cpu {cpu * 1e3:5.0f} ms  "
+                print(f"  {name:34s} wall {wall * 1e3:5.0f} ms ({wall / alone:.2f}x)  cpu {cpu * 1e3:5.0f} ms  "
                       f"NVRTC {rows[0][3]}  per kernel {per_kernel}")
         finally:
             store.close()

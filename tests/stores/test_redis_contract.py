@@ -289,16 +289,10 @@ def test_unreachable_at_construction_warns_and_opens_the_breaker(caplog):
 
 
 def test_missing_redis_py_names_the_extra(monkeypatch):
-    import builtins
+    """At construction, though the client is built (and redis-py imported) only on first use."""
+    import sys
 
-    real_import = builtins.__import__
-
-    def no_redis(name, *args, **kwargs):
-        if name == "redis" or name.startswith("redis."):
-            raise ImportError("no redis")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_redis)
+    monkeypatch.setitem(sys.modules, "redis", None)  # what both the import and find_spec see as not installed
     with pytest.raises(ImportError, match=r"tiered-progcache\[redis\]"):
         RedisProgramCache.from_url("redis://127.0.0.1:1/0")
 

@@ -27,7 +27,9 @@ Keys are ``<prefix>:entries:<name>`` and ``<prefix>:leases:<name>`` (Triton's fi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import importlib.util
 import logging
 import math
 import re
@@ -55,6 +57,12 @@ _BATCH = 1000
 _MAC_SIZE = hashlib.sha256().digest_size
 
 
+def _redis_installed() -> None:
+    """``ImportError`` naming the extra unless redis-py is installed; imports nothing (see :class:`_RedisClients`)."""
+    if importlib.util.find_spec("redis") is None:
+        raise ImportError("a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'")
+
+
 def _redis() -> Any:
     try:
         import redis
@@ -72,6 +80,25 @@ def _one_round_trip_handshake(redis_version: str) -> dict[str, Any]:
     if major_minor >= (7, 2):  # driver_info replaced lib_name and lib_version
         return {"protocol": 2, "driver_info": None}
     return {"protocol": 2, "lib_name": None, "lib_version": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class _RedisClients:
+    """redis-py's client for ``url``, built on first use: redis-py's import (tens of ms, the tier's largest
+    cost to a fresh process) then runs on the probe's thread, beside the process's first compile.
+    Immutable; a :class:`~tiered_progcache.stores.runner.ClientFactory`."""
+
+    url: str
+    timeout: float
+
+    @property
+    def is_async(self) -> bool:
+        return False  # redis-py blocks: its requests run on the runner's threads
+
+    def build(self, fresh: bool = False) -> Any:
+        redis = _redis()
+        return redis.Redis.from_url(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
+                                    **_one_round_trip_handshake(redis.__version__))
 
 
 def _glob_escape(text: str) -> str:
@@ -95,7 +122,7 @@ class RedisProgramCache(SharedEntryStore):
 
     def __init__(
         self,
-        client: Any,
+        client: Any | None,
         *,
         url: str,
         prefix: str = DEFAULT_PREFIX,
@@ -103,9 +130,9 @@ class RedisProgramCache(SharedEntryStore):
         expire_s: float | None = None,
         **shared: Any,
     ) -> None:
-        """See :meth:`from_url`; the shared store's options (``shared``) are :class:`~.sharedstore.SharedEntryStore`'s."""
-        self._redis = _redis()
-        self.client = client
+        """See :meth:`from_url`; the shared store's options (``shared``) are :class:`~.sharedstore.SharedEntryStore`'s.
+
+        ``client``: a redis-py client, or None with a ``factory`` in ``shared`` that builds one on first use."""
         self._prefix = prefix
         self.expire_s = checked_seconds("redis_expire_s", "expire_s", expire_s)
         self._px = None if self.expire_s is None else max(1, math.ceil(self.expire_s * 1000))
@@ -133,11 +160,9 @@ class RedisProgramCache(SharedEntryStore):
         if not isinstance(url, str):
             raise TypeError(f"Redis URL must be a str, got {type(url).__name__}")
         client_url, prefix = split_redis_url(url)
-        redis = _redis()
+        _redis_installed()
         limit = checked_seconds("remote_timeout", "timeout", timeout)
-        client = redis.Redis.from_url(client_url, socket_timeout=limit, socket_connect_timeout=limit,
-                                      **_one_round_trip_handshake(redis.__version__))
-        return cls(client, url=url, prefix=prefix, timeout=limit, **options)
+        return cls(None, url=url, prefix=prefix, timeout=limit, factory=_RedisClients(client_url, limit), **options)
 
     def __repr__(self) -> str:
         return (
@@ -151,6 +176,11 @@ class RedisProgramCache(SharedEntryStore):
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client, built on first use (by the probe, on its thread); raises as the runner's ``fs``."""
+        return self._runner.fs
 
     @property
     def atomic_create(self) -> bool:
@@ -167,7 +197,9 @@ class RedisProgramCache(SharedEntryStore):
         was closed) keeps its connection and completes: only idle connections are closed.
         """
         self._runner.close()
-        self.client.connection_pool.disconnect(inuse_connections=False)
+        client = self._runner.built
+        if client is not None:  # never built: nothing to close, and nothing to import for it
+            client.connection_pool.disconnect(inuse_connections=False)
 
     # -- by entry name ---------------------------------------------------------------
 
@@ -270,7 +302,7 @@ class RedisProgramCache(SharedEntryStore):
         return self._runner.call(what, self._translated, None, fn, args, timeout=timeout)
 
     def _translated(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        redis = self._redis
+        redis = _redis()
         try:
             return fn(*args)
         except redis.exceptions.TimeoutError as exc:
@@ -288,7 +320,7 @@ class RedisProgramCache(SharedEntryStore):
         """
         try:
             first = self.client.getrange(key, 0, self._first_read - 1)
-        except self._redis.exceptions.ResponseError as exc:
+        except _redis().exceptions.ResponseError as exc:
             first = exc
         return self._completed(key, first)
 
@@ -325,14 +357,14 @@ class RedisProgramCache(SharedEntryStore):
         start, end = rest
         try:
             more = self.client.getrange(key, start, end - 1)
-        except self._redis.exceptions.ResponseError as exc:
+        except _redis().exceptions.ResponseError as exc:
             more = exc
         return bytes(joined_envelope(first, self._string(more), end))
 
     def _string(self, answer: Any) -> bytes:
         """A string command's answer, where redis-py hands errors back as values (a pipeline with
         ``raise_on_error=False``): ``InvalidEnvelope`` for a key of another type, the error itself raised for any other."""
-        if isinstance(answer, self._redis.exceptions.ResponseError) and "WRONGTYPE" in str(answer):
+        if isinstance(answer, _redis().exceptions.ResponseError) and "WRONGTYPE" in str(answer):
             raise InvalidEnvelope("not a string value (planted by something else)")
         if isinstance(answer, Exception):
             raise answer

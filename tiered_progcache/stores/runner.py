@@ -52,7 +52,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Hashable, Iterator, Mapping
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from .. import forks
 from .breaker import CircuitBreaker
@@ -62,7 +62,8 @@ from .latency import LatencyTracker
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ANSWERS", "PROBE_DEADLINES", "BatchOutcome", "BlockingCalls", "FilesystemFactory", "RequestRunner"]
+__all__ = ["ANSWERS", "PROBE_DEADLINES", "BatchOutcome", "BlockingCalls", "ClientFactory", "FilesystemFactory",
+           "RequestRunner"]
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -87,6 +88,18 @@ class BatchOutcome(Generic[K]):
 
     results: dict[K, Any] = dataclasses.field(default_factory=dict)
     errors: dict[K, Exception] = dataclasses.field(default_factory=dict)
+
+
+class ClientFactory(Protocol):
+    """How a store's client is built on its first use, on the probe's thread: :class:`FilesystemFactory` for an
+    fsspec filesystem, or a store's own (redis-py's client), whose library is then imported there too."""
+
+    @property
+    def is_async(self) -> bool:
+        """True if the client's requests are coroutines on its own loop (an fsspec async filesystem)."""
+
+    def build(self, fresh: bool = False) -> Any:
+        """A client; ``fresh``: a new one, not one shared with the parent of a forked child."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +150,7 @@ class RequestRunner:
         breaker: CircuitBreaker,
         name: str,
         max_threads: int = 8,
-        factory: FilesystemFactory | None = None,
+        factory: ClientFactory | None = None,
     ) -> None:
         if fs is None and factory is None:
             raise ValueError("RequestRunner needs a filesystem or a factory to build one")
@@ -170,7 +183,15 @@ class RequestRunner:
     @property
     def filesystem_class(self) -> type:
         """The filesystem's class, known before it is built (``root_marker``, ``_strip_protocol``)."""
-        return self._factory.cls
+        factory = self._factory
+        if not isinstance(factory, FilesystemFactory):
+            raise TypeError(f"{self.name} is built by {type(factory).__name__}, not from an fsspec filesystem class")
+        return factory.cls
+
+    @property
+    def built(self) -> Any | None:
+        """The client if it is built, else None (never builds it: what closing needs)."""
+        return self._fs
 
     @property
     def fs(self) -> Any:

@@ -21,7 +21,7 @@ from .. import settings
 from .breaker import CircuitBreaker
 from .envelope import MAX_ENTRY_BYTES, EnvelopeCodec, InvalidEnvelope
 from ..redact import mask_url
-from .runner import FilesystemFactory, RequestRunner
+from .runner import ClientFactory, RequestRunner
 from .store import BatchRead, EntryStore, check_namespace
 
 logger = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class SharedEntryStore(EntryStore):
         transfer_concurrency: int | None = None,
         max_entry_bytes: int = MAX_ENTRY_BYTES,
         namespace: str = "entries",
-        factory: FilesystemFactory | None = None,
+        factory: ClientFactory | None = None,
     ) -> None:
         """``timeout``: seconds per request, None for the ``remote_timeout`` setting's default; listings get
         at least ``MIN_LIST_TIMEOUT_S``. ``transfer_concurrency``: requests (Redis: entries per pipeline) in
