@@ -60,6 +60,10 @@ def split_redis_url(url: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}{path}" + (f"?{query_text}" if query_text else ""), prefix
 
 
+#: Schemes fsspec's registry always lists (``fsspec.available_protocols()``), known here without importing it.
+FSSPEC_BUILT_IN = frozenset({"s3", "s3a", "gs", "gcs", "file", "memory"})
+
+
 def check_url(url: str) -> None:
     """``RemoteURLError`` unless ``url`` is non-empty, has a scheme (``s3://``, ``file://``), and fsspec knows each one.
 
@@ -68,8 +72,6 @@ def check_url(url: str) -> None:
     as a local path: ``notaurl`` or ``s3:/bucket`` is a typo, and taking it for a
     directory would put the "shared" cache in the working directory.
     """
-    import fsspec  # a dependency, but a heavy import: only when an fsspec URL is named
-
     if not isinstance(url, str) or not url.strip():
         raise RemoteURLError(f"remote URL must be a non-empty str, got {url!r}")
     shown = mask_url(url)
@@ -85,8 +87,13 @@ def check_url(url: str) -> None:
         raise RemoteURLError(
             f"remote URL {shown!r} has no scheme (give s3://bucket/prefix, gs://..., file:///abs/path, memory://...){hint}"
         )
+    schemes = [*outer, last.split("://", 1)[0]]
+    if FSSPEC_BUILT_IN.issuperset(schemes):
+        return  # fsspec's import (tens of ms) is for the filesystem's build, off a fresh process's first compile
+    import fsspec
+
     known = set(fsspec.available_protocols())
-    for scheme in [*outer, last.split("://", 1)[0]]:
+    for scheme in schemes:
         if scheme not in known:
             raise RemoteURLError(f"unknown URL scheme {scheme!r} in {shown!r} (fsspec knows e.g. s3, gs, file, memory)")
 

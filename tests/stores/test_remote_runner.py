@@ -627,3 +627,80 @@ def test_a_runner_has_eight_pool_threads_by_default():
     finally:
         gate.set()
     runner.close()
+
+
+# -- an object store's class imported where the filesystem is built ---------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["s3://b", "s3://b/kernels/", "s3a://b/k", "gs://b/k/x", "gcs://b/k/", "s3://b/k?v=1"])
+def test_what_a_deferred_factory_declares_is_what_the_class_says_once_imported(url):
+    """The scheme's protocol names, an async filesystem, and the path: as the class gives them (s3fs, gcsfs)."""
+    import fsspec
+    from fsspec.asyn import AsyncFileSystem
+
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    factory = DeferredFilesystemFactory.for_url(url, {"anon": True})
+    fs_class = fsspec.get_filesystem_class(factory.scheme)
+    protocols = (fs_class.protocol,) if isinstance(fs_class.protocol, str) else fs_class.protocol
+    assert factory.protocols == frozenset(protocols) and factory.is_async and issubclass(fs_class, AsyncFileSystem)
+    assert factory.root == fs_class._strip_protocol(url).rstrip("/") and fs_class.root_marker == ""
+    assert dict(factory.storage_options) == {"anon": True}
+
+
+@pytest.mark.parametrize("url", ["file:///tmp/k", "memory://k", "simplecache::s3://b/k", "s3:/b", "ftp://h/k", "S3://b"])
+def test_only_a_plain_object_store_url_is_deferred(url):
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    assert DeferredFilesystemFactory.for_url(url, {}) is None
+
+
+def test_a_class_that_disagrees_with_what_was_declared_fails_the_build_and_the_tier_stays_down():
+    """A path taken for another (here: the root declared wrong) is never read or written: the build raises, the
+    breaker records it, and every request is refused with that reason."""
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    wrong = DeferredFilesystemFactory("s3", "s3://bucket/kernels", "bucket/other", {"anon": True})
+    with pytest.raises(ValueError, match=r"S3FileSystem is not what this tier took it for.*'bucket/kernels'"):
+        wrong.build()
+    breaker = CircuitBreaker(failure_threshold=1)
+    runner = RequestRunner(None, timeout=5, breaker=breaker, name="remote D", factory=wrong)
+    with pytest.raises(ValueError, match="not what this tier took it for"):
+        runner.call("op", lambda: 1, None)
+    assert breaker.state == "open"
+
+
+_IMPORTS_SEEN = """
+import builtins, json, sys, threading
+seen = {}
+real_import = builtins.__import__
+def spy(name, *args, **kwargs):
+    top = name.split(".")[0]
+    if top in ("fsspec", "s3fs", "botocore", "aiobotocore") and top not in sys.modules:
+        seen.setdefault(top, threading.current_thread().name.split(" ")[0])
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = spy
+import tiered_progcache as tpc
+options = json.loads(sys.argv[3])
+with tpc.TieredProgramCache(sys.argv[1], remote=sys.argv[2], remote_options=options) as cache:
+    constructed = dict(seen)
+    cache[b"k" * 32] = b"payload"
+    assert cache.flush(60) and cache.get(b"k" * 32, where="shared") == b"payload"
+print(json.dumps([constructed, seen]))
+"""
+
+
+def test_a_fresh_process_on_s3_imports_no_client_library_on_the_callers_thread(tmp_path, s3_bucket):
+    """fsspec, s3fs and botocore (hundreds of ms) are imported where the filesystem is built, beside the first
+    compile; the tier's construction imports none of them, and it reads and writes as before."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_SEEN, str(tmp_path / "node"), s3_bucket.url,
+                           json.dumps(s3_bucket.storage_options)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    constructed, seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert constructed == {} or set(constructed.values()) == {"tiered-progcache-connect"}, constructed
+    assert set(seen) >= {"fsspec", "botocore"} and set(seen.values()) == {"tiered-progcache-connect"}, seen

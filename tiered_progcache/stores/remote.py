@@ -42,7 +42,7 @@ from .envelope import (
     rest_to_read,
     stored_length,
 )
-from .runner import FilesystemFactory, RequestRunner
+from .runner import DeferredFilesystemFactory, FilesystemFactory, RequestRunner
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
 from .store import STALE_STAGED_AGE_S, BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
@@ -95,19 +95,26 @@ class RemoteProgramCache(SharedEntryStore):
         url: str | None = None,
         strict: bool = False,
         create_root: bool = True,
-        factory: FilesystemFactory | None = None,
+        factory: FilesystemFactory | DeferredFilesystemFactory | None = None,
         **shared: Any,
     ) -> None:
-        """``shared`` goes to :class:`~tiered_progcache.stores.sharedstore.SharedEntryStore` (read-only, key, deadline, cap...)."""
+        """``shared`` goes to :class:`~tiered_progcache.stores.sharedstore.SharedEntryStore` (read-only, key, deadline, cap...).
+
+        ``factory``: builds the filesystem on first use (with ``fs`` None); a deferred one needs ``url``."""
         if fs is None and factory is None:
             raise TypeError("RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)")
-        fs_class = type(fs) if fs is not None else factory.cls
+        if isinstance(factory, DeferredFilesystemFactory):
+            if url is None:
+                raise TypeError("a RemoteProgramCache built by a DeferredFilesystemFactory needs its url")
+            fs_class = None  # an object store: root_marker "" and paths "bucket/key", checked when it is built
+        else:
+            fs_class = type(fs) if fs is not None else factory.cls
         self.root = root.rstrip("/")
         self.url = url if url is not None else f"{_protocol(fs_class)}://{self.root}"
         super().__init__(fs, url=self.url, factory=factory, **shared)
         # Object stores (root_marker "") put whole objects atomically and have buckets.
-        self._bucket_store = not fs_class.root_marker
-        base = (self.root if self.root else fs_class._strip_protocol("")).rstrip("/")
+        self._bucket_store = fs_class is None or not fs_class.root_marker
+        base = (self.root if self.root or fs_class is None else fs_class._strip_protocol("")).rstrip("/")
         self._entries = f"{base}/{self._namespace}"
         self._objects = _Objects(self._runner, f"{base}/tmp", max_entry_bytes=self._max_entry_bytes)
         self._leases = None if self._read_only else RemoteLeases(self._objects, self._runner, f"{base}/leases", self._location)
@@ -115,7 +122,10 @@ class RemoteProgramCache(SharedEntryStore):
             raise ValueError(f"remote URL {self.url!r} names no bucket")
         self._create_root = bool(create_root)
         self._on_this_host = self._objects.local and fsutil.on_local_disk(self.root or "/")
-        options = factory.kwargs if factory is not None else getattr(fs, "storage_options", {})
+        if isinstance(factory, DeferredFilesystemFactory):
+            options: Mapping[str, Any] = factory.storage_options
+        else:
+            options = factory.kwargs if factory is not None else getattr(fs, "storage_options", {})
         self._endpoint = _endpoint_of(options)
         self._start_probe(strict)
 
@@ -414,7 +424,7 @@ class _Objects:
         self._async = is_async = runner.is_async
         self._max_entry_bytes = max_entry_bytes
         self._staging_dir = staging_dir
-        protocols = _protocols(runner.filesystem_class)
+        protocols = runner.filesystem_protocols
         # Object stores (every async filesystem, memory://) replace an object whole in one put.
         self._whole_puts = is_async or "memory" in protocols
         self._local = bool(protocols & _LOCAL_PROTOCOLS)
@@ -722,12 +732,18 @@ def _probe_failure(location: str, exc: BaseException, timeout: float,
     return OSError, f"remote cache {location} is unreachable: {type(exc).__name__}: {exc}"
 
 
-def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | None, str, FilesystemFactory | None]:
+def _plan_filesystem(
+    url: str, storage_options: dict[str, Any]
+) -> tuple[Any | None, str, FilesystemFactory | DeferredFilesystemFactory | None]:
     """The filesystem of ``url`` as (instance or None, root path, factory or None), building nothing that may block.
 
-    A plain URL gives a factory (the runner builds it under the deadline); a chained one
+    A plain URL gives a factory (the runner builds it under the deadline); one of an object store
+    (s3://, gs://) a deferred one, which imports nothing until then; a chained one
     (``simplecache::s3://...``) is built here by fsspec, whose layers construct lazily.
     """
+    deferred = None if "::" in url else DeferredFilesystemFactory.for_url(url, storage_options)
+    if deferred is not None:
+        return None, deferred.root, deferred
     import fsspec
     from fsspec.core import split_protocol, url_to_fs
 
@@ -738,11 +754,6 @@ def _plan_filesystem(url: str, storage_options: dict[str, Any]) -> tuple[Any | N
     fs_class = fsspec.get_filesystem_class(protocol)
     kwargs = {**fs_class._get_kwargs_from_urls(url), **storage_options}
     return None, fs_class._strip_protocol(url), FilesystemFactory(fs_class, kwargs)
-
-
-def _protocols(fs: Any) -> set[str]:
-    protocol = fs.protocol
-    return {protocol} if isinstance(protocol, str) else set(protocol)
 
 
 def _protocol(fs: Any) -> str:

@@ -62,8 +62,8 @@ from .latency import LatencyTracker
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ANSWERS", "PROBE_DEADLINES", "BatchOutcome", "BlockingCalls", "ClientFactory", "FilesystemFactory",
-           "RequestRunner"]
+__all__ = ["ANSWERS", "DEFERRED_PROTOCOLS", "PROBE_DEADLINES", "BatchOutcome", "BlockingCalls", "ClientFactory",
+           "DeferredFilesystemFactory", "FilesystemFactory", "RequestRunner"]
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -120,6 +120,11 @@ class FilesystemFactory:
         return cls(type(fs), dict(getattr(fs, "storage_options", {})))
 
     @property
+    def protocols(self) -> frozenset[str]:
+        """Every protocol name the class answers to (``s3`` and ``s3a``)."""
+        return _protocol_names(self.cls)
+
+    @property
     def is_async(self) -> bool:
         """True for an fsspec async filesystem. Without fsspec imported there is none (the class would have
         imported it), so a client of another library (redis-py) costs no import of fsspec (25 ms)."""
@@ -128,6 +133,66 @@ class FilesystemFactory:
 
     def build(self, fresh: bool = False) -> Any:
         return self.cls(**{**self.kwargs, "skip_instance_cache": True}) if fresh else self.cls(**self.kwargs)
+
+
+#: Object stores whose fsspec class (s3fs, gcsfs: their imports take hundreds of ms) is imported only where the
+#: probe builds the filesystem, beside a fresh process's first compile (:class:`DeferredFilesystemFactory`):
+#: URL scheme -> the class's protocol names. Each is an async filesystem whose paths are ``bucket/key``.
+DEFERRED_PROTOCOLS: Mapping[str, frozenset[str]] = {
+    "s3": frozenset({"s3", "s3a"}), "s3a": frozenset({"s3", "s3a"}),
+    "gs": frozenset({"gs", "gcs"}), "gcs": frozenset({"gs", "gcs"}),
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class DeferredFilesystemFactory:
+    """An object store's filesystem (a scheme of :data:`DEFERRED_PROTOCOLS`) whose class is imported when it is built.
+
+    What the store needs before that is declared: the protocol names, an async filesystem, and
+    ``root`` (the URL less its scheme, no trailing ``/``). The build checks each against the
+    class; one that disagrees fails the build, so the tier stays down (its breaker open, the
+    error logged) rather than read or write another path. Immutable.
+    """
+
+    scheme: str
+    url: str
+    root: str
+    storage_options: Mapping[str, Any]
+
+    @classmethod
+    def for_url(cls, url: str, storage_options: Mapping[str, Any]) -> DeferredFilesystemFactory | None:
+        """The factory for ``url`` if its scheme's class is deferred, else None (build it now, as before)."""
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in DEFERRED_PROTOCOLS:
+            return None
+        return cls(scheme, url, rest.rstrip("/"), dict(storage_options))
+
+    @property
+    def protocols(self) -> frozenset[str]:
+        return DEFERRED_PROTOCOLS[self.scheme]
+
+    @property
+    def is_async(self) -> bool:
+        return True
+
+    def build(self, fresh: bool = False) -> Any:
+        import fsspec
+        from fsspec.asyn import AsyncFileSystem
+
+        fs_class = fsspec.get_filesystem_class(self.scheme)
+        found = (_protocol_names(fs_class), issubclass(fs_class, AsyncFileSystem),
+                 fs_class._strip_protocol(self.url).rstrip("/"))  # fmt: skip
+        if found != (self.protocols, True, self.root):
+            raise ValueError(f"{fs_class.__module__}.{fs_class.__name__} is not what this tier took it for before "
+                             f"importing it: protocols, async, path {found!r}, expected "
+                             f"{(self.protocols, True, self.root)!r}; build the tier from an fsspec filesystem instead")
+        kwargs = {**fs_class._get_kwargs_from_urls(self.url), **self.storage_options}
+        return FilesystemFactory(fs_class, kwargs).build(fresh)
+
+
+def _protocol_names(fs_class: type) -> frozenset[str]:
+    protocol = fs_class.protocol  # type: ignore[attr-defined]
+    return frozenset((protocol,) if isinstance(protocol, str) else protocol)
 
 
 class RequestRunner:
@@ -181,12 +246,12 @@ class RequestRunner:
         return self._async
 
     @property
-    def filesystem_class(self) -> type:
-        """The filesystem's class, known before it is built (``root_marker``, ``_strip_protocol``)."""
+    def filesystem_protocols(self) -> frozenset[str]:
+        """The protocol names of the filesystem's class, known before it is built (or its class imported)."""
         factory = self._factory
-        if not isinstance(factory, FilesystemFactory):
-            raise TypeError(f"{self.name} is built by {type(factory).__name__}, not from an fsspec filesystem class")
-        return factory.cls
+        if not isinstance(factory, (FilesystemFactory, DeferredFilesystemFactory)):
+            raise TypeError(f"{self.name} is built by {type(factory).__name__}, not as an fsspec filesystem")
+        return factory.protocols
 
     @property
     def built(self) -> Any | None:
