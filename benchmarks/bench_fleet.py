@@ -6,10 +6,14 @@
                                      [--repeat 1] [--budget-s S] [--json FILE]
 
 What it measures is what users run. Each node is a real fresh process (spawn) with its own
-empty local directory; before the start signal (a barrier) it has imported Python modules
-(the store's client library too: s3fs, gcsfs with what its default imports, redis-py) and nothing else: no cache built, no request sent, nothing compiled, NVRTC not loaded (the
-``nvrtc`` column says how many nodes had ``libnvrtc`` mapped at the signal; 0 unless
-``--preload``). After the signal it builds its cache with ``TieredProgramCache.from_env``
+empty local directory; before the start signal (a barrier) it has imported ``tiered_progcache``
+and ``cuda.core`` and nothing else: no cache built, no request sent, nothing compiled, NVRTC not
+loaded (the ``nvrtc`` column says how many nodes had ``libnvrtc`` mapped at the signal; 0 unless
+``--preload``), the store's client library (s3fs, gcsfs, redis-py) not imported: the cache imports
+it, on the clock, as in a process that never used it itself. ``--client-imported`` runs every row
+with the client imported before the signal (gcsfs with what its default imports), as an
+application that uses the library itself would have: run it beside the default, never instead.
+After the signal it builds its cache with ``TieredProgramCache.from_env``
 (``TIERED_PROGCACHE_*`` variables apply; the constructor's probe of the store is on the
 clock) and calls ``tiered_progcache.compile()`` on each of its kernels. ``--preload`` adds
 rows beside these (never instead) where each node compiled a throwaway kernel outside the
@@ -143,7 +147,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         warmup.compile("cubin")
         warmup.close()
         del warmup
-    url = spec["remote"].get("remote")
+    url = spec["remote"].get("remote") if spec["client_imported"] else None
     if url:  # the store's client library, imported as the application's own imports would have
         scheme = url.split("://", 1)[0]
         if scheme.startswith("redis"):
@@ -186,7 +190,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
 
 
 def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *, shuffled: bool, preload: bool,
-              include: str | None, prefetch: bool = False) -> dict[str, Any]:
+              include: str | None, prefetch: bool = False, client_imported: bool = False) -> dict[str, Any]:
     """Start n fresh node processes, release them together; what they did, timed from the release."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
@@ -194,7 +198,8 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         results = ctx.Queue()
         procs = [ctx.Process(target=_node, args=({
             "local_dir": os.path.join(tmp, f"node{i}"), "remote": remote, "sources": sources,
-            "seed": i if shuffled else None, "preload": preload, "include": include, "prefetch": prefetch},
+            "seed": i if shuffled else None, "preload": preload, "include": include, "prefetch": prefetch,
+            "client_imported": client_imported},
             barrier, results),
             daemon=True) for i in range(n)]  # fmt: skip; daemon: a stopped driver takes its nodes along
         for p in procs:
@@ -558,6 +563,8 @@ def main() -> None:
     p.add_argument("--heavy", type=int, default=1, help="heavy kernels per node in the heavy workload")
     p.add_argument("--mixed-heavy", type=int, default=2, help="heavy kernels per node in the mixed workload")
     p.add_argument("--preload", action="store_true", help="also the rows with NVRTC preloaded in each node")
+    p.add_argument("--client-imported", action="store_true",
+                   help="every node imports the store's client library before the signal (a variant: run it beside)")
     p.add_argument("--prefetch", action="store_true",
                    help="also a 'warm, warm() first' row: each new node calls cache.warm() before compiling")
     p.add_argument("--repeat", type=int, default=1, help="runs per row; the median wall is shown")
@@ -575,7 +582,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print(f"fleet: fresh processes (spawn), {os.cpu_count()} CPUs, {sys.platform}, Python {sys.version.split()[0]}; "
           f"cheap = {args.kernels} matmuls, heavy = {args.heavy} CUB, mixed = {args.kernels} + {args.mixed_heavy}; "
-          f"median of {args.repeat}", flush=True)
+          f"median of {args.repeat}; the store's client imported "
+          f"{'before the signal (--client-imported)' if args.client_imported else 'on the clock'}", flush=True)
     print(HEADER)
     print(SUBHEADER, flush=True)
 
@@ -622,7 +630,8 @@ def main() -> None:
                                             remote = store.new_prefix()
                                         store.start_counting()
                                         run = run_fleet(n, sources, remote, shuffled=shuffled, preload=preload,
-                                                        include=include, prefetch=name == "warm, warm() first")
+                                                        include=include, prefetch=name == "warm, warm() first",
+                                                        client_imported=args.client_imported)
                                         runs.append((run, *store.stop_counting()))
                                     run, writes, requests = sorted(runs, key=lambda r: r[0]["wall_s"])[len(runs) // 2]
                                     emit({**where, "row": name, **run, "vs_alone": run["wall_s"] / alone["wall_s"],

@@ -3,8 +3,9 @@
     python benchmarks/bench_new_node.py [--stores gcs,redis,s3] [--rtt-ms 50] [--kernels 12] [--runs 3]
 
 Per store, one fresh node process fills a new prefix (cold); then, ``--runs`` times, a fresh node
-process (empty local directory, NVRTC not loaded, the store's client library imported before the
-clock as an application's imports would) compiles the same kernels through ``compile()`` on the warm
+process (empty local directory, NVRTC not loaded, nothing imported but ``tiered_progcache`` and
+``cuda.core``: the cache imports the store's client library on the clock; ``--client-imported``: before
+it, as an application that uses that library itself would) compiles the same kernels through ``compile()`` on the warm
 store, beside a fresh node compiling them with no remote (``alone``), alternately. Prints, per run,
 the ms from the cache's construction until the boot fetch's batch landed and until the node held
 all its kernels, its NVRTC runs and flight decisions; then the medians and their ratio to alone.
@@ -39,7 +40,7 @@ def _node(spec: dict[str, Any], results) -> None:
     import tiered_progcache as tpc
 
     remote = spec["remote"]
-    if remote:
+    if remote and spec["client_imported"]:
         scheme = remote["remote"].split("://", 1)[0]
         if scheme.startswith("redis"):
             import redis  # noqa: F401
@@ -72,12 +73,13 @@ def _node(spec: dict[str, Any], results) -> None:
     cache.close()
 
 
-def _run(remote: dict[str, Any], sources: list[str]) -> dict[str, Any]:
+def _run(remote: dict[str, Any], sources: list[str], client_imported: bool = False) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-new-node-") as tmp:
         results = ctx.Queue()
         proc = ctx.Process(target=_node, args=({"local_dir": os.path.join(tmp, "node"), "remote": remote,
-                                                "sources": sources}, results), daemon=True)
+                                                "sources": sources, "client_imported": client_imported}, results),
+                           daemon=True)
         proc.start()
         row = results.get(timeout=600)
         proc.join(120)
@@ -90,6 +92,8 @@ def main() -> None:
     p.add_argument("--rtt-ms", type=float, default=50.0)
     p.add_argument("--kernels", type=int, default=12)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--client-imported", action="store_true",
+                   help="the node imports the store's client library before the clock (a variant: run it beside)")
     args = p.parse_args()
     for name in args.stores.split(","):
         store = STORES[name]()
@@ -101,7 +105,7 @@ def main() -> None:
             _run(remote, sources)  # the cold node that fills the prefix
             held, alone = [], []
             for i in range(args.runs):
-                row = _run(remote, sources)
+                row = _run(remote, sources, args.client_imported)
                 solo = _run({}, sources)
                 held.append(row["held_ms"])
                 alone.append(solo["held_ms"])
