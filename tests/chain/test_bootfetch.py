@@ -518,3 +518,18 @@ def test_an_upload_queued_for_an_entry_the_batch_brought_is_forgone_when_a_share
             gate.set()
         assert cache.flush(60)
         assert fs.requests["put"] == 1 and cache.stats()["remote"].writes == 1  # the filler's upload alone
+
+
+def test_an_entry_the_batch_brought_is_read_from_a_shared_tier_that_writes_synchronously_too(tmp_path):
+    """A shared tier with no upload queue (``write="sync"``) has nothing to forgo: its batch's entries read as any."""
+    from tiered_progcache.chain.policy import TierPolicy
+
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    tiers = [InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "node"),
+             (remote, TierPolicy("remote", write="sync", shared=True))]
+    with TieredProgramCache(tiers=tiers) as cache:
+        assert cache.get(KEYS[0], where="shared") == _payload(KEYS[0])  # the trigger
+        _join_boot_fetch()
+        assert cache.get(KEYS[1], where="shared") == _payload(KEYS[1])  # the batch's, as a shared lookup
+        assert cache.stats()["remote"].forgone == 0

@@ -113,3 +113,53 @@ def test_a_node_on_redis_imports_redis_py_off_the_callers_thread_and_no_fsspec(t
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[('redis', 'tiered-progcache-connect')]", done.stdout  # the client's build, off the caller
+
+
+def test_the_client_is_built_with_the_tiers_deadline_as_its_socket_timeouts():
+    from tiered_progcache.stores.redis_store import _RedisClients
+
+    client = _RedisClients("redis://127.0.0.1:1/0", 2.5).build()
+    kwargs = client.connection_pool.connection_kwargs
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.5, 2.5)
+
+
+def test_closing_disconnects_a_built_client_and_builds_none():
+    """A built client's pooled connections are closed; a tier whose client was never built (its breaker open
+    from the start: no probe) closes without building one."""
+    from tiered_progcache.stores.breaker import CircuitBreaker
+
+    with RedisServer() as server:
+        tier = RedisProgramCache.from_url(server.url + "/0/close", strict=True)
+        tier.write_entry("ab" * 32, b"payload")
+        pool = tier._runner.built.connection_pool
+        assert pool._available_connections and all(c._sock is not None for c in pool._available_connections)
+        tier.close()
+        assert all(c._sock is None for c in pool._available_connections)
+    down = CircuitBreaker(name="down")
+    down.trip(ConnectionError("down before the probe"))
+    never = RedisProgramCache.from_url("redis://127.0.0.1:1/0", breaker=down)
+    assert never.wait_ready(30) and never._runner.built is None
+    never.close()
+    assert never._runner.built is None
+
+
+_HANDED_IN = """
+import sys, redis
+from tiered_progcache.stores.redis_store import RedisProgramCache
+tier = RedisProgramCache(redis.Redis.from_url(sys.argv[1]), url=sys.argv[1] + "/handed", strict=True)
+tier.write_entry("ab" * 32, b"payload")
+assert tier.read_entry("ab" * 32) == b"payload"
+tier.close()
+print("fsspec" in sys.modules)
+"""
+
+
+def test_a_client_handed_in_runs_as_a_blocking_one_in_a_process_that_never_imported_fsspec():
+    import subprocess
+    import sys
+
+    with RedisServer() as server:
+        done = subprocess.run([sys.executable, "-c", _HANDED_IN, server.url + "/0"], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

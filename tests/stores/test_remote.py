@@ -310,6 +310,7 @@ def test_local_path_remote_read_only_missing_dir(tmp_path):
     "kwargs, error, match",
     [
         ({"url": "nosuchscheme://bucket/x"}, ValueError, "unknown URL scheme"),
+        ({"url": "nosuchscheme::s3://bucket/x"}, ValueError, "unknown URL scheme 'nosuchscheme'"),
         ({"url": ""}, ValueError, "non-empty"),
         ({"url": "s3://"}, ValueError, "no bucket"),
         ({"storage_options": '{"anon": true}'}, TypeError, "mapping"),

@@ -8,6 +8,7 @@ import time
 import uuid
 
 import pytest
+from fsspec import AbstractFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from tiered_progcache import TierUnavailable
@@ -648,11 +649,49 @@ def test_what_a_deferred_factory_declares_is_what_the_class_says_once_imported(u
     assert dict(factory.storage_options) == {"anon": True}
 
 
-@pytest.mark.parametrize("url", ["file:///tmp/k", "memory://k", "simplecache::s3://b/k", "s3:/b", "ftp://h/k", "S3://b"])
+@pytest.mark.parametrize("url", ["file:///tmp/k", "memory://k", "simplecache::s3://b/k", "s3:/b", "ftp://h/k", "S3://b",
+                                 "s3", "gcs"])
 def test_only_a_plain_object_store_url_is_deferred(url):
     from tiered_progcache.stores.runner import DeferredFilesystemFactory
 
     assert DeferredFilesystemFactory.for_url(url, {}) is None
+
+
+class _BlockingS3(AbstractFileSystem):
+    """Registered as s3:// for one test: the path a deferred factory declares, but blocking and one protocol name."""
+
+    protocol = "s3"
+    root_marker = ""
+
+
+def test_a_class_that_is_not_an_async_object_store_of_the_declared_protocols_fails_the_build(monkeypatch):
+    import importlib
+
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    registry = importlib.import_module("fsspec.registry")  # the module (``fsspec.registry`` is its mapping)
+    monkeypatch.setitem(registry._registry, "s3", _BlockingS3)
+    factory = DeferredFilesystemFactory.for_url("s3://bucket/kernels", {})
+    assert _BlockingS3._strip_protocol("s3://bucket/kernels") == factory.root  # the path agrees; nothing else does
+    with pytest.raises(ValueError, match=r"_BlockingS3 is not what this tier took it for"):
+        factory.build()
+
+
+def test_a_store_built_by_a_deferred_factory_needs_its_url():
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    factory = DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True})
+    with pytest.raises(TypeError, match="needs its url"):
+        RemoteProgramCache(None, "b/k", factory=factory)
+
+
+def test_a_deferred_filesystem_takes_the_options_its_url_gives_then_the_storage_options():
+    """``?versionId=`` makes s3fs version-aware (its ``_get_kwargs_from_urls``), as an eager build did."""
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    fs = DeferredFilesystemFactory.for_url("s3://b/k?versionId=1", {"anon": True}).build(fresh=True)
+    assert fs.version_aware is True and fs.anon is True
+    assert DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True}).build(fresh=True).version_aware is False
 
 
 def test_a_class_that_disagrees_with_what_was_declared_fails_the_build_and_the_tier_stays_down():
