@@ -25,10 +25,12 @@ filesystem's loop, and on a blocking one drives it to its end on a pool thread o
 :class:`BlockingCalls`, the same names answered by the blocking methods (awaits that
 never suspend). So there is no second, blocking twin of any request to keep in step.
 
-The filesystem itself is built through the runner where a :class:`FilesystemFactory` is
-given: on first use, under the request deadline and the breaker (ftp:// and sftp
-connect in their constructor, gcsfs looks for credentials), so a remote that cannot
-even be constructed costs one deadline, not 30 s.
+The filesystem itself is built through the runner where a factory is given
+(:class:`ClientFactory`): on first use, under the request deadline and the breaker (ftp://
+and sftp connect in their constructor, gcsfs looks for credentials), so a remote that
+cannot even be constructed costs one deadline, not 30 s. The first use is the probe's, on
+a thread of its own, so the client library's import (:class:`DeferredFilesystemFactory`,
+the Redis tier's own factory) runs there too, beside a fresh process's first compile.
 
 Fork: a forked child cannot use the parent's threads, nor an async filesystem's event
 loop and sessions (s3fs is not fork-safe). The fork registry (:mod:`.forks`) marks every runner;
