@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from ..chain.stats import MetadataKey
 from ..stores.kinds import SYMBOLS_FORMAT
-from ..stores.store import companion_keys, entry_name, is_entry_name
+from ..stores.store import companion_keys, companion_keys_of_name, entry_name, is_entry_name
 
 __all__ = ["SYMBOLS_FORMAT", "decode_symbols", "encode_symbols", "symbols_key", "symbols_name"]
 
@@ -44,7 +44,7 @@ def symbols_name(name: str) -> str:
     """
     if not is_entry_name(name):
         raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
-    return entry_name((name + "#symbols").encode())
+    return entry_name(companion_keys_of_name(name)[1])
 
 
 def _tagged(value: str | bytes) -> list[str]:

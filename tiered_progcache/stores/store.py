@@ -40,6 +40,7 @@ __all__ = [
     "check_entry_name",
     "check_namespace",
     "companion_keys",
+    "companion_keys_of_name",
     "entry_name",
     "is_entry_name",
     "read_in_batches",
@@ -83,7 +84,7 @@ def manifest_name(name: str) -> str:
     """
     if not is_entry_name(name):
         raise ValueError(f"not an entry name (64 lowercase hex digits, as ls prints): {name!r}")
-    return entry_name((name + "#manifest").encode())
+    return entry_name(companion_keys_of_name(name)[0])
 
 
 def companion_keys(key: bytes) -> tuple[bytes, bytes]:
@@ -91,7 +92,11 @@ def companion_keys(key: bytes) -> tuple[bytes, bytes]:
 
     Every writer stores them before the entry, so a tier that holds the entry holds them too.
     """
-    name = entry_name(key)
+    return companion_keys_of_name(entry_name(key))
+
+
+def companion_keys_of_name(name: str) -> tuple[bytes, bytes]:
+    """The cache keys of the manifest and the symbol map of the entry named ``name`` (the one place they are spelled)."""
     return (name + "#manifest").encode(), (name + "#symbols").encode()
 
 
