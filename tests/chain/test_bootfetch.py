@@ -533,3 +533,28 @@ def test_an_entry_the_batch_brought_is_read_from_a_shared_tier_that_writes_synch
         _join_boot_fetch()
         assert cache.get(KEYS[1], where="shared") == _payload(KEYS[1])  # the batch's, as a shared lookup
         assert cache.stats()["remote"].forgone == 0
+
+
+def test_a_first_tier_with_an_upload_queue_forgoes_on_its_untimed_hits_too():
+    """The chain's first tier counts most hits on a fast path (one in 64 timed); a hit there drops its queued
+    uploads of the entry as a timed one does (a chain of one shared tier, written in the background)."""
+    from tiered_progcache.chain.policy import TierPolicy
+    from tiered_progcache.compiling.manifest import manifest_key
+
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    gate = threading.Event()
+    with TieredProgramCache(tiers=[(remote, TierPolicy("remote", write="background", shared=True))]) as cache:
+        try:
+            assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the first hit: timed; the next ones take the fast path
+            fs.write_gate = gate
+            cache.put(b"filler", _payload(b"filler"))  # its upload held under way: the next ones queue
+            assert fs.writes_started.wait(60)
+            cache.put(manifest_key(KEYS[1]), b"{}")
+            cache.put(KEYS[1], _payload(KEYS[1]))
+            assert cache.get(KEYS[1]) == _payload(KEYS[1])  # an untimed hit
+            assert cache.stats()["remote"].forgone == 2
+        finally:
+            gate.set()
+        assert cache.flush(60)
+        assert fs.requests["put"] == 1  # the filler's upload alone
