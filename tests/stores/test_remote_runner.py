@@ -694,6 +694,16 @@ def test_a_deferred_filesystem_takes_the_options_its_url_gives_then_the_storage_
     assert DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True}).build(fresh=True).version_aware is False
 
 
+def test_a_deferred_filesystem_is_fsspecs_cached_instance_unless_fresh_and_a_trailing_slash_is_the_same_path():
+    """As :class:`FilesystemFactory`: a plain build may share fsspec's instance, a fresh one (a forked child) never
+    does. gcsfs keeps a trailing ``/`` in its path where s3fs drops it: the same root either way."""
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    factory = DeferredFilesystemFactory.for_url("gs://b/k/", {"token": "anon"})
+    assert factory.root == "b/k"
+    assert factory.build() is factory.build() and factory.build(fresh=True) is not factory.build()
+
+
 def test_a_class_that_disagrees_with_what_was_declared_fails_the_build_and_the_tier_stays_down():
     """A path taken for another (here: the root declared wrong) is never read or written: the build raises, the
     breaker records it, and every request is refused with that reason."""
