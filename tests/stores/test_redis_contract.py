@@ -293,8 +293,9 @@ def test_missing_redis_py_names_the_extra(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "redis", None)  # what both the import and find_spec see as not installed
-    with pytest.raises(ImportError, match=r"tiered-progcache\[redis\]"):
+    with pytest.raises(ImportError, match=r"tiered-progcache\[redis\]") as raised:
         RedisProgramCache.from_url("redis://127.0.0.1:1/0")
+    assert str(raised.value) == "a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'"
 
 
 @pytest.mark.parametrize("bad", [0, -2, float("inf"), "5"])

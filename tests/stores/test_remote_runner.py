@@ -710,8 +710,10 @@ def test_a_class_that_disagrees_with_what_was_declared_fails_the_build_and_the_t
     from tiered_progcache.stores.runner import DeferredFilesystemFactory
 
     wrong = DeferredFilesystemFactory("s3", "s3://bucket/kernels", "bucket/other", {"anon": True})
-    with pytest.raises(ValueError, match=r"S3FileSystem is not what this tier took it for.*'bucket/kernels'"):
+    with pytest.raises(ValueError, match=r"S3FileSystem is not what this tier took it for.*'bucket/kernels'") as raised:
         wrong.build()
+    assert str(raised.value).endswith(f"expected {(wrong.protocols, True, 'bucket/other')!r}; build the tier from an "
+                                      "fsspec filesystem instead")
     breaker = CircuitBreaker(failure_threshold=1)
     runner = RequestRunner(None, timeout=5, breaker=breaker, name="remote D", factory=wrong)
     with pytest.raises(ValueError, match="not what this tier took it for"):
