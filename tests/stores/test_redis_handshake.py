@@ -163,3 +163,10 @@ def test_a_client_handed_in_runs_as_a_blocking_one_in_a_process_that_never_impor
                               timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False False"  # run on threads (never an fsspec loop), fsspec never imported
+
+
+def test_a_refused_connection_names_the_tier_and_what_redis_py_said():
+    with pytest.raises(ConnectionError) as refused:
+        RedisProgramCache.from_url("redis://127.0.0.1:1/0/refused", timeout=5, strict=True)
+    assert str(refused.value).startswith("redis cache redis://127.0.0.1:1/0/refused is unreachable: ConnectionError: "
+                                         "redis://127.0.0.1:1/0/refused: Error ")

@@ -755,3 +755,16 @@ def test_a_fresh_process_on_s3_imports_no_client_library_on_the_callers_thread(t
     constructed, seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert constructed == {} or set(constructed.values()) == {"tiered-progcache-connect"}, constructed
     assert set(seen) >= {"fsspec", "botocore"} and set(seen.values()) == {"tiered-progcache-connect"}, seen
+
+
+def test_a_store_refuses_to_be_built_from_nothing_and_keeps_a_root_without_its_trailing_slash():
+    with pytest.raises(TypeError) as nothing:
+        RemoteProgramCache(None, "b/k")
+    assert str(nothing.value) == "RemoteProgramCache needs an fsspec filesystem (or a factory that builds one)"
+    from tiered_progcache.stores.runner import DeferredFilesystemFactory
+
+    with pytest.raises(TypeError) as no_url:
+        RemoteProgramCache(None, "b/k", factory=DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True}))
+    assert str(no_url.value) == "a RemoteProgramCache built by a DeferredFilesystemFactory needs its url"
+    fs = MemoryFileSystem(skip_instance_cache=True)
+    assert RemoteProgramCache(fs, f"/trailing-{uuid.uuid4().hex[:8]}/k/", strict=True).root.endswith("/k")
