@@ -741,7 +741,7 @@ def _plan_filesystem(
     (s3://, gs://) a deferred one, which imports nothing until then; a chained one
     (``simplecache::s3://...``) is built here by fsspec, whose layers construct lazily.
     """
-    deferred = None if "::" in url else DeferredFilesystemFactory.for_url(url, storage_options)
+    deferred = DeferredFilesystemFactory.for_url(url, storage_options)  # None for a chained URL too
     if deferred is not None:
         return None, deferred.root, deferred
     import fsspec
