@@ -287,3 +287,9 @@ def test_the_companion_keys_are_the_manifest_and_symbol_map_keys_and_their_names
     manifest, symbols = companion_keys(key)
     assert (manifest, symbols) == (manifest_key(key), symbols_key(key))
     assert entry_name(manifest) == manifest_name(entry_name(key)) and entry_name(symbols) == symbols_name(entry_name(key))
+
+
+def test_the_companion_keys_are_spelled_as_every_stored_manifest_and_symbol_map_was():
+    """The names already in stores: ``<entry name>#manifest`` and ``<entry name>#symbols`` (a rename orphans them)."""
+    name = entry_name(b"k" * 32)
+    assert companion_keys(b"k" * 32) == ((name + "#manifest").encode(), (name + "#symbols").encode())
