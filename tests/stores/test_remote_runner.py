@@ -702,6 +702,7 @@ def test_a_deferred_filesystem_is_fsspecs_cached_instance_unless_fresh_and_a_tra
     factory = DeferredFilesystemFactory.for_url("gs://b/k/", {"token": "anon"})
     assert factory.root == "b/k"
     assert factory.build() is factory.build() and factory.build(fresh=True) is not factory.build()
+    assert DeferredFilesystemFactory.for_url("gs://b/FIX/", {"token": "anon"}).build(fresh=True).protocol  # no "X" lost
 
 
 def test_a_class_that_disagrees_with_what_was_declared_fails_the_build_and_the_tier_stays_down():
@@ -767,4 +768,4 @@ def test_a_store_refuses_to_be_built_from_nothing_and_keeps_a_root_without_its_t
         RemoteProgramCache(None, "b/k", factory=DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True}))
     assert str(no_url.value) == "a RemoteProgramCache built by a DeferredFilesystemFactory needs its url"
     fs = MemoryFileSystem(skip_instance_cache=True)
-    assert RemoteProgramCache(fs, f"/trailing-{uuid.uuid4().hex[:8]}/k/", strict=True).root.endswith("/k")
+    assert RemoteProgramCache(fs, f"/trailing-{uuid.uuid4().hex[:8]}/kX/", strict=True).root.endswith("/kX")
