@@ -769,3 +769,8 @@ def test_a_store_refuses_to_be_built_from_nothing_and_keeps_a_root_without_its_t
     assert str(no_url.value) == "a RemoteProgramCache built by a DeferredFilesystemFactory needs its url"
     fs = MemoryFileSystem(skip_instance_cache=True)
     assert RemoteProgramCache(fs, f"/trailing-{uuid.uuid4().hex[:8]}/kX/", strict=True).root.endswith("/kX")
+
+
+def test_an_empty_root_on_a_filesystem_with_a_root_marker_puts_entries_at_its_root():
+    store = RemoteProgramCache(MemoryFileSystem(skip_instance_cache=True), "", strict=True)
+    assert store.path_for("ab" * 32) == "/entries/ab/" + "ab" * 31
