@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import time
+import weakref
 
 import cachetools
 import pytest
@@ -145,8 +146,42 @@ def test_a_hit_reads_its_manifest_when_the_tally_is_read_not_before(tmp_path, mo
                 tiered_progcache.compile(source, "c++", options, cache=cache)
         assert len(compile_module._saved) == 0  # no manifest read yet
         assert cache.stats().compiling.saved_seconds == pytest.approx(3 * sum(recorded), abs=1e-5)
-        assert sorted(compile_module._saved.values()) == pytest.approx(sorted(recorded), abs=2e-6)
+        assert sorted(s for _, s in compile_module._saved.values()) == pytest.approx(sorted(recorded), abs=2e-6)
 
+
+
+def test_a_dead_caches_memo_entry_never_answers_for_a_new_cache_at_its_address(tmp_path, monkeypatch):
+    """The saved-seconds memo is keyed by id(cache): once a cache is gone, a new one may get its id.
+
+    What the dead one left under that id must not be the new one's figure (a CI run saw another
+    test's compile time reported for this cache's hit).
+    """
+    from tiered_progcache.compiling.compile import on_hit
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    dead = weakref.ref(gone)
+    del gone
+    assert dead() is None
+    source = 'extern "C" __global__ void reused(float* x) { x[0] = 4.0f; }\n'
+    monkeypatch.setattr(compile_module, "_saved", cachetools.LRUCache(8))
+    seen = []
+    stop = on_hit(seen.append)
+    try:
+        with TieredProgramCache(tmp_path / "node") as cache:
+            before = cache.stats().compiling.compile_seconds
+            tiered_progcache.compile(source, "c++", ProgramOptions(arch="sm_90"), cache=cache)
+            recorded = round(cache.stats().compiling.compile_seconds - before, 6)
+            (memo,) = compile_module._saved  # the compile remembered its own figure
+            compile_module._saved[memo] = (dead, 99.0)  # what a dead cache at this address would have left
+            tiered_progcache.compile(source, "c++", ProgramOptions(arch="sm_90"), cache=cache)
+            assert cache.stats().compiling.saved_seconds == pytest.approx(recorded, abs=1e-6)
+    finally:
+        stop()
+    assert [e.saved_seconds for e in seen] == [pytest.approx(recorded, abs=1e-6)]
+    assert compile_module._saved[memo][1] == pytest.approx(recorded, abs=1e-6)  # read again and remembered
 
 def test_a_header_changed_between_its_stat_and_its_read_is_hashed_as_it_is_now_and_not_memoized(tmp_path):
     from tiered_progcache.compiling import headerscan
@@ -243,7 +278,7 @@ def test_the_tally_reads_a_hits_manifest_from_the_node_only(tmp_path, monkeypatc
         tiered_progcache.compile(source, "c++", options, cache=cache)  # the entry from the bucket, not its manifest
         assert tiered_progcache.compile_count() == compiled
         assert cache.stats().compiling.saved_seconds == 0
-        assert list(compile_module._saved.values()) == [None]
+        assert [s for _, s in compile_module._saved.values()] == [None]
 
 
 def test_an_on_hit_hook_gets_the_key_and_one_that_raises_is_logged_by_name(tmp_path, caplog):
@@ -297,5 +332,5 @@ def test_a_manifest_that_names_another_entry_saves_nothing(tmp_path, monkeypatch
             assert cache.stats().compiling.saved_seconds == 0
     finally:
         stop()
-    assert list(compile_module._saved.values()) == [None]
+    assert [s for _, s in compile_module._saved.values()] == [None]
     assert [event.saved_seconds for event in seen] == ([None] if hooked else [])

@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, Callable, NamedTuple
 
@@ -107,8 +108,16 @@ def on_compile(hook: Callable[[CompileEvent], None]) -> Callable[[], None]:
 _hit_hooks: list[Callable[[HitEvent], None]] = []
 #: Compile seconds per (cache, key), as the manifests say, for ``on_hit``: each is read once per process.
 _MAX_SAVED = 65536
-# An LRU (reads reorder it): read and written under _counter_lock.
-_saved: cachetools.LRUCache[tuple[int, bytes], float | None] = cachetools.LRUCache(_MAX_SAVED)
+# An LRU (reads reorder it): read and written under _counter_lock. Keyed by id(cache.identity), each value
+# holds its cache weakly: once that cache is gone its id may name a new one, whose entries it must not answer.
+_saved: cachetools.LRUCache[tuple[int, bytes], tuple[weakref.ref[object], float | None]] = \
+    cachetools.LRUCache(_MAX_SAVED)
+
+
+def _remember_saved(cache: TieredProgramCache, key: bytes, seconds: float | None) -> None:
+    """Under _counter_lock: ``seconds`` as what entry ``key`` of ``cache`` saves."""
+    identity = cache.identity
+    _saved[(id(identity), key)] = (weakref.ref(identity), seconds)
 
 
 def on_hit(hook: Callable[[HitEvent], None]) -> Callable[[], None]:
@@ -129,9 +138,9 @@ def _record_hit(cache: TieredProgramCache, key: bytes) -> None:
     """
     with _counter_lock:
         hooks = list(_hit_hooks)
-        memo = (id(cache.identity), key)
-        known = memo in _saved
-        seconds = _saved[memo] if known else None
+        identity = cache.identity
+        owner, seconds = _saved.get((id(identity), key), (None, None))
+        known = owner is not None and owner() is identity
     if not known and not hooks:
         cache.compile_tally.count_saved_later(key, functools.partial(_saved_seconds, cache, key, shared=False))
         return
@@ -152,7 +161,7 @@ def _saved_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool) -> fl
     except ManifestError:
         seconds = None
     with _counter_lock:
-        _saved[(id(cache.identity), key)] = seconds  # once per key and process: later hits are a dict lookup
+        _remember_saved(cache, key, seconds)  # once per key and process: later hits are a dict lookup
     return seconds
 
 
@@ -326,7 +335,7 @@ class _Job:
         compile_times.record(code_type, target, seconds, self.size)  # what the flight plans the next compile with
         _save_times(cache)
         with _counter_lock:
-            _saved[(id(cache.identity), key)] = round(seconds, 6)  # what the manifest records
+            _remember_saved(cache, key, round(seconds, 6))  # what the manifest records
         entry = _Entry(bytes(obj.code), dict(obj.symbol_mapping) if names else None)
         if dropped is not None and dropped.is_set():
             return obj, entry  # the lookup won the race: the entry is stored already
