@@ -544,7 +544,9 @@ def _row_text(row: dict[str, Any]) -> str:
             f"{row['row']:<24} {row['wall_s']:>7.2f} {ratio:>8} {row['nvrtc_runs']:>5} {puts:>7} {per:>8} "
             f"{row['nvrtc_loaded_before']:>5} {row['shared_hits']:>6}  {_decisions_text(row['decisions'])}"
             + (f"  ({row['errors']} compile errors)" if row["errors"] else "")
-            + (f"  ({row['shared_failures']} shared-tier errors/timeouts)" if row["shared_failures"] else ""))
+            + (f"  ({row['shared_failures']} shared-tier errors/timeouts)" if row["shared_failures"] else "")
+            + (f"  (NVRTC runs of each run: {row['nvrtc_runs_each']})" if len(row.get("nvrtc_runs_each", ())) > 1
+               else ""))
 
 
 HEADER = (f"{'N':>3} {'work':<9} {'order':<9} {'store':<5} {'RTT':>6} {'row':<24} {'wall s':>7} {'vs alone':>8} "
@@ -567,7 +569,8 @@ def main() -> None:
                    help="every node imports the store's client library before the signal (a variant: run it beside)")
     p.add_argument("--prefetch", action="store_true",
                    help="also a 'warm, warm() first' row: each new node calls cache.warm() before compiling")
-    p.add_argument("--repeat", type=int, default=1, help="runs per row; the median wall is shown")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per row; the median wall is shown, and each run's NVRTC count")
     p.add_argument("--budget-s", type=float, default=None, help="skip (and list) the rows not started by then")
     p.add_argument("--json", metavar="FILE", help="write every row as JSON here")
     args = p.parse_args()
@@ -638,6 +641,7 @@ def main() -> None:
                                           "puts_max": max(writes.values(), default=0),
                                           "twice": sum(1 for w in writes.values() if w > 1),
                                           "entries_written": len(writes),
+                                          "nvrtc_runs_each": [r[0]["nvrtc_runs"] for r in runs],
                                           "req_per_compile": None if requests is None else requests / calls})
                                     if name == "cold, moto unwarmed":
                                         store.warm_up()

@@ -34,14 +34,13 @@ def test_a_killed_server_compiles_go_on_the_breaker_opens_and_reads_resume(tmp_p
         assert chain.flush(timeout=30) and chain.stats()["remote"].writes == 1
 
         server.kill()  # SIGKILL: connections reset, the port refuses
-        started = time.monotonic()
         compiled = []
         for tile, epilogue in ((32, "identity"), (16, "relu"), (32, "relu")):
             compiled.append(_compile(chain, tile, epilogue))
             assert chain.flush(timeout=30)  # one request at a time: the counts below are exact
         assert all(c.startswith(b"\x7fELF") for c in compiled)  # NVRTC ran; the dead tier cost misses
-        assert time.monotonic() - started < 30  # refused connections fail at once, no deadline waits
         redis_stats = chain.stats()["remote"]
+        assert redis_stats.timeouts == 0, redis_stats  # refused connections fail at once: no deadline waited
         assert redis_stats.hits == 0 and redis_stats.writes == 1
         assert redis_stats.errors == 3, redis_stats  # three failures open the breaker...
         assert redis_stats.skipped == 3, redis_stats  # ...and the rest are skipped without a request
@@ -83,7 +82,7 @@ def test_a_hung_server_costs_one_deadline_per_request_until_the_breaker_opens(tm
             elapsed = time.monotonic() - started
             stats = chain.stats()["remote"]
             assert (stats.timeouts, stats.skipped) == (3, 2), stats
-            assert 3 * 1.0 <= elapsed < 3 * 1.0 + 5, elapsed  # three deadlines, then nothing waits
+            assert elapsed >= 3 * 1.0, elapsed  # three deadlines waited; the two skipped waited for nothing
         finally:
             server.process.send_signal(signal.SIGCONT)
         clock.now += 30.0
