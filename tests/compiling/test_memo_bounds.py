@@ -183,6 +183,29 @@ def test_a_dead_caches_memo_entry_never_answers_for_a_new_cache_at_its_address(t
     assert [e.saved_seconds for e in seen] == [pytest.approx(recorded, abs=1e-6)]
     assert compile_module._saved[memo][1] == pytest.approx(recorded, abs=1e-6)  # read again and remembered
 
+
+def test_a_hook_reads_each_entrys_manifest_once_per_process(tmp_path, monkeypatch):
+    """``on_hit`` reads a key's manifest on its first hit in a process; later hits answer from the memo."""
+    from tiered_progcache.compiling.compile import on_hit
+
+    source = 'extern "C" __global__ void once(float* x) { x[0] = 5.0f; }\n'
+    with TieredProgramCache(tmp_path / "node") as cache:
+        tiered_progcache.compile(source, "c++", ProgramOptions(arch="sm_90"), cache=cache)
+    monkeypatch.setattr(compile_module, "_saved", cachetools.LRUCache(8))  # a new process's memory
+    decoded = []
+    real = compile_module.compile_seconds_of
+    monkeypatch.setattr(compile_module, "compile_seconds_of", lambda *a, **k: decoded.append(1) or real(*a, **k))
+    seen = []
+    stop = on_hit(seen.append)
+    try:
+        with TieredProgramCache(tmp_path / "node") as cache:
+            for _ in range(3):
+                tiered_progcache.compile(source, "c++", ProgramOptions(arch="sm_90"), cache=cache)
+    finally:
+        stop()
+    assert len(decoded) == 1
+    assert len(seen) == 3 and seen[0].saved_seconds is not None and len({e.saved_seconds for e in seen}) == 1
+
 def test_a_header_changed_between_its_stat_and_its_read_is_hashed_as_it_is_now_and_not_memoized(tmp_path):
     from tiered_progcache.compiling import headerscan
 
