@@ -9,18 +9,17 @@ hooks (:func:`on_flight`) and logged at DEBUG.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
-import tempfile
 import threading
 from typing import Any, Callable
 
 from ..chain.policy import POLL_FLOOR_S, POLL_GROWTH, UNMEASURED_ROUND_TRIP_S, FlightPolicy, FlightWait
 from ..hooks import call_each, subscribe
+from ..stores import fsutil
 
 __all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES", "MAX_PERSISTED_S",
            "POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S", "UNTIMED_SECONDS_PER_BYTE",
@@ -132,15 +131,8 @@ class CompileTimes:
             kinds = {f"{c}/{t}": {"s_per_byte": rate} for (c, t), rate in self._rates.items()}
             doc = json.dumps({"format": _TIMES_FORMAT, "version": 2, "kinds": kinds,
                               "round_trips": dict(self._round_trips)}, sort_keys=True)
-        fd, staged = tempfile.mkstemp(dir=directory, prefix=".compile-times-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(doc)
-            os.replace(staged, os.path.join(directory, COMPILE_TIMES_FILE))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(staged)
-            raise
+        fsutil.write_atomic(os.path.join(directory, COMPILE_TIMES_FILE), doc.encode(), staging_dir=directory,
+                            fsync=False)
 
     def load(self, directory: str | os.PathLike[str]) -> None:
         """Take what :meth:`save` left in ``directory`` for kinds and stores this process has not measured.
