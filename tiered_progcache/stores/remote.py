@@ -122,11 +122,8 @@ class RemoteProgramCache(SharedEntryStore):
             raise ValueError(f"remote URL {self.url!r} names no bucket")
         self._create_root = bool(create_root)
         self._on_this_host = self._objects.local and fsutil.on_local_disk(self.root or "/")
-        if isinstance(factory, DeferredFilesystemFactory):
-            options: Mapping[str, Any] = factory.storage_options
-        else:
-            options = factory.kwargs if factory is not None else getattr(fs, "storage_options", {})
-        self._endpoint = _endpoint_of(options)
+        self._endpoint = _endpoint_of(factory.storage_options if factory is not None
+                                      else getattr(fs, "storage_options", {}))
         self._start_probe(strict)
 
     @classmethod

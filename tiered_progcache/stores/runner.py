@@ -127,6 +127,11 @@ class FilesystemFactory:
         return _protocol_names(self.cls)
 
     @property
+    def storage_options(self) -> Mapping[str, Any]:
+        """The options the filesystem is built with (its endpoint among them), as a deferred factory names them."""
+        return self.kwargs
+
+    @property
     def is_async(self) -> bool:
         """True for an fsspec async filesystem. Without fsspec imported there is none (the class would have
         imported it), so a client of another library (redis-py) costs no import of fsspec (25 ms)."""
