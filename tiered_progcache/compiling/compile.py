@@ -157,8 +157,8 @@ def _saved_seconds(cache: TieredProgramCache, key: bytes, *, shared: bool) -> fl
     the tiers on this node only."""
     data = cache.get(MetadataKey(manifest_key(key)), where="all" if shared else "nearby")
     try:
-        seconds = None if data is None else compile_seconds_of(data, entry=entry_name(key))
-    except ManifestError:
+        seconds = compile_seconds_of(data, entry=entry_name(key))
+    except ManifestError:  # none there, or one that does not hold
         seconds = None
     with _counter_lock:
         _remember_saved(cache, key, seconds)  # once per key and process: later hits are a dict lookup
