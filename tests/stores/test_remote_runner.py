@@ -397,6 +397,7 @@ def test_a_factory_rebuilds_from_storage_options_and_fresh_skips_fsspecs_cache()
     fs = SlowFileSystem(delay_s=0.5)
     factory = FilesystemFactory.like(fs)
     assert factory.cls is SlowFileSystem and dict(factory.kwargs) == {"delay_s": 0.5} and factory.is_async
+    assert dict(factory.storage_options) == {"delay_s": 0.5}  # what the tier reads its endpoint from
     assert factory.build().delay_s == 0.5
     assert FilesystemFactory(MemoryFileSystem, {}).build() is MemoryFileSystem()  # fsspec's cached instance
     assert FilesystemFactory(MemoryFileSystem, {}).build(fresh=True) is not MemoryFileSystem()
