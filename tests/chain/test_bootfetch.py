@@ -104,21 +104,47 @@ def test_an_entry_read_ahead_before_the_pick_is_read_once_not_again_in_the_batch
         assert cache._boot._asked == set()  # kept for the pick only: a long-running process does not grow it
 
 
-def test_a_metadata_read_is_a_fresh_nodes_first_shared_lookup_too(tmp_path):
-    """Direct mode's first read is a direct manifest (metadata, promoted into the local directory): it starts the
-    fetch while the directory is still empty, and a later metadata read of a name in the batch reads it locally."""
+def test_a_metadata_read_starts_no_fetch_and_the_first_entry_lookup_does(tmp_path):
+    """Direct mode's first read is a direct manifest (metadata, promoted into the local directory): it starts no
+    fetch, so the node hashes its headers with no fetch beside it. The node still counts as fresh (the directory
+    was empty when it first asked): the first entry lookup starts the fetch, and a later metadata read of a name
+    in the batch waits for it and reads it locally."""
     fs = SlowFileSystem()
     remote = _store(fs)
     with _chain(tmp_path / "node", remote) as cache:
-        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])  # the trigger
-        assert cache.get(MetadataKey(KEYS[1])) == _payload(KEYS[1])  # waits for the batch
-        assert cache.tier("memory").backend.read_key(KEYS[1]) == _payload(KEYS[1])  # and promoted from there
-        for key in KEYS[2:]:
+        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])
+        assert dict(fs.requests) == {"get": 1}  # no listing yet
+        assert [t for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch"] == []
+        assert cache.get(KEYS[1]) == _payload(KEYS[1])  # the trigger
+        assert cache.get(MetadataKey(KEYS[2])) == _payload(KEYS[2])  # waits for the batch
+        assert cache.tier("memory").backend.read_key(KEYS[2]) == _payload(KEYS[2])  # and promoted from there
+        for key in KEYS[3:]:
             assert cache.get(key) == _payload(key)
         _join_boot_fetch()
-        assert dict(fs.requests) == {"get": 1 + (K - 1), "list": 1}
+        # KEYS[0] was in the local directory before the batch: read once, not again
+        assert dict(fs.requests) == {"get": 2 + (K - 2), "list": 1}
         stats = cache.stats()
-        assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (0, 0, K - 2)
+        assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (1, 0, K - 3)
+        assert cache._boot.report[1].entries == K - 2
+
+
+def test_an_entry_read_ahead_starts_the_fetch_when_its_lookup_takes_it(tmp_path):
+    """A direct-mode hit: its manifest (no fetch), its entry read ahead while it hashes (no fetch), then the
+    lookup that takes the read-ahead entry starts the fetch, which leaves that entry out."""
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])
+        cache.read_ahead(KEYS[1])
+        assert cache._boot.report is None and not cache._boot._started
+        assert cache.get(KEYS[1]) == _payload(KEYS[1])  # taken from the read ahead: the trigger
+        assert cache._boot._started
+        _join_boot_fetch()
+        assert entry_name(KEYS[1]) not in cache._boot._batch
+        for key in KEYS[2:]:
+            assert cache.get(key) == _payload(key)
+        assert dict(fs.requests) == {"get": 2 + (K - 2), "list": 1}
+        assert cache.stats()["remote"].hits == 1  # the read-ahead one; the batch's are local hits
 
 
 def test_the_trigger_asks_the_local_directory_once(tmp_path):

@@ -1,15 +1,17 @@
 """The boot fetch: a fresh node's first shared lookup also brings the store's newest entries in one batch.
 
 A node whose local directory holds no entry (a new machine, a new container) would pay one
-round trip per kernel. On the chain's first lookup that reaches the shared tier, with the
-local directory empty, one background thread lists the store beside the store's first probe
-and the triggering lookup's own request, not after them (at most
-:data:`MAX_LISTED` entries), picks the newest entries within the byte budget (manifests of
-listed entries left behind, as ``warm`` does) and reads them in one concurrent batch into
-the local directory through :func:`tiered_progcache.chain.transfer.warm`, verified. The
-triggering lookup goes on as before, and an entry a lookup reads ahead for itself before the pick is left
-out of the batch (read once, not twice); a later lookup of a name in the batch waits for the
-batch (at most the store's request deadline) and reads it locally; any other is looked up
+round trip per kernel. On the chain's first entry lookup that reaches the shared tier, with
+the local directory empty when the chain first reached that tier (a metadata read, direct
+mode's first, starts nothing: a first kernel's header hashing runs without the fetch beside
+it), one background thread lists the store beside the store's first probe and the
+triggering lookup's own request, not after them (at most :data:`MAX_LISTED` entries), picks
+the newest entries within the byte budget (manifests of listed entries left behind, as
+``warm`` does) and reads them in one concurrent batch into the local directory through
+:func:`tiered_progcache.chain.transfer.warm`, verified. The triggering lookup goes on as
+before, and an entry a lookup reads ahead for itself before the pick is left out of the
+batch (read once, not twice); a later lookup of a name in the batch waits for the batch (at
+most the store's request deadline) and reads it locally; any other is looked up
 as before. A failing fetch costs only itself: it is logged once and changes no answer.
 """
 
@@ -54,6 +56,7 @@ class BootFetch:
         self._lock = threading.Lock()
         self._started = False
         self._given_up = False  # a lookup waited the deadline out: the others no longer wait
+        self._empty: bool | None = None  # the local directory at the first shared lookup (:meth:`_was_empty`)
         self._pid = os.getpid()
         self._listed = threading.Event()  # the batch's names are known
         self._done = threading.Event()  # the batch landed, or the fetch failed or was not needed
@@ -62,16 +65,20 @@ class BootFetch:
         #: What the fetch did: ``(listed, TransferReport)``, None until it finished (or if it failed).
         self.report: tuple[int, TransferReport | None] | None = None
 
-    def landed(self, key: bytes) -> bool:
+    def landed(self, key: bytes, *, start: bool = True) -> bool:
         """Called on each lookup that reaches the shared tier: True if the batch brought ``key``'s entry.
 
-        The first call starts the fetch (when the local directory is empty) and returns
-        False at once. Later calls for a name in the batch wait for it, at most the
+        The first call with ``start`` starts the fetch (when the local directory is empty) and
+        returns False at once; one without it, before the fetch started, returns False and
+        starts nothing. Later calls for a name in the batch wait for it, at most the
         store's request deadline; once one waited that out, none waits any more (a hung
         store costs one deadline, not one per lookup). False means "look it up as before".
         """
         if not self._started:
-            self._start(entry_name(key))
+            if start:
+                self._start(entry_name(key))
+            else:
+                self._was_empty()  # before what this lookup promotes into the local directory
             return False
         if self._pid != os.getpid():  # a forked child: the fetching thread is the parent's
             return False
@@ -91,6 +98,11 @@ class BootFetch:
             return True
         self._given_up = True
         return False
+
+    def begin(self, key: bytes) -> None:
+        """Start the fetch (once), as the first lookup of ``key``'s entry that reaches the shared tier; never waits."""
+        if not self._started:
+            self._start(entry_name(key))
 
     def asked(self, key: bytes) -> None:
         """A lookup reads ``key``'s entry from the shared tier itself (read ahead): a batch not yet picked
@@ -121,16 +133,22 @@ class BootFetch:
             self._listed.set()
             self._done.set()
             return
-        try:
-            empty = next(iter(self._local.iter_entries()), None) is None
-        except OSError as exc:
-            logger.warning("boot fetch into %s skipped: %s", self._local.location, one_line(exc))
-            empty = False
-        if not empty:
+        if not self._was_empty():
             self._listed.set()
             self._done.set()
             return
         threading.Thread(target=self._run, name="tiered-progcache-boot-fetch", daemon=True).start()
+
+    def _was_empty(self) -> bool:
+        """Whether the local directory held no entry when the chain's first shared lookup asked (looked once)."""
+        with self._lock:
+            if self._empty is None:
+                try:
+                    self._empty = next(iter(self._local.iter_entries()), None) is None
+                except OSError as exc:
+                    logger.warning("boot fetch into %s skipped: %s", self._local.location, one_line(exc))
+                    self._empty = False
+            return self._empty
 
     def _run(self) -> None:
         from . import transfer
