@@ -730,6 +730,8 @@ def test_a_failed_holder_publishes_its_error_and_its_waiter_raises_the_same_erro
 def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease_ttl(tmp_path, decisions, events):
     """A lease nobody renews claiming a 1e6 s compile and an expiry in 33658 AD: a default waiter breaks
     it one lease TTL (here 1 s) after it saw it, and compiles once; its wait_timeout (300 s) is not spent.
+    ``lease_min_compile_rtts=0`` pins the lease case: the default races a kernel predicted under four of the
+    store's round trips, and on a loaded machine a file:// round trip can be that long.
     """
     import json as _json
     import socket
@@ -741,7 +743,7 @@ def test_a_planted_lease_with_an_absurd_estimate_costs_one_compile_and_one_lease
     key = compile_key(kernel(334), "c++", options(), "cubin", (), None).key
     planted = {"format": "tiered-progcache/lease", "version": 1, "holder": "another-node:1", "token": "planted",
                "acquired_at": time.time(), "expires_at": 1e12, "compile_estimate_s": 1e6}
-    with TieredProgramCache(tmp_path / "node", remote=url) as cache:
+    with TieredProgramCache(tmp_path / "node", remote=url, lease_min_compile_rtts=0) as cache:
         assert cache.shared_store.leases().create(entry_name(key), _json.dumps(planted).encode(), 60)
         obj = tpc.compile(kernel(334), "c++", options(), cache=cache, lease_ttl=1.0)
     assert bytes(obj.code)[:4] == b"ELF" and len(events) == 1
