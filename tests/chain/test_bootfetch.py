@@ -104,47 +104,98 @@ def test_an_entry_read_ahead_before_the_pick_is_read_once_not_again_in_the_batch
         assert cache._boot._asked == set()  # kept for the pick only: a long-running process does not grow it
 
 
-def test_a_metadata_read_starts_no_fetch_and_the_first_entry_lookup_does(tmp_path):
-    """Direct mode's first read is a direct manifest (metadata, promoted into the local directory): it starts no
-    fetch, so the node hashes its headers with no fetch beside it. The node still counts as fresh (the directory
-    was empty when it first asked): the first entry lookup starts the fetch, and a later metadata read of a name
-    in the batch waits for it and reads it locally."""
+def _with_direct_manifest(fs: SlowFileSystem, remote: RemoteProgramCache) -> MetadataKey:
+    """A direct manifest's key beside the K entries (stored under its own name), the request counts cleared."""
+    remote.write_key(DIRECT, _payload(DIRECT))
+    fs.requests.clear()
+    return MetadataKey(DIRECT)
+
+
+DIRECT = b"boot-direct-manifest"
+
+
+def test_a_metadata_read_is_a_fresh_nodes_first_shared_lookup_too(tmp_path):
+    """Direct mode's first read is a direct manifest (metadata, promoted into the local directory): it starts the
+    fetch while the directory is still empty. The batch lands once an entry's lookup comes (its kernel has its
+    key), and that lookup and the later ones read the batch locally."""
     fs = SlowFileSystem()
     remote = _store(fs)
+    manifest = _with_direct_manifest(fs, remote)
     with _chain(tmp_path / "node", remote) as cache:
-        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])
-        assert dict(fs.requests) == {"get": 1}  # no listing yet
-        assert [t for t in threading.enumerate() if t.name == "tiered-progcache-boot-fetch"] == []
-        assert cache.get(KEYS[1]) == _payload(KEYS[1])  # the trigger
-        assert cache.get(MetadataKey(KEYS[2])) == _payload(KEYS[2])  # waits for the batch
-        assert cache.tier("memory").backend.read_key(KEYS[2]) == _payload(KEYS[2])  # and promoted from there
-        for key in KEYS[3:]:
-            assert cache.get(key) == _payload(key)
+        assert cache.get(manifest) == _payload(DIRECT)  # the trigger
+        assert not cache._boot._go.is_set()  # nothing lands while the kernel hashes its headers
+        for key in KEYS:
+            assert cache.get(key) == _payload(key)  # the first lets the batch land; each then reads it locally
         _join_boot_fetch()
-        # KEYS[0] was in the local directory before the batch: read once, not again
-        assert dict(fs.requests) == {"get": 2 + (K - 2), "list": 1}
+        assert dict(fs.requests) == {"get": 1 + K, "list": 1}
         stats = cache.stats()
-        assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (1, 0, K - 3)
-        assert cache._boot.report[1].entries == K - 2
+        assert (stats["remote"].hits, stats["remote"].misses, stats["local"].hits) == (0, 0, K)
 
 
-def test_an_entry_read_ahead_starts_the_fetch_when_its_lookup_takes_it(tmp_path):
-    """A direct-mode hit: its manifest (no fetch), its entry read ahead while it hashes (no fetch), then the
-    lookup that takes the read-ahead entry starts the fetch, which leaves that entry out."""
+class _GateSeen(threading.Event):
+    """The fetch's landing gate, telling the test when the fetching thread waits at it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_after_a_metadata_read_the_store_is_listed_and_nothing_read_until_an_entrys_lookup(tmp_path):
+    """While the first kernel hashes its headers the fetch has listed and waits: no entry of the batch read,
+    none written locally (the batch's verifying and writing is most of the fetch's CPU)."""
     fs = SlowFileSystem()
     remote = _store(fs)
+    manifest = _with_direct_manifest(fs, remote)
     with _chain(tmp_path / "node", remote) as cache:
-        assert cache.get(MetadataKey(KEYS[0])) == _payload(KEYS[0])
-        cache.read_ahead(KEYS[1])
-        assert cache._boot.report is None and not cache._boot._started
-        assert cache.get(KEYS[1]) == _payload(KEYS[1])  # taken from the read ahead: the trigger
-        assert cache._boot._started
+        cache._boot._go = gate = _GateSeen()
+        assert cache.get(manifest) == _payload(DIRECT)
+        assert gate.waiting.wait(60)  # the fetching thread is at the gate, the listing done
+        assert dict(fs.requests) == {"get": 1, "list": 1}
+        assert not cache._boot._listed.is_set()  # not even picked: a read ahead now is still left out
+        assert {e.name for e in LocalDir(tmp_path / "node").iter_entries()} == {entry_name(DIRECT)}
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])
         _join_boot_fetch()
-        assert entry_name(KEYS[1]) not in cache._boot._batch
-        for key in KEYS[2:]:
+        assert cache._boot.report[1].entries == K
+        assert dict(fs.requests) == {"get": 1 + K, "list": 1}
+
+
+def test_an_entry_read_ahead_lets_the_batch_land_when_its_lookup_takes_it(tmp_path):
+    """A direct-mode hit: its manifest (the fetch lists), its entry read ahead while it hashes (nothing lands,
+    nothing is picked), then the lookup that takes the read-ahead entry lets the batch be picked and land,
+    without that entry: each entry is read from the store exactly once."""
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    manifest = _with_direct_manifest(fs, remote)
+    with _chain(tmp_path / "node", remote) as cache:
+        assert cache.get(manifest) == _payload(DIRECT)
+        cache.read_ahead(KEYS[0])
+        assert not cache._boot._go.is_set() and not cache._boot._listed.is_set()
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # taken from the read ahead
+        assert cache._boot._go.is_set()
+        _join_boot_fetch()
+        assert cache._boot._batch == frozenset(entry_name(key) for key in KEYS[1:])
+        for key in KEYS[1:]:
             assert cache.get(key) == _payload(key)
-        assert dict(fs.requests) == {"get": 2 + (K - 2), "list": 1}
+        assert dict(fs.requests) == {"get": 2 + (K - 1), "list": 1}
         assert cache.stats()["remote"].hits == 1  # the read-ahead one; the batch's are local hits
+
+
+def test_a_batch_no_entry_lookup_lets_land_lands_one_request_deadline_on(tmp_path):
+    """Metadata reads alone (no kernel asks for its entry): the batch still lands, one request deadline on."""
+    fs = SlowFileSystem()
+    remote = _store(fs, timeout=0.5)
+    manifest = _with_direct_manifest(fs, remote)
+    with _chain(tmp_path / "node", remote) as cache:
+        assert cache.get(manifest) == _payload(DIRECT)
+        _join_boot_fetch()
+        assert not cache._boot._go.is_set() and cache._boot.report[1].entries == K
+        for key in KEYS:
+            assert cache.get(MetadataKey(key)) == _payload(key)
+        assert dict(fs.requests) == {"get": 1 + K, "list": 1}
 
 
 def test_the_trigger_asks_the_local_directory_once(tmp_path):

@@ -1,17 +1,19 @@
 """The boot fetch: a fresh node's first shared lookup also brings the store's newest entries in one batch.
 
 A node whose local directory holds no entry (a new machine, a new container) would pay one
-round trip per kernel. On the chain's first entry lookup that reaches the shared tier, with
-the local directory empty when the chain first reached that tier (a metadata read, direct
-mode's first, starts nothing: a first kernel's header hashing runs without the fetch beside
-it), one background thread lists the store beside the store's first probe and the
-triggering lookup's own request, not after them (at most :data:`MAX_LISTED` entries), picks
-the newest entries within the byte budget (manifests of listed entries left behind, as
-``warm`` does) and reads them in one concurrent batch into the local directory through
-:func:`tiered_progcache.chain.transfer.warm`, verified. The triggering lookup goes on as
-before, and an entry a lookup reads ahead for itself before the pick is left out of the
-batch (read once, not twice); a later lookup of a name in the batch waits for the batch (at
-most the store's request deadline) and reads it locally; any other is looked up
+round trip per kernel. On the chain's first lookup that reaches the shared tier, with the
+local directory empty, one background thread lists the store beside the store's first probe
+and the triggering lookup's own request, not after them (at most :data:`MAX_LISTED`
+entries), and picks the newest entries within the byte budget (manifests of listed entries
+left behind, as ``warm`` does). It reads them in one concurrent batch into the local
+directory through :func:`tiered_progcache.chain.transfer.warm`, verified, once a lookup of
+an entry has reached the shared tier: a metadata read (direct mode's manifest, a fresh
+node's first) starts the listing, and the batch's verifying and writing, most of the fetch's
+CPU, waits until that kernel has its key and asks for its entry, so its header hashing does
+not share the interpreter with them (at most the store's request deadline). The triggering
+lookup goes on as before, and an entry a lookup reads ahead for itself before the pick is
+left out of the batch (read once, not twice); a later lookup of a name in the batch waits
+for the batch (at most the store's request deadline) and reads it locally; any other is looked up
 as before. A failing fetch costs only itself: it is logged once and changes no answer.
 """
 
@@ -56,29 +58,28 @@ class BootFetch:
         self._lock = threading.Lock()
         self._started = False
         self._given_up = False  # a lookup waited the deadline out: the others no longer wait
-        self._empty: bool | None = None  # the local directory at the first shared lookup (:meth:`_was_empty`)
         self._pid = os.getpid()
         self._listed = threading.Event()  # the batch's names are known
         self._done = threading.Event()  # the batch landed, or the fetch failed or was not needed
+        self._go = threading.Event()  # an entry's lookup reached the shared tier: the batch may land
         self._batch: frozenset[str] = frozenset()
         self._asked: set[str] = set()  # entries lookups read for themselves: the trigger's, those read ahead
         #: What the fetch did: ``(listed, TransferReport)``, None until it finished (or if it failed).
         self.report: tuple[int, TransferReport | None] | None = None
 
-    def landed(self, key: bytes, *, start: bool = True) -> bool:
+    def landed(self, key: bytes, *, entry: bool = True) -> bool:
         """Called on each lookup that reaches the shared tier: True if the batch brought ``key``'s entry.
 
-        The first call with ``start`` starts the fetch (when the local directory is empty) and
-        returns False at once; one without it, before the fetch started, returns False and
-        starts nothing. Later calls for a name in the batch wait for it, at most the
+        The first call starts the fetch (when the local directory is empty) and returns
+        False at once; one with ``entry`` (an entry's lookup, not metadata's) lets the batch
+        land. Later calls for a name in the batch wait for it, at most the
         store's request deadline; once one waited that out, none waits any more (a hung
         store costs one deadline, not one per lookup). False means "look it up as before".
         """
+        if entry and not self._go.is_set():
+            self._go.set()
         if not self._started:
-            if start:
-                self._start(entry_name(key))
-            else:
-                self._was_empty()  # before what this lookup promotes into the local directory
+            self._start(entry_name(key))
             return False
         if self._pid != os.getpid():  # a forked child: the fetching thread is the parent's
             return False
@@ -99,8 +100,10 @@ class BootFetch:
         self._given_up = True
         return False
 
-    def begin(self, key: bytes) -> None:
-        """Start the fetch (once), as the first lookup of ``key``'s entry that reaches the shared tier; never waits."""
+    def entry_asked(self, key: bytes) -> None:
+        """An entry's lookup reached the shared tier (or took an entry read ahead): the node's first kernel has
+        its key, so the batch may land now; the first such call starts the fetch if nothing did. Never waits."""
+        self._go.set()
         if not self._started:
             self._start(entry_name(key))
 
@@ -133,22 +136,16 @@ class BootFetch:
             self._listed.set()
             self._done.set()
             return
-        if not self._was_empty():
+        try:
+            empty = next(iter(self._local.iter_entries()), None) is None
+        except OSError as exc:
+            logger.warning("boot fetch into %s skipped: %s", self._local.location, one_line(exc))
+            empty = False
+        if not empty:
             self._listed.set()
             self._done.set()
             return
         threading.Thread(target=self._run, name="tiered-progcache-boot-fetch", daemon=True).start()
-
-    def _was_empty(self) -> bool:
-        """Whether the local directory held no entry when the chain's first shared lookup asked (looked once)."""
-        with self._lock:
-            if self._empty is None:
-                try:
-                    self._empty = next(iter(self._local.iter_entries()), None) is None
-                except OSError as exc:
-                    logger.warning("boot fetch into %s skipped: %s", self._local.location, one_line(exc))
-                    self._empty = False
-            return self._empty
 
     def _run(self) -> None:
         from . import transfer
@@ -157,6 +154,8 @@ class BootFetch:
         try:
             with self._shared.beside_probe():  # a round trip sooner than after it; the client is the probe's
                 listed = list(itertools.islice(self._shared.iter_entries(), MAX_LISTED))
+            if listed:  # after the first kernel's key: its hashing does not share the GIL with the landing
+                self._go.wait(self._request_deadline())
             with self._lock:  # a name read ahead is in this pick or kept nowhere
                 self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=self._asked))
                 self._asked.clear()  # needed for this pick only

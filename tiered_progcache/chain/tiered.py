@@ -283,7 +283,7 @@ class TieredProgramCache(ProgramCacheResource):
             if depth == self._first_shared:
                 fetched = None if self._ahead is None else self._ahead.take(k)  # read already: not the batch's wait
                 if fetched is not None and self._boot is not None:
-                    self._boot.begin(k)  # an entry read ahead: its lookup starts the fetch, and waits for nothing
+                    self._boot.entry_asked(k)  # an entry read ahead: the batch may land; no wait for it
                 elif self._boot is not None and self._boot.landed(k):
                     data = self._tiers[self._boot.local_depth].lookup(k)  # the boot fetch brought it
                     if data is not None:
@@ -306,11 +306,11 @@ class TieredProgramCache(ProgramCacheResource):
     def _get_metadata(self, k: bytes, start: int, stop: int, default: bytes | None) -> bytes | None:
         """A :class:`MetadataKey`'s read: tiers ``start:stop`` in order, promoted, not counted as a lookup.
 
-        It starts no boot fetch: the first entry's lookup does, once a fresh node's first kernel has
-        its key (direct mode's hashing does not share the GIL with the fetch); after that, a read of
-        a name in the batch waits for it as an entry's does."""
+        At the shared tier it is a lookup for the boot fetch as an entry's is: a fresh node's first
+        (direct mode's manifest) starts it, while the local directory is still empty; the batch lands
+        after an entry's lookup (:meth:`.BootFetch.landed`)."""
         for depth in range(start, stop):
-            if depth == self._first_shared and self._boot is not None and self._boot.landed(k, start=False):
+            if depth == self._first_shared and self._boot is not None and self._boot.landed(k, entry=False):
                 data = self._tiers[self._boot.local_depth].lookup_metadata(k)  # the boot fetch brought it
                 if data is not None:
                     self._promote(k, data, self._boot.local_depth)
