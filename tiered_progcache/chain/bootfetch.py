@@ -103,7 +103,8 @@ class BootFetch:
     def entry_asked(self, key: bytes) -> None:
         """An entry's lookup reached the shared tier (or took an entry read ahead): the node's first kernel has
         its key, so the batch may land now; the first such call starts the fetch if nothing did. Never waits."""
-        self._go.set()
+        if not self._go.is_set():
+            self._go.set()
         if not self._started:
             self._start(entry_name(key))
 
