@@ -184,6 +184,22 @@ def test_an_entry_read_ahead_lets_the_batch_land_when_its_lookup_takes_it(tmp_pa
         assert cache.stats()["remote"].hits == 1  # the read-ahead one; the batch's are local hits
 
 
+def test_an_entry_read_ahead_taken_by_the_first_shared_lookup_starts_the_fetch(tmp_path):
+    """No metadata read before: the lookup that takes the read-ahead entry is the chain's first at the shared
+    tier, and starts the fetch as any first lookup does (that entry left out of the batch)."""
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    with _chain(tmp_path / "node", remote) as cache:
+        cache.read_ahead(KEYS[0])
+        assert cache.get(KEYS[0]) == _payload(KEYS[0])  # taken from the read ahead
+        _join_boot_fetch()
+        assert cache._boot.report is not None
+        assert cache._boot._batch == frozenset(entry_name(key) for key in KEYS[1:])
+        for key in KEYS[1:]:
+            assert cache.get(key) == _payload(key)
+        assert dict(fs.requests) == {"get": K, "list": 1}
+
+
 def test_a_batch_no_entry_lookup_lets_land_lands_one_request_deadline_on(tmp_path):
     """Metadata reads alone (no kernel asks for its entry): the batch still lands, one request deadline on."""
     fs = SlowFileSystem()
