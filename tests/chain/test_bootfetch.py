@@ -138,8 +138,10 @@ class _GateSeen(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.waiting = threading.Event()
+        self.timeouts: list[float | None] = []  # how long each wait at it was allowed to last
 
     def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
         self.waiting.set()
         return super().wait(timeout)
 
@@ -206,9 +208,11 @@ def test_a_batch_no_entry_lookup_lets_land_lands_one_request_deadline_on(tmp_pat
     remote = _store(fs, timeout=0.5)
     manifest = _with_direct_manifest(fs, remote)
     with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._go = gate = _GateSeen()
         assert cache.get(manifest) == _payload(DIRECT)
         _join_boot_fetch()
-        assert not cache._boot._go.is_set() and cache._boot.report[1].entries == K
+        assert gate.timeouts == [0.5]  # the store's request deadline, the bound the docs state
+        assert not gate.is_set() and cache._boot.report[1].entries == K
         for key in KEYS:
             assert cache.get(MetadataKey(key)) == _payload(key)
         assert dict(fs.requests) == {"get": 1 + K, "list": 1}
