@@ -854,6 +854,7 @@ def test_a_new_process_knows_r_before_its_first_kernel_from_what_the_node_measur
     times.note_round_trip(location, 0.25)
     times.save(tmp_path / "node")
     with TieredProgramCache(tmp_path / "node", remote=url) as cache:
+        assert cache.shared_store.wait_ready(60)  # the probe and its round-trip sample (beside the constructor)
         latency = cache.shared_store.runner.latency
         latency.__init__()  # forget the probe: only what the node persisted
         singleflight._loaded.discard(str(tmp_path / "node"))
