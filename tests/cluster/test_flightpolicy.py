@@ -1052,6 +1052,7 @@ def test_describe_says_each_case_and_why_word_for_word(tmp_path):
     assert describe(unknown, 0.1) == (
         "lease: C 100.0 ms >= 2 x R unknown, 50 ms assumed: one node compiles, the others wait for its entry")
     read_only = RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}", read_only=True)
+    assert read_only.wait_ready(60)  # the probe's own sample is in: the tracker below holds only 50 ms
     read_only.runner.latency = LatencyTracker()
     read_only.runner.latency.record(0.05)
     node = TieredProgramCache(tiers=[InMemoryProgramCache(), (read_only, TierPolicy("remote", shared=True,
