@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DeleteFailed", "EntryRejected", "RemoteURLError", "TierUnavailable", "one_line"]
+__all__ = ["DeleteFailed", "EntryRejected", "InterpreterExiting", "RemoteURLError", "TierUnavailable", "one_line"]
 
 
 class EntryRejected(KeyError):
@@ -22,6 +22,15 @@ class RemoteURLError(ValueError):
 
 class TierUnavailable(OSError):
     """The tier is cooling down after repeated failures; the operation was not attempted."""
+
+
+class InterpreterExiting(RuntimeError):
+    """A request needed a thread or a pool that the exiting interpreter refused: not the store's fault.
+
+    Python 3.12.0 to 3.12.2 start no thread once the main thread has ended, so a store whose
+    client was not built by then cannot take the uploads the exit flush gives it. The breaker
+    and the node's down memo do not count it; the write is dropped with this message.
+    """
 
 
 class DeleteFailed(OSError):

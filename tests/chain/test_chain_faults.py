@@ -23,6 +23,7 @@ import pytest
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.stores.localdir import entry_name
 from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.runner import NO_THREADS_AT_EXIT
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -183,6 +184,8 @@ def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
     )
 
 
+@pytest.mark.skipif(NO_THREADS_AT_EXIT, reason="this Python starts no thread at exit: "
+                    "tests/stores/test_exiting_interpreter.py checks what the dropped uploads say there")
 def test_uploads_queued_at_exit_reach_s3(tmp_path, s3_bucket):
     """Before: the exit flush ran after Python shut down the thread pools an s3fs upload needs, so all 20 were lost."""
     out = _run_child(_WRITE_AND_EXIT, str(tmp_path), s3_bucket.url, json.dumps(s3_bucket.storage_options), "20")

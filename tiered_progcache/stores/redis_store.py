@@ -37,6 +37,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable, TypeVar
 
+from ..errors import InterpreterExiting
 from .envelope import HEADER_SIZE, InvalidEnvelope, first_read_bytes, joined_envelope, rest_to_read
 from .sharedstore import FetchedEnvelopes, SharedEntryStore, checked_seconds
 from .store import BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
@@ -414,6 +415,8 @@ class RedisProgramCache(SharedEntryStore):
             return
         try:
             self._call("probe", self._ping_on_two_connections, timeout=self._runner.timeout)  # no sample: it connects
+        except InterpreterExiting as exc:  # no thread for the client: the store is not judged, nor remembered down
+            logger.info("redis cache %s: probe not made: %s", self._location, exc)
         except Exception as exc:
             message = f"redis cache {self._location} is unreachable: {type(exc).__name__}: {exc}"
             if strict:

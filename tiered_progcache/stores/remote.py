@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
 from . import fsutil
+from ..errors import InterpreterExiting
 from .envelope import (
     HEADER_SIZE,
     MAX_ENTRY_BYTES,
@@ -341,6 +342,8 @@ class RemoteProgramCache(SharedEntryStore):
                             "command's --create-remote-root)"
                         )
                     self._runner.request("probe", self._objects.make_root, self.root, timeout=deadline)
+        except InterpreterExiting as exc:  # no thread for the client: the store is not judged, nor remembered down
+            logger.info("remote cache %s: probe not made: %s", self._location, exc)
         except TypeError as exc:
             # The filesystem rejected an argument (a misspelt storage option such as
             # ``endpoint_ur1``): a configuration error, not an outage, so never a silent local-only run.

@@ -58,7 +58,7 @@ from typing import Any, Callable, Generic, Protocol, TypeVar
 
 from .. import forks
 from .breaker import CircuitBreaker
-from ..errors import EntryRejected
+from ..errors import EntryRejected, InterpreterExiting
 from ..settings import MAX_SECONDS
 from .latency import LatencyTracker
 
@@ -78,6 +78,24 @@ ANSWERS: tuple[type[BaseException], ...] = (FileNotFoundError, FileExistsError, 
 PROBE_DEADLINES = 3
 #: Requests of one batch that a connection pool is assumed to run side by side.
 BATCH_PARALLELISM = 16
+#: Python 3.12.0 to 3.12.2 refuse every new thread once the main thread has ended (3.12.3 starts them until
+#: the non-daemon threads have exited, as 3.11 does): the exit flush cannot build a store's client there.
+NO_THREADS_AT_EXIT = (3, 12, 0) <= sys.version_info[:3] < (3, 12, 3)
+
+
+def exiting_refusal(exc: BaseException, what: str) -> InterpreterExiting | None:
+    """``exc`` as :class:`~tiered_progcache.errors.InterpreterExiting` where it is the exiting interpreter refusing
+    a thread or a pool a request needed (CPython's RuntimeErrors "can't create new thread at interpreter
+    shutdown" and "cannot schedule new futures after interpreter shutdown"), else None."""
+    if isinstance(exc, InterpreterExiting):
+        return exc
+    if not isinstance(exc, RuntimeError) or "interpreter shutdown" not in str(exc):
+        return None
+    advice = (": Python 3.12.0 to 3.12.2 start no thread once the main thread has ended; call flush() or close() "
+              "before the process ends, or use Python 3.12.3 or later") if NO_THREADS_AT_EXIT else ""
+    error = InterpreterExiting(f"{what} not made, the interpreter is exiting ({exc}){advice}")
+    error.__cause__ = exc
+    return error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,6 +421,9 @@ class RequestRunner:
                 self.breaker.record_success()  # an answer: the remote works
             raise
         except BaseException as exc:  # a half-open probe's outcome is always recorded
+            exiting = exiting_refusal(exc, what)
+            if exiting is not None:  # the interpreter's refusal, not the store's answer: the breaker counts nothing
+                raise exiting from exc
             if books:
                 self.breaker.record_failure(exc)
             raise
@@ -445,6 +466,9 @@ class RequestRunner:
             if self._fs is None:
                 self._build()
         except Exception as exc:  # could not even build the filesystem: the batch failed
+            exiting = exiting_refusal(exc, what)
+            if exiting is not None:
+                return BatchOutcome(errors=dict.fromkeys(calls, exiting))
             self.breaker.record_failure(exc)
             return BatchOutcome(errors=dict.fromkeys(calls, exc))
         try:
@@ -454,13 +478,18 @@ class RequestRunner:
             else:
                 results, errors = self._many_sync(sync_fn, calls, limit, what, stoppable)
         except BaseException as exc:  # abandoned (KeyboardInterrupt): a probe's outcome is still recorded
+            exiting = exiting_refusal(exc, what)
+            if exiting is not None:  # no thread for a request (what was queued before runs, unread)
+                return BatchOutcome(errors=dict.fromkeys(calls, exiting))
             self.breaker.record_failure(exc)
             raise
+        errors = {key: exiting_refusal(error, what) or error for key, error in errors.items()}
         if results or any(isinstance(error, ANSWERS) for error in errors.values()):
             self.breaker.record_success()
         else:
             for error in errors.values():
-                self.breaker.record_failure(error)
+                if not isinstance(error, InterpreterExiting):
+                    self.breaker.record_failure(error)
         failures: dict[K, Exception] = {}
         for key, error in errors.items():
             if not isinstance(error, Exception):
@@ -782,12 +811,17 @@ class _DaemonThreads:
             self._jobs.put((future, fn, args))
             if self._idle == 0 and self._threads < self._max_threads:
                 self._threads += 1
-                threading.Thread(
-                    target=self._work,
-                    args=(self._jobs,),
-                    name=f"tiered-progcache-{self._name}-{self._threads}",
-                    daemon=True,
-                ).start()
+                try:
+                    threading.Thread(
+                        target=self._work,
+                        args=(self._jobs,),
+                        name=f"tiered-progcache-{self._name}-{self._threads}",
+                        daemon=True,
+                    ).start()
+                except RuntimeError:  # no thread to be had (an exiting interpreter): the job is not run, not counted
+                    self._threads -= 1
+                    future.cancel()
+                    raise
             elif self._idle:
                 self._idle -= 1
         return future
