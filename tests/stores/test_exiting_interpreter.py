@@ -40,12 +40,15 @@ ADVICE = ("Python 3.12.0 to 3.12.2 start no thread once the main thread has ende
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_only_the_interpreters_refusals_at_exit_are_named_as_such():
+def test_only_the_interpreters_refusals_at_exit_are_named_as_such(monkeypatch):
     cause = RuntimeError(NO_THREAD)
+    monkeypatch.setattr(runner, "NO_THREADS_AT_EXIT", False)  # 3.10, 3.11, 3.12.3 and later: no advice
     named = exiting_refusal(cause, "create on s3://b/k")
-    suffix = f": {ADVICE}" if NO_THREADS_AT_EXIT else ""
     assert isinstance(named, InterpreterExiting) and isinstance(named, RuntimeError) and named.__cause__ is cause
-    assert str(named) == f"create on s3://b/k not made, the interpreter is exiting ({NO_THREAD}){suffix}"
+    assert str(named) == f"create on s3://b/k not made, the interpreter is exiting ({NO_THREAD})"
+    monkeypatch.setattr(runner, "NO_THREADS_AT_EXIT", True)  # 3.12.0 to 3.12.2: what to do instead
+    assert str(exiting_refusal(cause, "create on s3://b/k")) == (
+        f"create on s3://b/k not made, the interpreter is exiting ({NO_THREAD}): {ADVICE}")
     futures = exiting_refusal(RuntimeError(NO_FUTURES), "read")
     assert str(futures).startswith(f"read not made, the interpreter is exiting ({NO_FUTURES})")
     assert exiting_refusal(named, "other") is named
