@@ -70,6 +70,7 @@ def test_a_request_the_exiting_interpreter_refused_is_not_counted_by_the_breaker
             calls.call("op", refused, None, NO_THREAD)
     outcome = calls.call_many("batch", refused, None, {1: (NO_FUTURES,), 2: (NO_THREAD,)})
     assert sorted(outcome.errors) == [1, 2] and all(isinstance(e, InterpreterExiting) for e in outcome.errors.values())
+    assert str(outcome.errors[1]).startswith(f"batch on test remote not made, the interpreter is exiting ({NO_FUTURES})")
     assert (breaker.state, breaker.consecutive_failures) == ("closed", 0)
     with pytest.raises(RuntimeError, match="^boom$"):
         calls.call("op", refused, None, "boom")  # any other error is the store's
@@ -90,6 +91,7 @@ def test_a_batch_whose_filesystem_cannot_be_built_at_exit_is_refused_and_not_cou
     calls = RequestRunner(None, timeout=5, breaker=breaker, name="remote L", factory=FilesystemFactory(NoLoopThread, {}))
     outcome = calls.call_many("batch", lambda n: n, None, {1: (1,), 2: (2,)})
     assert all(isinstance(e, InterpreterExiting) for e in outcome.errors.values()) and not outcome.results
+    assert str(outcome.errors[2]).startswith(f"batch on remote L not made, the interpreter is exiting ({NO_THREAD})")
     assert breaker.state == "closed"
 
 
