@@ -11,6 +11,10 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent))
 _sys.path.extend(str(_d) for _d in sorted(_Path(__file__).resolve().parent.iterdir())
                  if _d.is_dir() and not _d.name.startswith((".", "_")))
 
+# gcsfs picks its experimental (gRPC) filesystem class at its import, which the GCS emulator does not serve:
+# whichever test imports gcsfs first, it sees this (the GCS fixture sets it too, too late for an earlier import).
+__import__("os").environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 import tiered_progcache
 from tiered_progcache.compiling.compile import CompileEvent
 
