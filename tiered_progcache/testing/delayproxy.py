@@ -30,9 +30,10 @@ import contextlib
 import logging
 import math
 import threading
+from typing import NamedTuple
 from types import TracebackType
 
-__all__ = ["DelayProxy"]
+__all__ = ["DelayProxy", "SentRequest"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class DelayProxy:
             raise TypeError(f"keep_alive must be a bool, got {type(keep_alive).__name__}")
         self._keep_alive = keep_alive
         self._requests = 0
+        self._sent: list[SentRequest] = []
         self._upstream = (upstream_host, upstream_port)
         self._rtt_s = _check_seconds("rtt_s", rtt_s)
         self._bandwidth = float(bandwidth_bytes_per_s) if bandwidth_bytes_per_s is not None else None
@@ -108,6 +110,12 @@ class DelayProxy:
         """HTTP requests forwarded so far (counted with ``keep_alive`` only; 0 otherwise)."""
         with self._lock:
             return self._requests
+
+    @property
+    def sent(self) -> list[SentRequest]:
+        """Each request forwarded so far and its answer's status, in order (with ``keep_alive`` only)."""
+        with self._lock:
+            return list(self._sent)
 
     @property
     def bytes_forwarded(self) -> int:
@@ -275,6 +283,7 @@ class DelayProxy:
                 up_writer.close()
             with self._lock:
                 self._requests += 1
+                self._sent.append(SentRequest(method.decode("ascii", "replace"), _target_of(head), _status_of(response)))
                 self._bytes += len(head) + len(body) + len(response)
             answer, keep = _keep_alive_response(response, method)
             await self._sleep_until(loop.time() + self._transmit(len(answer)) + self._rtt_s / 2)
@@ -294,6 +303,25 @@ class DelayProxy:
 
 
 _MAX_HEAD = 64 * 1024
+
+
+class SentRequest(NamedTuple):
+    """One request the proxy forwarded: its method, its path (no query) and the status of its answer (0: none)."""
+
+    method: str
+    path: str
+    status: int
+
+
+def _status_of(response: bytes) -> int:
+    parts = response.split(b"\r\n", 1)[0].split(b" ")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def _target_of(head: bytes) -> str:
+    """The path of a request's first line (its query dropped)."""
+    parts = head.split(b"\r\n", 1)[0].split(b" ")
+    return parts[1].split(b"?", 1)[0].decode("ascii", "replace") if len(parts) > 1 else ""
 
 
 async def _read_request(
