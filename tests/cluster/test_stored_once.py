@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import Any
 
 import pytest
 from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
+from tiered_progcache.stores.objectstore import ObjectStoreCalls
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.chain.policy import TierPolicy
 from tiered_progcache.cluster.flightpolicy import compile_times
@@ -30,23 +32,27 @@ JOIN_S = 90
 
 
 class PutLog:
-    """(object key, HTTP status) of every PutObject botocore sent through ``remote``."""
+    """(object key, HTTP status) of every PUT the client of ``remote`` made (412: a create the store refused)."""
 
     def __init__(self, remote: RemoteProgramCache) -> None:
         self.puts: list[tuple[str, int]] = []
-        events = remote.fs.s3.meta.events
-        events.register("before-call.s3.PutObject", self._before)
-        events.register("after-call.s3.PutObject", self._after)
-        events.register("after-call-error.s3.PutObject", self._failed)
+        fs = remote.fs
+        assert isinstance(fs, ObjectStoreCalls), fs  # a blocking client: the runner calls its pipe_file
+        put = fs.pipe_file
 
-    def _before(self, params, context, **_):
-        context["tpc-key"] = params["url_path"]
+        def logged(path: str, value: bytes, **kwargs: Any) -> Any:
+            try:
+                result = put(path, value, **kwargs)
+            except FileExistsError:
+                self.puts.append((path, 412))
+                raise
+            except Exception:
+                self.puts.append((path, -1))
+                raise
+            self.puts.append((path, 200))
+            return result
 
-    def _after(self, http_response, context, **_):
-        self.puts.append((context["tpc-key"], http_response.status_code))
-
-    def _failed(self, context, exception, **_):
-        self.puts.append((context["tpc-key"], -1))
+        fs.pipe_file = logged  # the runner's blocking calls look it up on the instance
 
     def stored(self) -> collections.Counter[str]:
         """PUTs per entry that stored something (2xx): an entry counted twice was rewritten."""

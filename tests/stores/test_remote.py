@@ -291,7 +291,9 @@ def test_missing_bucket_default_degrades_then_recovers(moto_server, caplog, tmp_
     chain = TieredProgramCache(tiers=[FileStreamProgramCache(tmp_path), remote])
     chain[b"k"] = b"v"  # works local-only
     assert chain.get(b"k") == b"v"
-    remote.fs.call_s3("create_bucket", Bucket=bucket)
+    import s3fs
+
+    s3fs.S3FileSystem(**moto_server.storage_options()).call_s3("create_bucket", Bucket=bucket)
     clock.now += 31
     with pytest.raises(KeyError):  # the probe reaches the new bucket: a plain miss
         remote.read_key(b"k")

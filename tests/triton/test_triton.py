@@ -407,19 +407,19 @@ def test_a_hung_remote_costs_deadlines_until_the_breaker_opens(compiled, node):
 
 
 class S3Wire:
-    """moto behind a keep-alive delay proxy: ``requests`` as the wire sees them, ``sent`` as botocore does."""
+    """moto behind a keep-alive delay proxy: ``requests`` and ``sent`` (each request's method) as the wire sees them."""
 
     def __init__(self, proxy: DelayProxy, url: str, options: dict[str, Any]) -> None:
         self.proxy, self.url, self.options = proxy, url, options
-        self.sent: list[str] = []
-        self._lock = threading.Lock()
+        self._watched_from = 0
 
     def watch(self, remote: RemoteProgramCache) -> None:
-        def record(request: Any, **_: Any) -> None:
-            with self._lock:
-                self.sent.append(request.method)
+        """Count from now: every request through this wire is the watched client's."""
+        self._watched_from = len(self.proxy.sent)
 
-        remote.fs.s3.meta.events.register("before-send", record)
+    @property
+    def sent(self) -> list[str]:
+        return [request.method for request in self.proxy.sent[self._watched_from:]]
 
     def requests_during(self, action: Any) -> int:
         before = self.proxy.requests

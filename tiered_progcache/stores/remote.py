@@ -43,6 +43,7 @@ from .envelope import (
     rest_to_read,
     stored_length,
 )
+from .objectstore import ObjectStoreFactory
 from .runner import DeferredFilesystemFactory, FilesystemFactory, RequestRunner
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
@@ -67,7 +68,8 @@ MAX_LEASE_BYTES = 1 << 16
 # Object stores whose put can be conditional (S3 ``If-None-Match: *``, GCS
 # ``ifGenerationMatch=0``, memory:// in-process): ``pipe_file(mode="create")`` is atomic.
 # fsspec's generic ``mode="create"`` elsewhere is check-then-write, so it is not.
-_CONDITIONAL_PUT_PROTOCOLS = frozenset({"memory", "s3", "s3a", "gs", "gcs"})
+_OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs"})
+_CONDITIONAL_PUT_PROTOCOLS = _OBJECT_STORE_PROTOCOLS | {"memory"}
 # Local and NFS paths: create-if-absent is stage-then-link(2) (fsutil.create_exclusive).
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 
@@ -425,8 +427,10 @@ class _Objects:
         self._max_entry_bytes = max_entry_bytes
         self._staging_dir = staging_dir
         protocols = runner.filesystem_protocols
-        # Object stores (every async filesystem, memory://) replace an object whole in one put.
-        self._whole_puts = is_async or "memory" in protocols
+        # Object stores (every async filesystem, memory://, obstore's S3) replace an object whole in one put.
+        self._whole_puts = is_async or "memory" in protocols or bool(protocols & _OBJECT_STORE_PROTOCOLS)
+        # An object store's envelope is read in at most two requests, a blocking client's too (obstore's S3).
+        self._whole_reads = is_async or bool(protocols & _OBJECT_STORE_PROTOCOLS)
         self._local = bool(protocols & _LOCAL_PROTOCOLS)
         self._conditional_put = bool(protocols & _CONDITIONAL_PUT_PROTOCOLS)
 
@@ -570,7 +574,7 @@ class _Objects:
         if rest is None:
             return first
         start, end = rest
-        step = end - start if self._async else READ_CHUNK_BYTES
+        step = end - start if self._whole_reads else READ_CHUNK_BYTES
         more = bytearray()
         while start < end:
             if stop.is_set():
@@ -741,7 +745,8 @@ def _plan_filesystem(
     (s3://, gs://) a deferred one, which imports nothing until then; a chained one
     (``simplecache::s3://...``) is built here by fsspec, whose layers construct lazily.
     """
-    deferred = DeferredFilesystemFactory.for_url(url, storage_options)  # None for a chained URL too
+    deferred = (ObjectStoreFactory.for_url_and_config(url, storage_options)
+                or DeferredFilesystemFactory.for_url(url, storage_options))  # None for a chained URL too
     if deferred is not None:
         return None, deferred.root, deferred
     import fsspec

@@ -1,0 +1,151 @@
+"""S3 through obstore: when it is used, what it answers, and the two places it must not be (a fork, an exit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tiered_progcache.stores.objectstore import ObjectStoreCalls, ObjectStoreFactory, obstore_config
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.runner import DeferredFilesystemFactory
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+from support import in_forked_child
+
+pytest.importorskip("obstore")
+
+NO_AWS_FILES = {"AWS_CONFIG_FILE": "/nonexistent/config", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials"}
+
+
+def test_the_options_obstore_can_say_are_said_to_it():
+    options = {"endpoint_url": "http://127.0.0.1:9000", "key": "k", "secret": "s", "token": "t",
+               "client_kwargs": {"region_name": "eu-west-1"}, "skip_instance_cache": True}
+    assert obstore_config("s3", options, NO_AWS_FILES) == {
+        "endpoint": "http://127.0.0.1:9000", "access_key_id": "k", "secret_access_key": "s", "session_token": "t",
+        "region": "eu-west-1", "client_options": {"allow_http": True}}
+    assert obstore_config("s3a", {"anon": True, "client_kwargs": {"endpoint_url": "https://minio:9000"}},
+                          NO_AWS_FILES) == {"skip_signature": True, "endpoint": "https://minio:9000",
+                                            "region": "us-east-1"}  # an S3-compatible endpoint: any region signs
+    assert obstore_config("s3", {}, {**NO_AWS_FILES, "AWS_REGION": "us-west-2"}) == {}  # obstore reads the env
+
+
+@pytest.mark.parametrize("options, environ, why", [
+    ({"profile": "dev"}, NO_AWS_FILES, "an option obstore has no word for"),
+    ({"client_kwargs": {"verify": False}}, NO_AWS_FILES, "a client option it has no word for"),
+    ({"key": 7}, NO_AWS_FILES, "a key that is not a string"),
+    ({}, {**NO_AWS_FILES, "AWS_PROFILE": "dev", "AWS_REGION": "us-west-2"}, "a profile only botocore reads"),
+    ({}, NO_AWS_FILES, "AWS itself with no region: botocore finds the bucket's, object_store would not"),
+])
+def test_what_only_botocore_reads_keeps_s3fs(options, environ, why):
+    assert obstore_config("s3", options, environ) is None, why
+
+
+def test_an_aws_config_file_keeps_s3fs_unless_the_keys_are_given(tmp_path):
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = eu-west-1\n")
+    environ = {"AWS_CONFIG_FILE": str(config), "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+    assert obstore_config("s3", {"endpoint_url": "http://h:1"}, environ) is None
+    assert obstore_config("s3", {"endpoint_url": "http://h:1", "key": "k", "secret": "s"}, environ) is not None
+
+
+def test_gcs_and_other_schemes_keep_their_fsspec_client():
+    assert obstore_config("gs", {"token": "anon"}, NO_AWS_FILES) is None
+    assert obstore_config("memory", {}, NO_AWS_FILES) is None
+    assert ObjectStoreFactory.for_url_and_config("gs://b/k", {"token": "anon"}) is None
+    assert ObjectStoreFactory.for_url_and_config("s3://b/k", {"profile": "dev"}) is None
+
+
+def test_a_factory_declares_a_blocking_bucket_store_before_it_imports_anything():
+    factory = ObjectStoreFactory.for_url_and_config("s3://b/kernels/", {"endpoint_url": "http://h:1", "anon": True})
+    assert isinstance(factory, DeferredFilesystemFactory)
+    assert (factory.root, factory.protocols, factory.is_async) == ("b/kernels", frozenset({"s3", "s3a"}), False)
+
+
+def test_the_tier_on_s3_uses_obstore_and_answers_as_fsspec_does(s3_bucket):  # noqa: F811
+    remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True)
+    fs = remote.fs
+    assert isinstance(fs, ObjectStoreCalls)
+    path = remote.path_for("ab" * 32)
+    with pytest.raises(FileNotFoundError):
+        fs.cat_file(path, start=0, end=10)
+    fs.pipe_file(path, b"0123456789", mode="create")
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(path, b"other", mode="create")
+    assert (fs.cat_file(path), fs.cat_file(path, start=4, end=100), fs.cat_file(path, start=10, end=11)) == (
+        b"0123456789", b"456789", b"")  # past the end: S3's 416, the object ends there
+    assert fs.info(path)["size"] == 10 and fs.exists(path) and not fs.exists(path + "x")
+    assert list(fs.find(remote.path_for("ab" * 32).rsplit("/", 2)[0])) == [path]
+    fs.rm([path])
+    assert not fs.exists(path)
+    with pytest.raises(ValueError, match="is not in bucket"):
+        fs.cat_file("another-bucket/key")
+
+
+def test_a_missing_bucket_is_file_not_found_and_a_refused_port_says_so(moto_server):  # noqa: F811
+    with pytest.raises(FileNotFoundError, match="the bucket or directory does not exist"):
+        RemoteProgramCache.from_url("s3://tpc-no-such-bucket/k", storage_options=moto_server.storage_options(),
+                                    strict=True)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: every connect is refused
+        port = closed.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{port} refused the connection"):
+            RemoteProgramCache.from_url("s3://b/k", storage_options={
+                "endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s"}, strict=True, timeout=5)
+
+
+def test_a_forked_child_of_a_process_that_made_obstore_requests_uses_s3fs(s3_bucket):  # noqa: F811
+    remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True)
+    remote.write_entry("cd" * 32, b"from the parent")
+    assert isinstance(remote.fs, ObjectStoreCalls)
+
+    def child() -> list[str]:
+        return [type(remote.fs).__name__, remote.read_entry("cd" * 32).decode()]
+
+    assert in_forked_child(child) == ["S3FileSystem", "from the parent"]
+
+
+_FORK_BEFORE_ANY_REQUEST = r"""
+import json, os, sys
+from tiered_progcache.stores.objectstore import ObjectStoreFactory
+factory = ObjectStoreFactory.for_url_and_config(sys.argv[1], json.loads(sys.argv[2]))
+pid = os.fork()
+if pid == 0:
+    calls = factory.build(fresh=True)
+    print(type(calls).__name__, calls.exists(sys.argv[1].split("://")[1] + "/nothing"), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_of_a_process_that_made_none_uses_obstore(s3_bucket):  # noqa: F811
+    """A fresh process (no request made) forks: the child's obstore runtime starts in the child and serves it."""
+    done = subprocess.run([sys.executable, "-c", _FORK_BEFORE_ANY_REQUEST, s3_bucket.url,
+                           json.dumps(s3_bucket.storage_options)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "ObjectStoreCalls False\n"), done.stderr
+
+
+_EXIT_WITH_A_REQUEST_RETRYING = r"""
+import json, sys
+from tiered_progcache.stores.remote import RemoteProgramCache
+remote = RemoteProgramCache.from_url("s3://b/k", storage_options=json.loads(sys.argv[1]), timeout=0.05)
+remote.wait_ready(5)  # the probe's request gave up at its deadline; obstore's own retries are still running
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_exits_cleanly_while_an_obstore_request_still_retries():
+    """obstore's coroutines would complete from its own threads into an exiting interpreter (SIGABRT); its
+    blocking calls on the runner's daemon threads end with them. Ten real processes, each leaving one behind."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        options = json.dumps({"endpoint_url": f"http://127.0.0.1:{closed.getsockname()[1]}", "key": "k",
+                              "secret": "s"})
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        codes = [subprocess.run([sys.executable, "-c", _EXIT_WITH_A_REQUEST_RETRYING, options], env=env,
+                                capture_output=True, text=True, timeout=120) for _ in range(10)]
+    assert [(done.returncode, done.stdout) for done in codes] == [(0, "exiting\n")] * 10, codes[0].stderr

@@ -1,0 +1,311 @@
+"""S3 through obstore, a client a fresh process builds in milliseconds.
+
+s3fs and gcsfs take 0.3-0.5 s of the interpreter to import (botocore, aiohttp, google-auth),
+on the clock of every fresh process, and a first request sets up their sessions; obstore
+(Rust's ``object_store``) imports in a few ms. :class:`ObjectStoreCalls` answers the fsspec
+coroutine names the remote tier's requests use (:class:`~.remote._Objects`), so each request
+is written once for both clients. :func:`obstore_config` says when obstore can be used: when
+the storage options and the environment say nothing it cannot honour (an AWS profile, a
+region it would have to discover, an option it has no word for); otherwise the fsspec
+filesystem is built as before. A forked child of a process whose obstore runtime has run
+builds the fsspec filesystem too: that runtime's threads do not survive a fork.
+
+Thread-safe; one instance per process (rebuilt in a forked child, as the runner does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from .. import forks
+from .runner import DeferredFilesystemFactory
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ObjectStoreCalls", "ObjectStoreFactory", "obstore_config", "runtime_lost_in_this_process"]
+
+#: s3fs storage options obstore is told, by the name it has for them; ``client_kwargs`` are read as below.
+_S3_OPTIONS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
+_S3_CLIENT_KWARGS = {"aws_access_key_id": "access_key_id", "aws_secret_access_key": "secret_access_key",
+                     "aws_session_token": "session_token", "region_name": "region"}  # fmt: skip
+#: Options of s3fs and gcsfs that change how fsspec caches, never what a request is: obstore can ignore them.
+_CACHE_ONLY = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
+                         "default_block_size", "default_cache_type", "asynchronous", "loop"})  # fmt: skip
+#: Where botocore finds credentials and regions obstore does not read: with one of them present, s3fs is used.
+_AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
+
+_used = threading.Event()  # set once a request ran on obstore's runtime in this process
+_lost = threading.Event()  # set in a forked child of such a process
+
+
+@forks.register
+def _after_fork_in_child() -> None:
+    if _used.is_set():
+        _lost.set()
+
+
+def runtime_lost_in_this_process() -> bool:
+    """True in a forked child of a process that ran obstore requests (their threads are gone: use fsspec)."""
+    return _lost.is_set()
+
+
+def obstore_config(scheme: str, storage_options: Mapping[str, Any],
+                   environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The obstore store configuration that says what ``storage_options`` say for ``scheme``, or None.
+
+    None where obstore is not installed, where an option has no obstore word, or where the
+    environment holds configuration only botocore reads (an AWS profile or config file, or,
+    for AWS itself, no region at all), so the fsspec client is used and behaves as it always has.
+    """
+    if environ is None:
+        environ = os.environ
+    if importlib.util.find_spec("obstore") is None:
+        return None
+    if scheme in ("s3", "s3a"):
+        return _s3_config(storage_options, environ)
+    return None  # gs://: object_store speaks GCS's XML API, which the emulator the tests run does not answer
+
+
+def _s3_config(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any] | None:
+    config: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in _CACHE_ONLY:
+            continue
+        if name in _S3_OPTIONS and isinstance(value, str):
+            config[_S3_OPTIONS[name]] = value
+        elif name == "endpoint_url" and isinstance(value, str):
+            config["endpoint"] = value
+        elif name == "anon" and isinstance(value, bool):
+            config["skip_signature"] = value
+        elif name == "client_kwargs" and isinstance(value, Mapping):
+            for inner, inner_value in value.items():
+                if inner == "endpoint_url" and isinstance(inner_value, str):
+                    config["endpoint"] = inner_value
+                elif inner in _S3_CLIENT_KWARGS and isinstance(inner_value, str):
+                    config[_S3_CLIENT_KWARGS[inner]] = inner_value
+                else:
+                    return None
+        else:
+            return None
+    explicit_keys = "access_key_id" in config or config.get("skip_signature") or "AWS_ACCESS_KEY_ID" in environ
+    if not explicit_keys and (environ.get("AWS_PROFILE") or any(
+            os.path.exists(os.path.expanduser(environ.get(var) or default)) for var, default in _AWS_FILES)):
+        return None
+    if "region" not in config and not (environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")):
+        if "endpoint" not in config:
+            return None  # AWS itself: botocore finds the bucket's region, object_store would not
+        config["region"] = "us-east-1"  # an S3-compatible endpoint signs with any region
+    if config.get("endpoint", "").startswith("http://"):
+        config["client_options"] = {"allow_http": True}
+    return config
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStoreFactory(DeferredFilesystemFactory):
+    """An S3 bucket's client, built on first use: obstore's (:class:`ObjectStoreCalls`, blocking, on the runner's
+    threads), or in a forked child of a process that ran obstore requests the fsspec filesystem, driven the same
+    way. Immutable; ``config`` is what :func:`obstore_config` made of the storage options."""
+
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def for_url_and_config(cls, url: str, storage_options: Mapping[str, Any]) -> ObjectStoreFactory | None:
+        """The factory for ``url`` where obstore can serve it (:func:`obstore_config`), else None."""
+        deferred = DeferredFilesystemFactory.for_url(url, storage_options)
+        if deferred is None:
+            return None
+        config = obstore_config(deferred.scheme, storage_options)
+        if config is None:
+            return None
+        return cls(deferred.scheme, deferred.url, deferred.root, deferred.storage_options, config)
+
+    @property
+    def is_async(self) -> bool:
+        return False
+
+    def build(self, fresh: bool = False) -> Any:
+        if runtime_lost_in_this_process():
+            logger.info("s3://%s: obstore's threads did not survive the fork; this child uses s3fs", self.root)
+            return super().build(fresh)
+        return ObjectStoreCalls(self.root.split("/", 1)[0], self.config, self.storage_options)
+
+
+class ObjectStoreCalls:
+    """One bucket's obstore store under the blocking fsspec method names the remote tier's requests call.
+
+    Blocking on purpose: obstore's coroutines hand their results back to Python from its own
+    threads, which aborts a process whose interpreter is exiting while a request is still
+    retrying; its blocking calls release the interpreter and return on the caller's thread
+    (a runner thread, :class:`~.runner.BlockingCalls`), so a request left behind at exit ends
+    with its daemon thread. Paths are fsspec's (``bucket/key``). obstore's errors are raised as
+    fsspec's clients raise them: ``FileNotFoundError`` for an absent object or bucket,
+    ``FileExistsError`` for a refused create, ``PermissionError`` for refused credentials.
+    """
+
+    root_marker = ""
+    protocol = ("s3", "s3a")
+
+    def __init__(self, bucket: str, config: Mapping[str, Any], storage_options: Mapping[str, Any]) -> None:
+        import obstore
+        import obstore.store
+
+        self._obstore = obstore
+        config = dict(config)
+        client_options = config.pop("client_options", {})
+        # A request's deadline is the runner's; these keep obstore's own retries short within it.
+        retry = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=30),
+                 "backoff": {"init_backoff": datetime.timedelta(milliseconds=50),
+                             "max_backoff": datetime.timedelta(seconds=1), "base": 2.0}}  # fmt: skip
+        self._store = obstore.store.S3Store(bucket, config=config, client_options=client_options, retry_config=retry)
+        self.storage_options = dict(storage_options)
+        self._bucket = bucket
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreCalls(s3://{self._bucket})"
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return path.partition("://")[2] if "://" in path else path
+
+    def _key(self, path: str) -> str:
+        bucket, _, key = self._strip_protocol(path).partition("/")
+        if bucket != self._bucket:
+            raise ValueError(f"{path!r} is not in bucket {self._bucket!r}")
+        return key
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Nothing to forget: obstore keeps no listings."""
+
+    def info(self, path: str) -> dict[str, Any]:
+        key = self._key(path)
+        if not key:  # the bucket: one listing of a prefix nothing is stored under, which a missing bucket refuses
+            with _as_fsspec_errors(path):
+                next(iter(self._obstore.list(self._store, prefix="tiered-progcache-probe/", chunk_size=1)), None)
+            _used.set()
+            return {"name": self._bucket, "type": "directory", "size": 0}
+        with _as_fsspec_errors(path):
+            meta = self._obstore.head(self._store, key)
+        _used.set()
+        return _info_of(self._bucket, meta)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def isdir(self, path: str) -> bool:
+        return not self._key(path).strip("/") and self.exists(path)
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        key = self._key(path)
+        with _as_fsspec_errors(path):
+            if start is None and end is None:
+                data = self._obstore.get(self._store, key).bytes()
+            else:
+                try:
+                    data = self._obstore.get_range(self._store, key, start=start or 0, end=end)
+                except self._obstore.exceptions.GenericError as exc:
+                    if not _empty_range(exc):
+                        raise
+                    data = b""  # S3's 416: the object is there (an absent one is a 404) and ends before ``start``
+        _used.set()
+        return bytes(data)
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **_: Any) -> None:
+        key = self._key(path)
+        with _as_fsspec_errors(path):
+            self._obstore.put(self._store, key, value, mode="create" if mode == "create" else "overwrite")
+        _used.set()
+
+    def find(self, path: str, detail: bool = False) -> Any:
+        key = self._key(path).rstrip("/")
+        with _as_fsspec_errors(path):
+            metas = self._obstore.list(self._store, prefix=key + "/" if key else None).collect()
+        _used.set()
+        found = {f"{self._bucket}/{meta['path']}": _info_of(self._bucket, meta) for meta in metas}
+        return found if detail else sorted(found)
+
+    def ls(self, path: str, detail: bool = True) -> list[Any]:
+        key = self._key(path).rstrip("/")
+        with _as_fsspec_errors(path):
+            listed = self._obstore.list_with_delimiter(self._store, prefix=key + "/" if key else None)
+        _used.set()
+        infos = [_info_of(self._bucket, meta) for meta in listed["objects"]]
+        infos += [{"name": f"{self._bucket}/{prefix}", "type": "directory", "size": 0}
+                  for prefix in listed["common_prefixes"]]  # fmt: skip
+        return infos if detail else [info["name"] for info in infos]
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """Nothing to make: a bucket's keys need no directories (buckets are made by their owners)."""
+
+    def rm_file(self, path: str) -> None:
+        key = self._key(path)
+        with _as_fsspec_errors(path):
+            self._obstore.delete(self._store, key)
+        _used.set()
+
+    def rm(self, paths: list[str] | str) -> None:
+        keys = [self._key(path) for path in ([paths] if isinstance(paths, str) else paths)]
+        with _as_fsspec_errors(self._bucket):
+            self._obstore.delete(self._store, keys)
+        _used.set()
+
+
+def _info_of(bucket: str, meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {"name": f"{bucket}/{meta['path']}", "type": "file", "size": meta["size"],
+            "LastModified": meta["last_modified"], "ETag": meta.get("e_tag")}  # fmt: skip
+
+
+def _empty_range(exc: BaseException) -> bool:
+    """True for object_store's refusal of a range that starts at the object's end (an empty object)."""
+    return "416 Range Not Satisfiable" in _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    """obstore's message without the debug dump it appends (the request, no credentials: those go in headers)."""
+    return str(exc).split("\n", 1)[0].strip()
+
+
+#: How object_store's generic errors say what fsspec's clients raise as a builtin, read from its message (it
+#: keeps no status on the exception): the first match wins.
+_SAID = ((("status: 404", "404 Not Found"), FileNotFoundError),
+         (("status: 401", "status: 403", "401 Unauthorized", "403 Forbidden"), PermissionError),
+         (("ConnectionRefused",), ConnectionRefusedError))  # fmt: skip
+
+
+class _as_fsspec_errors:
+    """obstore's exceptions raised as fsspec's clients raise them, in one line (the cause kept)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            return False
+        from obstore import exceptions
+
+        if not isinstance(exc, exceptions.BaseError):
+            return False
+        mapped: type[OSError] = OSError
+        if isinstance(exc, exceptions.NotFoundError):
+            mapped = FileNotFoundError
+        elif isinstance(exc, (exceptions.AlreadyExistsError, exceptions.PreconditionError)):
+            mapped = FileExistsError
+        elif isinstance(exc, (exceptions.PermissionDeniedError, exceptions.UnauthenticatedError)):
+            mapped = PermissionError
+        else:
+            text = str(exc)
+            mapped = next((error for words, error in _SAID if any(word in text for word in words)), OSError)
+        raise mapped(f"{self._path}: {type(exc).__name__}: {_first_line(exc)}") from exc
