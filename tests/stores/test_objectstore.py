@@ -149,3 +149,19 @@ def test_a_process_exits_cleanly_while_an_obstore_request_still_retries():
         codes = [subprocess.run([sys.executable, "-c", _EXIT_WITH_A_REQUEST_RETRYING, options], env=env,
                                 capture_output=True, text=True, timeout=120) for _ in range(10)]
     assert [(done.returncode, done.stdout) for done in codes] == [(0, "exiting\n")] * 10, codes[0].stderr
+
+
+def test_the_probe_opens_two_connections_for_a_first_hit_beside_its_boot_listing(s3_bucket, moto_server):  # noqa: F811
+    """A fresh node's first hit reads its entry while the boot fetch lists: two requests at once, each on a
+    connection the probe opened. Behind a proxy with a 200 ms round trip the probe's two asks overlap."""
+    from urllib.parse import urlsplit
+
+    from tiered_progcache.testing.delayproxy import DelayProxy
+
+    upstream = urlsplit(moto_server.endpoint_url)
+    with DelayProxy(upstream.hostname, upstream.port, rtt_s=0.2, keep_alive=True) as proxy:
+        options = dict(s3_bucket.storage_options, endpoint_url=proxy.endpoint_url)
+        remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=options)
+        assert remote.wait_ready(60)
+        assert [sent.path for sent in proxy.sent[:2]] == ["/" + s3_bucket.bucket] * 2
+        assert proxy.connections >= 2

@@ -41,6 +41,9 @@ _CACHE_ONLY = frozenset({"skip_instance_cache", "use_listings_cache", "listings_
 #: Where botocore finds credentials and regions obstore does not read: with one of them present, s3fs is used.
 _AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
 
+_CONNECT_TIMEOUT = datetime.timedelta(seconds=30)
+_REQUEST_TIMEOUT = datetime.timedelta(minutes=10)  # a listing of a large bucket, a 256 MiB entry on a slow link
+
 _used = threading.Event()  # set once a request ran on obstore's runtime in this process
 _lost = threading.Event()  # set in a forked child of such a process
 
@@ -158,7 +161,10 @@ class ObjectStoreCalls:
 
         self._obstore = obstore
         config = dict(config)
-        client_options = config.pop("client_options", {})
+        # No request outlives these (a server that accepts and never answers would hold a runner thread):
+        # far past any deadline of the runner's, which end the caller's wait first.
+        client_options = {**config.pop("client_options", {}), "connect_timeout": _CONNECT_TIMEOUT,
+                          "timeout": _REQUEST_TIMEOUT}
         # A request's deadline is the runner's; these keep obstore's own retries short within it.
         retry = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=30),
                  "backoff": {"init_backoff": datetime.timedelta(milliseconds=50),

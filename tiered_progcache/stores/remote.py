@@ -44,7 +44,7 @@ from .envelope import (
     stored_length,
 )
 from .objectstore import ObjectStoreFactory
-from .runner import DeferredFilesystemFactory, FilesystemFactory, RequestRunner
+from .runner import DeferredFilesystemFactory, FilesystemFactory, RequestRunner, run_quietly_to_end
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
 from .store import STALE_STAGED_AGE_S, BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
@@ -455,13 +455,22 @@ class _Objects:
     # -- the root and its listing --------------------------------------------------------
 
     async def probe_bucket(self, bucket: str) -> None:
-        """Ask for the bucket; on an async filesystem twice at once, so its pool keeps two connections: a
-        fresh node's first hit makes two requests side by side (its entry read ahead while the boot fetch
-        lists), and a connection opened then would cost the hit a round trip."""
+        """Ask for the bucket; on an object store twice at once, so its pool keeps two connections: a fresh
+        node's first hit makes two requests side by side (its entry read ahead while the boot fetch lists),
+        and a connection opened then would cost the hit a round trip (TCP and TLS: two or three)."""
         if self._async:
             await asyncio.gather(self.ask_bucket(bucket), self.ask_bucket(bucket))
-        else:
+            return
+        if not self._whole_reads:
             await self.ask_bucket(bucket)
+            return
+        # A blocking client (obstore's): the second ask on a thread of its own, waited for at most a request's
+        # deadline (its outcome is the first's).
+        beside = threading.Thread(target=run_quietly_to_end, args=(self.ask_bucket, bucket), daemon=True,
+                                  name="tiered-progcache-probe-beside")
+        beside.start()
+        await self.ask_bucket(bucket)
+        beside.join(min(self._runner.timeout, threading.TIMEOUT_MAX))
 
     async def ask_bucket(self, bucket: str) -> None:
         """One request for the bucket (a round trip once connected)."""

@@ -622,6 +622,15 @@ def _run_to_end(op: Callable[..., Awaitable[T]], *args: Any) -> T:
     raise RuntimeError(f"{_name_of(op)} suspended: a request over a blocking filesystem awaits only BlockingCalls")
 
 
+def run_quietly_to_end(op: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """:func:`_run_to_end` for a request whose outcome nobody reads (a second connection's opening): its failure
+    is logged at DEBUG, as the request beside it reports the same store's answer."""
+    try:
+        _run_to_end(op, *args)
+    except Exception as exc:
+        logger.debug("%s beside the probe failed: %r", _name_of(op), exc)
+
+
 def _name_of(op: Callable[..., Any]) -> str:
     return getattr(op, "__qualname__", repr(op))
 
