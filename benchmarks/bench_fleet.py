@@ -152,12 +152,12 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         scheme = url.split("://", 1)[0]
         if scheme.startswith("redis"):
             import redis  # noqa: F401
+        elif scheme in ("s3", "s3a") and importlib.util.find_spec("obstore") is not None:
+            import obstore.store  # noqa: F401  (the client the cache builds for S3 where it is installed)
         else:
             import fsspec
 
             fsspec.get_filesystem_class(scheme)
-            if scheme in ("s3", "s3a") and importlib.util.find_spec("obstore") is not None:
-                import obstore.store  # noqa: F401  (the client the cache builds for S3 where it is installed)
             if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
                 importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
     order = list(spec["sources"])

@@ -32,11 +32,15 @@ def test_the_options_obstore_can_say_are_said_to_it():
                           NO_AWS_FILES) == {"skip_signature": True, "endpoint": "https://minio:9000",
                                             "region": "us-east-1"}  # an S3-compatible endpoint: any region signs
     assert obstore_config("s3", {}, {**NO_AWS_FILES, "AWS_REGION": "us-west-2"}) == {}  # obstore reads the env
+    # botocore's pool size and call timeouts: the runner's threads and deadlines do that work
+    assert obstore_config("s3", {"config_kwargs": {"max_pool_connections": 64, "read_timeout": 5}},
+                          {**NO_AWS_FILES, "AWS_REGION": "us-west-2"}) == {}
 
 
 @pytest.mark.parametrize("options, environ, why", [
     ({"profile": "dev"}, NO_AWS_FILES, "an option obstore has no word for"),
     ({"client_kwargs": {"verify": False}}, NO_AWS_FILES, "a client option it has no word for"),
+    ({"config_kwargs": {"s3": {"addressing_style": "virtual"}}}, NO_AWS_FILES, "a botocore setting it is not told"),
     ({"key": 7}, NO_AWS_FILES, "a key that is not a string"),
     ({}, {**NO_AWS_FILES, "AWS_PROFILE": "dev", "AWS_REGION": "us-west-2"}, "a profile only botocore reads"),
     ({}, NO_AWS_FILES, "AWS itself with no region: botocore finds the bucket's, object_store would not"),

@@ -38,6 +38,9 @@ _S3_CLIENT_KWARGS = {"aws_access_key_id": "access_key_id", "aws_secret_access_ke
 #: Options of s3fs and gcsfs that change how fsspec caches, never what a request is: obstore can ignore them.
 _CACHE_ONLY = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
                          "default_block_size", "default_cache_type", "asynchronous", "loop"})  # fmt: skip
+#: botocore ``Config`` fields that size its pool or time its calls: the runner's threads bound how many requests
+#: run at once and its deadlines end them, so obstore has nothing to be told of them.
+_BOTOCORE_CONFIG_IGNORED = frozenset({"max_pool_connections", "connect_timeout", "read_timeout"})
 #: Where botocore finds credentials and regions obstore does not read: with one of them present, s3fs is used.
 _AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
 
@@ -87,6 +90,9 @@ def _s3_config(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
             config["endpoint"] = value
         elif name == "anon" and isinstance(value, bool):
             config["skip_signature"] = value
+        elif name == "config_kwargs" and isinstance(value, Mapping):
+            if not _BOTOCORE_CONFIG_IGNORED.issuperset(value):
+                return None
         elif name == "client_kwargs" and isinstance(value, Mapping):
             for inner, inner_value in value.items():
                 if inner == "endpoint_url" and isinstance(inner_value, str):
