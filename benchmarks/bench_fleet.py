@@ -121,6 +121,23 @@ def cccl_include() -> str:
 # -- one node ------------------------------------------------------------------------------------------
 
 
+def import_client(url: str | None) -> None:
+    """The store's client library for ``url``, imported as an application's own imports would have (no-op for none)."""
+    if not url:
+        return
+    scheme = url.split("://", 1)[0]
+    if scheme.startswith("redis"):
+        import redis  # noqa: F401
+    elif scheme in ("s3", "s3a") and importlib.util.find_spec("obstore") is not None:
+        import obstore.store  # noqa: F401  (the client the cache builds for S3 where it is installed)
+    else:
+        import fsspec
+
+        fsspec.get_filesystem_class(scheme)
+        if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
+            importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
+
+
 def _nvrtc_mapped() -> bool:
     with open("/proc/self/maps") as maps:
         return "libnvrtc" in maps.read()
@@ -147,19 +164,8 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         warmup.compile("cubin")
         warmup.close()
         del warmup
-    url = spec["remote"].get("remote") if spec["client_imported"] else None
-    if url:  # the store's client library, imported as the application's own imports would have
-        scheme = url.split("://", 1)[0]
-        if scheme.startswith("redis"):
-            import redis  # noqa: F401
-        elif scheme in ("s3", "s3a") and importlib.util.find_spec("obstore") is not None:
-            import obstore.store  # noqa: F401  (the client the cache builds for S3 where it is installed)
-        else:
-            import fsspec
-
-            fsspec.get_filesystem_class(scheme)
-            if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
-                importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
+    if spec["client_imported"]:
+        import_client(spec["remote"].get("remote"))
     order = list(spec["sources"])
     if spec["seed"] is not None:
         random.Random(spec["seed"]).shuffle(order)

@@ -16,7 +16,6 @@ cold node's own requests (as the cluster's earlier nodes would have).
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import multiprocessing as mp
 import os
@@ -41,15 +40,7 @@ def _node(spec: dict[str, Any], results) -> None:
 
     remote = spec["remote"]
     if remote and spec["client_imported"]:
-        scheme = remote["remote"].split("://", 1)[0]
-        if scheme.startswith("redis"):
-            import redis  # noqa: F401
-        else:
-            import fsspec
-
-            fsspec.get_filesystem_class(scheme)
-            if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
-                importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
+        bench_fleet.import_client(remote["remote"])
     landed: list[float] = []
 
     class _BatchLanded(logging.Handler):

@@ -20,7 +20,6 @@ kernel, its ratio to alone, the process's CPU seconds and each kernel's median m
 from __future__ import annotations
 
 import argparse
-import importlib
 import multiprocessing as mp
 import os
 import statistics
@@ -40,16 +39,8 @@ def _node(spec: dict[str, Any], results: Any) -> None:
 
     import tiered_progcache as tpc
 
-    url = spec["remote"].get("remote", "") if spec["client_imported"] else ""
-    if url.startswith("redis"):
-        import redis  # noqa: F401
-    elif url:
-        import fsspec
-
-        scheme = url.split("://", 1)[0]
-        fsspec.get_filesystem_class(scheme)
-        if scheme in ("gs", "gcs"):  # as in bench_fleet: what `import gcsfs` imports by default
-            importlib.import_module("gcsfs.extended_gcsfs")
+    if spec["client_imported"]:
+        bench_fleet.import_client(spec["remote"].get("remote"))
     options = ProgramOptions(arch=bench_fleet.ARCH, std="c++17")
     started, cpu_started = time.perf_counter(), time.process_time()
     cache = tpc.TieredProgramCache.from_env(local_dir=spec["local_dir"], **spec["remote"])
