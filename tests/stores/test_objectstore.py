@@ -169,3 +169,26 @@ def test_the_probe_opens_two_connections_for_a_first_hit_beside_its_boot_listing
         assert remote.wait_ready(60)
         assert [sent.path for sent in proxy.sent[:2]] == ["/" + s3_bucket.bucket] * 2
         assert proxy.connections >= 2
+
+
+def test_a_warm_batch_runs_its_requests_side_by_side_up_to_transfer_concurrency(s3_bucket, moto_server):  # noqa: F811
+    """obstore blocks a runner thread per request: a batch of 32 gets 32 threads (``transfer_concurrency``), so
+    behind a 200 ms round trip its requests overlap (each on a connection of its own); with 4, at most 4 do."""
+    from urllib.parse import urlsplit
+
+    from tiered_progcache.stores.store import entry_name
+    from tiered_progcache.testing.delayproxy import DelayProxy
+
+    writer = RemoteProgramCache.from_url(s3_bucket.url, storage_options=s3_bucket.storage_options, strict=True)
+    names = [entry_name(b"side-%d" % n) for n in range(32)]
+    assert writer.write_many({name: b"payload" for name in names}).errors == {}
+    upstream = urlsplit(moto_server.endpoint_url)
+    for concurrency, at_least, at_most in ((32, 16, 32 + 2), (4, 1, 4 + 2)):
+        with DelayProxy(upstream.hostname, upstream.port, rtt_s=0.2, keep_alive=True) as proxy:
+            options = dict(s3_bucket.storage_options, endpoint_url=proxy.endpoint_url)
+            remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=options,
+                                                 transfer_concurrency=concurrency)
+            assert remote.wait_ready(60)
+            before = proxy.connections
+            assert set(remote.read_many(names).hits) == set(names)
+            assert at_least <= proxy.connections - before + 2 <= at_most, (concurrency, proxy.connections, before)

@@ -44,7 +44,7 @@ from .envelope import (
     stored_length,
 )
 from .objectstore import ObjectStoreFactory
-from .runner import DeferredFilesystemFactory, FilesystemFactory, RequestRunner, run_quietly_to_end
+from .runner import ClientFactory, DeferredFilesystemFactory, FilesystemFactory, RequestRunner, run_quietly_to_end
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
 from .store import STALE_STAGED_AGE_S, BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
@@ -168,6 +168,12 @@ class RemoteProgramCache(SharedEntryStore):
         check_url(url)
         fs, root, factory = _plan_filesystem(url, dict(storage_options))
         return cls(fs, root, factory=factory, url=url.rstrip("/"), **options)
+
+    def _request_threads(self, factory: ClientFactory | None) -> int:
+        """obstore's S3 client blocks a thread per request: a batch of ``transfer_concurrency`` needs as many."""
+        if isinstance(factory, ObjectStoreFactory):
+            return self.transfer_concurrency
+        return super()._request_threads(factory)
 
     def __repr__(self) -> str:
         return (

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["MIN_LIST_TIMEOUT_S", "FetchedEnvelopes", "SharedEntryStore", "checked_seconds", "without_password"]
 
+#: Threads a blocking filesystem's requests run on (file://, NFS, memory://): a remote that hangs holds at most these.
+DEFAULT_REQUEST_THREADS = 8
 #: A listing reads the whole prefix (or keyspace) page by page, so it gets at least this long.
 MIN_LIST_TIMEOUT_S = 120.0
 
@@ -112,8 +114,13 @@ class SharedEntryStore(EntryStore):
         self._max_entry_bytes = max_entry_bytes
         self._breaker = breaker if breaker is not None else CircuitBreaker(name=f"{self._kind} {self._location}")
         self._runner = RequestRunner(
-            connection, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory
+            connection, timeout=self.timeout, breaker=self._breaker, name=self._location, factory=factory,
+            max_threads=self._request_threads(factory),
         )
+
+    def _request_threads(self, factory: ClientFactory | None) -> int:
+        """How many of the runner's threads may run blocking requests at once (a blocking filesystem's)."""
+        return DEFAULT_REQUEST_THREADS
 
     def _start_probe(self, strict: bool) -> None:
         """Probe the store (:meth:`_check_reachable`): now with ``strict`` (a bad config raises here), else on a
