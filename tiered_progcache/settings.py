@@ -566,7 +566,8 @@ SETTINGS: tuple[Setting, ...] = (
         "transfer_concurrency", COUNT, DEFAULT_TRANSFER_CONCURRENCY,
         "remote requests in flight at once during warm and push",
         env="TRANSFER_CONCURRENCY", flag="--transfer-concurrency", builds_tiers=True,
-        doc="remote requests in flight at once during `warm`/`push` (raise s3fs's connection pool to match)",
+        doc="remote requests in flight at once during `warm`/`push` (obstore's S3 client runs that many threads; "
+            "where s3fs serves S3, raise its connection pool to match)",
     ),
     Setting(
         "boot_fetch_bytes", BUDGET, DEFAULT_BOOT_FETCH_BYTES,
