@@ -86,6 +86,10 @@ def test_the_tier_on_s3_uses_obstore_and_answers_as_fsspec_does(s3_bucket):  # n
     assert list(fs.find(remote.path_for("ab" * 32).rsplit("/", 2)[0])) == [path]
     fs.rm([path])
     assert not fs.exists(path)
+    fs.pipe_file(path, b"again")
+    fs.rm_file(path)
+    assert not fs.exists(path)
+    fs.rm_file(path)  # S3 deletes of a miss succeed, as s3fs's do
     with pytest.raises(ValueError, match="is not in bucket"):
         fs.cat_file("another-bucket/key")
 

@@ -214,9 +214,6 @@ class ObjectStoreCalls:
             return False
         return True
 
-    def isdir(self, path: str) -> bool:
-        return not self._key(path).strip("/") and self.exists(path)
-
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         key = self._key(path)
         with _as_fsspec_errors(path):
@@ -245,19 +242,6 @@ class ObjectStoreCalls:
         _used.set()
         found = {f"{self._bucket}/{meta['path']}": _info_of(self._bucket, meta) for meta in metas}
         return found if detail else sorted(found)
-
-    def ls(self, path: str, detail: bool = True) -> list[Any]:
-        key = self._key(path).rstrip("/")
-        with _as_fsspec_errors(path):
-            listed = self._obstore.list_with_delimiter(self._store, prefix=key + "/" if key else None)
-        _used.set()
-        infos = [_info_of(self._bucket, meta) for meta in listed["objects"]]
-        infos += [{"name": f"{self._bucket}/{prefix}", "type": "directory", "size": 0}
-                  for prefix in listed["common_prefixes"]]  # fmt: skip
-        return infos if detail else [info["name"] for info in infos]
-
-    def makedirs(self, path: str, exist_ok: bool = False) -> None:
-        """Nothing to make: a bucket's keys need no directories (buckets are made by their owners)."""
 
     def rm_file(self, path: str) -> None:
         key = self._key(path)
