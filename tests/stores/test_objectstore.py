@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -196,3 +197,15 @@ def test_a_warm_batch_runs_its_requests_side_by_side_up_to_transfer_concurrency(
             before = proxy.connections
             assert set(remote.read_many(names).hits) == set(names)
             assert at_least <= proxy.connections - before + 2 <= at_most, (concurrency, proxy.connections, before)
+
+
+def test_a_password_in_the_endpoint_never_reaches_the_message():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError) as refused:
+            RemoteProgramCache.from_url("s3://b/k", storage_options={
+                "endpoint_url": f"http://user:hunter2secret@127.0.0.1:{port}", "key": "k", "secret": "s"},
+                strict=True, timeout=5)
+    said = "".join(traceback.format_exception(refused.value))  # what an uncaught one would print, causes and all
+    assert "hunter2secret" not in said and "user:***@127.0.0.1" in said, said

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import forks
+from ..redact import mask_url
 from .runner import DeferredFilesystemFactory
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class ObjectStoreCalls:
     (a runner thread, :class:`~.runner.BlockingCalls`), so a request left behind at exit ends
     with its daemon thread. Paths are fsspec's (``bucket/key``). obstore's errors are raised as
     fsspec's clients raise them: ``FileNotFoundError`` for an absent object or bucket,
-    ``FileExistsError`` for a refused create, ``PermissionError`` for refused credentials.
+    ``FileExistsError`` for a refused create, ``PermissionError`` for refused credentials, else ``OSError``.
     """
 
     root_marker = ""
@@ -267,7 +268,8 @@ def _empty_range(exc: BaseException) -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    """obstore's message without the debug dump it appends (the request, no credentials: those go in headers)."""
+    """obstore's message without the debug dump it appends (the request's URL: credentials go in headers, and a
+    password in the endpoint's URL is masked by the caller)."""
     return str(exc).split("\n", 1)[0].strip()
 
 
@@ -279,7 +281,7 @@ _SAID = ((("status: 404", "404 Not Found"), FileNotFoundError),
 
 
 class _as_fsspec_errors:
-    """obstore's exceptions raised as fsspec's clients raise them, in one line (the cause kept)."""
+    """obstore's exceptions raised as fsspec's clients raise them, in one line, a URL's password masked."""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -304,4 +306,5 @@ class _as_fsspec_errors:
         else:
             text = str(exc)
             mapped = next((error for words, error in _SAID if any(word in text for word in words)), OSError)
-        raise mapped(f"{self._path}: {type(exc).__name__}: {_first_line(exc)}") from exc
+        # Not chained: obstore's own message repeats the URL unmasked, and a printed traceback shows causes.
+        raise mapped(mask_url(f"{self._path}: {type(exc).__name__}: {_first_line(exc)}")) from None
