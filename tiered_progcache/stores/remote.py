@@ -185,7 +185,8 @@ class RemoteProgramCache(SharedEntryStore):
 
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem (built on first use, and again in a forked child; see :mod:`.runner`)."""
+        """The client (built on first use, and again in a forked child; see :mod:`.runner`): an fsspec filesystem,
+        or on S3 obstore's under fsspec's method names (:class:`~.objectstore.ObjectStoreCalls`)."""
         return self._runner.fs
 
     @property
