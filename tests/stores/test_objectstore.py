@@ -118,6 +118,33 @@ def test_a_forked_child_of_a_process_that_made_obstore_requests_uses_s3fs(s3_buc
     assert in_forked_child(child) == ["S3FileSystem", "from the parent"]
 
 
+_FORK_AFTER_A_FAILED_REQUEST = r"""
+import json, os, sys
+from tiered_progcache.stores.objectstore import ObjectStoreFactory
+factory = ObjectStoreFactory.for_url_and_config("s3://b/k", json.loads(sys.argv[1]))
+try:
+    factory.build().cat_file("b/k/x", start=0, end=8)
+except OSError:
+    pass  # refused: the request ran on obstore's runtime all the same
+pid = os.fork()
+if pid == 0:
+    print(type(factory.build(fresh=True)).__name__, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_failed_request_counts_as_the_runtime_started_for_a_forked_child():
+    """A request that failed still started obstore's threads: a child forked after it builds s3fs."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        options = json.dumps({"endpoint_url": f"http://127.0.0.1:{closed.getsockname()[1]}", "key": "k",
+                              "secret": "s"})
+        done = subprocess.run([sys.executable, "-c", _FORK_AFTER_A_FAILED_REQUEST, options], capture_output=True,
+                              text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "S3FileSystem\n"), done.stderr
+
+
 _FORK_BEFORE_ANY_REQUEST = r"""
 import json, os, sys
 from tiered_progcache.stores.objectstore import ObjectStoreFactory

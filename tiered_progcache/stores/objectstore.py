@@ -1,27 +1,28 @@
 """S3 through obstore, a client a fresh process builds in milliseconds.
 
-s3fs and gcsfs take 0.3-0.5 s of the interpreter to import (botocore, aiohttp, google-auth),
-on the clock of every fresh process, and a first request sets up their sessions; obstore
-(Rust's ``object_store``) imports in a few ms. :class:`ObjectStoreCalls` answers the fsspec
-coroutine names the remote tier's requests use (:class:`~.remote._Objects`), so each request
-is written once for both clients. :func:`obstore_config` says when obstore can be used: when
-the storage options and the environment say nothing it cannot honour (an AWS profile, a
-region it would have to discover, an option it has no word for); otherwise the fsspec
-filesystem is built as before. A forked child of a process whose obstore runtime has run
-builds the fsspec filesystem too: that runtime's threads do not survive a fork.
+s3fs takes 0.3-0.5 s of the interpreter to import (botocore, aiohttp), on the clock of every
+fresh process, and a first request sets up its session; obstore (Rust's ``object_store``)
+imports in a few ms. :class:`ObjectStoreCalls` answers the blocking fsspec methods the remote
+tier's requests call (through :class:`~.runner.BlockingCalls`), so each request
+(:class:`~.remote._Objects`) is written once for both clients. :func:`obstore_config` says when
+obstore can be used: when the storage options and the environment say nothing it cannot honour
+(an AWS profile, a region it would have to discover, an option it has no word for); otherwise
+s3fs is built as before. A forked child of a process that made an obstore request builds s3fs
+too: the runtime that request started has no threads in the child.
 
 Thread-safe; one instance per process (rebuilt in a forked child, as the runner does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib.util
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import forks
@@ -48,7 +49,7 @@ _AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FIL
 _CONNECT_TIMEOUT = datetime.timedelta(seconds=30)
 _REQUEST_TIMEOUT = datetime.timedelta(minutes=10)  # a listing of a large bucket, a 256 MiB entry on a slow link
 
-_used = threading.Event()  # set once a request ran on obstore's runtime in this process
+_used = threading.Event()  # set once a request started on obstore's runtime in this process (which starts it)
 _lost = threading.Event()  # set in a forked child of such a process
 
 
@@ -59,7 +60,8 @@ def _after_fork_in_child() -> None:
 
 
 def runtime_lost_in_this_process() -> bool:
-    """True in a forked child of a process that ran obstore requests (their threads are gone: use fsspec)."""
+    """True in a forked child of a process that made obstore requests, failed ones too (the runtime's threads are
+    gone: use fsspec)."""
     return _lost.is_set()
 
 
@@ -199,13 +201,11 @@ class ObjectStoreCalls:
     def info(self, path: str) -> dict[str, Any]:
         key = self._key(path)
         if not key:  # the bucket: one listing of a prefix nothing is stored under, which a missing bucket refuses
-            with _as_fsspec_errors(path):
+            with _request(path):
                 next(iter(self._obstore.list(self._store, prefix="tiered-progcache-probe/", chunk_size=1)), None)
-            _used.set()
             return {"name": self._bucket, "type": "directory", "size": 0}
-        with _as_fsspec_errors(path):
+        with _request(path):
             meta = self._obstore.head(self._store, key)
-        _used.set()
         return _info_of(self._bucket, meta)
 
     def exists(self, path: str) -> bool:
@@ -217,7 +217,7 @@ class ObjectStoreCalls:
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         key = self._key(path)
-        with _as_fsspec_errors(path):
+        with _request(path):
             if start is None and end is None:
                 data = self._obstore.get(self._store, key).bytes()
             else:
@@ -227,34 +227,29 @@ class ObjectStoreCalls:
                     if not _empty_range(exc):
                         raise
                     data = b""  # S3's 416: the object is there (an absent one is a 404) and ends before ``start``
-        _used.set()
         return bytes(data)
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **_: Any) -> None:
         key = self._key(path)
-        with _as_fsspec_errors(path):
+        with _request(path):
             self._obstore.put(self._store, key, value, mode="create" if mode == "create" else "overwrite")
-        _used.set()
 
     def find(self, path: str, detail: bool = False) -> Any:
         key = self._key(path).rstrip("/")
-        with _as_fsspec_errors(path):
+        with _request(path):
             metas = self._obstore.list(self._store, prefix=key + "/" if key else None).collect()
-        _used.set()
         found = {f"{self._bucket}/{meta['path']}": _info_of(self._bucket, meta) for meta in metas}
         return found if detail else sorted(found)
 
     def rm_file(self, path: str) -> None:
         key = self._key(path)
-        with _as_fsspec_errors(path):
+        with _request(path):
             self._obstore.delete(self._store, key)
-        _used.set()
 
     def rm(self, paths: list[str] | str) -> None:
         keys = [self._key(path) for path in ([paths] if isinstance(paths, str) else paths)]
-        with _as_fsspec_errors(self._bucket):
+        with _request(self._bucket):
             self._obstore.delete(self._store, keys)
-        _used.set()
 
 
 def _info_of(bucket: str, meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,25 +275,18 @@ _SAID = ((("status: 404", "404 Not Found"), FileNotFoundError),
          (("ConnectionRefused",), ConnectionRefusedError))  # fmt: skip
 
 
-class _as_fsspec_errors:
-    """obstore's exceptions raised as fsspec's clients raise them, in one line, a URL's password masked."""
+@contextlib.contextmanager
+def _request(path: str) -> Iterator[None]:
+    """One request on obstore's runtime: marks the runtime started (a failed request starts it too), and raises
+    obstore's exceptions as fsspec's clients raise them, in one line, a URL's password masked."""
+    _used.set()
+    from obstore import exceptions
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None:
-            return False
-        from obstore import exceptions
-
-        if not isinstance(exc, exceptions.BaseError):
-            return False
-        mapped: type[OSError] = OSError
+    try:
+        yield
+    except exceptions.BaseError as exc:
         if isinstance(exc, exceptions.NotFoundError):
-            mapped = FileNotFoundError
+            mapped: type[OSError] = FileNotFoundError
         elif isinstance(exc, (exceptions.AlreadyExistsError, exceptions.PreconditionError)):
             mapped = FileExistsError
         elif isinstance(exc, (exceptions.PermissionDeniedError, exceptions.UnauthenticatedError)):
@@ -307,4 +295,4 @@ class _as_fsspec_errors:
             text = str(exc)
             mapped = next((error for words, error in _SAID if any(word in text for word in words)), OSError)
         # Not chained: obstore's own message repeats the URL unmasked, and a printed traceback shows causes.
-        raise mapped(mask_url(f"{self._path}: {type(exc).__name__}: {_first_line(exc)}")) from None
+        raise mapped(mask_url(f"{path}: {type(exc).__name__}: {_first_line(exc)}")) from None
