@@ -61,12 +61,13 @@ def test_an_aws_config_file_keeps_s3fs_unless_the_keys_are_given(tmp_path):
 def test_gcs_and_other_schemes_keep_their_fsspec_client():
     assert obstore_config("gs", {"token": "anon"}, NO_AWS_FILES) is None
     assert obstore_config("memory", {}, NO_AWS_FILES) is None
-    assert ObjectStoreFactory.for_url_and_config("gs://b/k", {"token": "anon"}) is None
-    assert ObjectStoreFactory.for_url_and_config("s3://b/k", {"profile": "dev"}) is None
+    assert ObjectStoreFactory.serving(DeferredFilesystemFactory.for_url("gs://b/k", {"token": "anon"})) is None
+    assert ObjectStoreFactory.serving(DeferredFilesystemFactory.for_url("s3://b/k", {"profile": "dev"})) is None
 
 
 def test_a_factory_declares_a_blocking_bucket_store_before_it_imports_anything():
-    factory = ObjectStoreFactory.for_url_and_config("s3://b/kernels/", {"endpoint_url": "http://h:1", "anon": True})
+    factory = ObjectStoreFactory.serving(
+        DeferredFilesystemFactory.for_url("s3://b/kernels/", {"endpoint_url": "http://h:1", "anon": True}))
     assert isinstance(factory, DeferredFilesystemFactory)
     assert (factory.root, factory.protocols, factory.is_async) == ("b/kernels", frozenset({"s3", "s3a"}), False)
 
@@ -121,7 +122,8 @@ def test_a_forked_child_of_a_process_that_made_obstore_requests_uses_s3fs(s3_buc
 _FORK_AFTER_A_FAILED_REQUEST = r"""
 import json, os, sys
 from tiered_progcache.stores.objectstore import ObjectStoreFactory
-factory = ObjectStoreFactory.for_url_and_config("s3://b/k", json.loads(sys.argv[1]))
+from tiered_progcache.stores.runner import DeferredFilesystemFactory
+factory = ObjectStoreFactory.serving(DeferredFilesystemFactory.for_url("s3://b/k", json.loads(sys.argv[1])))
 try:
     factory.build().cat_file("b/k/x", start=0, end=8)
 except OSError:
@@ -148,7 +150,8 @@ def test_a_failed_request_counts_as_the_runtime_started_for_a_forked_child():
 _FORK_BEFORE_ANY_REQUEST = r"""
 import json, os, sys
 from tiered_progcache.stores.objectstore import ObjectStoreFactory
-factory = ObjectStoreFactory.for_url_and_config(sys.argv[1], json.loads(sys.argv[2]))
+from tiered_progcache.stores.runner import DeferredFilesystemFactory
+factory = ObjectStoreFactory.serving(DeferredFilesystemFactory.for_url(sys.argv[1], json.loads(sys.argv[2])))
 pid = os.fork()
 if pid == 0:
     calls = factory.build(fresh=True)

@@ -128,12 +128,9 @@ class ObjectStoreFactory(DeferredFilesystemFactory):
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def for_url_and_config(cls, url: str, storage_options: Mapping[str, Any]) -> ObjectStoreFactory | None:
-        """The factory for ``url`` where obstore can serve it (:func:`obstore_config`), else None."""
-        deferred = DeferredFilesystemFactory.for_url(url, storage_options)
-        if deferred is None:
-            return None
-        config = obstore_config(deferred.scheme, storage_options)
+    def serving(cls, deferred: DeferredFilesystemFactory) -> ObjectStoreFactory | None:
+        """The factory for ``deferred``'s bucket where obstore can serve it (:func:`obstore_config`), else None."""
+        config = obstore_config(deferred.scheme, deferred.storage_options)
         if config is None:
             return None
         return cls(deferred.scheme, deferred.url, deferred.root, deferred.storage_options, config)

@@ -761,10 +761,9 @@ def _plan_filesystem(
     (s3://, gs://) a deferred one, which imports nothing until then; a chained one
     (``simplecache::s3://...``) is built here by fsspec, whose layers construct lazily.
     """
-    deferred = (ObjectStoreFactory.for_url_and_config(url, storage_options)
-                or DeferredFilesystemFactory.for_url(url, storage_options))  # None for a chained URL too
+    deferred = DeferredFilesystemFactory.for_url(url, storage_options)  # None for a chained URL too
     if deferred is not None:
-        return None, deferred.root, deferred
+        return None, deferred.root, ObjectStoreFactory.serving(deferred) or deferred
     import fsspec
     from fsspec.core import split_protocol, url_to_fs
 
