@@ -239,3 +239,23 @@ def test_a_password_in_the_endpoint_never_reaches_the_message():
                 strict=True, timeout=5)
     said = "".join(traceback.format_exception(refused.value))  # what an uncaught one would print, causes and all
     assert "hunter2secret" not in said and "user:***@127.0.0.1" in said, said
+
+
+@pytest.mark.timeout(60, method="thread")  # unbounded, the call blocks in obstore where no signal reaches it
+def test_no_request_outlives_the_request_timeout_on_a_server_that_never_answers():
+    """A server that accepts and never answers would hold a runner thread for good; obstore's own limit frees it.
+    The library's limit is 10 minutes (docs/remote-format.md); here 0.3 s, so the hang ends within the test."""
+    import datetime
+
+    from tiered_progcache.stores import objectstore
+    from tiered_progcache.testing.servers import BlackholeServer
+
+    assert objectstore.REQUEST_TIMEOUT == datetime.timedelta(minutes=10)
+    hole = BlackholeServer()
+    try:
+        config = obstore_config("s3", {"endpoint_url": hole.endpoint_url, "key": "k", "secret": "s"}, NO_AWS_FILES)
+        calls = ObjectStoreCalls("b", config, {}, request_timeout=datetime.timedelta(seconds=0.3))
+        with pytest.raises(OSError, match="(?i)timed? ?out"):
+            calls.cat_file("b/k", start=0, end=8)
+    finally:
+        hole.close()

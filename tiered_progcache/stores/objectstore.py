@@ -31,7 +31,7 @@ from .runner import DeferredFilesystemFactory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ObjectStoreCalls", "ObjectStoreFactory", "obstore_config", "runtime_lost_in_this_process"]
+__all__ = ["REQUEST_TIMEOUT", "ObjectStoreCalls", "ObjectStoreFactory", "obstore_config", "runtime_lost_in_this_process"]
 
 #: s3fs storage options obstore is told, by the name it has for them; ``client_kwargs`` are read as below.
 _S3_OPTIONS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
@@ -46,8 +46,10 @@ _BOTOCORE_CONFIG_IGNORED = frozenset({"max_pool_connections", "connect_timeout",
 #: Where botocore finds credentials and regions obstore does not read: with one of them present, s3fs is used.
 _AWS_FILES = (("AWS_CONFIG_FILE", "~/.aws/config"), ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"))
 
+#: The longest one obstore request may take, retries aside: a listing of a large bucket, a 256 MiB entry on a
+#: slow link. The runner's deadline ends the caller's wait long before; this frees the thread a hung server holds.
+REQUEST_TIMEOUT = datetime.timedelta(minutes=10)
 _CONNECT_TIMEOUT = datetime.timedelta(seconds=30)
-_REQUEST_TIMEOUT = datetime.timedelta(minutes=10)  # a listing of a large bucket, a 256 MiB entry on a slow link
 
 _used = threading.Event()  # set once a request started on obstore's runtime in this process (which starts it)
 _lost = threading.Event()  # set in a forked child of such a process
@@ -161,7 +163,8 @@ class ObjectStoreCalls:
     root_marker = ""
     protocol = ("s3", "s3a")
 
-    def __init__(self, bucket: str, config: Mapping[str, Any], storage_options: Mapping[str, Any]) -> None:
+    def __init__(self, bucket: str, config: Mapping[str, Any], storage_options: Mapping[str, Any], *,
+                 request_timeout: datetime.timedelta = REQUEST_TIMEOUT) -> None:
         import obstore
         import obstore.store
 
@@ -170,7 +173,7 @@ class ObjectStoreCalls:
         # No request outlives these (a server that accepts and never answers would hold a runner thread):
         # far past any deadline of the runner's, which end the caller's wait first.
         client_options = {**config.pop("client_options", {}), "connect_timeout": _CONNECT_TIMEOUT,
-                          "timeout": _REQUEST_TIMEOUT}
+                          "timeout": request_timeout}
         # A request's deadline is the runner's; these keep obstore's own retries short within it.
         retry = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=30),
                  "backoff": {"init_backoff": datetime.timedelta(milliseconds=50),
