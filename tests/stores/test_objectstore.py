@@ -203,7 +203,9 @@ def test_the_probe_opens_two_connections_for_a_first_hit_beside_its_boot_listing
         remote = RemoteProgramCache.from_url(s3_bucket.url, storage_options=options)
         assert remote.wait_ready(60)
         assert [sent.path for sent in proxy.sent[:2]] == ["/" + s3_bucket.bucket] * 2
-        assert proxy.connections >= 2
+        # Two from the probe; its round-trip sample after it reuses one (or, where obstore's pool has not yet
+        # taken an answered connection back, opens a third).
+        assert proxy.connections in (2, 3)
 
 
 def test_a_warm_batch_runs_its_requests_side_by_side_up_to_transfer_concurrency(s3_bucket, moto_server):  # noqa: F811
