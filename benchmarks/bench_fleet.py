@@ -151,12 +151,18 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
     from tiered_progcache import TieredProgramCache
 
     choices: collections.Counter[str] = collections.Counter()
+    call: dict[str, list[Any]] = {}  # what the current compile() call did: its NVRTC runs and flight decisions
     try:  # the library before stats().flight: the hook's choices
         from tiered_progcache.cluster.flightpolicy import on_flight
     except ImportError:
         pass
     else:
-        on_flight(lambda d: choices.update([CHOICE_NAMES.get(d.choice, d.choice)]))
+        def note_flight(d: Any) -> None:
+            choices.update([CHOICE_NAMES.get(d.choice, d.choice)])
+            call.setdefault("flight", []).append([d.choice, round(d.waited_s, 4)])
+
+        on_flight(note_flight)
+    tpc.on_compile(lambda e: call.setdefault("nvrtc", []).append(round(e.seconds, 4)))
     cheap_options = ProgramOptions(arch=ARCH, std="c++17")
     heavy_options = ProgramOptions(arch=ARCH, std="c++17", include_path=[spec["include"]]) if spec["include"] else None
     if spec["preload"]:  # a long-running process: NVRTC loaded and used once, outside the cache
@@ -176,12 +182,16 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
     if spec["prefetch"]:  # the explicit batch a fresh node can ask for today: one listing, one batch of reads
         cache.warm()
     errors = 0
+    timeline: list[dict[str, Any]] = []  # each call: heavy or not, its start and duration from the signal, what it did
     for source, heavy in order:
+        call.clear()
+        at = time.time()
         try:
             tpc.compile(source, "c++", heavy_options if heavy else cheap_options, cache=cache)
         except Exception as exc:  # reported, not raised: the other kernels still count
             errors += 1
             logging.getLogger("bench_fleet").error("compile failed: %r", exc)
+        timeline.append({"heavy": heavy, "at": round(at - started, 4), "took": round(time.time() - at, 4), **call})
     done = time.time()
     stats = cache.stats()
     shared = [stats[name] for name in stats if name not in ("memory", "local")]  # the tiers after this node's own
@@ -193,7 +203,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         decisions = dict(choices)
     results.put({"started": started, "done": done, "compiles": tpc.compile_count(), "decisions": decisions,
                  "errors": errors, "nvrtc_before": nvrtc_before, "shared_hits": sum(t.hits for t in shared),
-                 "shared_failures": sum(t.errors + t.timeouts for t in shared)})
+                 "shared_failures": sum(t.errors + t.timeouts for t in shared), "timeline": timeline})
     cache.close()  # uploads drain here, after the clock; the driver counts the store once every node exited
 
 
@@ -229,6 +239,7 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         "nvrtc_loaded_before": sum(bool(d["nvrtc_before"]) for d in done),
         "shared_hits": sum(d["shared_hits"] for d in done),
         "shared_failures": sum(d["shared_failures"] for d in done),
+        "timelines": [d["timeline"] for d in done],
     }
 
 
@@ -562,6 +573,22 @@ HEADER = (f"{'N':>3} {'work':<9} {'order':<9} {'store':<5} {'RTT':>6} {'row':<24
 SUBHEADER = f"{'':>79}{'runs':>5} {'max':>7} {'':>8} {'pre':>5} {'hits':>6}"
 
 
+def _timeline_text(node: int, calls: list[dict[str, Any]]) -> str:
+    """One node's calls in one line: each heavy call's start and duration (s from the signal), its NVRTC runs and
+    flight decisions, then the cheap calls' count, total, NVRTC runs and decisions."""
+    parts = []
+    for c in calls:
+        if c["heavy"]:
+            parts.append(f"H@{c['at']:.3f}+{c['took']:.3f} nvrtc {c.get('nvrtc', [])} {c.get('flight', [])}")
+    cheap = [c for c in calls if not c["heavy"]]
+    if cheap:
+        flights = collections.Counter(f[0] for c in cheap for f in c.get("flight", ()))
+        parts.append(f"cheap {len(cheap)}: {sum(c['took'] for c in cheap):.3f} s, first {cheap[0]['took']:.3f} s, "
+                     f"nvrtc {sum(len(c.get('nvrtc', ())) for c in cheap)} {dict(flights)}")
+    end = max((c["at"] + c["took"] for c in calls), default=0.0)
+    return f"    node {node}: done {end:.3f}; " + "; ".join(parts)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", default="8,16", help="fleet sizes, comma-separated")
@@ -581,6 +608,8 @@ def main() -> None:
                    help="runs per row; the median wall is shown, and each run's NVRTC count")
     p.add_argument("--budget-s", type=float, default=None, help="skip (and list) the rows not started by then")
     p.add_argument("--json", metavar="FILE", help="write every row as JSON here")
+    p.add_argument("--timeline", action="store_true",
+                   help="after each row, a line per node: its heavy calls (start, duration, NVRTC, flight) and cheap ones")
     args = p.parse_args()
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # the nodes inherit it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the rows so far still reach --json
@@ -601,6 +630,9 @@ def main() -> None:
     def emit(row: dict[str, Any]) -> None:
         rows.append(row)
         print(_row_text(row), flush=True)
+        if args.timeline:
+            for i, calls in enumerate(row.get("timelines", ())):
+                print(_timeline_text(i, calls), flush=True)
 
     def over_budget() -> bool:
         return args.budget_s is not None and time.monotonic() - started > args.budget_s
