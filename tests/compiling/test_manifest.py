@@ -127,7 +127,8 @@ def test_the_packages_a_manifest_records_are_the_installed_ones_read_without_a_m
     assert tiered_progcache.__version__ == packages["tiered-progcache"]
 
 
-def test_the_manifest_is_stored_before_the_binary_under_a_name_derived_from_the_binarys(tmp_path, include, events):
+def test_the_symbol_map_then_the_binary_then_its_manifest_named_from_the_binarys(tmp_path, include, events):
+    """The binary before its manifest: the upload other nodes wait for goes first."""
     order: list[str] = []
 
     class Recording(TieredProgramCache):
@@ -139,8 +140,8 @@ def test_the_manifest_is_stored_before_the_binary_under_a_name_derived_from_the_
     with Recording(tmp_path / "c") as cache:
         tiered_progcache.compile(NAMED, "c++", opts, cache=cache, name_expressions=["fill<float>"])
     binary = entry_name(events[0].key)
-    assert order[0] == manifest_name(binary) == entry_name(manifest_key(events[0].key))
-    assert order[-2] == binary and len(order) == 4  # the manifest, the symbol map, the binary
+    assert order[:3] == [entry_name(symbols_key(events[0].key)), binary, manifest_name(binary)]
+    assert manifest_name(binary) == entry_name(manifest_key(events[0].key)) and len(order) == 4
     # then the direct manifest: the header set it was keyed by
     assert order[-1] == entry_name(direct_key(NAMED, "c++", opts, "cubin", ("fill<float>",), None, True))
     assert {e.name for e in LocalDir(tmp_path / "c").iter_entries()} == set(order)

@@ -339,17 +339,18 @@ class _Job:
         entry = _Entry(bytes(obj.code), dict(obj.symbol_mapping) if names else None)
         if dropped is not None and dropped.is_set():
             return obj, entry  # the lookup won the race: the entry is stored already
-        # The manifest and the symbol map before the binary: whoever sees the binary finds them. Each put carries
-        # the compile time, so the chain admits by it (``min_upload_compile_s``); the chain's put never raises.
+        # The symbol map before the binary (whoever sees the binary can name its kernels), the binary before its
+        # manifest (the upload others wait for goes first: one round trip sooner). Each put carries the compile
+        # time, so the chain admits by it (``min_upload_compile_s``); the chain's put never raises.
+        if names:
+            cache.put(symbols_key(key), encode_symbols(entry.mapping or {}), compile_seconds=seconds)
+        cache.put(key, entry.data, compile_seconds=seconds)
         try:  # a manifest that cannot be made (a bug in building it) costs nothing but itself
             inputs = compile_inputs(self.compiled, self.source, code_type, self.options, target, names,
                                     self.extra_digest)  # fmt: skip
             cache.put(manifest_key(key), encode_manifest(build_manifest(key, inputs, seconds)), compile_seconds=seconds)
         except Exception as exc:
             logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
-        if names:
-            cache.put(symbols_key(key), encode_symbols(entry.mapping or {}), compile_seconds=seconds)
-        cache.put(key, entry.data, compile_seconds=seconds)
         direct.record(cache, self.compiled, self.source, code_type, self.options, target, names, self.extra_digest,
                       seconds)  # fmt: skip
         return obj, entry

@@ -90,7 +90,7 @@ def manifest_name(name: str) -> str:
 def companion_keys(key: bytes) -> tuple[bytes, bytes]:
     """The cache keys of entry ``key``'s manifest and symbol map: derived from its name, as they are stored.
 
-    Every writer stores them before the entry, so a tier that holds the entry holds them too.
+    ``compile()`` stores the symbol map before the entry and the manifest right after it.
     """
     return companion_keys_of_name(entry_name(key))
 
