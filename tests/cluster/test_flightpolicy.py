@@ -303,7 +303,7 @@ def _predicting(times: CompileTimes, source: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize("predicted, headers, choice, requests", [
-    (0.01, 0, "raced_won", 3), (10.0, 0, "held", 7), (None, 0, "raced_won", 3), (None, 64, "held", 9),
+    (0.01, 0, "raced_won", 3), (10.0, 0, "held", 7), (None, 0, "raced_won", 3), (None, 64, "held", 8),
 ])
 def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_lease(
     tmp_path, slow_s3, decisions, fresh_compile_times, predicted, headers, choice, requests
@@ -313,7 +313,8 @@ def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_le
     1.07 s (long: it takes the lease). Requests on the wire: raced: the look (beside the compile), the
     conditional creates of the manifest and the cubin (3); held: look, lease create, look under the
     lease, the two uploads, lease read and delete by the release (7); with headers, the direct
-    manifest's read before the scan and its upload after the compile (9)."""
+    manifest's read before the scan and its upload after the compile, less the look before the lease:
+    no manifest means no node compiled it, and the look under the lease asks (8)."""
     proxy, storage_options, url = slow_s3
     include = tmp_path / "include"
     include.mkdir()
@@ -342,6 +343,45 @@ def test_a_short_compile_races_the_lookup_and_a_long_or_unknown_one_takes_the_le
     assert cache.stats().flight[choice] == 1 and sum(cache.stats().flight.values()) == 1
     assert decision.round_trip_s >= 0.05
     assert seen == requests
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_key_no_node_recorded_is_first_asked_for_under_the_lease(tmp_path, s3_bucket, decisions,
+                                                                     fresh_compile_times, recorded):
+    """No direct manifest on the store: no node compiled this source with these options, so the entry
+    is not looked up before the lease; the look under the lease is the first to ask (one round trip, not
+    two). A manifest whose set does not hold here (a header edited since) proves nothing of the kind:
+    the entry is looked up before the lease, as any key is."""
+    from tiered_progcache.testing.delayproxy import DelayProxy
+
+    include = tmp_path / "include"
+    include.mkdir()
+    for i in range(64):  # 64 headers: predicted at about 1 s, so the compile takes the lease
+        (include / f"h{i}.h").write_text(f"#define H{i} {i}\n")
+    source = "".join(f'#include "h{i}.h"\n' for i in range(64)) + kernel(330)
+    opts = ProgramOptions(arch="sm_90", include_path=[str(include)])
+    host, port = s3_bucket.storage_options["endpoint_url"].split("//")[1].split(":")
+    with DelayProxy(host, int(port), keep_alive=True) as proxy:
+        remote = {"remote": s3_bucket.url, "boot_fetch_bytes": 0,
+                  "remote_options": {**s3_bucket.storage_options, "endpoint_url": proxy.endpoint_url}}
+        if recorded:  # another node compiled it, then a header changed: its set does not hold here
+            with TieredProgramCache(tmp_path / "a", **remote) as node_a:
+                tpc.compile(source, "c++", opts, cache=node_a)
+            (include / "h7.h").write_text("#define H7 77\n")
+            decisions.clear()
+            fresh_compile_times.clear()  # node B plans as a new node: the prior, so it takes the lease
+        with TieredProgramCache(tmp_path / "b", **remote) as node_b:
+            before = len(proxy.sent)
+            tpc.compile(source, "c++", opts, cache=node_b)
+            (decision,) = decisions
+            _released(decision.name)
+        sent = [(r.method, r.path) for r in proxy.sent[before:]]
+    name = decision.name
+    entry = f"/entries/{name[:2]}/{name[2:]}"
+    lease = next(i for i, (method, path) in enumerate(sent) if method == "PUT" and path.endswith(f"/leases/{name}"))
+    looked = [i for i, (method, path) in enumerate(sent) if method == "GET" and path.endswith(entry)]
+    assert decision.choice == "held"
+    assert [i < lease for i in looked] == ([True, False] if recorded else [False])
 
 
 def test_a_waiter_gives_up_on_a_stuck_holder_after_its_wait_timeout_and_compiles_itself(

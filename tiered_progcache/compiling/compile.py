@@ -227,7 +227,10 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         return _compile_declined(job)
     estimate = predict(cache, code_type, job.target, job.size)
     case, _ = plan(cache, estimate) if single_flight else (None, None)
-    found = _find(cache, compiled.key, job.target, options, names, nearby_only=case == SHORT)  # a race looks nearby
+    # A race looks nearby (its shared lookup runs beside the compile); so does a key no node recorded a compile
+    # for (``unrecorded``): the look under the flight's lock asks the shared tier, one round trip, not two.
+    nearby_only = case == SHORT or (case is not None and compiled.unrecorded)
+    found = _find(cache, compiled.key, job.target, options, names, nearby_only=nearby_only)
     if found is not None:
         _record_hit(cache, compiled.key)
         return found[0]

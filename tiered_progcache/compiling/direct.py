@@ -626,10 +626,12 @@ def compile_key(
     by_role = keys.keyed_by_role(options, code_type, portable)
     cwd = os.getcwd()
     sets = storage = None
+    absent = False
     try:
         storage = direct_key(source, code_type, options, target_type, name_expressions, extra_digest, by_role)
         sets = _read(cache, storage)
         if sets is None:
+            absent = True
             with _counts_lock:
                 _absent[storage] = True
         elif sets and len(sets[0]["key"]) == 64:  # the newest set's entry, read while its headers are hashed
@@ -646,6 +648,8 @@ def compile_key(
     compiled = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
                                 portable=portable, recheck_s=recheck_s, memo_dir=memo_dir)
     assert compiled is not None
+    if absent and compiled.basis is not None:  # a key a set could have been recorded for: none was
+        return dataclasses.replace(compiled, unrecorded=True)
     if sets is not None and compiled.basis is not None:
         # A manifest that lacks this set: add it now (the entry may be there already: a hit records
         # nothing else). Where there is no manifest at all, the compile's record makes one, with its

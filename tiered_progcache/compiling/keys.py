@@ -94,6 +94,9 @@ class CompileKey:
     declined: str | None = None
     #: the scan it came from, where it read files (what :mod:`.direct` records a header set from)
     basis: ScanBasis | None = dataclasses.field(default=None, compare=False, repr=False)
+    #: the chain was just asked for its direct manifest and has none: no node recorded a compile of this source
+    #: and these options, so ``compile()`` leaves the shared lookup to the look under its flight's lock
+    unrecorded: bool = dataclasses.field(default=False, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
