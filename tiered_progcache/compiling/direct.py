@@ -36,6 +36,7 @@ costs the next node one scan.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -629,7 +630,10 @@ def compile_key(
     absent = False
     try:
         storage = direct_key(source, code_type, options, target_type, name_expressions, extra_digest, by_role)
-        sets = _read(cache, storage)
+        shared = cache.shared_store
+        # A fresh node's first request, as a rule: beside the store's probe, not after it (a round trip sooner).
+        with contextlib.nullcontext() if shared is None else shared.beside_probe():
+            sets = _read(cache, storage)
         if sets is None:
             absent = True
             with _counts_lock:

@@ -415,7 +415,7 @@ class RequestRunner:
             else:
                 result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
-            if timeout is None:
+            if timeout is None and books:
                 self.latency.record(time.monotonic() - started)
             if books:
                 self.breaker.record_success()  # an answer: the remote works
@@ -427,8 +427,8 @@ class RequestRunner:
             if books:
                 self.breaker.record_failure(exc)
             raise
-        if timeout is None:  # one round trip (listings and bulk calls pass their own deadline)
-            self.latency.record(time.monotonic() - started)
+        if timeout is None and books:  # one round trip (listings and bulk calls pass their own deadline; a request
+            self.latency.record(time.monotonic() - started)  # beside the probe may have opened its connection)
         if books:
             self.breaker.record_success()
         return result
