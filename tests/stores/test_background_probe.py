@@ -623,3 +623,40 @@ def test_a_request_after_the_beside_block_waits_for_the_probe_again():
         thread.join(60)
         store.close()
     assert read == ["missing"]
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_kernels_direct_manifest_is_read_beside_a_probe_still_out(tmp_path, recorded):
+    """A fresh node's first request, where its first kernel reads headers, is its direct manifest's read: it
+    goes out while the store's first probe is still held (a round trip sooner than after it), and, found or
+    not, is no sample of ``R`` (its connection may be new). The key is made with the probe still out."""
+    from cuda.core import ProgramOptions
+
+    from tiered_progcache.compiling import direct
+
+    include = tmp_path / "include"
+    include.mkdir()
+    (include / "h.h").write_text("#define H 1\n")
+    source = '#include "h.h"\n__global__ void k() {}\n'
+    options = ProgramOptions(arch="sm_90", include_path=[str(include)])
+    fs = HeldProbeFileSystem()
+    fs.mkdir("bucket")
+    if recorded:  # another node compiled it: its direct manifest is on the store
+        fs.probe_gate.set()
+        writer = _chain_over(RemoteProgramCache(fs, "bucket/kernels", timeout=60), tmp_path / "writer")
+        made = direct.compile_key(writer, source, "c++", options, "cubin")
+        assert direct.record(writer, made, source, "c++", options, "cubin", (), None)
+        writer.close()
+        fs.probe_gate.clear()
+        fs.probe_answered = False
+        fs.seen.clear()
+    store = RemoteProgramCache(fs, "bucket/kernels", timeout=60)
+    cache = _chain_over(store, tmp_path)
+    try:
+        compiled = direct.compile_key(cache, source, "c++", options, "cubin")
+        assert ("read", False) in fs.seen and not fs.probe_answered
+        assert compiled.unrecorded is not recorded and compiled.header_digest is not None
+        assert store.round_trip_s is None
+    finally:
+        fs.probe_gate.set()
+        cache.close()
