@@ -159,7 +159,8 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
     else:
         def note_flight(d: Any) -> None:
             choices.update([CHOICE_NAMES.get(d.choice, d.choice)])
-            call.setdefault("flight", []).append([d.choice, round(d.waited_s, 4)])
+            rtt_ms = None if d.round_trip_s is None else round(d.round_trip_s * 1e3, 1)
+            call.setdefault("flight", []).append([d.choice, round(d.waited_s, 4), rtt_ms])  # with the R it planned by
 
         on_flight(note_flight)
     tpc.on_compile(lambda e: call.setdefault("nvrtc", []).append(round(e.seconds, 4)))
