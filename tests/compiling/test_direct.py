@@ -314,6 +314,8 @@ def test_a_failing_store_costs_only_the_record(cluster):
     chain, a, b, recorded = cluster
 
     class Refusing:
+        shared_store = None  # a chain's, read for the probe: none here, so the read itself is what fails
+
         def get(self, key):
             raise OSError("down")
 
@@ -322,6 +324,49 @@ def test_a_failing_store_costs_only_the_record(cluster):
 
     got = direct.compile_key(Refusing(), SRC, "c++", _opts(b), "cubin")
     assert got.key == recorded.key
+
+
+def test_a_compile_that_fails_records_no_set(tmp_path, monkeypatch):
+    """A set is recorded after the compile it keys, never before: one that fails leaves no direct manifest
+    (a node that finds none compiles, and fails, itself)."""
+    root = _tree(tmp_path / "tree")
+    monkeypatch.chdir(tmp_path)
+    bad = SRC + "extern \"C\" __global__ void broken() { not_declared(); }\n"
+    recorded = direct.direct_counts().recorded
+    with TieredProgramCache(tmp_path / "cache") as cache:
+        with pytest.raises(Exception, match="not_declared"):
+            tpc.compile(bad, "c++", _opts(root), cache=cache)
+        assert cache.get(direct.direct_key(bad, "c++", _opts(root), "cubin", (), None, True)) is None
+    assert direct.direct_counts().recorded == recorded
+
+
+def test_a_direct_hit_reads_its_entry_ahead_while_it_hashes(tmp_path, monkeypatch):
+    """The newest set's entry is read from the shared tier while the set's headers are hashed: its read is
+    out before any lookup asks for it (a round trip off a fresh node's first hit)."""
+    import uuid
+
+    from cuda.core.utils import FileStreamProgramCache
+
+    from tiered_progcache.stores.remote import RemoteProgramCache
+    from tiered_progcache.stores.store import entry_name
+    from tiered_progcache.testing import WrapperEntryStore
+
+    root = _tree(tmp_path / "tree")
+    monkeypatch.chdir(tmp_path)
+    shared = WrapperEntryStore(RemoteProgramCache.from_url(f"memory://ahead-{uuid.uuid4().hex}/k", strict=True))
+    with TieredProgramCache(tiers=[InMemoryProgramCache(), shared]) as writer:
+        made, hit = _direct(writer, root)  # recorded on the shared tier
+        assert not hit and writer.flush(60)
+    shared.write_key(made.key, b"\x7fELF" + bytes(64))
+    gate = shared.hold("read_entry", name=entry_name(made.key))
+    reader = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), shared])
+    try:
+        got, hit = _direct(reader, root)
+        assert hit and got.key == made.key
+        assert gate.wait_arrived()  # read ahead: no lookup has asked for it
+    finally:
+        gate.open()
+        reader.close()
 
 
 # -- through compile(): a fresh node on a file:// remote, and after warm ------------------------
