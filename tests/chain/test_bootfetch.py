@@ -617,6 +617,30 @@ def test_an_upload_queued_for_an_entry_the_batch_brought_is_forgone_when_a_share
         assert fs.requests["put"] == 1 and cache.stats()["remote"].writes == 1  # the filler's upload alone
 
 
+def test_a_manifest_queued_behind_this_nodes_own_upload_of_its_entry_still_goes_up(tmp_path):
+    """compile() uploads the binary before its manifest. A lookup that reads the binary while this node's own upload
+    of it is under way forgoes nothing: the manifest queued behind it is this entry's, and nobody else's is coming."""
+    from tiered_progcache.compiling.manifest import manifest_key
+
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    key = b"own-entry"
+    remote.write_key(key, _payload(key))  # what this node's upload, under way below, is writing
+    gate = threading.Event()
+    with _chain(tmp_path / "node", remote, boot_fetch_bytes=0) as cache:
+        try:
+            fs.write_gate = gate
+            cache.put(key, _payload(key))  # this node's upload of the entry: under way, held
+            assert fs.writes_started.wait(60)
+            cache.put(manifest_key(key), b"{}")  # queued behind it
+            assert cache.get(key, where="shared") == _payload(key)
+            assert cache.stats()["remote"].forgone == 0
+        finally:
+            gate.set()
+        assert cache.flush(60)
+    assert remote.read_key(manifest_key(key)) == b"{}"
+
+
 def test_an_entry_the_batch_brought_is_read_from_a_shared_tier_that_writes_synchronously_too(tmp_path):
     """A shared tier with no upload queue (``write="sync"``) has nothing to forgo: its batch's entries read as any."""
     from tiered_progcache.chain.policy import TierPolicy

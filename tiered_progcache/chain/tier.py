@@ -339,14 +339,15 @@ class Tier:
         return data
 
     def forgo_uploads(self, key: bytes) -> None:
-        """This tier holds entry ``key`` (a read of it there just answered): drop its queued uploads of the entry, its
-        manifest and its symbol map (``forgone``). An entry once written is never rewritten: each would cost a request."""
+        """This tier holds entry ``key`` (a read of it there just answered): drop a queued upload of the entry and, with
+        it, of its manifest and symbol map (``forgone``): another writer's are there or follow its entry. An entry once
+        written is never rewritten: each would cost a request. Where this node's own upload of the entry is under way
+        or done, its manifest, queued after it, still goes up."""
         writeback = self.writeback
-        if writeback is None:
+        if writeback is None or not writeback.cancel(key):
             return
-        forgone = sum(writeback.cancel(k) for k in (key, *companion_keys(key)))
-        if forgone:
-            self.counters.add("forgone", forgone)
+        forgone = 1 + sum(writeback.cancel(k) for k in companion_keys(key))
+        self.counters.add("forgone", forgone)
 
     def _read_failed(self, key: bytes, exc: Exception) -> None:
         self.record_read_failure(exc)
