@@ -415,10 +415,7 @@ class RequestRunner:
             else:
                 result = self._run_sync(sync_fn, args, limit, what, stoppable)
         except ANSWERS:
-            if timeout is None and books:
-                self.latency.record(time.monotonic() - started)
-            if books:
-                self.breaker.record_success()  # an answer: the remote works
+            self._answered(started, timeout, books)  # an answer: the remote works
             raise
         except BaseException as exc:  # a half-open probe's outcome is always recorded
             exiting = exiting_refusal(exc, what)
@@ -427,11 +424,17 @@ class RequestRunner:
             if books:
                 self.breaker.record_failure(exc)
             raise
-        if timeout is None and books:  # one round trip (listings and bulk calls pass their own deadline; a request
-            self.latency.record(time.monotonic() - started)  # beside the probe may have opened its connection)
-        if books:
-            self.breaker.record_success()
+        self._answered(started, timeout, books)
         return result
+
+    def _answered(self, started: float, timeout: float | None, books: bool) -> None:
+        """A request answered (a miss too): the breaker's success and, for one on the runner's deadline, a sample of
+        ``R``. Neither for a request beside the probe (``books`` False): its connection may be new."""
+        if not books:
+            return
+        if timeout is None:  # one round trip (listings and bulk calls pass their own deadline)
+            self.latency.record(time.monotonic() - started)
+        self.breaker.record_success()
 
     def call_many(
         self,
