@@ -10,6 +10,7 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
+from tiered_progcache.compiling import headerlex
 from tiered_progcache.compiling.headerscan import header_digest, header_scan
 
 from header_support import KERNEL, fresh_header_memo, tree, valdir  # noqa: F401  (autouse, fixtures)
@@ -164,3 +165,44 @@ def test_property_nvrtc_agrees_that_each_generated_spelling_includes_the_header(
         _write(valdir / "val.h", f"#define VAL {val}\n")
         out.append(bytes(Program(src, "c++", _opts(valdir)).compile("cubin").code))
     assert out[0] != out[1]
+
+
+# -- the lexer's two token searches find the same tokens -----------------------------------------
+
+
+def _tokens(pattern, text: bytes) -> list[tuple[int, int, str | None]]:
+    """The tokens a search from the start finds, as the lexer walks them (each search from the last end)."""
+    found, pos = [], 0
+    while (m := pattern.search(text, pos)) is not None:
+        found.append((m.start(), m.end(), m.lastgroup))
+        pos = m.end()
+    return found
+
+
+#: Every byte the four letter- or digit-led tokens, and the tokens around them, are made of.
+_LEX_ALPHABET = list(b"/*\"'#%:\\\n ()Rru8LU_hasincludeembedimportx0159.eEpP+-$\x80")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(_LEX_ALPHABET), max_size=40).map(bytes))
+def test_property_where_the_punctuation_search_is_taken_it_finds_every_token_the_full_one_does(text):
+    """A text that needs every token (raw string, digit separator, ``__has_``, ``import`` possible) takes the
+    full search; every other text finds exactly the same tokens with the fast one."""
+    if not headerlex._needs_every_token(text):
+        assert _tokens(headerlex._PUNCT_TOKEN_RE, text) == _tokens(headerlex._TOKEN_RE, text)
+
+
+@pytest.mark.parametrize("text", [
+    b'R"(a)"', b'x = u8R"d(a)d";', b'uR"(', b'UR"(', b'LR"(', b"1'000", b"0x1'F", b"1e+5'0", b".5'0", b"x2'a'",
+    b"1e-x'y", b"0x1p+f'0", b"__has_include(<a>)", b"import <a>;", b"  import m;",
+])
+def test_a_text_that_may_hold_a_letter_or_digit_led_token_takes_the_full_search(text):
+    assert headerlex._needs_every_token(text)
+
+
+@pytest.mark.parametrize("text", [
+    b'"ERROR"', b'FOO_BAR"x"', b'xu8R"(', b'xLR"(', b"don't", b"important", b"reimport", b"'a' x'", b"a.b'c",
+    b"e+'x", b"#include <a>\n// it's\n",
+])
+def test_a_text_that_cannot_hold_one_takes_the_fast_search(text):
+    assert not headerlex._needs_every_token(text)
