@@ -194,7 +194,8 @@ def test_property_where_the_punctuation_search_is_taken_it_finds_every_token_the
 
 @pytest.mark.parametrize("text", [
     b'R"(a)"', b'x = u8R"d(a)d";', b'uR"(', b'UR"(', b'LR"(', b"1'000", b"0x1'F", b"1e+5'0", b".5'0", b"x2'a'",
-    b"1e-x'y", b"0x1p+f'0", b"__has_include(<a>)", b"import <a>;", b"  import m;",
+    b"1e-x'y", b"0x1p+f'0", b"1E+x'y", b"0x1P-f'0", b'"BAR" R"(a)"', b'"BAR" R"(a)" "BAR"', b'R"(a)" "BAR"',
+    b"__has_include(<a>)", b"import <a>;", b"  import m;",
 ])
 def test_a_text_that_may_hold_a_letter_or_digit_led_token_takes_the_full_search(text):
     assert headerlex._needs_every_token(text)
@@ -202,7 +203,7 @@ def test_a_text_that_may_hold_a_letter_or_digit_led_token_takes_the_full_search(
 
 @pytest.mark.parametrize("text", [
     b'"ERROR"', b'FOO_BAR"x"', b'xu8R"(', b'xLR"(', b"don't", b"important", b"reimport", b"'a' x'", b"a.b'c",
-    b"e+'x", b"#include <a>\n// it's\n",
+    b"e+'x", b"1e)'x", b"12+'x", b"1X+x'y", b'(xR"a"', b'(XR"a"', b"#include <a>\n// it's\n",
 ])
 def test_a_text_that_cannot_hold_one_takes_the_fast_search(text):
     assert not headerlex._needs_every_token(text)
