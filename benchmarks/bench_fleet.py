@@ -152,6 +152,10 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
 
     choices: collections.Counter[str] = collections.Counter()
     call: dict[str, list[Any]] = {}  # what the current compile() call did: its NVRTC runs and flight decisions
+    call_at = [0.0]  # when the current call began: each NVRTC run and decision is also placed from it
+
+    def since_call() -> float:
+        return round(time.time() - call_at[0], 4)
     try:  # the library before stats().flight: the hook's choices
         from tiered_progcache.cluster.flightpolicy import on_flight
     except ImportError:
@@ -160,10 +164,15 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         def note_flight(d: Any) -> None:
             choices.update([CHOICE_NAMES.get(d.choice, d.choice)])
             rtt_ms = None if d.round_trip_s is None else round(d.round_trip_s * 1e3, 1)
-            call.setdefault("flight", []).append([d.choice, round(d.waited_s, 4), rtt_ms])  # with the R it planned by
+            # with the R it planned by, and when in the call it was decided (a wait ends then)
+            call.setdefault("flight", []).append([d.choice, round(d.waited_s, 4), rtt_ms, since_call()])
 
         on_flight(note_flight)
-    tpc.on_compile(lambda e: call.setdefault("nvrtc", []).append(round(e.seconds, 4)))
+    def note_compile(e: Any) -> None:
+        call.setdefault("nvrtc", []).append(round(e.seconds, 4))
+        call.setdefault("nvrtc_end", []).append(since_call())  # when in the call the run ended
+
+    tpc.on_compile(note_compile)
     cheap_options = ProgramOptions(arch=ARCH, std="c++17")
     heavy_options = ProgramOptions(arch=ARCH, std="c++17", include_path=[spec["include"]]) if spec["include"] else None
     if spec["preload"]:  # a long-running process: NVRTC loaded and used once, outside the cache
@@ -186,7 +195,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
     timeline: list[dict[str, Any]] = []  # each call: heavy or not, its start and duration from the signal, what it did
     for source, heavy in order:
         call.clear()
-        at = time.time()
+        at = call_at[0] = time.time()
         try:
             tpc.compile(source, "c++", heavy_options if heavy else cheap_options, cache=cache)
         except Exception as exc:  # reported, not raised: the other kernels still count
@@ -580,7 +589,8 @@ def _timeline_text(node: int, calls: list[dict[str, Any]]) -> str:
     parts = []
     for c in calls:
         if c["heavy"]:
-            parts.append(f"H@{c['at']:.3f}+{c['took']:.3f} nvrtc {c.get('nvrtc', [])} {c.get('flight', [])}")
+            parts.append(f"H@{c['at']:.3f}+{c['took']:.3f} nvrtc {c.get('nvrtc', [])} ending at "
+                         f"{c.get('nvrtc_end', [])} {c.get('flight', [])}")
     cheap = [c for c in calls if not c["heavy"]]
     if cheap:
         flights = collections.Counter(f[0] for c in cheap for f in c.get("flight", ()))
@@ -610,7 +620,9 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=None, help="skip (and list) the rows not started by then")
     p.add_argument("--json", metavar="FILE", help="write every row as JSON here")
     p.add_argument("--timeline", action="store_true",
-                   help="after each row, a line per node: its heavy calls (start, duration, NVRTC, flight) and cheap ones")
+                   help="after each row, a line per node: its heavy calls (start and duration from the signal, NVRTC "
+                        "runs and when in the call each ended, flight decisions as [choice, waited s, R ms, decided at s "
+                        "into the call]) and its cheap ones")
     args = p.parse_args()
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # the nodes inherit it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`: the rows so far still reach --json
