@@ -165,6 +165,30 @@ def test_after_a_metadata_read_the_store_is_listed_and_nothing_read_until_an_ent
         assert dict(fs.requests) == {"get": 1 + K, "list": 1}
 
 
+def test_a_metadata_read_after_the_trigger_lets_the_batch_land_instead_of_waiting_for_an_entrys_lookup(tmp_path):
+    """A heavy kernel no node recorded: its direct manifest is on no tier (the trigger), and its flight reads its
+    entry as metadata (the look under the lease, a waiter's polls), so no entry's lookup comes. That read lets the
+    batch land and takes it from there; it does not wait a request deadline at the gate's side (the deadline
+    here is an hour: only the batch's landing can end the read)."""
+    fs = SlowFileSystem()
+    remote = _store(fs, timeout=3600.0)
+    with _chain(tmp_path / "node", remote) as cache:
+        cache._boot._go = gate = _GateSeen()
+        assert cache.get(MetadataKey(DIRECT)) is None  # the trigger: no direct manifest
+        assert gate.waiting.wait(60)  # listed; the batch waits at the gate
+        got: list[bytes | None] = []
+        reader = threading.Thread(target=lambda: got.append(cache.get(MetadataKey(KEYS[0]))), daemon=True)
+        reader.start()
+        reader.join(60)
+        read_without_the_gate = not reader.is_alive()
+        gate.set()  # lets a reader that waits at the gate's side (the defect) go: the test then fails, not hangs
+        reader.join(60)
+        assert read_without_the_gate and got == [_payload(KEYS[0])]
+        assert gate.timeouts == [3600.0]
+        _join_boot_fetch()
+        assert dict(fs.requests) == {"get": 1 + K, "list": 1}  # the trigger's miss, then the batch: read once
+
+
 def test_an_entry_read_ahead_lets_the_batch_land_when_its_lookup_takes_it(tmp_path):
     """A direct-mode hit: its manifest (the fetch lists), its entry read ahead while it hashes (nothing lands,
     nothing is picked), then the lookup that takes the read-ahead entry lets the batch be picked and land,

@@ -9,8 +9,9 @@ left behind, as ``warm`` does). It reads them in one concurrent batch into the l
 directory through :func:`tiered_progcache.chain.transfer.warm`, verified, once a lookup of
 an entry has reached the shared tier: a metadata read (direct mode's manifest, a fresh
 node's first) starts the listing, and the batch's verifying and writing, most of the fetch's
-CPU, waits until that kernel has its key and asks for its entry, so its header hashing does
-not share the interpreter with them (at most the store's request deadline). The triggering
+CPU, waits until that kernel has its key and asks for its entry (or any later lookup reaches the
+store: a flight reads its entry as metadata), so its header hashing does not share the
+interpreter with them (at most the store's request deadline). The triggering
 lookup goes on as before, and an entry a lookup reads ahead for itself before the pick is
 left out of the batch (read once, not twice); a later lookup of a name in the batch waits
 for the batch (at most the store's request deadline) and reads it locally; any other is looked up
@@ -72,8 +73,8 @@ class BootFetch:
 
         The first call starts the fetch (when the local directory is empty) and returns
         False at once; one with ``entry`` (an entry's lookup, not metadata's) lets the batch
-        land. Later calls for a name in the batch wait for it, at most the
-        store's request deadline; once one waited that out, none waits any more (a hung
+        land, as every later call does. Later calls for a name in the batch wait for it, at most
+        the store's request deadline; once one waited that out, none waits any more (a hung
         store costs one deadline, not one per lookup). False means "look it up as before".
         """
         if entry and not self._go.is_set():
@@ -88,6 +89,9 @@ class BootFetch:
             return name in self._batch
         if self._given_up:
             return False
+        # A lookup that waits for the batch lets it land: its kernel has its key (a metadata read of an entry,
+        # as a flight's look under the lease and a waiter's polls are, may be all that comes).
+        self._go.set()
         limit = self._request_deadline()
         deadline = time.monotonic() + limit
         if not self._listed.wait(limit):
