@@ -627,6 +627,7 @@ def test_an_upload_queued_for_an_entry_the_batch_brought_is_forgone_when_a_share
             assert cache.get(KEYS[0], where="shared") == _payload(KEYS[0])  # the trigger
             _join_boot_fetch()
             fs.write_gate = gate
+            fs.writes_started.clear()  # set by the writes above: the wait below is for the filler's upload
             cache.put(b"filler", _payload(b"filler"))  # its upload held under way: the next ones queue
             assert fs.writes_started.wait(60)
             cache.put(manifest_key(KEYS[1]), b"{}")  # what a compile that won the race stores, manifest first
@@ -654,6 +655,7 @@ def test_a_manifest_queued_behind_this_nodes_own_upload_of_its_entry_still_goes_
     with _chain(tmp_path / "node", remote, boot_fetch_bytes=0) as cache:
         try:
             fs.write_gate = gate
+            fs.writes_started.clear()  # set by the writes above: the wait below is for this node's upload
             cache.put(key, _payload(key))  # this node's upload of the entry: under way, held
             assert fs.writes_started.wait(60)
             cache.put(manifest_key(key), b"{}")  # queued behind it
@@ -693,6 +695,7 @@ def test_a_first_tier_with_an_upload_queue_forgoes_on_its_untimed_hits_too():
         try:
             assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the first hit: timed; the next ones take the fast path
             fs.write_gate = gate
+            fs.writes_started.clear()  # set by the writes above: the wait below is for the filler's upload
             cache.put(b"filler", _payload(b"filler"))  # its upload held under way: the next ones queue
             assert fs.writes_started.wait(60)
             cache.put(manifest_key(KEYS[1]), b"{}")
