@@ -97,7 +97,7 @@ _PUNCT_TOKEN_RE = re.compile(
 #: What each of those four tokens holds, found by a search that skips in C: ``R"`` (checked by
 #: :func:`_raw_string_can_open`), ``__has_``, ``import`` as a word, and ``'`` before an identifier byte
 #: (checked by :func:`_digit_separator_can_follow`).
-_IMPORT_WORD_RE = re.compile(rb"import(?!" + _ID_CHAR + rb")(?<![\w$\x80-\xff]import)")
+_IMPORT_WORD_RE = re.compile(rb"import(?!" + _ID_CHAR + rb")(?<!" + _ID_CHAR + rb"import)")
 _QUOTE_BEFORE_ID_RE = re.compile(rb"'" + _ID_CHAR)
 _ID_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_$") | frozenset(range(0x80, 0x100))
 _NUMBER_BYTES = _ID_BYTES | frozenset(b".")
