@@ -287,7 +287,9 @@ class _Scan:
     docstring); otherwise the stream is the location-bound one (:func:`header_digest`'s).
     """
 
-    def __init__(self, roles: Sequence[tuple[str, str]], source_dir: str | None, *, portable: bool) -> None:
+    def __init__(self, roles: Sequence[tuple[str, str]], source_dir: str | None, *, portable: bool,
+                 max_files: int | None = None) -> None:
+        self.max_files = max_files  # past this many files read the walk stops (``_PastBound``)
         self.include_dirs = tuple(d for role, d in roles if role != "source")
         self.roles = tuple(roles)
         self.portable = portable
@@ -381,6 +383,8 @@ class _Scan:
         # and on the includes themselves: one visit per pair, which also ends cycles.
         real_dir = self.realpath(os.path.dirname(path) or ".")
         self.record(real_dir, os.path.basename(path), info.digest)
+        if self.max_files is not None and len(self.files) > self.max_files:
+            raise _PastBound
         state = (real_dir, info.includes)
         if state not in self.visited:
             self.visited.add(state)
@@ -698,6 +702,7 @@ def header_scan(
     portable: bool = True,
     memo_dir: str | os.PathLike[str] | None = None,
     memo_only: bool = False,
+    max_files: int | None = None,
 ) -> HeaderScan | None:
     """The digest covering every file the compile of ``source`` could read, and those files.
 
@@ -711,12 +716,14 @@ def header_scan(
     the digest :func:`header_digest` returns. The files read are recorded either way and
     memoized with the scan: a warm call re-stats and returns them without reading any.
     ``recheck_s``, ``memo_dir`` and thread-safety as :func:`header_digest`. ``memo_only``: None
-    instead of scanning where no memo answers (:mod:`.direct` asks its manifest first).
+    instead of scanning where no memo answers (:mod:`.direct` asks its manifest first); ``max_files``:
+    None where the scan reads more files than that (what it read stays memoized file by file).
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
         return _libdevice_scan(portable) if getattr(options, "use_libdevice", None) else _NOTHING_READ[portable]
-    result = _scan(source, options, code_type, recheck_s, portable=portable, memo_dir=memo_dir, memo_only=memo_only)
+    result = _scan(source, options, code_type, recheck_s, portable=portable, memo_dir=memo_dir, memo_only=memo_only,
+                   max_files=max_files)
     if result is _NOT_MEMOIZED:
         return None
     if result is None:
@@ -752,10 +759,11 @@ def _scan(
     portable: bool,
     memo_dir: str | os.PathLike[str] | None,
     memo_only: bool = False,
+    max_files: int | None = None,
 ) -> ScanResult | None:
     """The (memoized) scan of what the compile of ``source`` could read; None when it reads nothing for sure.
 
-    ``memo_only``: ``_NOT_MEMOIZED`` where a scan would have to run.
+    ``memo_only``: ``_NOT_MEMOIZED`` where a scan would have to run; so too past ``max_files`` files read.
     """
     if code_type != "c++":
         return None  # PTX: the linker reads no headers; cuda-core drops include options there
@@ -773,7 +781,10 @@ def _scan(
         return _NOT_MEMOIZED
     global _scans_run
     _scans_run += 1
-    return _scan_now(source, options, memo_key, portable=portable, memo_dir=memo_dir)
+    try:
+        return _scan_now(source, options, memo_key, portable=portable, memo_dir=memo_dir, max_files=max_files)
+    except _PastBound:
+        return _NOT_MEMOIZED
 
 
 def _memo_key(source: str | bytes, options: Any, portable: bool) -> tuple[Any, ...]:
@@ -794,7 +805,7 @@ def _memo_key(source: str | bytes, options: Any, portable: bool) -> tuple[Any, .
 
 def _scan_now(
     source: str | bytes, options: Any, memo_key: tuple[Any, ...], *, portable: bool,
-    memo_dir: str | os.PathLike[str] | None,
+    memo_dir: str | os.PathLike[str] | None, max_files: int | None = None,
 ) -> ScanResult:
     """Walk the include graph now, and memoize what it found."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
@@ -804,7 +815,7 @@ def _scan_now(
     use_pch = getattr(options, "use_pch", None)
     use_pch_path = os.path.abspath(os.fspath(use_pch)) if isinstance(use_pch, (str, os.PathLike)) else None
 
-    scan = _Scan(roles, source_dir, portable=portable)
+    scan = _Scan(roles, source_dir, portable=portable, max_files=max_files)
     source_real = scan.real_source_dir
     for name, value in _command_line_defines(getattr(options, "define_macro", None)):
         scan.macros.define(name, value)
@@ -836,8 +847,12 @@ def _scan_now(
     return result
 
 
-#: What ``_scan(memo_only=True)`` returns where a scan would have to run.
+#: What ``_scan(memo_only=True)`` returns where a scan would have to run (or ran past ``max_files``).
 _NOT_MEMOIZED: Any = object()
+
+
+class _PastBound(Exception):
+    """A scan read more files than its ``max_files``: it stops there, memoizing nothing."""
 _scans_run = 0  # include-graph walks this process ran (memo misses), for tests and benchmarks
 
 

@@ -271,6 +271,7 @@ def compile_key(
     recheck_s: float = 0.0,
     memo_dir: str | os.PathLike[str] | None = None,
     memo_only: bool = False,
+    max_files: int | None = None,
 ) -> CompileKey | None:
     """The key ``compile()`` stores and finds this compile under, and what went into it.
 
@@ -284,14 +285,15 @@ def compile_key(
     with the header digest (only when the compile reads a file, so a plain compile keys
     as ``Program.compile(cache=...)`` does). ``recheck_s`` and ``memo_dir`` (where header
     scans persist for the next process) as for ``header_digest``. ``memo_only``: None where
-    no header-scan memo answers and a scan would have to run.
+    no header-scan memo answers and a scan would have to run; ``max_files``: None where the scan
+    reads more files than that.
     Raises what ``make_program_cache_key`` raises for options it refuses to key.
     Thread-safe; reads the working directory and the header files.
     """
     by_role = keyed_by_role(options, code_type, portable)
     cwd = os.getcwd()
     scan = header_scan(source, options, code_type, recheck_s=recheck_s, portable=by_role, memo_dir=memo_dir,
-                       memo_only=memo_only)
+                       memo_only=memo_only, max_files=max_files)
     if scan is None:
         return None
     return key_for(source, code_type, options, target_type, name_expressions, extra_digest, scan, by_role, cwd)
