@@ -1,7 +1,9 @@
 """A failed compile's record, so the cluster fails once: the holder publishes it, its waiters raise it.
 
-The exception's type and message (cut at :data:`MAX_MESSAGE_BYTES`) and its expiry, sealed in the
-shared store's envelope under a name derived from the entry's (never the entry's own). Only
+The exception's type and message (cut at :data:`MAX_MESSAGE_BYTES`), its expiry and what the failed
+work read beyond its key (a flight by direct key: the header digest, so a waiter that reads other
+headers does not raise it), sealed in the shared store's envelope under a name derived from the
+entry's (never the entry's own). Only
 built-in and cuda-core exception types are rebuilt; a record that does not open is ignored.
 docs/cluster.md ("A failing kernel fails once per cluster") says why each part is there.
 """
@@ -46,24 +48,26 @@ class FailureRecord:
     >>> sealed = FailureRecord.of(exc).seal(store, name); FailureRecord.open(store, name, sealed).raise_it()
     """
 
-    __slots__ = ("module", "qualname", "message")
+    __slots__ = ("module", "qualname", "message", "inputs")
 
-    def __init__(self, module: str, qualname: str, message: str) -> None:
-        self.module, self.qualname, self.message = module, qualname, message
+    def __init__(self, module: str, qualname: str, message: str, inputs: str = "") -> None:
+        self.module, self.qualname, self.message, self.inputs = module, qualname, message, inputs
 
     @classmethod
-    def of(cls, exc: BaseException) -> FailureRecord:
+    def of(cls, exc: BaseException, inputs: str = "") -> FailureRecord:
+        """The record of ``exc``; ``inputs``: what the failed work read beyond its key (``run_once``'s)."""
         message = str(exc)
         encoded = message.encode("utf-8", "replace")
         if len(encoded) > MAX_MESSAGE_BYTES:
             message = encoded[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore") + "\n[... cut at 64 KiB]"
-        return cls(type(exc).__module__, type(exc).__qualname__, message)
+        return cls(type(exc).__module__, type(exc).__qualname__, message, inputs)
 
     def seal(self, store: EntryStore, name: str, *, ttl_s: float = FAILURE_TTL_S, now: float | None = None) -> bytes:
         """This record sealed for entry ``name``, expiring ``ttl_s`` after ``now`` (default: the wall clock)."""
         expires_at = (time.time() if now is None else now) + ttl_s
         doc = {"format": _FORMAT, "version": _VERSION, "entry": name, "module": self.module,
-               "qualname": self.qualname, "message": self.message, "expires_at": expires_at}  # fmt: skip
+               "qualname": self.qualname, "message": self.message, "expires_at": expires_at,
+               "inputs": self.inputs}  # fmt: skip
         return store.seal_record(failure_record_name(name), json.dumps(doc, sort_keys=True).encode())
 
     @classmethod
@@ -77,7 +81,8 @@ class FailureRecord:
             if not (isinstance(doc, dict) and doc.get("format") == _FORMAT and doc.get("entry") == name):
                 raise ValueError("not a failure record of this entry")
             module, qualname, message = doc["module"], doc["qualname"], doc["message"]
-            if not all(isinstance(v, str) for v in (module, qualname, message)):
+            inputs = doc.get("inputs", "")
+            if not all(isinstance(v, str) for v in (module, qualname, message, inputs)):
                 raise ValueError("fields are not strings")
             expires_at = doc.get("expires_at")
             if doc.get("version") != _VERSION or isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)) \
@@ -89,7 +94,7 @@ class FailureRecord:
         except Exception as exc:
             logger.warning("ignoring the failure record on lease %s: %s", name[:16], exc)
             return None
-        return cls(module, qualname, message[: MAX_MESSAGE_BYTES + 64])
+        return cls(module, qualname, message[: MAX_MESSAGE_BYTES + 64], inputs)
 
     def exception(self) -> Exception:
         """The exception to raise: the holder's type where it is one a compile raises, with its message."""

@@ -128,11 +128,13 @@ def plan(cache: TieredProgramCache, estimate_s: float) -> tuple[str, float | Non
 
 
 def run_once(cache: ProgramCacheResource, key: bytes, work: Flight[R, S], *, wait_timeout: float, lease_ttl: float,
-             case: str = LEASE, estimate_s: float | None = None) -> R:
+             case: str = LEASE, estimate_s: float | None = None, inputs: Callable[[], str] | None = None) -> R:
     """``work``'s result for ``key``, produced by at most one thread per process, process per node, node per cluster.
 
     Call it after a miss, with the case :func:`plan` chose. Waits at most ``wait_timeout`` seconds in
-    all; ``produce``'s exceptions reach the caller and everyone waiting on it. Thread-safe.
+    all; ``produce``'s exceptions reach the caller and everyone waiting on it. ``inputs``: what the
+    work reads beyond ``key`` (a flight by direct key: the header digest); a holder seals its failure
+    with its own, and a waiter raises it only where its own is the same (else it does the work). Thread-safe.
     """
     deadline = time.monotonic() + wait_timeout
     chain = as_chain(cache)
@@ -153,7 +155,7 @@ def run_once(cache: ProgramCacheResource, key: bytes, work: Flight[R, S], *, wai
                 result, shared = _race(work, decide, name)
             else:
                 result, shared = _lead(chain, key, work, max(0.0, deadline - time.monotonic()), lease_ttl,
-                                       case == LEASE, decide)
+                                       case == LEASE, decide, inputs)
             seat.result = shared
             return result
 
@@ -207,7 +209,7 @@ def _race(work: Flight[R, S], decide: _Decide, name: str) -> tuple[R, S]:
 
 
 def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: float, lease_ttl: float,
-          take_lease: bool, decide: _Decide) -> tuple[R, S]:
+          take_lease: bool, decide: _Decide, inputs: Callable[[], str] | None = None) -> tuple[R, S]:
     """This process's turn at ``key``: the node lock, then the cluster lease where the case takes one."""
     name, local = entry_name(key), cache.local_store
     deadline = time.monotonic() + wait_s
@@ -227,9 +229,14 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
                                 plan=cache.flight_policy.wait_plan(shared),
                                 open_failure=lambda sealed: FailureRecord.open(shared, name, sealed))
         if not waited.held:
-            decide(waited.end.value, waited.waited_s)
-            if isinstance(waited.failure, FailureRecord):
-                raise waited.failure.exception()
+            failure = waited.failure if isinstance(waited.failure, FailureRecord) else None
+            if failure is not None and failure.inputs != ("" if inputs is None else inputs()):
+                failure = None  # the holder read other headers: its failure is not this compile's
+                decide("gave_up", waited.waited_s)
+            else:
+                decide(waited.end.value, waited.waited_s)
+            if failure is not None:
+                raise failure.exception()
             return waited.found if waited.found is not None else work.produce()
         try:
             found = work.find()
@@ -241,7 +248,7 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
             else:
                 decide("found_under_lease", waited.waited_s)
         except Exception as exc:
-            _publish_failure(lease, shared, name, exc)  # at once: the waiters raise it too
+            _publish_failure(lease, shared, name, exc, inputs)  # at once: the waiters raise it too
             raise
         except BaseException:
             lease.release()  # interrupted, not failed: the waiters retry
@@ -250,10 +257,11 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
         return found
 
 
-def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception) -> None:
+def _publish_failure(lease: RemoteLease, shared: EntryStore, name: str, exc: Exception,
+                     inputs: Callable[[], str] | None = None) -> None:
     """Put the failure in place of the lease for its waiters; release it instead where that cannot be done."""
     try:
-        sealed = FailureRecord.of(exc).seal(shared, name)
+        sealed = FailureRecord.of(exc, "" if inputs is None else inputs()).seal(shared, name)
     except Exception as seal_exc:  # a store without an envelope, or a bug: the waiters retry instead
         logger.warning("could not seal the failure of %s: %r", name[:16], seal_exc)
         lease.release()
