@@ -95,7 +95,7 @@ if args["mode"] == "alone":
     print(json.dumps({"times": times}))
     sys.exit(0)
 if args["mode"] == "scan":  # direct mode off: no direct manifest read or written
-    direct._read = lambda cache, key: None
+    direct.read_sets = lambda cache, key: None
     direct.record = lambda *a, **k: False
 started = time.perf_counter()
 with tpc.TieredProgramCache(args["local"], **args["remote"]) as cache:

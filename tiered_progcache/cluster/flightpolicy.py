@@ -21,9 +21,9 @@ from ..chain.policy import POLL_FLOOR_S, POLL_GROWTH, UNMEASURED_ROUND_TRIP_S, F
 from ..hooks import call_each, subscribe
 from ..stores import fsutil
 
-__all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "EXIT_POLL_S", "HEADER_BYTES", "MAX_PERSISTED_S",
-           "POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S", "UNTIMED_SECONDS_PER_BYTE",
-           "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy", "FlightWait", "compile_size",
+__all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "DEFER_PAST_FILES", "EXIT_POLL_S", "HEADER_BYTES",
+           "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S",
+           "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy", "FlightWait", "compile_size",
            "compile_times", "on_flight", "report", "untimed_estimate"]
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ HEADER_BYTES = 8192
 UNTIMED_FIXED_S = 0.02
 #: See :data:`UNTIMED_FIXED_S` (16 ms a header, with :data:`HEADER_BYTES`).
 UNTIMED_SECONDS_PER_BYTE = 2e-6
+#: Headers past which a compile no node recorded is flown by its direct key, its scan beside its compile:
+#: that many put the untimed estimate over 1 s (long at any round trip under a quarter second), and
+#: scanning them (a CCCL kernel reads about 600) is time a cold compile need not wait for.
+DEFER_PAST_FILES = 64
 #: The longest compile rate times size, or round trip, a persisted file may claim (above: corrupt, ignored).
 MAX_PERSISTED_S = 3600.0
 #: How long the lease holder's background thread waits for its upload before releasing the lease anyway.

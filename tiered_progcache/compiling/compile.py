@@ -26,8 +26,9 @@ from .compileargs import check_arguments, knobs_for
 from ..chain.defaultcache import default_cache
 from ..chain.stats import MetadataKey
 from .explain import explain_key
-from ..cluster.flightpolicy import compile_size, compile_times
+from ..cluster.flightpolicy import DEFER_PAST_FILES, compile_size, compile_times
 from ..hooks import call_each, subscribe
+from . import keys
 from .keys import CompileKey
 from . import direct
 from .manifest import (
@@ -219,9 +220,20 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     cache = as_chain(default_cache() if cache is None else cache)  # only chains travel inward
     single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
         cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
+    memo_dir = None if cache.local_store is None else cache.local_store.header_scans_dir
     compiled = direct.compile_key(cache, source, code_type, options, target_type, names, extra_digest,
-                                  portable=portable_keys, recheck_s=header_recheck_s,
-                                  memo_dir=None if cache.local_store is None else cache.local_store.header_scans_dir)
+                                  portable=portable_keys, recheck_s=header_recheck_s, memo_dir=memo_dir,
+                                  defer_past_files=DEFER_PAST_FILES if single_flight else None)
+    if isinstance(compiled, direct.Unscanned):  # no node recorded its headers: flown by its direct key
+        unscanned = _Unscanned(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest,
+                               logs, functools.partial(keys.compile_key, source, code_type, options, target_type,
+                                                       names, extra_digest, portable=portable_keys,
+                                                       recheck_s=header_recheck_s, memo_dir=memo_dir))
+        try:
+            return run_once(cache, compiled.storage, unscanned, wait_timeout=wait_timeout, lease_ttl=lease_ttl,
+                            case=plan(cache, math.inf)[0], inputs=unscanned.inputs)
+        except _Declined as declined:
+            return _compile_declined(declined.job)
     job = _Job(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest, logs)
     if compiled.declined is not None:
         return _compile_declined(job)
@@ -242,8 +254,8 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
                     estimate_s=estimate)
 
 
-def _compile_declined(job: _Job) -> ObjectCode:
-    """Compile without the cache: never looked up, never stored (what it reads cannot be keyed)."""
+def _compile_declined(job: _Job, run: _CompilerRun | None = None) -> ObjectCode:
+    """Compile without the cache (``run``: a compile already started): never looked up, never stored."""
     global _declined
     with _counter_lock:
         _declined += 1
@@ -251,31 +263,69 @@ def _compile_declined(job: _Job) -> ObjectCode:
     if job.cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`
         logger.warning("not cached %s, compiled every time (counted as uncacheable): %s", compiled.key[:8].hex(),
                        compiled.declined)  # fmt: skip
-    return _run_compiler(job)[0]
+    return (_run_compiler(job) if run is None else _counted(job, run))[0]
 
 
 def _run_compiler(job: _Job) -> tuple[ObjectCode, float]:
     """The compiler's output and wall time, counted and handed to the ``on_compile`` hooks (failures too)."""
+    return _counted(job, _CompilerRun(job.source, job.code_type, job.options, job.target, job.names, job.logs).run())
+
+
+def _counted(job: _Job, run: _CompilerRun) -> tuple[ObjectCode, float]:
+    """``run``'s output and wall time once it ended, counted under ``job``'s key (its failure too, and raised)."""
     key, code_type, target, tally = job.compiled.key, job.code_type, job.target, job.cache.compile_tally
-    started = time.perf_counter()
-    program = Program(job.source, code_type, job.options)
-    try:
-        obj = program.compile(target, name_expressions=job.names, logs=job.logs)
-    except BaseException:
-        failed_after = time.perf_counter() - started
+    run.done.wait()
+    if run.error is not None:
         compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
-        tally.count_compile(failed_after)
-        _record_compile(CompileEvent(key, code_type, target, failed_after, ok=False))
-        raise
-    finally:
-        program.close()
-        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
-        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
-        del program
-    seconds = time.perf_counter() - started
-    tally.count_compile(seconds)
-    _record_compile(CompileEvent(key, code_type, target, seconds, ok=True))
-    return obj, seconds
+        tally.count_compile(run.seconds)
+        _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=False))
+        raise run.error
+    tally.count_compile(run.seconds)
+    _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=True))
+    assert run.obj is not None
+    return run.obj, run.seconds
+
+
+def _count_unused(job: _Job, run: _CompilerRun) -> None:
+    """Count a compile whose output nobody needs (its entry was there), once it ends; its failure is nobody's."""
+    try:
+        _counted(job, run)
+    except BaseException:  # noqa: BLE001 - counted already; there is no caller to raise it to
+        pass
+
+
+class _CompilerRun:
+    """One compiler run, on this thread (``run()``) or on one of its own (``start()``); counted by ``_counted``."""
+
+    def __init__(self, source: str | bytes, code_type: str, options: ProgramOptions, target: str,
+                 names: tuple[str | bytes, ...], logs: Any) -> None:
+        self._args = (source, code_type, options, target, names, logs)
+        self.done = threading.Event()
+        self.obj: ObjectCode | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+    def start(self) -> _CompilerRun:
+        # A daemon: the thread that started it waits for it; a process exiting without it needs nothing of it.
+        threading.Thread(target=self.run, name="tiered-progcache-compile", daemon=True).start()
+        return self
+
+    def run(self) -> _CompilerRun:
+        source, code_type, options, target, names, logs = self._args
+        started = time.perf_counter()
+        program = Program(source, code_type, options)
+        try:
+            self.obj = program.compile(target, name_expressions=names, logs=logs)
+        except BaseException as exc:  # handed to the thread that counts it (``_counted``), and raised there
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - started
+            program.close()
+            # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
+            # Program.__dealloc__ fails when the cycle collector has cleared its options first.
+            del program
+            self.done.set()
+        return self
 
 
 def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
@@ -333,8 +383,11 @@ class _Job:
 
     def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
         """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
+        return self.store(*_run_compiler(self), dropped)
+
+    def store(self, obj: ObjectCode, seconds: float, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
+        """Store what the compiler made (not if ``dropped`` is set: a race the lookup won); the manifests too."""
         cache, key, code_type, target, names = self.cache, self.compiled.key, self.code_type, self.target, self.names
-        obj, seconds = _run_compiler(self)
         compile_times.record(code_type, target, seconds, self.size)  # what the flight plans the next compile with
         _save_times(cache)
         with _counter_lock:
@@ -362,6 +415,112 @@ class _Job:
         """Another thread's entry as this one's result; ``found``: it came from a race's lookup (a hit)."""
         if found:
             _record_hit(self.cache, self.compiled.key)
+        return _wrap(entry.data, self.target, self.options, entry.mapping)
+
+
+class _Declined(BaseException):
+    """A flight by direct key found that its compile cannot be keyed (``CompileKey.declined``): compiled uncached.
+
+    A BaseException, as an interrupt is: a lease held is released (not failed), and the caller compiles.
+    """
+
+    def __init__(self, job: _Job) -> None:
+        super().__init__(job.compiled.declined)
+        self.job = job
+
+
+class _Unscanned:
+    """A miss no node recorded the headers of, flown by its direct key: the holder's scan runs beside its compile.
+
+    ``find`` takes the entry of a header set another node recorded meanwhile (else, where a manifest
+    came that names no set holding here, the scan's key); ``produce`` starts the compiler first (the
+    first turn) and scans while it runs, then stores under the scan's key and records the set.
+    """
+
+    def __init__(self, cache: TieredProgramCache, unscanned: direct.Unscanned, source: str | bytes, code_type: str,
+                 options: ProgramOptions, target: str, names: tuple[str | bytes, ...], extra_digest: bytes | None,
+                 logs: Any, scan: Callable[[], CompileKey | None]) -> None:
+        self.cache, self.unscanned, self.source, self.code_type, self.options = cache, unscanned, source, code_type, options
+        self.target, self.names, self.extra_digest, self.logs = target, names, extra_digest, logs
+        self._scan = scan
+        self._job: _Job | None = None  # once scanned (or matched): the compile by its key
+        self._looked = False  # an entry's lookup was counted for this call
+
+    def inputs(self) -> str:
+        """The header digest this compile reads (``run_once``'s ``inputs``): the scan's."""
+        digest = self.job().compiled.header_digest
+        return "" if digest is None else digest.hex()
+
+    def job(self, compiled: CompileKey | None = None) -> _Job:
+        """The compile by its key: ``compiled``, else the scan's (run once per call)."""
+        if self._job is None:
+            if compiled is None:
+                scanned = self._scan()
+                assert scanned is not None  # not memo_only: the scan answers
+                compiled = scanned
+            self._job = _Job(self.cache, compiled, self.source, self.code_type, self.options, self.target, self.names,
+                             self.extra_digest, self.logs)
+        return self._job
+
+    def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Entry] | None:
+        """The entry of a set recorded since (or, with a manifest of no set holding here, the scan's key's)."""
+        if self._job is None:
+            sets = direct.read_sets(self.cache, self.unscanned.storage)
+            if sets is None:
+                return None  # nothing recorded yet: the holder is still at it
+            u = self.unscanned
+            self.job(direct.match(sets, self.source, self.code_type, self.options, self.target, self.names,
+                                  self.extra_digest, u.by_role, u.cwd, memo_dir=u.memo_dir))
+        return self._look()
+
+    def _look(self) -> tuple[ObjectCode, _Entry] | None:
+        job = self.job()
+        if job.compiled.declined is not None:
+            raise _Declined(job)
+        if self._looked:
+            return job.find()
+        self._looked = True  # the call's one counted lookup
+        found = _find(self.cache, job.compiled.key, job.target, job.options, job.names)
+        if found is not None:
+            _record_hit(self.cache, job.compiled.key)
+        return found
+
+    def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
+        """The compiler started, then the scan beside it; the entry stored under the scan's key (unless there)."""
+        run = None
+        if self._job is None:  # the first turn: nobody recorded a set, so nobody compiled this before
+            run = _CompilerRun(self.source, self.code_type, self.options, self.target, self.names, self.logs).start()
+        try:
+            job = self.job()
+            if job.compiled.declined is not None:
+                direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
+                if run is None:
+                    raise _Declined(job)
+                obj = _compile_declined(job, run)
+                return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.names else None)
+            if self.cache.explain_misses:
+                _explain_miss(job)
+            found = self._look()
+        except BaseException:
+            if run is not None:
+                run.done.wait()  # its outcome is nobody's: the scan's exception is the caller's
+            raise
+        if found is not None:  # stored under this key by a compile that recorded no set here: record it now
+            if run is not None:
+                threading.Thread(target=_count_unused, args=(job, run), daemon=True).start()
+            direct.record(self.cache, job.compiled, self.source, self.code_type, self.options, self.target,
+                          self.names, self.extra_digest)  # fmt: skip
+            return found
+        obj, seconds = _counted(job, run) if run is not None else _run_compiler(job)
+        stored = job.store(obj, seconds, dropped)
+        if direct.header_set(job.compiled, self.source, self.options) is None:
+            direct.record_none(self.cache, self.unscanned.storage)  # no set to record: the next caller scans
+        return stored
+
+    def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
+        """Another thread's entry as this one's result; ``found``: it came from a race's lookup (a hit)."""
+        if found:
+            _record_hit(self.cache, self.job().compiled.key)
         return _wrap(entry.data, self.target, self.options, entry.mapping)
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "MAX_SETS",
     "DirectCounts",
+    "Unscanned",
     "DirectManifestError",
     "compile_key",
     "decode_direct",
@@ -76,7 +77,9 @@ __all__ = [
     "encode_direct",
     "header_set",
     "match",
+    "read_sets",
     "record",
+    "record_none",
 ]
 
 logger = logging.getLogger(__name__)
@@ -341,16 +344,18 @@ def _itself(directory: str, roots: Sequence[str], eligible: Sequence[int], resol
 
 
 def encode_direct(sets: Sequence[dict[str, Any]]) -> bytes:
-    """The stored form of ``sets`` (newest first), less the oldest past :data:`MAX_SETS` or
-    :data:`MAX_MANIFEST_BYTES`; raises :class:`DirectManifestError` if not even the newest fits."""
+    """The stored form of ``sets`` (newest first, none for a compile no set can be recorded of), less the
+    oldest past :data:`MAX_SETS` or :data:`MAX_MANIFEST_BYTES`; raises :class:`DirectManifestError` if not
+    even the newest fits."""
     kept = list(sets[:MAX_SETS])
-    while kept:
+    while True:
         body = json.dumps({"format": _FORMAT, "sets": kept}, separators=(",", ":"), allow_nan=False).encode()
         payload = DIRECT_MAGIC + zlib.compress(body, 6)
         if len(payload) <= MAX_MANIFEST_BYTES and len(body) <= MAX_DECODED_BYTES:
             return payload
+        if len(kept) <= 1:
+            raise DirectManifestError(f"a header set alone is over {MAX_MANIFEST_BYTES} bytes")
         kept.pop()
-    raise DirectManifestError(f"a header set alone is over {MAX_MANIFEST_BYTES} bytes")
 
 
 def decode_direct(payload: bytes | memoryview) -> list[dict[str, Any]]:
@@ -571,7 +576,7 @@ def record(
         if sets is None:
             with _counts_lock:
                 absent = _absent.pop(storage, False)
-            sets = [] if absent else (_read(cache, storage) or [])
+            sets = [] if absent else (read_sets(cache, storage) or [])
         if new in sets:
             return False
         cache.put(storage, encode_direct([new, *(s for s in sets if s != new)]), compile_seconds=seconds)
@@ -582,7 +587,16 @@ def record(
     return True
 
 
-def _read(cache: Any, storage: bytes) -> list[dict[str, Any]] | None:
+def record_none(cache: Any, storage: bytes) -> None:
+    """Store a manifest of no set under ``storage``: a compile flown by its direct key whose headers no set can
+    record (an absolute include, a declined scan), so that the next caller scans at once. Never raises."""
+    try:
+        cache.put(storage, encode_direct([]))
+    except Exception as exc:
+        logger.warning("could not mark the direct manifest %s: %r", storage[:8].hex(), exc)
+
+
+def read_sets(cache: Any, storage: bytes) -> list[dict[str, Any]] | None:
     """The sets stored under ``storage``; None where there is no manifest, [] where it is bad (counted)."""
     payload = cache.get(storage)
     if payload is None:
@@ -598,6 +612,17 @@ def _read(cache: Any, storage: bytes) -> list[dict[str, Any]] | None:
 # -- looking one up ------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Unscanned:
+    """A compile no node recorded a header set for, whose scan read past its bound: ``compile()`` flies it by
+    ``storage`` (its direct key), the key its entry will have coming from the scan beside the compile."""
+
+    storage: bytes
+    by_role: bool
+    cwd: str
+    memo_dir: str | os.PathLike[str] | None
+
+
 def compile_key(
     cache: TieredProgramCache,
     source: str | bytes,
@@ -610,7 +635,8 @@ def compile_key(
     portable: bool = True,
     recheck_s: float = 0.0,
     memo_dir: str | os.PathLike[str] | None = None,
-) -> keys.CompileKey:
+    defer_past_files: int | None = None,
+) -> keys.CompileKey | Unscanned:
     """:func:`.keys.compile_key`, asking ``cache``'s direct manifest before scanning.
 
     A header-scan memo of this process or of ``memo_dir`` answers first; where none does,
@@ -618,7 +644,8 @@ def compile_key(
     and its newest set that holds here gives the key
     (the scan's, byte for byte), the verified set then memoized as a scan (in ``memo_dir``
     at exit). Otherwise the scan runs, and its set is recorded where a manifest exists
-    (else :func:`record` after the compile makes one).
+    (else :func:`record` after the compile makes one). ``defer_past_files``: where there is no
+    manifest and the scan reads more files than that, :class:`Unscanned` instead of the rest of it.
     """
     found = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
                              portable=portable, recheck_s=recheck_s, memo_dir=memo_dir, memo_only=True)
@@ -633,7 +660,7 @@ def compile_key(
         shared = cache.shared_store
         # A fresh node's first request, as a rule: beside the store's probe, not after it (a round trip sooner).
         with contextlib.nullcontext() if shared is None else shared.beside_probe():
-            sets = _read(cache, storage)
+            sets = read_sets(cache, storage)
         if sets is None:
             absent = True
             with _counts_lock:
@@ -649,9 +676,12 @@ def compile_key(
         _count("hits")
         return hit
     _count("misses")
+    bound = defer_past_files if absent else None
     compiled = keys.compile_key(source, code_type, options, target_type, name_expressions, extra_digest,
-                                portable=portable, recheck_s=recheck_s, memo_dir=memo_dir)
-    assert compiled is not None
+                                portable=portable, recheck_s=recheck_s, memo_dir=memo_dir, max_files=bound)
+    if compiled is None:  # past the bound: a long compile nobody recorded, flown by this key
+        assert storage is not None
+        return Unscanned(storage, by_role, cwd, memo_dir)
     if absent and compiled.basis is not None:  # a key a set could have been recorded for: none was
         return dataclasses.replace(compiled, unrecorded=True)
     if sets is not None and compiled.basis is not None:

@@ -34,6 +34,7 @@ from cuda.core import ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from .compileargs import check_arguments, knob_for
+from . import direct
 from ..chain.defaultcache import default_cache
 from ..stores.envelope import max_stored_bytes
 from ..errors import one_line
@@ -51,7 +52,7 @@ from .manifest import (
 from ..stores.store import EntryStore, StoredEntry, check_entry_name, entry_name
 from .symbols import symbols_key
 from ..chain.tiered import TieredProgramCache, as_chain
-from ..cluster.flightpolicy import compile_size
+from ..cluster.flightpolicy import DEFER_PAST_FILES, compile_size
 from ..cluster.singleflight import describe, predict
 
 __all__ = [
@@ -413,7 +414,12 @@ def explain_key(
     if compiled.declined is not None:
         return explained
     size = compile_size(len(source), len(compiled.headers))
-    return dataclasses.replace(explained, flight=describe(chain, predict(chain, code_type, target, size)))
+    flight = describe(chain, predict(chain, code_type, target, size))
+    if len(compiled.headers) > DEFER_PAST_FILES and compiled.basis is not None and chain.get(direct.direct_key(
+            source, code_type, options, target, names, extra_digest, compiled.basis.by_role)) is None:
+        flight = (f"direct key: no node recorded the {len(compiled.headers)} headers it reads (over {DEFER_PAST_FILES}):"
+                  f" one compile at a time by its direct key, its scan beside the compile; once recorded, {flight}")
+    return dataclasses.replace(explained, flight=flight)
 
 
 def _explained(

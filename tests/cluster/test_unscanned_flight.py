@@ -1,0 +1,245 @@
+"""A kernel no node recorded the headers of: flown by its direct key, its header scan beside its compile.
+
+The promises: the holder starts the compiler before it scans (the scan is off a cold compile's
+path), the compile runs once per cluster, node and process (the lease, the node lock and the
+threads' flight keyed by the direct key), its entry lands under the key the scan gives with its
+header set recorded (the next caller's direct hit), a holder's failure is raised by waiters that
+read the same headers and by no other, and a compile the scan cannot key is compiled uncached,
+its direct manifest marked so the next caller scans at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import traceback
+from pathlib import Path
+
+import pytest
+from cuda.core import ProgramOptions
+
+import tiered_progcache as tpc
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.cluster.flightpolicy import DEFER_PAST_FILES
+from tiered_progcache.compiling import compile as compile_module
+from tiered_progcache.compiling import direct, headermemo, headerscan, keys
+from tiered_progcache.stores.store import entry_name
+from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
+
+from header_support import write_header
+from test_flightpolicy import _waiting, decisions  # noqa: F401  (fixture)
+from test_singleflight import JOIN_S, collect_outcomes
+
+SPAWN = mp.get_context("spawn")
+#: More headers than ``DEFER_PAST_FILES``: a long compile by the policy's estimate (a CCCL kernel reads ~600).
+HEADERS = {
+    "lib/all.h": "#pragma once\n" + "".join(f'#include "detail/h{i}.h"\n' for i in range(DEFER_PAST_FILES))
+                 + '#include "detail/scale.h"\n#define LIB_OFFSET 2\n',
+    "lib/detail/scale.h": "#pragma once\n#define LIB_SCALE 3\n",
+    **{f"lib/detail/h{i}.h": f"#pragma once\n#define LIB_H{i} {i}\n" for i in range(DEFER_PAST_FILES)},
+}
+BROKEN_HEADERS = dict(HEADERS, **{"lib/detail/scale.h": "#pragma once\n#define LIB_SCALE not_declared_here\n"})
+
+
+def source(i: int) -> str:
+    return f'#include <lib/all.h>\nextern "C" __global__ void k{i}(int* o) {{ *o = LIB_SCALE * {i} + LIB_OFFSET; }}\n'
+
+
+def tree(root: Path, files: dict[str, str] = HEADERS) -> Path:
+    for rel, text in files.items():
+        write_header(root / rel, text)
+    return root
+
+
+def opts(root: Path) -> ProgramOptions:
+    return ProgramOptions(arch="sm_90", include_path=[str(root)])
+
+
+def storage(src: str, root: Path) -> bytes:
+    return direct.direct_key(src, "c++", opts(root), "cubin", (), None, True)
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    headermemo.clear_memo()
+    yield tmp_path
+    headermemo.clear_memo()
+
+
+def test_the_holder_starts_its_compiler_before_it_scans_and_another_node_hits_by_its_set(work, monkeypatch, events):
+    root = tree(work / "inc")
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    scans_at: list[bool] = []  # whether a compile was running when each whole scan began
+    real_scan = keys.compile_key
+
+    def watched_scan(*args, **kwargs):
+        if not kwargs.get("memo_only") and kwargs.get("max_files") is None:  # the whole scan, not a bounded look
+            scans_at.append(any(t.name == "tiered-progcache-compile" and t.is_alive() for t in threading.enumerate()))
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(keys, "compile_key", watched_scan)
+    with TieredProgramCache(work / "a", remote=url) as node_a:
+        obj = tpc.compile(source(1), "c++", opts(root), cache=node_a)
+        assert node_a.flush(JOIN_S)
+        assert node_a.stats().flight["held"] == 1
+    assert scans_at == [True]  # one whole scan, begun with the compiler already running
+    assert len(events) == 1
+    scanned = real_scan(source(1), "c++", opts(root), "cubin")
+    assert events[0].key == scanned.key  # counted under the key the scan gives
+    headermemo.clear_memo()
+    with TieredProgramCache(work / "b", remote=url) as node_b:
+        assert node_b.get(scanned.key) == bytes(obj.code)
+        (one,) = direct.decode_direct(node_b.get(storage(source(1), root)))
+        assert one["key"] == scanned.key.hex()  # its set recorded: the next node verifies, never scans
+        hits, scans = direct.direct_counts().hits, headerscan.scans_run()
+        again = tpc.compile(source(1), "c++", opts(root), cache=node_b)
+    assert bytes(again.code) == bytes(obj.code) and len(events) == 1
+    assert direct.direct_counts().hits == hits + 1 and headerscan.scans_run() == scans
+
+
+def test_threads_of_a_process_run_the_compiler_once_for_a_kernel_nobody_recorded(work, events):
+    root = tree(work / "inc")
+    cache = TieredProgramCache(work / "cache")
+    barrier = threading.Barrier(4)
+    codes: list[bytes] = []
+
+    def call() -> None:
+        barrier.wait(JOIN_S)
+        codes.append(bytes(tpc.compile(source(2), "c++", opts(root), cache=cache).code))
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert len(codes) == 4 and len(set(codes)) == 1
+    assert len(events) == 1
+    cache.close()
+
+
+def _node(local_dir, url, storage_options, root, log_path, sources, ready, results) -> None:
+    try:
+        def log(event: tpc.CompileEvent) -> None:
+            with open(log_path, "a", encoding="ascii") as fh:
+                fh.write(f"{os.getpid()} {event.key.hex()}\n")
+
+        tpc.on_compile(log)
+        os.chdir(os.path.dirname(local_dir))
+        with TieredProgramCache(local_dir, remote=url, remote_options=storage_options) as cache:
+            ready.wait(JOIN_S)
+            codes = [bytes(tpc.compile(src, "c++", opts(Path(root)), cache=cache, wait_timeout=60).code)
+                     for src in sources]
+        results.put([("ok", codes)])
+    except BaseException:
+        results.put([("crash", traceback.format_exc())])
+
+
+@pytest.mark.parametrize("remote", ["file", "s3"])
+def test_nodes_compile_each_kernel_nobody_recorded_once_in_total(work, request, remote):
+    """Three node processes, each its own local directory, the same two header-reading kernels at once:
+    two compiler runs in all, every node with the same code."""
+    if remote == "file":
+        (work / "remote").mkdir()
+        url, storage_options = f"file://{work / 'remote'}", None
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        url, storage_options = bucket.url, bucket.storage_options
+    root = tree(work / "inc")
+    log = work / "compiles.log"
+    ready, results = SPAWN.Barrier(3), SPAWN.Queue()
+    sources = [source(3), source(4)]
+    procs = [SPAWN.Process(target=_node, args=(str(work / f"node{i}" / "cache"), url, storage_options, str(root),
+                                               str(log), sources, ready, results)) for i in range(3)]
+    for i, p in enumerate(procs):
+        (work / f"node{i}").mkdir()
+        p.start()
+    collected = collect_outcomes(procs, results)
+    assert len({tuple(outcomes[0][1]) for outcomes in collected}) == 1
+    runs = log.read_text().split("\n")[:-1]
+    assert len(runs) == 2, runs
+    assert len({line.split()[1] for line in runs}) == 2
+
+
+@pytest.mark.parametrize("same_headers", [True, False])
+def test_a_holders_failure_is_raised_by_waiters_that_read_the_same_headers_and_by_no_other(
+    work, decisions, events, same_headers  # noqa: F811
+):
+    """Node A's compile fails on its headers while node B waits for A's lease on the direct key (the same
+    source and options, its headers at another root: the same direct key). With the same headers B raises
+    A's error without a compiler run; with headers of its own that compile, B compiles them and gets its code."""
+    from cuda.core._utils.cuda_utils import NVRTCError
+
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    root_a = tree(work / "a" / "inc", BROKEN_HEADERS)
+    root_b = tree(work / "b" / "inc", BROKEN_HEADERS if same_headers else HEADERS)  # another root, as on a node
+    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    lease_name = entry_name(storage(source(5), root_a))
+    assert lease_name == entry_name(storage(source(5), root_b))  # one flight for both nodes
+
+    def hold_until_b_waits(event: tpc.CompileEvent) -> None:  # runs on the thread that counts A's compile
+        if threading.current_thread().name == "node-a":
+            assert _waiting(node_b, lease_name)
+
+    stop = tpc.on_compile(hold_until_b_waits)
+    outcome: dict[str, object] = {}
+
+    def node(name: str, cache: TieredProgramCache, root: Path) -> None:
+        try:
+            outcome[name] = bytes(tpc.compile(source(5), "c++", opts(root), cache=cache, lease_ttl=1.0).code)
+        except Exception as exc:
+            outcome[name] = exc
+
+    a = threading.Thread(target=node, args=("a", node_a, root_a), name="node-a")
+    try:
+        a.start()
+        while not decisions:  # A reports "held" before it compiles; B starts once A holds the lease
+            assert a.is_alive() or decisions
+            threading.Event().wait(0.005)
+        node("b", node_b, root_b)
+        a.join(JOIN_S)
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert type(outcome["a"]) is NVRTCError and "not_declared_here" in str(outcome["a"])
+    if same_headers:
+        assert type(outcome["b"]) is NVRTCError and str(outcome["b"]) == str(outcome["a"])
+        assert [e.ok for e in events] == [False]
+        assert sorted(d.choice for d in decisions) == ["failed", "held"]
+    else:
+        assert isinstance(outcome["b"], bytes) and outcome["b"][:4] == b"\x7fELF"
+        assert [e.ok for e in events] == [False, True]
+        assert sorted(d.choice for d in decisions) == ["gave_up", "held"]
+
+
+def test_a_long_kernel_the_scan_cannot_key_is_compiled_uncached_and_the_next_node_scans_at_once(work, events):
+    """Past the bound, then a computed include the scan cannot resolve: compiled (counted as uncacheable),
+    no entry stored, and a direct manifest of no set left, so the next node scans once and compiles
+    uncached without a bounded look or a flight by direct key."""
+    root = tree(work / "inc")
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    write_header(work / "work" / "v.h", "#define V 1\n")
+    src = '#include <lib/all.h>\n#define STR(x) #x\n#include STR(v.h)\n' + \
+        'extern "C" __global__ void k(int* o) { *o = V + LIB_SCALE; }\n'
+    declined = compile_module.declined_count()
+    scans = []
+    for node in ("a", "b"):
+        headermemo.clear_memo()
+        before = headerscan.scans_run()
+        with TieredProgramCache(work / node, remote=url) as cache:
+            assert bytes(tpc.compile(src, "c++", opts(root), cache=cache).code)[:4] == b"\x7fELF"
+            assert cache.flush(JOIN_S)
+            marker = cache.get(direct.direct_key(src, "c++", opts(root), "cubin", (), None, True))
+            assert marker is not None and direct.decode_direct(marker) == []
+            assert all(cache.get(e.key) is None for e in events)  # nothing stored under a key
+        scans.append(headerscan.scans_run() - before)
+    assert scans == [2, 1]  # a: the bounded look, then the whole scan beside the compile; b: the scan alone
+    assert compile_module.declined_count() - declined == 2 and len(events) == 2
