@@ -75,3 +75,20 @@ def test_a_captured_record_replayed_under_a_fresh_lease_is_refused(store):
     assert FailureRecord.open(store, NAME, info.failure) is None
     fresh = _record().seal(store, NAME)  # a record sealed now opens: the check is the record's own expiry
     assert FailureRecord.open(store, NAME, fresh) is not None
+
+
+def test_a_record_carries_its_inputs_sealed_and_one_without_them_opens_with_none(store):
+    """What the failed work read beyond its key (a flight by direct key: the header digest) is inside what is
+    signed: a waiter compares it with its own. A record sealed without one opens with "" (any key's own)."""
+    sealed = FailureRecord.of(RuntimeError("boom"), "d1" * 32).seal(store, NAME)
+    assert FailureRecord.open(store, NAME, sealed).inputs == "d1" * 32
+    forged = sealed.replace(b"d1" * 32, b"d2" * 32)
+    assert forged != sealed and FailureRecord.open(store, NAME, forged) is None  # the signature breaks
+    assert FailureRecord.open(store, NAME, _record().seal(store, NAME)).inputs == ""
+    plain = {"format": "tiered-progcache/compile-failure", "version": 2, "entry": NAME, "module": "builtins",
+             "qualname": "RuntimeError", "message": "boom", "expires_at": time.time() + 5}  # fmt: skip
+    without = store.seal_record(failure_record_name(NAME), json.dumps(plain, sort_keys=True).encode())
+    assert FailureRecord.open(store, NAME, without).inputs == ""
+    plain["inputs"] = 7
+    odd = store.seal_record(failure_record_name(NAME), json.dumps(plain, sort_keys=True).encode())
+    assert FailureRecord.open(store, NAME, odd) is None  # not a string: refused

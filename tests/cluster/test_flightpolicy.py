@@ -950,6 +950,10 @@ def test_every_constant_of_the_policy_is_pinned():
         30.0, 0.1, 64, 4.0)
     assert fp.DECISIONS == ("raced_won", "raced_found", "held", "waited", "found_under_lease", "failed",
                             "gave_up", "no_lease")
+    assert fp.DEFER_PAST_FILES == 64
+    # its reason: a kernel past that many headers is over 1 s by the untimed estimate, the lease below R = 0.25 s
+    past = fp.untimed_estimate(fp.compile_size(0, fp.DEFER_PAST_FILES + 1))
+    assert past > 1.0 and past > DEFAULT_LEASE_MIN_COMPILE_RTTS * 0.25
 
 
 def _cache_at(tmp_path, round_trip_s: float) -> TieredProgramCache:

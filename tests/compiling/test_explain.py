@@ -176,6 +176,27 @@ def test_explain_says_which_flight_case_a_miss_takes_with_its_c_and_r(tmp_path, 
     assert report.flight.startswith(f"{case}: C {c * 1e3:.1f} ms {sign} {rtts:g} x R {r * 1e3:.1f} ms: ")
 
 
+def test_explain_says_a_long_kernel_no_node_recorded_is_flown_by_its_direct_key_until_it_is(tmp_path):
+    """Over DEFER_PAST_FILES headers and no direct manifest: the flight by direct key, with the case it takes
+    once recorded; after its compile (its set recorded) the case alone."""
+    from tiered_progcache.cluster.flightpolicy import DEFER_PAST_FILES
+
+    root = tmp_path / "include"
+    root.mkdir()
+    for i in range(DEFER_PAST_FILES + 1):
+        (root / f"h{i}.h").write_text(f"#define H{i} {i}\n")
+    src = "".join(f'#include "h{i}.h"\n' for i in range(DEFER_PAST_FILES + 1)) + OTHER
+    with TieredProgramCache(tmp_path / "c", remote=f"memory://{tmp_path.name}/remote") as cache:
+        before = explain(src, "c++", _opts(root), cache=cache).flight
+        assert before.startswith(f"direct key: no node recorded the {DEFER_PAST_FILES + 1} headers it reads (over "
+                                 f"{DEFER_PAST_FILES}): one compile at a time by its direct key")
+        tiered_progcache.compile(src, "c++", _opts(root), cache=cache)
+        after = explain(src, "c++", _opts(root), cache=cache).flight
+    # the same case and C once recorded (R is measured again between the two)
+    assert before.split("once recorded, ")[1].split(" x R")[0] == after.split(" x R")[0]
+    assert after.startswith("lease: C")
+
+
 def test_an_empty_cache_is_a_plain_miss(tmp_path):
     with TieredProgramCache(tmp_path / "c") as cache:
         report = explain(OTHER, "c++", ProgramOptions(arch="sm_80"), cache=cache)

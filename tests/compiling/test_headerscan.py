@@ -236,3 +236,16 @@ def test_what_the_scanner_cannot_read_in_the_main_source_declines_rather_than_wa
     scan = header_scan(odd + KERNEL, _opts(valdir))
     assert scan.declined is not None and "working directory" in scan.declined
     assert scan.headers == ()  # nothing under the working directory (nor the include path) was read
+
+
+def test_a_scan_bounded_by_files_read_answers_none_past_the_bound_and_memoizes_no_scan(tree):
+    """``max_files``: the three files SRC reads fit a bound of 3, not one of 2; the bounded scan that stopped
+    leaves no scan memoized (the next unbounded call scans), and one within the bound is the full scan."""
+    from tiered_progcache.compiling import headerscan
+
+    assert header_scan(SRC, _opts(tree), max_files=2) is None
+    scans = headerscan.scans_run()
+    full = header_scan(SRC, _opts(tree))
+    assert headerscan.scans_run() == scans + 1 and len(full.headers) == 3
+    assert header_scan(SRC, _opts(tree), max_files=3) == full
+    assert header_scan(SRC, _opts(tree), max_files=2) == full  # memoized now: the memo answers first
