@@ -23,8 +23,8 @@ from ..stores import fsutil
 
 __all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "DEFER_PAST_FILES", "EXIT_POLL_S", "HEADER_BYTES",
            "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S",
-           "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy", "FlightWait", "compile_size",
-           "compile_times", "on_flight", "report", "untimed_estimate"]
+           "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy",
+           "FlightWait", "compile_size", "compile_times", "on_flight", "report", "untimed_estimate"]
 
 logger = logging.getLogger(__name__)
 

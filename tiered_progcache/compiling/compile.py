@@ -385,7 +385,8 @@ class _Job:
         """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
         return self.store(*_run_compiler(self), dropped)
 
-    def store(self, obj: ObjectCode, seconds: float, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
+    def store(self, obj: ObjectCode, seconds: float,
+              dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
         """Store what the compiler made (not if ``dropped`` is set: a race the lookup won); the manifests too."""
         cache, key, code_type, target, names = self.cache, self.compiled.key, self.code_type, self.target, self.names
         compile_times.record(code_type, target, seconds, self.size)  # what the flight plans the next compile with
@@ -440,8 +441,8 @@ class _Unscanned:
     def __init__(self, cache: TieredProgramCache, unscanned: direct.Unscanned, source: str | bytes, code_type: str,
                  options: ProgramOptions, target: str, names: tuple[str | bytes, ...], extra_digest: bytes | None,
                  logs: Any, scan: Callable[[], CompileKey | None]) -> None:
-        self.cache, self.unscanned, self.source, self.code_type, self.options = cache, unscanned, source, code_type, options
-        self.target, self.names, self.extra_digest, self.logs = target, names, extra_digest, logs
+        self.cache, self.unscanned, self.source, self.code_type = cache, unscanned, source, code_type
+        self.options, self.target, self.names, self.extra_digest, self.logs = options, target, names, extra_digest, logs
         self._scan = scan
         self._job: _Job | None = None  # once scanned (or matched): the compile by its key
         self._looked = False  # an entry's lookup was counted for this call

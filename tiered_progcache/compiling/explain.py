@@ -417,8 +417,9 @@ def explain_key(
     flight = describe(chain, predict(chain, code_type, target, size))
     if len(compiled.headers) > DEFER_PAST_FILES and compiled.basis is not None and chain.get(direct.direct_key(
             source, code_type, options, target, names, extra_digest, compiled.basis.by_role)) is None:
-        flight = (f"direct key: no node recorded the {len(compiled.headers)} headers it reads (over {DEFER_PAST_FILES}):"
-                  f" one compile at a time by its direct key, its scan beside the compile; once recorded, {flight}")
+        flight = (f"direct key: no node recorded the {len(compiled.headers)} headers it reads "
+                  f"(over {DEFER_PAST_FILES}): one compile at a time by its direct key, its scan beside the compile; "
+                  f"once recorded, {flight}")
     return dataclasses.replace(explained, flight=flight)
 
 
