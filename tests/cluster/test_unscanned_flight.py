@@ -10,6 +10,7 @@ its direct manifest marked so the next caller scans at once.
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import threading
@@ -176,7 +177,8 @@ def test_a_holders_failure_is_raised_by_waiters_that_read_the_same_headers_and_b
     (work / "remote").mkdir()
     url = f"file://{work / 'remote'}"
     root_a = tree(work / "a" / "inc", BROKEN_HEADERS)
-    root_b = tree(work / "b" / "inc", BROKEN_HEADERS if same_headers else HEADERS)  # another root, as on a node
+    warned = dict(HEADERS, **{"lib/detail/scale.h": '#pragma once\n#warning "tpc-log-check"\n#define LIB_SCALE 3\n'})
+    root_b = tree(work / "b" / "inc", BROKEN_HEADERS if same_headers else warned)  # another root, as on a node
     node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
     node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
     assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
@@ -189,10 +191,12 @@ def test_a_holders_failure_is_raised_by_waiters_that_read_the_same_headers_and_b
 
     stop = tpc.on_compile(hold_until_b_waits)
     outcome: dict[str, object] = {}
+    log_b = io.StringIO()
 
     def node(name: str, cache: TieredProgramCache, root: Path) -> None:
         try:
-            outcome[name] = bytes(tpc.compile(source(5), "c++", opts(root), cache=cache, lease_ttl=1.0).code)
+            outcome[name] = bytes(tpc.compile(source(5), "c++", opts(root), cache=cache, lease_ttl=1.0,
+                                              logs=log_b if name == "b" else None).code)
         except Exception as exc:
             outcome[name] = exc
 
@@ -215,6 +219,7 @@ def test_a_holders_failure_is_raised_by_waiters_that_read_the_same_headers_and_b
         assert sorted(d.choice for d in decisions) == ["failed", "held"]
     else:
         assert isinstance(outcome["b"], bytes) and outcome["b"][:4] == b"\x7fELF"
+        assert "tpc-log-check" in log_b.getvalue()  # its compiler log reached its caller
         assert [e.ok for e in events] == [False, True]
         assert sorted(d.choice for d in decisions) == ["gave_up", "held"]
 
@@ -243,3 +248,80 @@ def test_a_long_kernel_the_scan_cannot_key_is_compiled_uncached_and_the_next_nod
         scans.append(headerscan.scans_run() - before)
     assert scans == [2, 1]  # a: the bounded look, then the whole scan beside the compile; b: the scan alone
     assert compile_module.declined_count() - declined == 2 and len(events) == 2
+
+
+NAMED = ('#include <lib/all.h>\ntemplate <typename T> __global__ void scale(T* o) { *o = T(LIB_SCALE + LIB_OFFSET); }\n'
+         "template __global__ void scale<float>(float*);\n")
+
+
+def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_all(work, decisions, events):  # noqa: F811
+    """Node B waits on A's lease by direct key, then verifies the set A recorded on its own copy of the
+    headers and takes A's entry, its symbol map too: one compiler run; each node one counted lookup (A a
+    miss, B a hit); the direct manifest under the key ``extra_digest`` is part of."""
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    root_a, root_b = tree(work / "a" / "inc"), tree(work / "b" / "inc")
+    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    extra = b"the caller's own digest"
+    lease_name = entry_name(direct.direct_key(NAMED, "c++", opts(root_a), "cubin", ("scale<float>",), extra, True))
+
+    def hold_until_b_waits(event: tpc.CompileEvent) -> None:
+        if threading.current_thread().name == "node-a":
+            assert _waiting(node_b, lease_name)
+
+    stop = tpc.on_compile(hold_until_b_waits)
+    got: dict[str, object] = {}
+
+    def node(name: str, cache: TieredProgramCache, root: Path) -> None:
+        got[name] = tpc.compile(NAMED, "c++", opts(root), cache=cache, name_expressions=["scale<float>"],
+                                extra_digest=extra)
+
+    a = threading.Thread(target=node, args=("a", node_a, root_a), name="node-a")
+    try:
+        a.start()
+        while not decisions:
+            assert a.is_alive() or decisions
+            threading.Event().wait(0.005)
+        node("b", node_b, root_b)
+        a.join(JOIN_S)
+        stats_a, stats_b = node_a.stats(), node_b.stats()
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert [d.choice for d in decisions] == ["held", "waited"] and len(events) == 1
+    assert bytes(got["b"].code) == bytes(got["a"].code)
+    assert dict(got["b"].symbol_mapping) == dict(got["a"].symbol_mapping) and "scale<float>" in got["b"].symbol_mapping
+    # one counted lookup each (the memory tier sees every one): A's a miss, B's a hit
+    assert (stats_a["memory"].misses, stats_a.hits, stats_a.misses) == (1, 0, 1)
+    assert (stats_b["memory"].misses, stats_b.hits, stats_b.misses) == (1, 1, 0)
+
+
+def test_an_entry_stored_without_its_set_is_taken_and_its_set_recorded_nothing_rewritten(work, events):
+    """A node that finds the entry under the scan's key but no direct manifest (it was lost, or the entry
+    came without one): the holder's look after its scan answers at once, the set is recorded again, and
+    the entry on the store is not written a second time (its file is the one the first node wrote)."""
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    root = tree(work / "inc")
+    with TieredProgramCache(work / "first", remote=url) as first:
+        made = tpc.compile(source(6), "c++", opts(root), cache=first)
+        assert first.flush(JOIN_S)
+        manifest_key = storage(source(6), root)
+        del first[manifest_key]  # gone from every tier: the entry stays
+        assert first.flush(JOIN_S)
+    key = events[0].key
+    name = entry_name(key)
+    entry_file = work / "remote" / "entries" / name[:2] / name[2:]
+    written = entry_file.stat().st_mtime_ns
+    headermemo.clear_memo()
+    with TieredProgramCache(work / "second", remote=url) as second:
+        again = tpc.compile(source(6), "c++", opts(root), cache=second)
+        assert second.flush(JOIN_S)
+        (one,) = direct.decode_direct(second.get(manifest_key))
+        stats = second.stats()
+    assert bytes(again.code) == bytes(made.code) and one["key"] == key.hex()
+    assert entry_file.stat().st_mtime_ns == written  # not rewritten
+    assert (stats["memory"].misses, stats.hits, stats.flight["held"]) == (1, 1, 1)

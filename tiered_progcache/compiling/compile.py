@@ -519,9 +519,7 @@ class _Unscanned:
         return stored
 
     def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
-        """Another thread's entry as this one's result; ``found``: it came from a race's lookup (a hit)."""
-        if found:
-            _record_hit(self.cache, self.job().compiled.key)
+        """Another thread's entry as this one's result (this flight never races, so never ``found``)."""
         return _wrap(entry.data, self.target, self.options, entry.mapping)
 
 
