@@ -102,20 +102,38 @@ def test_the_holder_starts_its_compiler_before_it_scans_and_another_node_hits_by
     assert direct.direct_counts().hits == hits + 1 and headerscan.scans_run() == scans
 
 
-def test_threads_of_a_process_run_the_compiler_once_for_a_kernel_nobody_recorded(work, events):
+def test_threads_arriving_after_the_holders_scan_join_its_flight_and_the_compiler_runs_once(work, events):
+    """The holder's compile is held (in the hook: its scan is done by then) until three threads that called
+    after it have joined its flight: its scan is not memoized while the flight is under way, so they fly by
+    the direct key too rather than by the scan's key (which would run the compiler again)."""
+    from tiered_progcache.cluster.singleflight import followers
+
     root = tree(work / "inc")
     cache = TieredProgramCache(work / "cache")
-    barrier = threading.Barrier(4)
+    flight = storage(source(2), root)
     codes: list[bytes] = []
 
     def call() -> None:
-        barrier.wait(JOIN_S)
         codes.append(bytes(tpc.compile(source(2), "c++", opts(root), cache=cache).code))
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
+    late = [threading.Thread(target=call) for _ in range(3)]
+
+    def hold_until_the_late_ones_follow(event: tpc.CompileEvent) -> None:
+        for t in late:
+            t.start()
+        deadline = threading.Event()
+        for _ in range(int(JOIN_S / 0.005)):
+            if followers(cache, flight) == 3:
+                return
+            deadline.wait(0.005)
+        raise AssertionError("the threads that called after the holder's scan did not join its flight")
+
+    stop = tpc.on_compile(hold_until_the_late_ones_follow)
+    try:
+        call()
+    finally:
+        stop()
+    for t in late:
         t.join(JOIN_S)
     assert len(codes) == 4 and len(set(codes)) == 1
     assert len(events) == 1

@@ -29,6 +29,8 @@ from .explain import explain_key
 from ..cluster.flightpolicy import DEFER_PAST_FILES, compile_size, compile_times
 from ..hooks import call_each, subscribe
 from . import keys
+from .headermemo import is_racy
+from .headerscan import adopt_scan
 from .keys import CompileKey
 from . import direct
 from .manifest import (
@@ -228,12 +230,15 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
         unscanned = _Unscanned(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest,
                                logs, functools.partial(keys.compile_key, source, code_type, options, target_type,
                                                        names, extra_digest, portable=portable_keys,
-                                                       recheck_s=header_recheck_s, memo_dir=memo_dir))
+                                                       recheck_s=header_recheck_s, memo_dir=memo_dir,
+                                                       memoize_scan=False))
         try:
             return run_once(cache, compiled.storage, unscanned, wait_timeout=wait_timeout, lease_ttl=lease_ttl,
                             case=plan(cache, math.inf)[0], inputs=unscanned.inputs)
         except _Declined as declined:
             return _compile_declined(declined.job)
+        finally:
+            unscanned.remember_scan()
     job = _Job(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest, logs)
     if compiled.declined is not None:
         return _compile_declined(job)
@@ -445,6 +450,7 @@ class _Unscanned:
         self.options, self.target, self.names, self.extra_digest, self.logs = options, target, names, extra_digest, logs
         self._scan = scan
         self._job: _Job | None = None  # once scanned (or matched): the compile by its key
+        self._scanned: CompileKey | None = None  # the key this call's scan gave (not memoized meanwhile)
         self._looked = False  # an entry's lookup was counted for this call
 
     def inputs(self) -> str:
@@ -456,12 +462,18 @@ class _Unscanned:
         """The compile by its key: ``compiled``, else the scan's (run once per call)."""
         if self._job is None:
             if compiled is None:
-                scanned = self._scan()
-                assert scanned is not None  # not memo_only: the scan answers
-                compiled = scanned
+                compiled = self._scanned = self._scan()
+                assert compiled is not None  # not memo_only: the scan answers
             self._job = _Job(self.cache, compiled, self.source, self.code_type, self.options, self.target, self.names,
                              self.extra_digest, self.logs)
         return self._job
+
+    def remember_scan(self) -> None:
+        """Memoize the scan this call ran, once its flight is over: while the compile was under way, a caller
+        arriving on this node found no memo, so it joined this flight rather than flying by the scan's key."""
+        basis = None if self._scanned is None else self._scanned.basis
+        if basis is not None and not any(is_racy(sig) for _, sig in basis.result.checks):
+            adopt_scan(self.source, self.options, basis.by_role, basis.result, self.unscanned.memo_dir)
 
     def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Entry] | None:
         """The entry of a set recorded since (or, with a manifest of no set holding here, the scan's key's)."""

@@ -703,6 +703,7 @@ def header_scan(
     memo_dir: str | os.PathLike[str] | None = None,
     memo_only: bool = False,
     max_files: int | None = None,
+    memoize_scan: bool = True,
 ) -> HeaderScan | None:
     """The digest covering every file the compile of ``source`` could read, and those files.
 
@@ -717,13 +718,14 @@ def header_scan(
     memoized with the scan: a warm call re-stats and returns them without reading any.
     ``recheck_s``, ``memo_dir`` and thread-safety as :func:`header_digest`. ``memo_only``: None
     instead of scanning where no memo answers (:mod:`.direct` asks its manifest first); ``max_files``:
-    None where the scan reads more files than that (what it read stays memoized file by file).
+    None where the scan reads more files than that (what it read stays memoized file by file);
+    ``memoize_scan`` False: a scan run now is not memoized (the caller adopts it later: :func:`adopt_scan`).
     """
     code_type = code_type.lower()
     if code_type == "nvvm":
         return _libdevice_scan(portable) if getattr(options, "use_libdevice", None) else _NOTHING_READ[portable]
     result = _scan(source, options, code_type, recheck_s, portable=portable, memo_dir=memo_dir, memo_only=memo_only,
-                   max_files=max_files)
+                   max_files=max_files, memoize_scan=memoize_scan)
     if result is _NOT_MEMOIZED:
         return None
     if result is None:
@@ -760,6 +762,7 @@ def _scan(
     memo_dir: str | os.PathLike[str] | None,
     memo_only: bool = False,
     max_files: int | None = None,
+    memoize_scan: bool = True,
 ) -> ScanResult | None:
     """The (memoized) scan of what the compile of ``source`` could read; None when it reads nothing for sure.
 
@@ -782,7 +785,8 @@ def _scan(
     global _scans_run
     _scans_run += 1
     try:
-        return _scan_now(source, options, memo_key, portable=portable, memo_dir=memo_dir, max_files=max_files)
+        return _scan_now(source, options, memo_key, portable=portable, memo_dir=memo_dir, max_files=max_files,
+                         memoize_scan=memoize_scan)
     except _PastBound:
         return _NOT_MEMOIZED
 
@@ -805,7 +809,7 @@ def _memo_key(source: str | bytes, options: Any, portable: bool) -> tuple[Any, .
 
 def _scan_now(
     source: str | bytes, options: Any, memo_key: tuple[Any, ...], *, portable: bool,
-    memo_dir: str | os.PathLike[str] | None, max_files: int | None = None,
+    memo_dir: str | os.PathLike[str] | None, max_files: int | None = None, memoize_scan: bool = True,
 ) -> ScanResult:
     """Walk the include graph now, and memoize what it found."""
     data = source.encode("utf-8", "surrogateescape") if isinstance(source, str) else bytes(source)
@@ -840,7 +844,8 @@ def _scan_now(
         tuple(sorted(scan.textual.items())),
     )
 
-    memoize(memo_key, None if scan.racy else result, memo_dir, _scanner_id)
+    if memoize_scan:
+        memoize(memo_key, None if scan.racy else result, memo_dir, _scanner_id)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("header scan: %d files read, %d paths probed, %d directory fallbacks",
                      len(scan.visited), len(scan.checks), len(scan.fallback_dirs))

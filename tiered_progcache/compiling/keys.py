@@ -272,6 +272,7 @@ def compile_key(
     memo_dir: str | os.PathLike[str] | None = None,
     memo_only: bool = False,
     max_files: int | None = None,
+    memoize_scan: bool = True,
 ) -> CompileKey | None:
     """The key ``compile()`` stores and finds this compile under, and what went into it.
 
@@ -286,14 +287,14 @@ def compile_key(
     as ``Program.compile(cache=...)`` does). ``recheck_s`` and ``memo_dir`` (where header
     scans persist for the next process) as for ``header_digest``. ``memo_only``: None where
     no header-scan memo answers and a scan would have to run; ``max_files``: None where the scan
-    reads more files than that.
+    reads more files than that; ``memoize_scan`` False: a scan run now is left unmemoized.
     Raises what ``make_program_cache_key`` raises for options it refuses to key.
     Thread-safe; reads the working directory and the header files.
     """
     by_role = keyed_by_role(options, code_type, portable)
     cwd = os.getcwd()
     scan = header_scan(source, options, code_type, recheck_s=recheck_s, portable=by_role, memo_dir=memo_dir,
-                       memo_only=memo_only, max_files=max_files)
+                       memo_only=memo_only, max_files=max_files, memoize_scan=memoize_scan)
     if scan is None:
         return None
     return key_for(source, code_type, options, target_type, name_expressions, extra_digest, scan, by_role, cwd)
