@@ -47,6 +47,10 @@ def source(i: int) -> str:
     return f'#include <lib/all.h>\nextern "C" __global__ void k{i}(int* o) {{ *o = LIB_SCALE * {i} + LIB_OFFSET; }}\n'
 
 
+NAMED = ('#include <lib/all.h>\ntemplate <typename T> __global__ void scale(T* o) { *o = T(LIB_SCALE + LIB_OFFSET); }\n'
+         "template __global__ void scale<float>(float*);\n")
+
+
 def tree(root: Path, files: dict[str, str] = HEADERS) -> Path:
     for rel, text in files.items():
         write_header(root / rel, text)
@@ -110,11 +114,11 @@ def test_threads_arriving_after_the_holders_scan_join_its_flight_and_the_compile
 
     root = tree(work / "inc")
     cache = TieredProgramCache(work / "cache")
-    flight = storage(source(2), root)
-    codes: list[bytes] = []
+    flight = direct.direct_key(NAMED, "c++", opts(root), "cubin", ("scale<float>",), None, True)
+    got: list[object] = []
 
     def call() -> None:
-        codes.append(bytes(tpc.compile(source(2), "c++", opts(root), cache=cache).code))
+        got.append(tpc.compile(NAMED, "c++", opts(root), cache=cache, name_expressions=["scale<float>"]))
 
     late = [threading.Thread(target=call) for _ in range(3)]
 
@@ -135,8 +139,12 @@ def test_threads_arriving_after_the_holders_scan_join_its_flight_and_the_compile
         stop()
     for t in late:
         t.join(JOIN_S)
-    assert len(codes) == 4 and len(set(codes)) == 1
+    assert len(got) == 4 and len({bytes(obj.code) for obj in got}) == 1
+    assert all(dict(obj.symbol_mapping) == dict(got[0].symbol_mapping) for obj in got)  # names and all
     assert len(events) == 1
+    scans, hits = headerscan.scans_run(), direct.direct_counts().hits
+    tpc.compile(NAMED, "c++", opts(root), cache=cache, name_expressions=["scale<float>"])
+    assert (headerscan.scans_run(), direct.direct_counts().hits) == (scans, hits)  # its scan memoized once done
     cache.close()
 
 
@@ -268,10 +276,6 @@ def test_a_long_kernel_the_scan_cannot_key_is_compiled_uncached_and_the_next_nod
     assert compile_module.declined_count() - declined == 2 and len(events) == 2
 
 
-NAMED = ('#include <lib/all.h>\ntemplate <typename T> __global__ void scale(T* o) { *o = T(LIB_SCALE + LIB_OFFSET); }\n'
-         "template __global__ void scale<float>(float*);\n")
-
-
 def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_all(work, decisions, events):  # noqa: F811
     """Node B waits on A's lease by direct key, then verifies the set A recorded on its own copy of the
     headers and takes A's entry, its symbol map too: one compiler run; each node one counted lookup (A a
@@ -290,6 +294,8 @@ def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_a
             assert _waiting(node_b, lease_name)
 
     stop = tpc.on_compile(hold_until_b_waits)
+    hits: list[compile_module.HitEvent] = []
+    stop_hits = compile_module.on_hit(hits.append)
     got: dict[str, object] = {}
 
     def node(name: str, cache: TieredProgramCache, root: Path) -> None:
@@ -307,9 +313,11 @@ def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_a
         stats_a, stats_b = node_a.stats(), node_b.stats()
     finally:
         stop()
+        stop_hits()
         node_a.close()
         node_b.close()
     assert [d.choice for d in decisions] == ["held", "waited"] and len(events) == 1
+    assert [h.key for h in hits] == [events[0].key]  # B's hit, told to the hooks once
     assert bytes(got["b"].code) == bytes(got["a"].code)
     assert dict(got["b"].symbol_mapping) == dict(got["a"].symbol_mapping) and "scale<float>" in got["b"].symbol_mapping
     # one counted lookup each (the memory tier sees every one): A's a miss, B's a hit
@@ -342,4 +350,87 @@ def test_an_entry_stored_without_its_set_is_taken_and_its_set_recorded_nothing_r
         stats = second.stats()
     assert bytes(again.code) == bytes(made.code) and one["key"] == key.hex()
     assert entry_file.stat().st_mtime_ns == written  # not rewritten
+    for thread in threading.enumerate():  # the compile begun beside the scan ran: counted once it ends
+        if thread.name == "tiered-progcache-count-unused":
+            thread.join(JOIN_S)
+    assert [e.key for e in events] == [key, key]
     assert (stats["memory"].misses, stats.hits, stats.flight["held"]) == (1, 1, 1)
+
+
+def _compile_on_a_node(local_dir: str, root: str, cwd: str, results) -> None:
+    """One process of a node: compile the kernel, and say how (scans, direct hits, compiler runs)."""
+    try:
+        os.chdir(cwd)
+        with TieredProgramCache(local_dir) as cache:
+            scans, hits, runs = headerscan.scans_run(), direct.direct_counts().hits, tpc.compile_count()
+            tpc.compile(source(7), "c++", opts(Path(root)), cache=cache)
+            results.put((headerscan.scans_run() - scans, direct.direct_counts().hits - hits, tpc.compile_count() - runs))
+    except BaseException:
+        results.put(traceback.format_exc())
+
+
+def test_the_next_process_on_the_node_takes_the_holders_scan_from_its_local_directory(work):
+    """The holder's scan, memoized once its flight is over, is persisted in the local directory at exit: the
+    node's next process validates it by stat (no scan, no direct manifest read, no compile)."""
+    root = tree(work / "inc")
+    results = SPAWN.Queue()
+    seen = []
+    for _ in range(2):
+        p = SPAWN.Process(target=_compile_on_a_node, args=(str(work / "cache"), str(root), str(work / "work"), results))
+        p.start()
+        seen.append(results.get(timeout=JOIN_S))
+        p.join(JOIN_S)
+    assert seen == [(2, 0, 1), (0, 0, 0)]  # the bounded look and the scan beside the compile; then the memo
+
+
+def test_a_long_kernel_whose_set_cannot_be_recorded_is_stored_and_its_manifest_marked(work, events):
+    """A header spelled by an absolute path in a header: the scan keys it, but no set is recorded (the
+    set's paths are by root); the entry is stored and a direct manifest of no set is left, so the next
+    caller scans at once (and finds the entry by the scan's key)."""
+    root = tree(work / "inc")
+    absolute = write_header(work / "elsewhere" / "abs.h", "#pragma once\n#define ABS_VAL 1\n")
+    write_header(root / "lib" / "with_abs.h", f'#pragma once\n#include <lib/all.h>\n#include "{absolute}"\n')
+    src = '#include <lib/with_abs.h>\nextern "C" __global__ void k(int* o) { *o = ABS_VAL + LIB_SCALE; }\n'
+    with TieredProgramCache(work / "cache") as cache:
+        obj = tpc.compile(src, "c++", opts(root), cache=cache)
+        marker = cache.get(direct.direct_key(src, "c++", opts(root), "cubin", (), None, True))
+        assert marker is not None and direct.decode_direct(marker) == []
+        assert cache.get(events[0].key) == bytes(obj.code)
+
+
+def test_a_thread_that_joined_the_flight_of_a_kernel_compiled_uncached_gets_its_code_and_names(work, events):
+    """The holder compiles a kernel its scan declined (uncached); a thread that joined its flight meanwhile
+    takes that compile's code and symbol map (one compiler run), as threads share any flight's outcome."""
+    from tiered_progcache.cluster.singleflight import followers
+
+    root = tree(work / "inc")
+    write_header(work / "work" / "v.h", "#define V 1\n")
+    src = '#include <lib/all.h>\n#define STR(x) #x\n#include STR(v.h)\n' + \
+        "template <typename T> __global__ void scale(T* o) { *o = T(V + LIB_SCALE); }\n" + \
+        "template __global__ void scale<float>(float*);\n"
+    cache = TieredProgramCache(work / "cache")
+    flight = direct.direct_key(src, "c++", opts(root), "cubin", ("scale<float>",), None, True)
+    got: list[object] = []
+
+    def call() -> None:
+        got.append(tpc.compile(src, "c++", opts(root), cache=cache, name_expressions=["scale<float>"]))
+
+    follower = threading.Thread(target=call)
+
+    def hold_until_it_follows(event: tpc.CompileEvent) -> None:
+        follower.start()
+        for _ in range(int(JOIN_S / 0.005)):
+            if followers(cache, flight) == 1:
+                return
+            threading.Event().wait(0.005)
+        raise AssertionError("the second thread did not join the flight")
+
+    stop = tpc.on_compile(hold_until_it_follows)
+    try:
+        call()
+    finally:
+        stop()
+    follower.join(JOIN_S)
+    assert len(got) == 2 and bytes(got[0].code) == bytes(got[1].code) and len(events) == 1
+    assert "scale<float>" in got[1].symbol_mapping
+    cache.close()

@@ -505,11 +505,9 @@ class _Unscanned:
             run = _CompilerRun(self.source, self.code_type, self.options, self.target, self.names, self.logs).start()
         try:
             job = self.job()
-            if job.compiled.declined is not None:
-                direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
-                if run is None:
-                    raise _Declined(job)
+            if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
                 obj = _compile_declined(job, run)
+                direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
                 return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.names else None)
             if self.cache.explain_misses:
                 _explain_miss(job)
@@ -520,12 +518,13 @@ class _Unscanned:
             raise
         if found is not None:  # stored under this key by a compile that recorded no set here: record it now
             if run is not None:
-                threading.Thread(target=_count_unused, args=(job, run), daemon=True).start()
+                threading.Thread(target=_count_unused, args=(job, run), name="tiered-progcache-count-unused",
+                                 daemon=True).start()
             direct.record(self.cache, job.compiled, self.source, self.code_type, self.options, self.target,
                           self.names, self.extra_digest)  # fmt: skip
             return found
         obj, seconds = _counted(job, run) if run is not None else _run_compiler(job)
-        stored = job.store(obj, seconds, dropped)
+        stored = job.store(obj, seconds)  # never dropped: this flight never races
         if direct.header_set(job.compiled, self.source, self.options) is None:
             direct.record_none(self.cache, self.unscanned.storage)  # no set to record: the next caller scans
         return stored
