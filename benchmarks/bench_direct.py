@@ -94,9 +94,11 @@ if args["mode"] == "alone":
         times.append(time.perf_counter() - t)
     print(json.dumps({"times": times}))
     sys.exit(0)
-if args["mode"] == "scan":  # direct mode off: no direct manifest read or written
+if args["mode"] == "scan":  # direct mode off: no direct manifest read or written, no flight by direct key
+    from tiered_progcache.compiling import compile as compile_module
     direct.read_sets = lambda cache, key: None
     direct.record = lambda *a, **k: False
+    compile_module.DEFER_PAST_FILES = None
 started = time.perf_counter()
 with tpc.TieredProgramCache(args["local"], **args["remote"]) as cache:
     out["built_s"] = time.perf_counter() - started  # the store's probe runs on beside the first compile
