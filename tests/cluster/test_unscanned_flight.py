@@ -11,6 +11,7 @@ its direct manifest marked so the next caller scans at once.
 from __future__ import annotations
 
 import io
+import logging
 import multiprocessing as mp
 import os
 import threading
@@ -41,6 +42,8 @@ HEADERS = {
     **{f"lib/detail/h{i}.h": f"#pragma once\n#define LIB_H{i} {i}\n" for i in range(DEFER_PAST_FILES)},
 }
 BROKEN_HEADERS = dict(HEADERS, **{"lib/detail/scale.h": "#pragma once\n#define LIB_SCALE not_declared_here\n"})
+#: The same headers, one of them making the compiler write a warning into its log.
+WARNED = dict(HEADERS, **{"lib/detail/scale.h": '#pragma once\n#warning "tpc-log-check"\n#define LIB_SCALE 3\n'})
 
 
 def source(i: int) -> str:
@@ -74,8 +77,9 @@ def work(tmp_path, monkeypatch):
     headermemo.clear_memo()
 
 
-def test_the_holder_starts_its_compiler_before_it_scans_and_another_node_hits_by_its_set(work, monkeypatch, events):
-    root = tree(work / "inc")
+def test_the_holder_starts_its_compiler_before_it_scans_and_another_node_hits_by_its_set(work, monkeypatch, events,
+                                                                                          caplog):
+    root = tree(work / "inc", WARNED)
     (work / "remote").mkdir()
     url = f"file://{work / 'remote'}"
     scans_at: list[bool] = []  # whether a compile was running when each whole scan began
@@ -87,10 +91,15 @@ def test_the_holder_starts_its_compiler_before_it_scans_and_another_node_hits_by
         return real_scan(*args, **kwargs)
 
     monkeypatch.setattr(keys, "compile_key", watched_scan)
-    with TieredProgramCache(work / "a", remote=url) as node_a:
-        obj = tpc.compile(source(1), "c++", opts(root), cache=node_a)
+    log = io.StringIO()
+    with TieredProgramCache(work / "a", remote=url, explain_misses=True) as node_a, \
+            caplog.at_level(logging.INFO, logger="tiered_progcache.compiling.compile"):
+        obj = tpc.compile(source(1), "c++", opts(root), cache=node_a, logs=log)
         assert node_a.flush(JOIN_S)
         assert node_a.stats().flight["held"] == 1
+    assert "tpc-log-check" in log.getvalue()  # the compile begun before the scan still logs to its caller
+    (miss,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("miss ")]
+    assert "could not explain" not in miss
     assert scans_at == [True]  # one whole scan, begun with the compiler already running
     assert len(events) == 1
     scanned = real_scan(source(1), "c++", opts(root), "cubin")
@@ -203,8 +212,7 @@ def test_a_holders_failure_is_raised_by_waiters_that_read_the_same_headers_and_b
     (work / "remote").mkdir()
     url = f"file://{work / 'remote'}"
     root_a = tree(work / "a" / "inc", BROKEN_HEADERS)
-    warned = dict(HEADERS, **{"lib/detail/scale.h": '#pragma once\n#warning "tpc-log-check"\n#define LIB_SCALE 3\n'})
-    root_b = tree(work / "b" / "inc", BROKEN_HEADERS if same_headers else warned)  # another root, as on a node
+    root_b = tree(work / "b" / "inc", BROKEN_HEADERS if same_headers else WARNED)  # another root, as on a node
     node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
     node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
     assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
@@ -303,6 +311,7 @@ def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_a
                                 extra_digest=extra)
 
     a = threading.Thread(target=node, args=("a", node_a, root_a), name="node-a")
+    scans = headerscan.scans_run()
     try:
         a.start()
         while not decisions:
@@ -311,6 +320,8 @@ def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_a
         node("b", node_b, root_b)
         a.join(JOIN_S)
         stats_a, stats_b = node_a.stats(), node_b.stats()
+        # A: the bounded look and the whole scan beside its compile; B: the bounded look, then A's set verified
+        assert headerscan.scans_run() - scans == 3
     finally:
         stop()
         stop_hits()
@@ -332,10 +343,11 @@ def test_an_entry_stored_without_its_set_is_taken_and_its_set_recorded_nothing_r
     (work / "remote").mkdir()
     url = f"file://{work / 'remote'}"
     root = tree(work / "inc")
+    extra = b"the caller's own digest"
     with TieredProgramCache(work / "first", remote=url) as first:
-        made = tpc.compile(source(6), "c++", opts(root), cache=first)
+        made = tpc.compile(source(6), "c++", opts(root), cache=first, extra_digest=extra)
         assert first.flush(JOIN_S)
-        manifest_key = storage(source(6), root)
+        manifest_key = direct.direct_key(source(6), "c++", opts(root), "cubin", (), extra, True)
         del first[manifest_key]  # gone from every tier: the entry stays
         assert first.flush(JOIN_S)
     key = events[0].key
@@ -344,7 +356,7 @@ def test_an_entry_stored_without_its_set_is_taken_and_its_set_recorded_nothing_r
     written = entry_file.stat().st_mtime_ns
     headermemo.clear_memo()
     with TieredProgramCache(work / "second", remote=url) as second:
-        again = tpc.compile(source(6), "c++", opts(root), cache=second)
+        again = tpc.compile(source(6), "c++", opts(root), cache=second, extra_digest=extra)
         assert second.flush(JOIN_S)
         (one,) = direct.decode_direct(second.get(manifest_key))
         stats = second.stats()
@@ -434,3 +446,97 @@ def test_a_thread_that_joined_the_flight_of_a_kernel_compiled_uncached_gets_its_
     assert len(got) == 2 and bytes(got[0].code) == bytes(got[1].code) and len(events) == 1
     assert "scale<float>" in got[1].symbol_mapping
     cache.close()
+
+
+def test_a_scan_of_headers_written_too_recently_to_vouch_for_is_not_memoized(work, events):
+    """Headers modified within the racy window: the holder's scan is not memoized after its flight (a stat
+    cannot vouch for them yet), as a scan of them never is."""
+    root = work / "inc"
+    for rel, text in HEADERS.items():
+        write_header(root / rel, text, mtime=None)
+    with TieredProgramCache(work / "cache") as cache:
+        tpc.compile(source(8), "c++", opts(root), cache=cache)
+    assert len(events) == 1
+    assert keys.compile_key(source(8), "c++", opts(root), "cubin", memo_only=True) is None
+
+
+def _hold_until_waiting(node_b: TieredProgramCache, lease_name: str):
+    def hook(event: tpc.CompileEvent) -> None:  # runs on the thread that counts A's compile
+        if threading.current_thread().name == "node-a":
+            assert _waiting(node_b, lease_name)
+
+    return hook
+
+
+def _a_then_b(decisions, node_a, node_b, call) -> dict[str, object]:  # noqa: F811
+    """A's call on a thread; B's, once A holds the lease, on this one: what each got (or raised)."""
+    outcome: dict[str, object] = {}
+
+    def node(name: str, cache: TieredProgramCache) -> None:
+        try:
+            outcome[name] = call(name, cache)
+        except Exception as exc:
+            outcome[name] = exc
+
+    a = threading.Thread(target=node, args=("a", node_a), name="node-a")
+    a.start()
+    while not decisions:
+        assert a.is_alive() or decisions
+        threading.Event().wait(0.005)
+    node("b", node_b)
+    a.join(JOIN_S)
+    return outcome
+
+
+def test_a_waiter_whose_headers_the_recorded_set_does_not_hold_for_compiles_its_own_once_the_lease_is_free(
+    work, decisions, events  # noqa: F811
+):
+    """B waits on A's lease by direct key; A's set does not hold on B's headers (one differs): B scans once,
+    looks its own key up once (a counted miss), keeps waiting, then takes the lease and compiles its own."""
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    root_a, root_b = tree(work / "a" / "inc"), tree(work / "b" / "inc", WARNED)
+    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    roots = {"a": root_a, "b": root_b}
+    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(storage(source(9), root_a))))
+    try:
+        got = _a_then_b(decisions, node_a, node_b,
+                        lambda name, cache: bytes(tpc.compile(source(9), "c++", opts(roots[name]), cache=cache).code))
+        stats_b = node_b.stats()
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert all(isinstance(code, bytes) for code in got.values()) and len(events) == 2
+    assert events[0].key != events[1].key  # two header sets, two entries
+    assert [d.choice for d in decisions] == ["held", "held"]
+    assert (stats_b["memory"].misses, stats_b.misses) == (1, 1)  # its polls after the first look are not lookups
+
+
+def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_too(work, decisions, events):  # noqa: F811
+    """A's scan declines (a computed include) past the bound; B waits on A's lease, sees the manifest of no
+    set A leaves, scans, and compiles uncached itself without taking the lease in turn."""
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    root = tree(work / "inc")
+    write_header(work / "work" / "v.h", "#define V 1\n")
+    src = '#include <lib/all.h>\n#define STR(x) #x\n#include STR(v.h)\n' + \
+        'extern "C" __global__ void k(int* o) { *o = V + LIB_SCALE; }\n'
+    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    declined = compile_module.declined_count()
+    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(direct.direct_key(
+        src, "c++", opts(root), "cubin", (), None, True))))
+    try:
+        got = _a_then_b(decisions, node_a, node_b,
+                        lambda name, cache: bytes(tpc.compile(src, "c++", opts(root), cache=cache).code))
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert all(isinstance(code, bytes) and code[:4] == b"\x7fELF" for code in got.values())
+    assert len(events) == 2 and compile_module.declined_count() - declined == 2
+    assert [d.choice for d in decisions] == ["held"]  # B's wait ended at the manifest of no set: no decision
