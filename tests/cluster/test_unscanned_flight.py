@@ -334,6 +334,7 @@ def test_a_waiter_gets_the_holders_entry_through_the_set_it_recorded_names_and_a
     # one counted lookup each (the memory tier sees every one): A's a miss, B's a hit
     assert (stats_a["memory"].misses, stats_a.hits, stats_a.misses) == (1, 0, 1)
     assert (stats_b["memory"].misses, stats_b.hits, stats_b.misses) == (1, 1, 0)
+    assert stats_a.compiling.saved_seconds == 0 and stats_b.compiling.saved_seconds > 0  # B's hit saved a compile
 
 
 def test_an_entry_stored_without_its_set_is_taken_and_its_set_recorded_nothing_rewritten(work, events):
