@@ -8,6 +8,7 @@ caller unchanged. docs/architecture.md and docs/cluster.md say how and why.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -277,9 +278,8 @@ def _run_compiler(job: _Job) -> tuple[ObjectCode, float]:
 
 
 def _counted(job: _Job, run: _CompilerRun) -> tuple[ObjectCode, float]:
-    """``run``'s output and wall time once it ended, counted under ``job``'s key (its failure too, and raised)."""
+    """``run``'s output and wall time, counted under ``job``'s key (its failure too, and raised)."""
     key, code_type, target, tally = job.compiled.key, job.code_type, job.target, job.cache.compile_tally
-    run.done.wait()
     if run.error is not None:
         compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
         tally.count_compile(run.seconds)
@@ -292,7 +292,7 @@ def _counted(job: _Job, run: _CompilerRun) -> tuple[ObjectCode, float]:
 
 
 def _count_unused(job: _Job, run: _CompilerRun) -> None:
-    """Count a compile whose output nobody needs (its entry was there), once it ends; its failure is nobody's."""
+    """Count a compile whose output nobody needs (its entry was there); its failure is nobody's."""
     try:
         _counted(job, run)
     except BaseException:  # noqa: BLE001 - counted already; there is no caller to raise it to
@@ -300,20 +300,14 @@ def _count_unused(job: _Job, run: _CompilerRun) -> None:
 
 
 class _CompilerRun:
-    """One compiler run, on this thread (``run()``) or on one of its own (``start()``); counted by ``_counted``."""
+    """One compiler run's outcome (its output or exception, and its wall time), for ``_counted`` to count."""
 
     def __init__(self, source: str | bytes, code_type: str, options: ProgramOptions, target: str,
                  names: tuple[str | bytes, ...], logs: Any) -> None:
         self._args = (source, code_type, options, target, names, logs)
-        self.done = threading.Event()
         self.obj: ObjectCode | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
-
-    def start(self) -> _CompilerRun:
-        # A daemon: the thread that started it waits for it; a process exiting without it needs nothing of it.
-        threading.Thread(target=self.run, name="tiered-progcache-compile", daemon=True).start()
-        return self
 
     def run(self) -> _CompilerRun:
         source, code_type, options, target, names, logs = self._args
@@ -321,7 +315,7 @@ class _CompilerRun:
         program = Program(source, code_type, options)
         try:
             self.obj = program.compile(target, name_expressions=names, logs=logs)
-        except BaseException as exc:  # handed to the thread that counts it (``_counted``), and raised there
+        except BaseException as exc:  # counted by ``_counted``, and raised there
             self.error = exc
         finally:
             self.seconds = time.perf_counter() - started
@@ -329,8 +323,15 @@ class _CompilerRun:
             # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
             # Program.__dealloc__ fails when the cycle collector has cleared its options first.
             del program
-            self.done.set()
         return self
+
+
+def _settle(future: concurrent.futures.Future[Any], call: Callable[[], Any]) -> None:
+    """``call()``'s result or exception into ``future`` (a scan on a thread of its own)."""
+    try:
+        future.set_result(call())
+    except BaseException as exc:  # handed to the thread that waits for it
+        future.set_exception(exc)
 
 
 def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
@@ -499,27 +500,27 @@ class _Unscanned:
         return found
 
     def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
-        """The compiler started, then the scan beside it; the entry stored under the scan's key (unless there)."""
+        """The compiler on this thread and, on the first turn, the scan beside it on another; the entry stored under
+        the scan's key unless it is there already. (The compiler runs on the caller's thread: NVRTC ran up to
+        half again as long on a thread of its own on the H200 host, docs/performance.md.)"""
         run = None
         if self._job is None:  # the first turn: nobody recorded a set, so nobody compiled this before
-            run = _CompilerRun(self.source, self.code_type, self.options, self.target, self.names, self.logs).start()
-        try:
-            job = self.job()
-            if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
-                obj = _compile_declined(job, run)
-                direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
-                return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.names else None)
-            if self.cache.explain_misses:
-                _explain_miss(job)
-            found = self._look()
-        except BaseException:
-            if run is not None:
-                run.done.wait()  # its outcome is nobody's: the scan's exception is the caller's
-            raise
+            scanned: concurrent.futures.Future[_Job] = concurrent.futures.Future()
+            threading.Thread(target=_settle, args=(scanned, self.job), name="tiered-progcache-scan",
+                             daemon=True).start()
+            run = _CompilerRun(self.source, self.code_type, self.options, self.target, self.names, self.logs).run()
+            scanned.result()  # the scan's exception is the caller's (the compile's outcome is then nobody's)
+        job = self.job()
+        if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
+            obj = _compile_declined(job, run)
+            direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
+            return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.names else None)
+        if self.cache.explain_misses:
+            _explain_miss(job)
+        found = self._look()
         if found is not None:  # stored under this key by a compile that recorded no set here: record it now
             if run is not None:
-                threading.Thread(target=_count_unused, args=(job, run), name="tiered-progcache-count-unused",
-                                 daemon=True).start()
+                _count_unused(job, run)
             direct.record(self.cache, job.compiled, self.source, self.code_type, self.options, self.target,
                           self.names, self.extra_digest)  # fmt: skip
             return found
