@@ -440,8 +440,8 @@ class _Unscanned:
     """A miss no node recorded the headers of, flown by its direct key: the holder's scan runs beside its compile.
 
     ``find`` takes the entry of a header set another node recorded meanwhile (else, where a manifest
-    came that names no set holding here, the scan's key); ``produce`` starts the compiler first (the
-    first turn) and scans while it runs, then stores under the scan's key and records the set.
+    came that names no set holding here, the scan's key); ``produce`` compiles on the caller's thread
+    and (the first turn) scans on another beside it, then stores under the scan's key and records the set.
     """
 
     def __init__(self, cache: TieredProgramCache, unscanned: direct.Unscanned, source: str | bytes, code_type: str,
