@@ -28,11 +28,13 @@ from ..stores.store import EntryStore, LeaseStore, entry_name
 from ..chain.tiered import TieredProgramCache, as_chain
 from ..chain.writeback import submission_mark
 
-__all__ = ["LEASE", "NODE", "SHORT", "Flight", "describe", "followers", "plan", "predict", "round_trip", "run_once"]
+__all__ = ["LEASE", "NODE", "SHORT", "Flight", "describe", "followers", "plan", "predict", "round_trip", "run_once",
+           "settle"]
 
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")  # what the caller gets back
+T = TypeVar("T")  # what one call on a thread of its own returns
 S = TypeVar("S")  # what the thread that did the work hands to the threads that waited for it
 
 SHORT, LEASE, NODE = "short", "lease", "node"
@@ -183,18 +185,11 @@ def _race(work: Flight[R, S], decide: _Decide, name: str) -> tuple[R, S]:
     dropped = threading.Event()
     outcome: concurrent.futures.Future[tuple[R, S]] = concurrent.futures.Future()
     looked: concurrent.futures.Future[tuple[R, S] | None] = concurrent.futures.Future()
-
-    def run(future: concurrent.futures.Future, call, *args) -> None:  # type: ignore[no-untyped-def,type-arg]
-        try:
-            future.set_result(call(*args))
-        except BaseException as exc:  # handed to the caller (a failed lookup is a miss)
-            future.set_exception(exc)
-
     # Not a daemon: a compile that wins must finish storing even if the caller exits. The lookup
     # is: once the compile has answered, nothing waits for it.
-    threading.Thread(target=run, args=(outcome, work.produce, dropped),
+    threading.Thread(target=settle, args=(outcome, work.produce, dropped),
                      name=f"tiered-progcache-race-{name[:8]}").start()
-    threading.Thread(target=run, args=(looked, work.find, True), name=f"tiered-progcache-look-{name[:8]}",
+    threading.Thread(target=settle, args=(looked, work.find, True), name=f"tiered-progcache-look-{name[:8]}",
                      daemon=True).start()
     concurrent.futures.wait((outcome, looked), return_when=concurrent.futures.FIRST_COMPLETED)
     if not (outcome.done() and outcome.exception() is None):  # the lookup answered first, or the compile failed
@@ -206,6 +201,14 @@ def _race(work: Flight[R, S], decide: _Decide, name: str) -> tuple[R, S]:
     result = outcome.result()  # the compiler's exception, if any, propagates
     decide("raced_won")
     return result
+
+
+def settle(future: concurrent.futures.Future[T], call: Callable[..., T], *args: object) -> None:
+    """``call(*args)``'s result or exception into ``future``, for the thread that waits on it (run on another)."""
+    try:
+        future.set_result(call(*args))
+    except BaseException as exc:  # handed to the waiting thread (a failed lookup is a miss there)
+        future.set_exception(exc)
 
 
 def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: float, lease_ttl: float,

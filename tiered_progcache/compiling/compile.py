@@ -42,7 +42,7 @@ from .manifest import (
     encode_manifest,
     manifest_key,
 )
-from ..cluster.singleflight import SHORT, plan, predict, run_once
+from ..cluster.singleflight import SHORT, plan, predict, run_once, settle
 from ..settings import DEFAULT_LEASE_TTL_S, DEFAULT_WAIT_TIMEOUT_S
 from ..stores.store import entry_name
 from .symbols import SymbolMapping, decode_symbols, encode_symbols, symbols_key
@@ -326,14 +326,6 @@ class _CompilerRun:
         return self
 
 
-def _settle(future: concurrent.futures.Future[Any], call: Callable[[], Any]) -> None:
-    """``call()``'s result or exception into ``future`` (a scan on a thread of its own)."""
-    try:
-        future.set_result(call())
-    except BaseException as exc:  # handed to the thread that waits for it
-        future.set_exception(exc)
-
-
 def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
           nearby_only: bool = False, shared_only: bool = False,
           recheck: bool = False) -> tuple[ObjectCode, _Entry] | None:
@@ -506,7 +498,7 @@ class _Unscanned:
         run = None
         if self._job is None:  # the first turn: nobody recorded a set, so nobody compiled this before
             scanned: concurrent.futures.Future[_Job] = concurrent.futures.Future()
-            threading.Thread(target=_settle, args=(scanned, self.job), name="tiered-progcache-scan",
+            threading.Thread(target=settle, args=(scanned, self.job), name="tiered-progcache-scan",
                              daemon=True).start()
             run = _CompilerRun(self.source, self.code_type, self.options, self.target, self.names, self.logs).run()
             scanned.result()  # the scan's exception is the caller's (the compile's outcome is then nobody's)
