@@ -274,7 +274,7 @@ def _compile_declined(job: _Job, run: _CompilerRun | None = None) -> ObjectCode:
 
 def _run_compiler(job: _Job) -> tuple[ObjectCode, float]:
     """The compiler's output and wall time, counted and handed to the ``on_compile`` hooks (failures too)."""
-    return _counted(job, _CompilerRun(job.source, job.code_type, job.options, job.target, job.names, job.logs).run())
+    return _counted(job, _compiler_run(job.source, job.code_type, job.options, job.target, job.names, job.logs))
 
 
 def _counted(job: _Job, run: _CompilerRun) -> tuple[ObjectCode, float]:
@@ -299,31 +299,32 @@ def _count_unused(job: _Job, run: _CompilerRun) -> None:
         pass
 
 
+@dataclasses.dataclass
 class _CompilerRun:
     """One compiler run's outcome (its output or exception, and its wall time), for ``_counted`` to count."""
 
-    def __init__(self, source: str | bytes, code_type: str, options: ProgramOptions, target: str,
-                 names: tuple[str | bytes, ...], logs: Any) -> None:
-        self._args = (source, code_type, options, target, names, logs)
-        self.obj: ObjectCode | None = None
-        self.error: BaseException | None = None
-        self.seconds = 0.0
+    obj: ObjectCode | None = None
+    error: BaseException | None = None
+    seconds: float = 0.0
 
-    def run(self) -> _CompilerRun:
-        source, code_type, options, target, names, logs = self._args
-        started = time.perf_counter()
-        program = Program(source, code_type, options)
-        try:
-            self.obj = program.compile(target, name_expressions=names, logs=logs)
-        except BaseException as exc:  # counted by ``_counted``, and raised there
-            self.error = exc
-        finally:
-            self.seconds = time.perf_counter() - started
-            program.close()
-            # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
-            # Program.__dealloc__ fails when the cycle collector has cleared its options first.
-            del program
-        return self
+
+def _compiler_run(source: str | bytes, code_type: str, options: ProgramOptions, target: str,
+                  names: tuple[str | bytes, ...], logs: Any) -> _CompilerRun:
+    """Run the compiler on this thread; its output or exception, not raised here (``_counted`` counts, then raises)."""
+    run = _CompilerRun()
+    started = time.perf_counter()
+    program = Program(source, code_type, options)
+    try:
+        run.obj = program.compile(target, name_expressions=names, logs=logs)
+    except BaseException as exc:
+        run.error = exc
+    finally:
+        run.seconds = time.perf_counter() - started
+        program.close()
+        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
+        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
+        del program
+    return run
 
 
 def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
@@ -383,9 +384,11 @@ class _Job:
         """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
         return self.store(*_run_compiler(self), dropped)
 
-    def store(self, obj: ObjectCode, seconds: float,
-              dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
-        """Store what the compiler made (not if ``dropped`` is set: a race the lookup won); the manifests too."""
+    def store(self, obj: ObjectCode, seconds: float, dropped: threading.Event | None = None, *,
+              mark_no_set: bytes | None = None) -> tuple[ObjectCode, _Entry]:
+        """Store what the compiler made (not if ``dropped`` is set: a race the lookup won); the manifests too.
+
+        ``mark_no_set``: a direct key to leave a manifest of no set under where no set can be recorded."""
         cache, key, code_type, target, names = self.cache, self.compiled.key, self.code_type, self.target, self.names
         compile_times.record(code_type, target, seconds, self.size)  # what the flight plans the next compile with
         _save_times(cache)
@@ -407,7 +410,7 @@ class _Job:
         except Exception as exc:
             logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
         direct.record(cache, self.compiled, self.source, code_type, self.options, target, names, self.extra_digest,
-                      seconds)  # fmt: skip
+                      seconds, mark_no_set=mark_no_set)  # fmt: skip
         return obj, entry
 
     def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
@@ -500,7 +503,7 @@ class _Unscanned:
             scanned: concurrent.futures.Future[_Job] = concurrent.futures.Future()
             threading.Thread(target=settle, args=(scanned, self.job), name="tiered-progcache-scan",
                              daemon=True).start()
-            run = _CompilerRun(self.source, self.code_type, self.options, self.target, self.names, self.logs).run()
+            run = _compiler_run(self.source, self.code_type, self.options, self.target, self.names, self.logs)
             scanned.result()  # the scan's exception is the caller's (the compile's outcome is then nobody's)
         job = self.job()
         if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
@@ -517,10 +520,8 @@ class _Unscanned:
                           self.names, self.extra_digest)  # fmt: skip
             return found
         obj, seconds = _counted(job, run) if run is not None else _run_compiler(job)
-        stored = job.store(obj, seconds)  # never dropped: this flight never races
-        if direct.header_set(job.compiled, self.source, self.options) is None:
-            direct.record_none(self.cache, self.unscanned.storage)  # no set to record: the next caller scans
-        return stored
+        # Never dropped (this flight never races); with no set to record, the next caller scans at once.
+        return job.store(obj, seconds, mark_no_set=self.unscanned.storage)
 
     def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
         """Another thread's entry as this one's result (this flight never races, so never ``found``)."""

@@ -560,17 +560,20 @@ _UNSEEN: Any = object()
 def record(
     cache: Any, compiled: keys.CompileKey, source: str | bytes, code_type: str, options: ProgramOptions,
     target_type: str, names: Sequence[str | bytes], extra_digest: bytes | None, seconds: float | None = None,
-    sets: list[dict[str, Any]] | None = None,
+    sets: list[dict[str, Any]] | None = None, *, mark_no_set: bytes | None = None,
 ) -> bool:
     """Add the header set of ``compiled`` to its direct manifest in ``cache`` (a chain); whether it was stored.
 
     ``sets``: the manifest's sets as just read (else it is read here). ``seconds``: the compile
-    time, for the chain's upload admission. Never raises: a failure costs only the record.
+    time, for the chain's upload admission. ``mark_no_set``: where no set can be recorded, a direct
+    key to store a manifest of no set under (:func:`record_none`). Never raises: a failure costs only the record.
     """
     try:
         basis = compiled.basis
         new = header_set(compiled, source, options)
         if basis is None or new is None:
+            if mark_no_set is not None:
+                record_none(cache, mark_no_set)
             return False
         storage = direct_key(source, code_type, options, target_type, names, extra_digest, basis.by_role)
         if sets is None:
