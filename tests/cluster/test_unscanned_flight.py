@@ -15,6 +15,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -94,14 +95,16 @@ def test_the_holder_scans_beside_its_compile_and_another_node_hits_by_its_set(wo
     log = io.StringIO()
     with TieredProgramCache(work / "a", remote=url, explain_misses=True) as node_a, \
             caplog.at_level(logging.INFO, logger="tiered_progcache.compiling.compile"):
+        called = time.perf_counter()
         obj = tpc.compile(source(1), "c++", opts(root), cache=node_a, logs=log)
+        elapsed = time.perf_counter() - called
         assert node_a.flush(JOIN_S)
         assert node_a.stats().flight["held"] == 1
     assert "tpc-log-check" in log.getvalue()  # the compile begun before the scan still logs to its caller
     (miss,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("miss ")]
     assert "could not explain" not in miss
     assert scans_on == ["tiered-progcache-scan"]  # one whole scan, beside the compile on the caller's thread
-    assert len(events) == 1
+    assert len(events) == 1 and 0 < events[0].seconds <= elapsed  # the compiler's wall time, within the call's
     scanned = real_scan(source(1), "c++", opts(root), "cubin")
     assert events[0].key == scanned.key  # counted under the key the scan gives
     headermemo.clear_memo()
