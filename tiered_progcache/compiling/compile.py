@@ -432,11 +432,13 @@ class _Declined(BaseException):
 
 
 class _Unscanned:
-    """A miss no node recorded the headers of, flown by its direct key: the holder's scan runs beside its compile.
+    """A miss no node recorded the headers of, flown by its direct key: its scan runs beside the compile or the wait.
 
-    ``find`` takes the entry of a header set another node recorded meanwhile (else, where a manifest
-    came that names no set holding here, the scan's key); ``produce`` compiles on the caller's thread
-    and (the first turn) scans on another beside it, then stores under the scan's key and records the set.
+    The first ``find`` starts the scan on a thread of its own. A waiter's later looks ask for the
+    entry by the scan's key once it is done (as soon as the holder's upload lands), until then for
+    a header set another node recorded (else, where a manifest came that names no set holding here,
+    the scan's key); ``produce`` compiles on the caller's thread while the scan runs, then stores
+    under the scan's key and records the set.
     """
 
     def __init__(self, cache: TieredProgramCache, unscanned: direct.Unscanned, source: str | bytes, code_type: str,
@@ -445,20 +447,30 @@ class _Unscanned:
         self.cache, self.unscanned, self.source, self.code_type = cache, unscanned, source, code_type
         self.options, self.target, self.names, self.extra_digest, self.logs = options, target, names, extra_digest, logs
         self._scan = scan
+        self._scanning: concurrent.futures.Future[CompileKey | None] | None = None  # the scan, once started
         self._job: _Job | None = None  # once scanned (or matched): the compile by its key
         self._scanned: CompileKey | None = None  # the key this call's scan gave (not memoized meanwhile)
         self._looked = False  # an entry's lookup was counted for this call
+        self._asked = False  # the direct manifest was asked for once (the first look)
 
     def inputs(self) -> str:
         """The header digest this compile reads (``run_once``'s ``inputs``): the scan's."""
         digest = self.job().compiled.header_digest
         return "" if digest is None else digest.hex()
 
+    def _start_scan(self) -> concurrent.futures.Future[CompileKey | None]:
+        """This call's scan, started on a thread of its own the first time it is asked for (once per call)."""
+        if self._scanning is None:
+            self._scanning = concurrent.futures.Future()
+            threading.Thread(target=settle, args=(self._scanning, self._scan), name="tiered-progcache-scan",
+                             daemon=True).start()
+        return self._scanning
+
     def job(self, compiled: CompileKey | None = None) -> _Job:
-        """The compile by its key: ``compiled``, else the scan's (run once per call)."""
+        """The compile by its key: ``compiled``, else the scan's (waited for; its exception is the caller's)."""
         if self._job is None:
             if compiled is None:
-                compiled = self._scanned = self._scan()
+                compiled = self._scanned = self._start_scan().result()
                 assert compiled is not None  # not memo_only: the scan answers
             self._job = _Job(self.cache, compiled, self.source, self.code_type, self.options, self.target, self.names,
                              self.extra_digest, self.logs)
@@ -472,14 +484,18 @@ class _Unscanned:
             adopt_scan(self.source, self.options, basis.by_role, basis.result, self.unscanned.memo_dir)
 
     def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Entry] | None:
-        """The entry of a set recorded since (or, with a manifest of no set holding here, the scan's key's)."""
+        """The entry of a set recorded since (or, with a manifest of no set holding here, the scan's key's, the scan
+        waited for); from the second look on (a waiter's polls), by the scan's key as soon as the scan is done."""
         if self._job is None:
-            sets = direct.read_sets(self.cache, self.unscanned.storage)
-            if sets is None:
-                return None  # nothing recorded yet: the holder is still at it
-            u = self.unscanned
-            self.job(direct.match(sets, self.source, self.code_type, self.options, self.target, self.names,
-                                  self.extra_digest, u.by_role, u.cwd, memo_dir=u.memo_dir))
+            scanning, first = self._start_scan(), not self._asked
+            self._asked = True
+            if first or not scanning.done() or scanning.exception() is not None:  # (the holder's look is a first)
+                sets = direct.read_sets(self.cache, self.unscanned.storage)
+                if sets is None:
+                    return None  # nothing recorded yet: the holder is still at it
+                u = self.unscanned
+                self.job(direct.match(sets, self.source, self.code_type, self.options, self.target, self.names,
+                                      self.extra_digest, u.by_role, u.cwd, memo_dir=u.memo_dir))
         return self._look()
 
     def _look(self) -> tuple[ObjectCode, _Entry] | None:
@@ -500,12 +516,9 @@ class _Unscanned:
         half again as long on a thread of its own on the H200 host, docs/performance.md.)"""
         run = None
         if self._job is None:  # the first turn: nobody recorded a set, so nobody compiled this before
-            scanned: concurrent.futures.Future[_Job] = concurrent.futures.Future()
-            threading.Thread(target=settle, args=(scanned, self.job), name="tiered-progcache-scan",
-                             daemon=True).start()
+            self._start_scan()  # (begun by the look under the lease, as a rule)
             run = _compiler_run(self.source, self.code_type, self.options, self.target, self.names, self.logs)
-            scanned.result()  # the scan's exception is the caller's (the compile's outcome is then nobody's)
-        job = self.job()
+        job = self.job()  # the scan's exception is the caller's (the compile's outcome is then nobody's)
         if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
             obj = _compile_declined(job, run)
             direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
