@@ -571,8 +571,9 @@ def test_a_waiter_whose_headers_the_recorded_set_does_not_hold_for_compiles_its_
 
 
 def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_too(work, decisions, events):  # noqa: F811
-    """A's scan declines (a computed include) past the bound; B waits on A's lease, sees the manifest of no
-    set A leaves, scans, and compiles uncached itself without taking the lease in turn."""
+    """A's scan declines (a computed include) past the bound; B waits on A's lease, its own scan beside the wait
+    declines too, and B compiles uncached at once: while A still holds the lease (A's compile waits for B's call
+    here), without taking it in turn."""
     (work / "remote").mkdir()
     url = f"file://{work / 'remote'}"
     root = tree(work / "inc")
@@ -583,15 +584,28 @@ def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_
     node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
     assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
     declined = compile_module.declined_count()
-    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(direct.direct_key(
-        src, "c++", opts(root), "cubin", (), None, True))))
+    b_done = threading.Event()
+    a_waited: list[bool] = []  # (a hook's exception is swallowed: kept here instead)
+
+    def a_after_b(event: tpc.CompileEvent) -> None:  # runs on the thread that counts each compile
+        if threading.current_thread().name == "node-a":
+            a_waited.append(b_done.wait(JOIN_S))
+
+    def call(name: str, cache: TieredProgramCache) -> bytes:
+        try:
+            return bytes(tpc.compile(src, "c++", opts(root), cache=cache).code)
+        finally:
+            if name == "b":
+                b_done.set()
+
+    stop = tpc.on_compile(a_after_b)
     try:
-        got = _a_then_b(decisions, node_a, node_b,
-                        lambda name, cache: bytes(tpc.compile(src, "c++", opts(root), cache=cache).code))
+        got = _a_then_b(decisions, node_a, node_b, call)
     finally:
         stop()
         node_a.close()
         node_b.close()
     assert all(isinstance(code, bytes) and code[:4] == b"\x7fELF" for code in got.values())
     assert len(events) == 2 and compile_module.declined_count() - declined == 2
-    assert [d.choice for d in decisions] == ["held"]  # B's wait ended at the manifest of no set: no decision
+    assert a_waited == [True]  # B was done before A's compile was
+    assert [d.choice for d in decisions] == ["held"]  # B's wait ended at its own scan: no decision
