@@ -515,6 +515,49 @@ def test_a_waiter_takes_the_holders_entry_by_its_own_scans_key_before_any_set_is
     assert sets is not None and [s["key"] for s in sets] == [events[0].key.hex()]  # recorded after B's hit
 
 
+def test_a_waiter_whose_own_scan_is_not_done_takes_the_entry_through_the_set_the_holder_recorded(
+    work, decisions, events, monkeypatch  # noqa: F811
+):
+    """B's scan beside its wait has not finished (held here until B's call ends): B reads the direct manifest at
+    its looks meanwhile and takes A's entry through the set A recorded (its key with the caller's ``extra_digest``),
+    verified on its own files."""
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    root_a, root_b = tree(work / "a" / "inc"), tree(work / "b" / "inc")
+    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    b_done = threading.Event()
+    real_scan = keys.compile_key
+
+    def b_scans_after_its_call(*args, **kwargs):
+        whole = not kwargs.get("memo_only") and kwargs.get("max_files") is None
+        if whole and str(root_b) in args[2].include_path:
+            assert b_done.wait(JOIN_S)
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(keys, "compile_key", b_scans_after_its_call)
+    roots = {"a": root_a, "b": root_b}
+    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(direct.direct_key(source(11), "c++", opts(root_a), "cubin", (), b"own", True))))
+
+    def call(name: str, cache: TieredProgramCache) -> bytes:
+        try:
+            return bytes(tpc.compile(source(11), "c++", opts(roots[name]), cache=cache, extra_digest=b"own").code)
+        finally:
+            if name == "b":
+                b_done.set()
+
+    try:
+        got = _a_then_b(decisions, node_a, node_b, call)
+        _join_scans()
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert got["b"] == got["a"] and isinstance(got["b"], bytes) and len(events) == 1
+    assert [d.choice for d in decisions] == ["held", "waited"]
+
+
 def _hold_until_waiting(node_b: TieredProgramCache, lease_name: str):
     def hook(event: tpc.CompileEvent) -> None:  # runs on the thread that counts A's compile
         if threading.current_thread().name == "node-a":
