@@ -472,17 +472,43 @@ def _join_scans() -> None:
             assert not thread.is_alive()
 
 
+def _b_while_a_holds(work: Path, decisions, src: str, extra: bytes | None, b_done: threading.Event) -> dict:  # noqa: F811
+    """Node A holds the flight of ``src`` by its direct key until B waits (each node its own copy of the headers,
+    ``<work>/a/inc`` and ``<work>/b/inc``); B's call on this thread, ``b_done`` set as it ends. What each got, and
+    under ``"sets"`` the direct manifest's sets once A's uploads are in."""
+    (work / "remote").mkdir()
+    url = f"file://{work / 'remote'}"
+    roots = {"a": tree(work / "a" / "inc"), "b": tree(work / "b" / "inc")}
+    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
+    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
+    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
+    manifest = direct.direct_key(src, "c++", opts(roots["a"]), "cubin", (), extra, True)
+    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(manifest)))
+
+    def call(name: str, cache: TieredProgramCache) -> bytes:
+        try:
+            return bytes(tpc.compile(src, "c++", opts(roots[name]), cache=cache, extra_digest=extra).code)
+        finally:
+            if name == "b":
+                b_done.set()
+
+    try:
+        got = _a_then_b(decisions, node_a, node_b, call)
+        assert node_a.flush(JOIN_S)
+        _join_scans()
+        got["sets"] = direct.read_sets(node_b, manifest)
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    return got
+
+
 def test_a_waiter_takes_the_holders_entry_by_its_own_scans_key_before_any_set_is_recorded(
     work, decisions, events, monkeypatch  # noqa: F811
 ):
     """B's scan runs while it waits, so B asks for the entry by the key it gives: B holds A's entry while A has
     recorded no header set yet (A's record waits for B's result here), one compiler run in all."""
-    (work / "remote").mkdir()
-    url = f"file://{work / 'remote'}"
-    root_a, root_b = tree(work / "a" / "inc"), tree(work / "b" / "inc")
-    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
-    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
-    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
     b_done = threading.Event()
     real_record = direct.record
 
@@ -492,27 +518,10 @@ def test_a_waiter_takes_the_holders_entry_by_its_own_scans_key_before_any_set_is
         return real_record(*args, **kwargs)
 
     monkeypatch.setattr(direct, "record", record_after_b)
-    roots = {"a": root_a, "b": root_b}
-    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(storage(source(10), root_a))))
-
-    def call(name: str, cache: TieredProgramCache) -> bytes:
-        try:
-            return bytes(tpc.compile(source(10), "c++", opts(roots[name]), cache=cache).code)
-        finally:
-            if name == "b":
-                b_done.set()
-
-    try:
-        got = _a_then_b(decisions, node_a, node_b, call)
-        assert node_a.flush(JOIN_S)
-        sets = direct.read_sets(node_b, storage(source(10), root_b))
-    finally:
-        stop()
-        node_a.close()
-        node_b.close()
+    got = _b_while_a_holds(work, decisions, source(10), None, b_done)
     assert got["b"] == got["a"] and isinstance(got["b"], bytes) and len(events) == 1
     assert [d.choice for d in decisions] == ["held", "waited"]
-    assert sets is not None and [s["key"] for s in sets] == [events[0].key.hex()]  # recorded after B's hit
+    assert [s["key"] for s in got["sets"]] == [events[0].key.hex()]  # recorded after B's hit
 
 
 def test_a_waiter_whose_own_scan_is_not_done_takes_the_entry_through_the_set_the_holder_recorded(
@@ -521,41 +530,21 @@ def test_a_waiter_whose_own_scan_is_not_done_takes_the_entry_through_the_set_the
     """B's scan beside its wait has not finished (held here until B's call ends): B reads the direct manifest at
     its looks meanwhile and takes A's entry through the set A recorded (its key with the caller's ``extra_digest``),
     verified on its own files."""
-    (work / "remote").mkdir()
-    url = f"file://{work / 'remote'}"
-    root_a, root_b = tree(work / "a" / "inc"), tree(work / "b" / "inc")
-    node_a = TieredProgramCache(work / "ca", remote=url, lease_min_compile_rtts=0.0)
-    node_b = TieredProgramCache(work / "cb", remote=url, lease_min_compile_rtts=0.0)
-    assert node_a.shared_store.wait_ready(60) and node_b.shared_store.wait_ready(60)
     b_done = threading.Event()
     real_scan = keys.compile_key
+    root_b = str(work / "b" / "inc")
 
     def b_scans_after_its_call(*args, **kwargs):
         whole = not kwargs.get("memo_only") and kwargs.get("max_files") is None
-        if whole and str(root_b) in args[2].include_path:
+        if whole and root_b in args[2].include_path:
             assert b_done.wait(JOIN_S)
         return real_scan(*args, **kwargs)
 
     monkeypatch.setattr(keys, "compile_key", b_scans_after_its_call)
-    roots = {"a": root_a, "b": root_b}
-    stop = tpc.on_compile(_hold_until_waiting(node_b, entry_name(direct.direct_key(source(11), "c++", opts(root_a), "cubin", (), b"own", True))))
-
-    def call(name: str, cache: TieredProgramCache) -> bytes:
-        try:
-            return bytes(tpc.compile(source(11), "c++", opts(roots[name]), cache=cache, extra_digest=b"own").code)
-        finally:
-            if name == "b":
-                b_done.set()
-
-    try:
-        got = _a_then_b(decisions, node_a, node_b, call)
-        _join_scans()
-    finally:
-        stop()
-        node_a.close()
-        node_b.close()
+    got = _b_while_a_holds(work, decisions, source(11), b"own", b_done)
     assert got["b"] == got["a"] and isinstance(got["b"], bytes) and len(events) == 1
     assert [d.choice for d in decisions] == ["held", "waited"]
+    assert [s["key"] for s in got["sets"]] == [events[0].key.hex()]
 
 
 def _hold_until_waiting(node_b: TieredProgramCache, lease_name: str):
