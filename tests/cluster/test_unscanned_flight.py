@@ -477,6 +477,19 @@ def _join_scans() -> None:
             assert not thread.is_alive()
 
 
+def _count_compiler_runs(monkeypatch) -> list[str]:
+    """Every compiler run ``compile()`` starts from now on, counted or not (the name of the thread it ran on)."""
+    runs: list[str] = []
+    real_program = compile_module.Program
+
+    def program(*args, **kwargs):
+        runs.append(threading.current_thread().name)
+        return real_program(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "Program", program)
+    return runs
+
+
 def _hold_scans_of(monkeypatch, root: Path, until: threading.Event) -> None:
     """Hold every whole scan of headers under ``root`` (a waiter's, beside its wait) until ``until`` is set."""
     real_scan = keys.compile_key
@@ -535,8 +548,10 @@ def test_a_waiter_takes_the_holders_entry_by_its_own_scans_key_before_any_set_is
         return real_record(*args, **kwargs)
 
     monkeypatch.setattr(direct, "record", record_after_b)
+    runs = _count_compiler_runs(monkeypatch)
     got = _b_while_a_holds(work, decisions, source(10), None, b_done)
     assert got["b"] == got["a"] and isinstance(got["b"], bytes) and len(events) == 1
+    assert runs == ["node-a"]  # the compiler started beside the scan is the one counted and stored
     assert [d.choice for d in decisions] == ["held", "waited"]
     assert [s["key"] for s in got["sets"]] == [events[0].key.hex()]  # recorded after B's hit
 
@@ -610,7 +625,9 @@ def test_a_waiter_whose_headers_the_recorded_set_does_not_hold_for_compiles_its_
     assert (stats_b["memory"].misses, stats_b.misses) == (1, 1)  # its polls after the first look are not lookups
 
 
-def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_too(work, decisions, events):  # noqa: F811
+def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_too(  # noqa: F811
+    work, decisions, events, monkeypatch
+):
     """A's scan declines (a computed include) past the bound; B waits on A's lease, its own scan beside the wait
     declines too, and B compiles uncached at once: while A still holds the lease (A's compile waits for B's call
     here), without taking it in turn."""
@@ -639,6 +656,7 @@ def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_
                 b_done.set()
 
     stop = tpc.on_compile(a_after_b)
+    runs = _count_compiler_runs(monkeypatch)
     try:
         got = _a_then_b(decisions, node_a, node_b, call)
     finally:
@@ -648,4 +666,5 @@ def test_a_waiter_on_a_kernel_its_holder_compiled_uncached_compiles_it_uncached_
     assert all(isinstance(code, bytes) and code[:4] == b"\x7fELF" for code in got.values())
     assert len(events) == 2 and compile_module.declined_count() - declined == 2
     assert a_waited == [True]  # B was done before A's compile was
+    assert len(runs) == 2 and runs.count("node-a") == 1  # one compiler run each: A's begun beside its scan, counted
     assert [d.choice for d in decisions] == ["held"]  # B's wait ended at its own scan: no decision
