@@ -421,7 +421,7 @@ def test_two_hosts_with_the_headers_under_different_roots_compile_once(s3_bucket
     a = _host(s3_bucket, tmp_path / "ci" / "cache", tmp_path / "ci" / "work", SRC, paths[0])
     # cubin, manifest, direct manifest
     assert (a["compiles"], a["portable"], a["flushed"], a["remote_writes"], a["scans"]) == (1, True, True, 3, 1)
-    assert len(s3_bucket.objects()) == 3
+    assert len(_stored(s3_bucket)) == 3
 
     b = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", SRC, paths[1])
     # direct mode: the direct manifest and the entry from the bucket, no scan
@@ -431,7 +431,13 @@ def test_two_hosts_with_the_headers_under_different_roots_compile_once(s3_bucket
     edited = _host(s3_bucket, tmp_path / "node" / "cache", tmp_path / "node" / "work", SRC, paths[1])
     assert (edited["compiles"], edited["scans"]) == (1, 1)
     assert edited["key"] != a["key"] and edited["cubin"] != a["cubin"]
-    assert len(s3_bucket.objects()) == 5  # and the direct manifest, rewritten with the new set
+    assert len(_stored(s3_bucket)) == 5  # and the direct manifest, rewritten with the new set
+
+
+def _stored(bucket) -> list[str]:
+    """The bucket's objects but its leases: a host whose lease's delete outran its deadline (a loaded machine)
+    leaves the lease to expire by itself, as designed; what is stored is what these tests count."""
+    return [name for name in bucket.objects() if "/leases/" not in name]
 
 
 def _cccl_dir() -> Path | None:
