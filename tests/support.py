@@ -172,6 +172,15 @@ def compile_matmul(cache: ProgramCacheResource, tile: int = 16, epilogue: str = 
         program.close()
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_pythonpath() -> str:
+    """``PYTHONPATH`` for a child Python: this checkout first, then what this process was given (packages
+    installed with ``pip install --target`` are reached only that way, on the GPU host for one)."""
+    return os.pathsep.join(part for part in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if part)
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The real ``tiered-progcache`` command (``python -m tiered_progcache``) in a subprocess, with ``env`` added."""
     full_env = dict(os.environ)

@@ -26,6 +26,8 @@ from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import NO_THREADS_AT_EXIT
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
+from support import child_pythonpath
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_LIMIT_S = 20.0  # a child that takes longer is hung (the bug), not slow
 
@@ -180,7 +182,7 @@ for i in range(int(sys.argv[4])):
 def _run_child(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": child_pythonpath()},
     )
 
 

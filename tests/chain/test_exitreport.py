@@ -17,6 +17,8 @@ from tiered_progcache.chain.stats import CompileTotals
 from tiered_progcache.ops import runstats
 from tiered_progcache.settings import STATS_FILE_ENV
 
+from support import child_pythonpath
+
 # Hooks are recorded from before the package is imported. Cache "a" is closed (it reports then), "b" is left to exit.
 _TWO_CACHES = """
 import atexit, json, sys
@@ -44,7 +46,7 @@ def _lines(path: Path) -> list[dict]:
 
 def test_a_process_with_both_sinks_has_one_hook_and_writes_one_line_per_cache_to_each(tmp_path):
     stats_file = tmp_path / "run.jsonl"
-    env = {**os.environ, STATS_FILE_ENV: str(stats_file), "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {**os.environ, STATS_FILE_ENV: str(stats_file), "PYTHONPATH": child_pythonpath()}
     for name in ("TIERED_PROGCACHE_REMOTE", "TIERED_PROGCACHE_CONFIG"):
         env.pop(name, None)
     child = subprocess.run([sys.executable, "-c", _TWO_CACHES, str(tmp_path / "a"), str(tmp_path / "b")],

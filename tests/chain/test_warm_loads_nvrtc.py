@@ -7,9 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support import child_pythonpath
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -29,6 +28,6 @@ SCRIPT = textwrap.dedent("""
 def test_a_fresh_process_has_nvrtc_loaded_after_warm_and_not_before(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "node"), (tmp_path / "bucket").as_uri()],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"before": False, "after": True, "entries": 0}

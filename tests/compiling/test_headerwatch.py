@@ -27,7 +27,7 @@ from tiered_progcache.stores.fsutil import MountTable
 
 from header_support import OLD, SRC, fresh_header_memo  # noqa: F401  (autouse)
 from header_support import write_header as _write
-from support import options as _opts
+from support import child_pythonpath, options as _opts
 
 pytest.importorskip("inotify_simple")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux-only")
@@ -354,7 +354,7 @@ def test_without_inotify_simple_digests_work_by_stat(tree):
         """
     )
     out = subprocess.run([sys.executable, "-c", child, str(tree)], check=True, capture_output=True, text=True,
-                         cwd=tree, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout.split()
+                         cwd=tree, env={**os.environ, "PYTHONPATH": child_pythonpath()}).stdout.split()
     assert out == ["True", "1", "2", "0"]
 
 

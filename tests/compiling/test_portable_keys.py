@@ -26,11 +26,10 @@ from tiered_progcache.compiling import headermemo
 from tiered_progcache.compiling.headerscan import header_digest, header_scan
 from tiered_progcache.compiling.keys import CompileKey, HeaderFile, compile_key
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
-from support import options
+from support import child_pythonpath, options
 
 ARCH = "sm_90"
 OLD = time.time() - 3600  # settled mtimes, as in an installed tree
-REPO = Path(__file__).resolve().parents[2]
 
 #: A CCCL-shaped tree: nested directories, ``<...>`` and ``"..."`` includes, a ``..``
 #: include, a second include directory, and a header nothing includes.
@@ -406,7 +405,7 @@ def _host(bucket, local_dir: Path, cwd: Path, source: str, include_path: list[st
     cwd.mkdir(parents=True, exist_ok=True)
     args = {"local_dir": str(local_dir), "url": bucket.url, "storage_options": bucket.storage_options,
             "source": source, "include_path": include_path}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
     done = subprocess.run([sys.executable, "-c", HOST, json.dumps(args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -494,7 +493,7 @@ def test_program_compile_without_include_paths_keys_the_same_on_every_host(tmp_p
         home = tmp_path / host / "home"
         (home / "work").mkdir(parents=True)
         env = dict(os.environ, HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"),
-                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+                   PYTHONPATH=child_pythonpath())
         done = subprocess.run([sys.executable, "-c", PLAIN, str(tmp_path / host / "cache")], cwd=home / "work",
                               env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]

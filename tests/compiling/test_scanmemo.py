@@ -28,7 +28,7 @@ from tiered_progcache.compiling.scanmemo import ScanMemoStore
 
 from header_support import SRC, fresh_header_memo  # noqa: F401  (autouse)
 from header_support import write_header as _write
-from support import options as _opts
+from support import child_pythonpath, options as _opts
 
 ARCH = "sm_90"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ _CHILD = textwrap.dedent(
 def _in_new_process(inc: Path, memo_dir: Path) -> tuple[str, int, int]:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(inc), str(memo_dir), SRC], check=True, capture_output=True, text=True,
-        cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": child_pythonpath()},
     ).stdout
     digest, hashed, by_stat = json.loads(out)
     return digest, hashed, by_stat
@@ -111,7 +111,7 @@ def test_compile_persists_scans_in_the_local_directory_and_a_new_process_compile
     )
     out = subprocess.run([sys.executable, "-c", child, str(tree), str(cache_dir), SRC], check=True,
                          capture_output=True, text=True, cwd=os.getcwd(),
-                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout
+                         env={**os.environ, "PYTHONPATH": child_pythonpath()}).stdout
     assert json.loads(out) == [0, 0]
 
 
@@ -355,7 +355,7 @@ def test_the_directory_is_made_with_the_librarys_modes_and_never_through_a_symli
     memo_dir = tmp_path / "cache" / "header-scans"
     memo_dir.parent.mkdir()
     subprocess.run([sys.executable, "-c", child, str(memo_dir)], check=True, cwd=REPO_ROOT,
-                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                   env={**os.environ, "PYTHONPATH": child_pythonpath()})
     assert not os.stat(memo_dir).st_mode & stat.S_IWOTH
     assert not os.stat(memo_dir / ("ab" * 32 + ".json")).st_mode & (stat.S_IWOTH | stat.S_IWGRP)
     planted = tmp_path / "other" / "header-scans"
@@ -409,7 +409,7 @@ def _direct_child(inc: Path, cache_dir: Path) -> list[int]:
     """``[compiles, files hashed, direct hits]`` of one compile() in a new process on this node."""
     out = subprocess.run([sys.executable, "-c", _DIRECT_CHILD, str(inc), str(cache_dir), SRC], check=True,
                          capture_output=True, text=True, cwd=os.getcwd(),
-                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}).stdout
+                         env={**os.environ, "PYTHONPATH": child_pythonpath()}).stdout
     return json.loads(out)
 
 

@@ -26,7 +26,7 @@ pytest.importorskip("cupy", exc_type=ImportError)
 from cupy.cuda import compiler  # noqa: E402
 from cupy.cuda._compiler_cache import DiskKernelCacheBackend  # noqa: E402
 
-from support import ARCH  # noqa: E402
+from support import ARCH, child_pythonpath  # noqa: E402
 from tiered_progcache import cupy as tpc  # noqa: E402
 from tiered_progcache.config import CacheConfig  # noqa: E402
 from tiered_progcache.chain.tiered import TieredProgramCache  # noqa: E402
@@ -428,7 +428,7 @@ def test_without_cupy_install_changes_nothing_with_one_warning(tmp_path):
         "import tiered_progcache.cupy as tpc\n"
         f"print(tpc.install({str(tmp_path / 'a')!r}), tpc.install(), tpc.installed())\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert proc.stdout == "False False None\n", proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("tiered_progcache.cupy")]

@@ -23,6 +23,8 @@ from tiered_progcache.ops import cli  # noqa: E402
 from tiered_progcache.cupy.cupynames import header_name, name_of  # noqa: E402
 from tiered_progcache.stores.remote import RemoteProgramCache  # noqa: E402
 
+from support import child_pythonpath
+
 PLAIN = "0123456789abcdef0123456789abcdef01234567.cubin"
 HEADERED = header_name("89abcdef0123456789abcdef0123456789abcdef.cubin", b"digest")
 PAYLOADS = {PLAIN: b"\x7fELF" + b"a" * 3000, HEADERED: b"\x93CUPYNE\x00" + b"b" * 5000}
@@ -109,7 +111,7 @@ def test_stats_cupy_shows_the_hits_a_process_s_backend_reported(tmp_path, run_cl
         f"for name in {sorted(PAYLOADS)!r} * 2: assert compiler._kernel_cache_backend.load(name)\n"
         f"assert compiler._kernel_cache_backend.load({'f' * 40 + '.cubin'!r}) is None\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath())
     env.pop("TIERED_PROGCACHE_REMOTE", None)
     node = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert node.returncode == 0, node.stderr

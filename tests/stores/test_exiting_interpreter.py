@@ -33,6 +33,8 @@ from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing.redis_server import RedisServer
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (fixtures)
 
+from support import child_pythonpath
+
 NO_THREAD = "can't create new thread at interpreter shutdown"  # CPython 3.12's words
 NO_FUTURES = "cannot schedule new futures after interpreter shutdown"  # concurrent.futures' words
 ADVICE = ("Python 3.12.0 to 3.12.2 start no thread once the main thread has ended; call flush() or close() before "
@@ -194,7 +196,7 @@ if sys.argv[5] == "flush":
 def test_on_a_python_that_starts_no_thread_at_exit_the_dropped_uploads_say_why_and_a_flush_keeps_them(
         tmp_path, s3_bucket):
     args = [str(tmp_path / "node"), s3_bucket.url, json.dumps(s3_bucket.storage_options), "5"]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath()}
     out = subprocess.run([sys.executable, "-c", _WRITE_AND_EXIT, *args, "exit"], capture_output=True, text=True,
                          cwd=REPO_ROOT, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
