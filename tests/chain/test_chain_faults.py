@@ -26,9 +26,8 @@ from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import NO_THREADS_AT_EXIT
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
-from support import child_pythonpath
+from support import REPO_ROOT, child_pythonpath
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_LIMIT_S = 20.0  # a child that takes longer is hung (the bug), not slow
 
 

@@ -33,7 +33,6 @@ pytest.importorskip("inotify_simple")
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux-only")
 
 ARCH = "sm_90"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _edit_in_place(path: Path, text: str) -> None:

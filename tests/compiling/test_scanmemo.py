@@ -28,10 +28,9 @@ from tiered_progcache.compiling.scanmemo import ScanMemoStore
 
 from header_support import SRC, fresh_header_memo  # noqa: F401  (autouse)
 from header_support import write_header as _write
-from support import child_pythonpath, options as _opts
+from support import REPO_ROOT, child_pythonpath, options as _opts
 
 ARCH = "sm_90"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

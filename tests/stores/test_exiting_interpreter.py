@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import types
-from pathlib import Path
 
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
@@ -33,13 +32,12 @@ from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing.redis_server import RedisServer
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401  (fixtures)
 
-from support import child_pythonpath
+from support import REPO_ROOT, child_pythonpath
 
 NO_THREAD = "can't create new thread at interpreter shutdown"  # CPython 3.12's words
 NO_FUTURES = "cannot schedule new futures after interpreter shutdown"  # concurrent.futures' words
 ADVICE = ("Python 3.12.0 to 3.12.2 start no thread once the main thread has ended; call flush() or close() before "
           "the process ends, or use Python 3.12.3 or later")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_only_the_interpreters_refusals_at_exit_are_named_as_such(monkeypatch):
