@@ -33,11 +33,16 @@ def _isolated_user_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_node_compile_times():
-    """Every test starts as a fresh node: no compile timed (the flight policy predicts nothing)."""
+def _fresh_node_compile_times(monkeypatch):
+    """Every test starts as a fresh node: no compile timed (the flight policy predicts nothing).
+
+    And no CPU share measured in it (a loaded CI host would make its races look first): the tests of that
+    measurement ask for :func:`measured_cpu`.
+    """
     from tiered_progcache.cluster import singleflight
     from tiered_progcache.cluster.flightpolicy import compile_times
 
+    monkeypatch.setattr(compile_times, "note_cpu", lambda code_type, seconds, cpu_seconds: False)
     compile_times.clear()
     singleflight._loaded.clear()
     singleflight._seeded.clear()
@@ -45,6 +50,15 @@ def _fresh_node_compile_times():
     compile_times.clear()
     singleflight._loaded.clear()
     singleflight._seeded.clear()
+
+
+@pytest.fixture
+def measured_cpu(monkeypatch):
+    """The process's compile times measuring each compile's CPU share, as outside the tests."""
+    from tiered_progcache.cluster.flightpolicy import CompileTimes, compile_times
+
+    monkeypatch.setattr(compile_times, "note_cpu", CompileTimes.note_cpu.__get__(compile_times))
+    return compile_times
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ on this host's own disk it is 0 (:func:`test_a_directory_on_this_hosts_disk_is_n
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -951,6 +952,7 @@ def test_every_constant_of_the_policy_is_pinned():
     assert fp.DECISIONS == ("raced_won", "raced_found", "held", "waited", "found_under_lease", "failed",
                             "gave_up", "no_lease")
     assert fp.DEFER_PAST_FILES == 64
+    assert fp.RACE_MIN_CPU_SHARE == 0.5
     # its reason: a kernel past that many headers is over 1 s by the untimed estimate, the lease below R = 0.25 s
     past = fp.untimed_estimate(fp.compile_size(0, fp.DEFER_PAST_FILES + 1))
     assert past > 1.0 and past > DEFAULT_LEASE_MIN_COMPILE_RTTS * 0.25
@@ -1116,6 +1118,25 @@ def test_describe_says_each_case_and_why_word_for_word(tmp_path):
         cache.close()
 
 
+def test_describe_says_a_short_compile_looks_first_where_every_cpu_is_busy(tmp_path, measured_cpu):
+    from cuda.core.utils import InMemoryProgramCache
+
+    from tiered_progcache.cluster.singleflight import describe
+
+    _busy(measured_cpu, 0.25)
+    busy = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 0.01)], min_upload_compile_s=0.5)
+    try:
+        assert describe(busy, 0.005) == ("short: C 5.0 ms < min_upload_compile_s (not uploaded): CPUs busy (compiles "
+                                         "got 0.25 of one): the shared lookup, then the compile on a miss, no lease")
+        assert describe(busy, 0.5) == ("lease: C 500.0 ms >= 4 x R 10.0 ms: one node compiles, the others wait for "
+                                       "its entry")
+        measured_cpu.clear()
+        assert describe(busy, 0.005) == ("short: C 5.0 ms < min_upload_compile_s (not uploaded): the compile races "
+                                         "the shared lookup, no lease")
+    finally:
+        busy.close()
+
+
 def test_at_exactly_the_upload_threshold_a_short_compile_is_short_by_its_round_trips(tmp_path):
     from cuda.core.utils import InMemoryProgramCache
 
@@ -1153,3 +1174,142 @@ def test_a_race_hands_each_sides_failure_to_the_right_place(tmp_path, decisions,
                             estimate_s=0.01) == outcome
     finally:
         cache.close()
+
+
+# -- where every CPU is busy ---------------------------------------------------------------------------
+
+
+def _busy(times: CompileTimes, share: float) -> None:
+    """Make ``times`` hold ``share`` as the CPU share its compiles got (past a first compile, which is not folded)."""
+    times.clear()
+    times.record("c++", "(no target)", 1.0, 1)  # past the first compile, no rate a kernel of this test is planned by
+    for _ in range(40):  # the running mean converges on it
+        times.note_cpu("c++", 1.0, share)
+    assert times.cpu_share() == pytest.approx(share)
+
+
+def test_a_compiles_cpu_share_is_a_running_mean_from_the_second_compile_of_its_code_type_on():
+    times = CompileTimes()
+    assert times.note_cpu("c++", 1.0, 0.2) is False  # no c++ compile recorded yet: the first one loads the compiler
+    _warm(times)
+    assert times.cpu_share() is None and times.cpu_bound() is False
+    assert times.note_cpu("nvvm", 1.0, 0.2) is False  # another code type's first compile
+    assert times.note_cpu("C++", 1.0, 0.2) is True
+    assert times.cpu_share() == 0.2 and times.cpu_bound() is True
+    assert times.note_cpu("c++", 0.5, 0.5) is True
+    assert times.cpu_share() == pytest.approx(0.2 + 0.3 * 0.8)
+    assert times.note_cpu("c++", 2.0, 2.0) is True
+    assert times.cpu_share() == pytest.approx(0.44 + 0.3 * 0.56) and times.cpu_bound() is False
+    for seconds, cpu_seconds in ((0.0, 0.0), (-1.0, 0.5), (math.inf, 1.0), (math.nan, 1.0), (1.0, -0.1),
+                                 (1.0, math.inf), (1.0, math.nan)):
+        assert times.note_cpu("c++", seconds, cpu_seconds) is False, (seconds, cpu_seconds)
+    assert times.cpu_share() == pytest.approx(0.608)
+    assert times.note_cpu("c++", 1.0, 0.0) is True  # a compile that got no CPU at all is a share of 0
+    times.clear()
+    assert times.cpu_share() is None and times.cpu_bound() is False
+    assert times.note_cpu("c++", 1.0, 0.7) is True  # a first use stays behind after clear()
+
+
+def test_every_cpu_is_busy_exactly_under_half_a_cpu():
+    times = _warm(CompileTimes(weight=1.0))
+    times.note_cpu("c++", 1.0, 0.5)
+    assert times.cpu_bound() is False
+    times.note_cpu("c++", 1.0, 0.4999)
+    assert times.cpu_bound() is True
+
+
+def test_compile_measures_each_compiles_share_of_a_cpu_on_the_thread_that_ran_it(tmp_path, measured_cpu):
+    """Two compiles (the first of a process is not folded, whether or not this one is): a share in (0, 1], one
+    thread's CPU time over the compile's wall time."""
+    with TieredProgramCache(tmp_path / "cache") as cache:
+        tpc.compile(kernel(340), "c++", options(), cache=cache)
+        tpc.compile(kernel(341), "c++", options(), cache=cache)
+    share = measured_cpu.cpu_share()
+    assert share is not None and 0.0 < share <= 1.0
+
+
+class _Recorded:
+    """A flight whose verbs record each call (``find``'s ``shared_only`` too), in order."""
+
+    def __init__(self, found, made) -> None:
+        self.found, self.made, self.calls = found, made, []
+
+    def find(self, shared_only: bool = False):
+        self.calls.append(("find", shared_only))
+        if isinstance(self.found, Exception):
+            raise self.found
+        return self.found
+
+    def produce(self, dropped=None):
+        self.calls.append(("produce", dropped))
+        if isinstance(self.made, Exception):
+            raise self.made
+        return self.made
+
+    def adopt(self, shared, found: bool = False):
+        self.calls.append(("adopt", shared, found))
+        return "adopted"
+
+
+@pytest.mark.parametrize("found, made, outcome, calls, choice", [
+    (("found", "shared"), ("made", "made"), "adopted", ["find", "adopt"], "raced_found"),
+    (None, ("made", "made"), "made", ["find", "produce"], "raced_won"),
+    (OSError("lookup failed"), ("made", "made"), "made", ["find", "produce"], "raced_won"),  # a failed lookup: a miss
+    (None, ValueError("compile failed"), "raises", ["find", "produce"], None),
+])
+def test_where_every_cpu_is_busy_a_short_compile_looks_first_and_compiles_only_on_a_miss(
+        tmp_path, decisions, measured_cpu, found, made, outcome, calls, choice):
+    """On this thread, one after the other: the shared lookup, then (on a miss) the work, never dropped; no
+    thread of a race is started."""
+    from tiered_progcache.cluster.singleflight import run_once
+
+    _busy(measured_cpu, 0.25)
+    cache = _cache_at(tmp_path, 0.05)
+    work = _Recorded(found, made)
+    threads_before = set(threading.enumerate())
+    try:
+        if outcome == "raises":
+            with pytest.raises(ValueError, match="compile failed"):
+                run_once(cache, b"busy key", work, wait_timeout=30, lease_ttl=60, case="short", estimate_s=0.01)
+        else:
+            assert run_once(cache, b"busy key", work, wait_timeout=30, lease_ttl=60, case="short",
+                            estimate_s=0.01) == outcome
+    finally:
+        cache.close()
+    assert [call[0] for call in work.calls] == calls
+    assert work.calls[0] == ("find", True)  # the shared tiers: the nearby ones were looked in before the flight
+    assert all(call[1] is None for call in work.calls if call[0] == "produce")  # nothing can drop it
+    assert [call for call in work.calls if call[0] == "adopt"] in ([], [("adopt", "shared", True)])  # a hit
+    assert [d.choice for d in decisions] == ([] if choice is None else [choice])
+    assert not [t for t in set(threading.enumerate()) - threads_before if t.name.startswith("tiered-progcache-r")]
+
+
+def test_where_every_cpu_is_busy_a_kernel_the_remote_holds_runs_no_compiler_and_one_it_lacks_one(
+        tmp_path, slow_s3, decisions, events, measured_cpu):
+    """Node W fills the remote; node Y, whose compiles got a quarter of a CPU, predicts both kernels short: the one W
+    stored comes from one request (the look) and no compiler run, the one nobody stored from the look, one compiler
+    run and its uploads. (Racing, the first would have run the compiler too: the lookup cannot stop it.)"""
+    proxy, storage_options, url = slow_s3
+    with TieredProgramCache(tmp_path / "w", remote=url, remote_options=storage_options) as node_w:
+        stored = tpc.compile(kernel(342), "c++", options(), cache=node_w)
+        assert node_w.flush(JOIN_S)
+        _released(decisions[0].name)
+    _busy(measured_cpu, 0.25)
+    _predicting(measured_cpu, kernel(342), 0.01)
+    del decisions[:], events[:]
+    with TieredProgramCache(tmp_path / "y", remote=url, remote_options=storage_options,
+                            boot_fetch_bytes=0) as node_y:
+        node_y.get(b"a first request, so the round trip is known")
+        before = proxy.requests
+        found = tpc.compile(kernel(342), "c++", options(), cache=node_y)
+        looked = proxy.requests - before
+        assert [d.choice for d in decisions] == ["raced_found"] and events == []
+        made = tpc.compile(kernel(343), "c++", options(), cache=node_y)
+        assert node_y.flush(JOIN_S)
+    for thread in _race_threads():  # (none: a compile racing its lookup would run on one)
+        thread.join(JOIN_S)
+    assert looked == 1
+    assert bytes(found.code) == bytes(stored.code)
+    assert [d.choice for d in decisions] == ["raced_found", "raced_won"] and len(events) == 1
+    assert bytes(made.code)[:4] == b"\x7fELF"
+    assert node_y.stats().flight["raced_found"] == 1 and node_y.stats().flight["raced_won"] == 1

@@ -22,7 +22,7 @@ from ..hooks import call_each, subscribe
 from ..stores import fsutil
 
 __all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "DEFER_PAST_FILES", "EXIT_POLL_S", "HEADER_BYTES",
-           "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S",
+           "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "RACE_MIN_CPU_SHARE", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S",
            "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy",
            "FlightWait", "compile_size", "compile_times", "on_flight", "report", "untimed_estimate"]
 
@@ -44,6 +44,10 @@ UNTIMED_SECONDS_PER_BYTE = 2e-6
 #: that many put the untimed estimate over 1 s (long at any round trip under a quarter second), and
 #: scanning them (a CCCL kernel reads about 600) is time a cold compile need not wait for.
 DEFER_PAST_FILES = 64
+#: A running mean of compiles' share of a CPU (each one's CPU time over its wall time) under this says every CPU
+#: is busy: a short compile then asks the lookup before it compiles, since a compile the lookup makes needless
+#: takes a CPU from work that counts (8 nodes on 2 cores: about 0.25; one node a core: about 1).
+RACE_MIN_CPU_SHARE = 0.5
 #: The longest compile rate times size, or round trip, a persisted file may claim (above: corrupt, ignored).
 MAX_PERSISTED_S = 3600.0
 #: How long the lease holder's background thread waits for its upload before releasing the lease anyway.
@@ -74,7 +78,8 @@ def untimed_estimate(size: int) -> float:
 
 
 class CompileTimes:
-    """This node's compile rate per (code type, target type), and the round trips it measured per store.
+    """This node's compile rate per (code type, target type), the round trips it measured per store, and
+    the share of a CPU its compiles got.
 
     >>> times = CompileTimes(); times.record("c++", "cubin", 9.9, 4000); times.record("c++", "cubin", 0.4, 4000)
     >>> times.predict("c++", "cubin", 8000)
@@ -92,6 +97,7 @@ class CompileTimes:
         self._rates: dict[tuple[str, str], float] = {}
         self._round_trips: dict[str, float] = {}
         self._used: set[str] = set()  # code types compiled in this process (their first use is behind them)
+        self._cpu_share: float | None = None  # running mean of a compile's CPU time over its wall time
 
     def record(self, code_type: str, target_type: str, seconds: float, size: int) -> bool:
         """Fold one compile in; False (not folded) for a code type's first compile here, or a bad value."""
@@ -105,6 +111,26 @@ class CompileTimes:
             rate, mean = seconds / size, self._rates.get(kind)
             self._rates[kind] = rate if mean is None else mean + self._weight * (rate - mean)
         return True
+
+    def note_cpu(self, code_type: str, seconds: float, cpu_seconds: float) -> bool:
+        """Fold one compile's share of a CPU in (its thread's CPU time over its wall time); False (not folded) for
+        a code type's first compile here (its first use reads files: :meth:`record` has not seen it) or a bad value."""
+        with self._lock:
+            if code_type.lower() not in self._used or not (0.0 < seconds < math.inf and 0.0 <= cpu_seconds < math.inf):
+                return False
+            share, mean = cpu_seconds / seconds, self._cpu_share
+            self._cpu_share = share if mean is None else mean + self._weight * (share - mean)
+        return True
+
+    def cpu_share(self) -> float | None:
+        """The share of a CPU this process's compiles got lately; None before one was measured."""
+        with self._lock:
+            return self._cpu_share
+
+    def cpu_bound(self) -> bool:
+        """True where this process's compiles got under :data:`RACE_MIN_CPU_SHARE` of a CPU lately."""
+        share = self.cpu_share()
+        return share is not None and share < RACE_MIN_CPU_SHARE
 
     def predict(self, code_type: str, target_type: str, size: int) -> float | None:
         """Seconds a compile of ``size`` should take; None when nothing of that kind was timed."""
@@ -124,10 +150,11 @@ class CompileTimes:
             return self._round_trips.get(location)
 
     def clear(self) -> None:
-        """Forget rates and round trips (tests; a changed workload). A compiler's first use stays behind it."""
+        """Forget rates, round trips and the CPU share (tests; a changed workload). A compiler's first use stays behind it."""
         with self._lock:
             self._rates.clear()
             self._round_trips.clear()
+            self._cpu_share = None
 
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Write rates and round trips to ``directory/compile-times.json`` (staged and renamed). Raises OSError."""

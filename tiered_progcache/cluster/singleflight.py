@@ -108,9 +108,12 @@ def describe(cache: TieredProgramCache, estimate_s: float) -> str:
         return f"node: the shared store takes no lease (no atomic create, read-only or down): node lock only ({c}, {r})"
     if case == LEASE:
         return f"lease: {c} >= {k}: one node compiles, the others wait for its entry"
+    share = compile_times.cpu_share()
+    how = (f"CPUs busy (compiles got {share:.2f} of one): the shared lookup, then the compile on a miss, no lease"
+           if compile_times.cpu_bound() else "the compile races the shared lookup, no lease")
     if policy.min_upload_compile_s is not None and estimate_s < policy.min_upload_compile_s:
-        return f"short: {c} < min_upload_compile_s (not uploaded): the compile races the shared lookup, no lease"
-    return f"short: {c} < {k}: the compile races the shared lookup, no lease"
+        return f"short: {c} < min_upload_compile_s (not uploaded): {how}"
+    return f"short: {c} < {k}: {how}"
 
 
 def plan(cache: TieredProgramCache, estimate_s: float) -> tuple[str, float | None]:
@@ -180,8 +183,21 @@ def _decider(cache: TieredProgramCache, name: str, estimate_s: float | None) -> 
 def _race(work: Flight[R, S], decide: _Decide, name: str) -> tuple[R, S]:
     """The shared lookup and the work, each on a thread of its own; the first answer wins.
 
-    A compile that loses is dropped before it stores; a failed compile loses to a hit.
+    A compile that loses is dropped before it stores; a failed compile loses to a hit. Where every
+    CPU is busy (:meth:`~.flightpolicy.CompileTimes.cpu_bound`) a compile the lookup makes needless
+    takes a CPU from work that counts: there the lookup goes first and the compile only on a miss.
     """
+    if compile_times.cpu_bound():
+        try:
+            found = work.find(True)
+        except Exception:  # a failed lookup is a miss
+            found = None
+        if found is None:
+            result = work.produce()
+            decide("raced_won")
+            return result
+        decide("raced_found")
+        return work.adopt(found[1], True), found[1]
     dropped = threading.Event()
     outcome: concurrent.futures.Future[tuple[R, S]] = concurrent.futures.Future()
     looked: concurrent.futures.Future[tuple[R, S] | None] = concurrent.futures.Future()

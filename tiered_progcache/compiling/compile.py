@@ -285,6 +285,7 @@ def _counted(job: _Job, run: _CompilerRun) -> tuple[ObjectCode, float]:
         tally.count_compile(run.seconds)
         _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=False))
         raise run.error
+    compile_times.note_cpu(code_type, run.seconds, run.cpu_seconds)
     tally.count_compile(run.seconds)
     _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=True))
     assert run.obj is not None
@@ -301,25 +302,26 @@ def _count_unused(job: _Job, run: _CompilerRun) -> None:
 
 @dataclasses.dataclass
 class _CompilerRun:
-    """One compiler run's outcome (its output or exception, and its wall time), for ``_counted`` to count."""
+    """One compiler run's outcome (its output or exception, its wall and CPU time), for ``_counted`` to count."""
 
     obj: ObjectCode | None = None
     error: BaseException | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 def _compiler_run(source: str | bytes, code_type: str, options: ProgramOptions, target: str,
                   names: tuple[str | bytes, ...], logs: Any) -> _CompilerRun:
     """Run the compiler on this thread; its output or exception, not raised here (``_counted`` counts, then raises)."""
     run = _CompilerRun()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     program = Program(source, code_type, options)
     try:
         run.obj = program.compile(target, name_expressions=names, logs=logs)
     except BaseException as exc:
         run.error = exc
     finally:
-        run.seconds = time.perf_counter() - started
+        run.seconds, run.cpu_seconds = time.perf_counter() - started, time.thread_time() - cpu_started
         program.close()
         # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
