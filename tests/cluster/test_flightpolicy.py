@@ -1313,3 +1313,33 @@ def test_where_every_cpu_is_busy_a_kernel_the_remote_holds_runs_no_compiler_and_
     assert [d.choice for d in decisions] == ["raced_found", "raced_won"] and len(events) == 1
     assert bytes(made.code)[:4] == b"\x7fELF"
     assert node_y.stats().flight["raced_found"] == 1 and node_y.stats().flight["raced_won"] == 1
+
+
+def test_a_race_asks_the_shared_tiers_alone_and_a_lookup_that_fails_first_waits_for_the_compile(
+        tmp_path, decisions):
+    """Racing (no CPU share measured): the lookup on its thread asks the shared tiers only (the nearby ones were
+    asked before the flight); one that fails before the compile answers is a miss, and the compile's result wins."""
+    from tiered_progcache.cluster.singleflight import run_once
+
+    lookup_failed = threading.Event()
+
+    class FailingLookup(_Recorded):
+        def find(self, shared_only: bool = False):
+            try:
+                return super().find(shared_only)
+            finally:
+                lookup_failed.set()
+
+        def produce(self, dropped=None):
+            assert lookup_failed.wait(JOIN_S)  # the lookup's failure comes first
+            return super().produce(dropped)
+
+    cache = _cache_at(tmp_path, 0.05)
+    work = FailingLookup(OSError("lookup failed"), ("made", "made"))
+    try:
+        assert run_once(cache, b"race key", work, wait_timeout=30, lease_ttl=60, case="short",
+                        estimate_s=0.01) == "made"
+    finally:
+        cache.close()
+    assert ("find", True) in work.calls and [call[0] for call in work.calls if call[0] != "find"] == ["produce"]
+    assert [d.choice for d in decisions] == ["raced_won"]
