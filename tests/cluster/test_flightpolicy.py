@@ -1343,3 +1343,23 @@ def test_a_race_asks_the_shared_tiers_alone_and_a_lookup_that_fails_first_waits_
         cache.close()
     assert ("find", True) in work.calls and [call[0] for call in work.calls if call[0] != "find"] == ["produce"]
     assert [d.choice for d in decisions] == ["raced_won"]
+
+
+def test_the_short_cases_change_of_order_is_logged_once_each_way(caplog):
+    times = _warm(CompileTimes(weight=1.0))
+    with caplog.at_level(logging.INFO, logger="tiered_progcache.cluster.flightpolicy"):
+        times.note_cpu("c++", 1.0, 0.9)  # racing, as before any share was measured: nothing to say
+        times.note_cpu("c++", 1.0, 0.3)
+        times.note_cpu("c++", 1.0, 0.2)
+        times.note_cpu("c++", 1.0, 0.5)
+        times.note_cpu("c++", 1.0, 0.6)
+    assert [r.getMessage() for r in caplog.records] == [
+        "compiles here got 0.30 of a CPU lately: every CPU is busy, a short compile looks up before it compiles",
+        "compiles here got 0.50 of a CPU lately: a short compile races its lookup again",
+    ]
+    fresh = _warm(CompileTimes())
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tiered_progcache.cluster.flightpolicy"):
+        fresh.note_cpu("c++", 4.0, 1.0)  # the first share measured, and busy
+    assert [r.getMessage() for r in caplog.records] == [
+        "compiles here got 0.25 of a CPU lately: every CPU is busy, a short compile looks up before it compiles"]

@@ -119,7 +119,12 @@ class CompileTimes:
             if code_type.lower() not in self._used or not (0.0 < seconds < math.inf and 0.0 <= cpu_seconds < math.inf):
                 return False
             share, mean = cpu_seconds / seconds, self._cpu_share
-            self._cpu_share = share if mean is None else mean + self._weight * (share - mean)
+            now = self._cpu_share = share if mean is None else mean + self._weight * (share - mean)
+        busy, was_busy = now < RACE_MIN_CPU_SHARE, mean is not None and mean < RACE_MIN_CPU_SHARE
+        if busy != was_busy:  # the short case changes its order: say so once, not per compile
+            logger.info("compiles here got %.2f of a CPU lately: %s", now,
+                        "every CPU is busy, a short compile looks up before it compiles" if busy
+                        else "a short compile races its lookup again")
         return True
 
     def cpu_share(self) -> float | None:
