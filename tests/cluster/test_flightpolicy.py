@@ -1127,7 +1127,7 @@ def test_describe_says_a_short_compile_looks_first_where_every_cpu_is_busy(tmp_p
     busy = TieredProgramCache(tiers=[InMemoryProgramCache(), _store_at(tmp_path, 0.01)], min_upload_compile_s=0.5)
     try:
         assert describe(busy, 0.005) == ("short: C 5.0 ms < min_upload_compile_s (not uploaded): CPUs busy (compiles "
-                                         "got 0.25 of one): the shared lookup, then the compile on a miss, no lease")
+                                         "got 0.25 of one): the node lock, one look, the compile on a miss, no lease")
         assert describe(busy, 0.5) == ("lease: C 500.0 ms >= 4 x R 10.0 ms: one node compiles, the others wait for "
                                        "its entry")
         measured_cpu.clear()
@@ -1252,15 +1252,14 @@ class _Recorded:
 
 
 @pytest.mark.parametrize("found, made, outcome, calls, choice", [
-    (("found", "shared"), ("made", "made"), "adopted", ["find", "adopt"], "raced_found"),
+    (("found", "shared"), ("made", "made"), "found", ["find"], "raced_found"),
     (None, ("made", "made"), "made", ["find", "produce"], "raced_won"),
-    (OSError("lookup failed"), ("made", "made"), "made", ["find", "produce"], "raced_won"),  # a failed lookup: a miss
-    (None, ValueError("compile failed"), "raises", ["find", "produce"], None),
+    (None, ValueError("compile failed"), "raises", ["find", "produce"], "raced_won"),
 ])
 def test_where_every_cpu_is_busy_a_short_compile_looks_first_and_compiles_only_on_a_miss(
         tmp_path, decisions, measured_cpu, found, made, outcome, calls, choice):
-    """On this thread, one after the other: the shared lookup, then (on a miss) the work, never dropped; no
-    thread of a race is started."""
+    """On this thread, one after the other: one look (every tier: another process of the node may have just
+    stored it), then (on a miss) the work, never dropped; no thread of a race is started."""
     from tiered_progcache.cluster.singleflight import run_once
 
     _busy(measured_cpu, 0.25)
@@ -1276,11 +1275,9 @@ def test_where_every_cpu_is_busy_a_short_compile_looks_first_and_compiles_only_o
                             estimate_s=0.01) == outcome
     finally:
         cache.close()
-    assert [call[0] for call in work.calls] == calls
-    assert work.calls[0] == ("find", True)  # the shared tiers: the nearby ones were looked in before the flight
+    assert work.calls[0] == ("find", False) and [call[0] for call in work.calls] == calls
     assert all(call[1] is None for call in work.calls if call[0] == "produce")  # nothing can drop it
-    assert [call for call in work.calls if call[0] == "adopt"] in ([], [("adopt", "shared", True)])  # a hit
-    assert [d.choice for d in decisions] == ([] if choice is None else [choice])
+    assert [d.choice for d in decisions] == [choice]
     assert not [t for t in set(threading.enumerate()) - threads_before if t.name.startswith("tiered-progcache-r")]
 
 
@@ -1363,3 +1360,48 @@ def test_the_short_cases_change_of_order_is_logged_once_each_way(caplog):
         fresh.note_cpu("c++", 4.0, 1.0)  # the first share measured, and busy
     assert [r.getMessage() for r in caplog.records] == [
         "compiles here got 0.25 of a CPU lately: every CPU is busy, a short compile looks up before it compiles"]
+
+
+def test_where_every_cpu_is_busy_the_processes_of_a_node_compile_a_short_kernel_once(
+        tmp_path, decisions, events, measured_cpu, monkeypatch):
+    """Two chains on one local directory, as two processes of a node are (each its own flights), compile one
+    short kernel at once. B's look on its node's tiers misses while A compiles; B then waits on the node lock
+    A holds, and finds A's entry in the local directory: one compiler run on the node, no lease."""
+    from tiered_progcache.cluster import locks
+
+    (tmp_path / "remote").mkdir()
+    url = f"file://{tmp_path / 'remote'}"
+    _busy(measured_cpu, 0.1)  # (A's own compile, folded in, leaves it under half a CPU)
+    lock_files_opened = threading.Semaphore(0)
+    open_lock_fd = locks._open_lock_fd
+
+    def counted_open(dir_fd: int, filename: str) -> int:
+        fd = open_lock_fd(dir_fd, filename)
+        lock_files_opened.release()
+        return fd
+
+    monkeypatch.setattr(locks, "_open_lock_fd", counted_open)
+    node_a, node_b = (TieredProgramCache(tmp_path / "node", remote=url, lease_min_compile_rtts=1e9,
+                                         boot_fetch_bytes=0) for _ in range(2))
+    got: dict[str, object] = {}
+    b_thread = threading.Thread(target=lambda: got.setdefault("b", tpc.compile(kernel(344), "c++", options(),
+                                                                               cache=node_b)))
+
+    def while_a_compiles(event) -> None:  # on A's thread, A's node lock held, nothing of A's stored yet
+        if b_thread.ident is None:
+            b_thread.start()
+            assert lock_files_opened.acquire(timeout=JOIN_S)  # A's
+            assert lock_files_opened.acquire(timeout=JOIN_S)  # B's: its look missed, it waits on the lock
+
+    stop = tpc.on_compile(while_a_compiles)
+    try:
+        got["a"] = tpc.compile(kernel(344), "c++", options(), cache=node_a)
+        b_thread.join(JOIN_S)
+    finally:
+        stop()
+        node_a.close()
+        node_b.close()
+    assert len(events) == 1 and bytes(got["b"].code) == bytes(got["a"].code)
+    assert [d.choice for d in decisions] == ["raced_won", "raced_found"]
+    leases_dir = tmp_path / "remote" / "leases"
+    assert not leases_dir.exists() or not any(leases_dir.iterdir())

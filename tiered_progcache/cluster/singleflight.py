@@ -109,7 +109,7 @@ def describe(cache: TieredProgramCache, estimate_s: float) -> str:
     if case == LEASE:
         return f"lease: {c} >= {k}: one node compiles, the others wait for its entry"
     share = compile_times.cpu_share()
-    how = (f"CPUs busy (compiles got {share:.2f} of one): the shared lookup, then the compile on a miss, no lease"
+    how = (f"CPUs busy (compiles got {share:.2f} of one): the node lock, one look, the compile on a miss, no lease"
            if compile_times.cpu_bound() else "the compile races the shared lookup, no lease")
     if policy.min_upload_compile_s is not None and estimate_s < policy.min_upload_compile_s:
         return f"short: {c} < min_upload_compile_s (not uploaded): {how}"
@@ -156,11 +156,11 @@ def run_once(cache: ProgramCacheResource, key: bytes, work: Flight[R, S], *, wai
                 return work.produce()[0]
             name = entry_name(key)
             decide = _decider(chain, name, estimate_s)
-            if case == SHORT:
+            if case == SHORT and not compile_times.cpu_bound():
                 result, shared = _race(work, decide, name)
-            else:
+            else:  # (a short compile where every CPU is busy: the node lock, one look, then the work; no lease)
                 result, shared = _lead(chain, key, work, max(0.0, deadline - time.monotonic()), lease_ttl,
-                                       case == LEASE, decide, inputs)
+                                       case == LEASE, decide, inputs, short=case == SHORT)
             seat.result = shared
             return result
 
@@ -183,21 +183,8 @@ def _decider(cache: TieredProgramCache, name: str, estimate_s: float | None) -> 
 def _race(work: Flight[R, S], decide: _Decide, name: str) -> tuple[R, S]:
     """The shared lookup and the work, each on a thread of its own; the first answer wins.
 
-    A compile that loses is dropped before it stores; a failed compile loses to a hit. Where every
-    CPU is busy (:meth:`~.flightpolicy.CompileTimes.cpu_bound`) a compile the lookup makes needless
-    takes a CPU from work that counts: there the lookup goes first and the compile only on a miss.
+    A compile that loses is dropped before it stores; a failed compile loses to a hit.
     """
-    if compile_times.cpu_bound():
-        try:
-            found = work.find(True)
-        except Exception:  # a failed lookup is a miss
-            found = None
-        if found is None:
-            result = work.produce()
-            decide("raced_won")
-            return result
-        decide("raced_found")
-        return work.adopt(found[1], True), found[1]
     dropped = threading.Event()
     outcome: concurrent.futures.Future[tuple[R, S]] = concurrent.futures.Future()
     looked: concurrent.futures.Future[tuple[R, S] | None] = concurrent.futures.Future()
@@ -228,8 +215,14 @@ def settle(future: concurrent.futures.Future[T], call: Callable[..., T], *args: 
 
 
 def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: float, lease_ttl: float,
-          take_lease: bool, decide: _Decide, inputs: Callable[[], str] | None = None) -> tuple[R, S]:
-    """This process's turn at ``key``: the node lock, then the cluster lease where the case takes one."""
+          take_lease: bool, decide: _Decide, inputs: Callable[[], str] | None = None, *,
+          short: bool = False) -> tuple[R, S]:
+    """This process's turn at ``key``: the node lock, then the cluster lease where the case takes one.
+
+    ``short``: a short compile where every CPU is busy (:meth:`~.flightpolicy.CompileTimes.cpu_bound`): a
+    compile the lookup would make needless takes a CPU from work that counts, so it looks first, and the
+    node's other processes wait for its compile rather than run their own.
+    """
     name, local = entry_name(key), cache.local_store
     deadline = time.monotonic() + wait_s
     with contextlib.nullcontext(False) if local is None else node_lock(local.locks_dir, name, wait_s):
@@ -238,8 +231,10 @@ def _lead(cache: TieredProgramCache, key: bytes, work: Flight[R, S], wait_s: flo
         if leases is None or shared is None:
             found = work.find()  # another thread or process may have just finished it
             if found is not None:
+                if short:
+                    decide("raced_found")
                 return found
-            decide("no_lease")
+            decide("raced_won" if short else "no_lease")
             return work.produce()
         lease = RemoteLease(leases, name, lease_ttl)
         # The lease first, then the look: a holder pays one look, and a waiter's look right
