@@ -1154,8 +1154,6 @@ def test_at_exactly_the_upload_threshold_a_short_compile_is_short_by_its_round_t
     (("found", "shared"), ValueError("compile failed"), "shared"),  # a failed compile loses to a hit (adopted)
 ])
 def test_a_race_hands_each_sides_failure_to_the_right_place(tmp_path, decisions, found, made, outcome):
-    from tiered_progcache.cluster.singleflight import run_once
-
     def side(value):
         def call():
             if isinstance(value, Exception):
@@ -1163,15 +1161,21 @@ def test_a_race_hands_each_sides_failure_to_the_right_place(tmp_path, decisions,
             return value
         return call
 
-    cache = _cache_at(tmp_path, 0.05)
+    _run_short(_cache_at(tmp_path, 0.05), b"race key", Work(find=side(found), produce=side(made),
+                                                             adopt=lambda shared: shared), outcome)
+
+
+def _run_short(cache: TieredProgramCache, key: bytes, work, outcome: str) -> None:
+    """``run_once`` of ``work`` in the short case, then ``cache`` closed: it returns ``outcome``, or with
+    ``"raises"`` raises the work's ``ValueError("compile failed")``."""
+    from tiered_progcache.cluster.singleflight import run_once
+
     try:
-        work = Work(find=side(found), produce=side(made), adopt=lambda shared: shared)
         if outcome == "raises":
             with pytest.raises(ValueError, match="compile failed"):
-                run_once(cache, b"race key", work, wait_timeout=30, lease_ttl=60, case="short", estimate_s=0.01)
+                run_once(cache, key, work, wait_timeout=30, lease_ttl=60, case="short", estimate_s=0.01)
         else:
-            assert run_once(cache, b"race key", work, wait_timeout=30, lease_ttl=60, case="short",
-                            estimate_s=0.01) == outcome
+            assert run_once(cache, key, work, wait_timeout=30, lease_ttl=60, case="short", estimate_s=0.01) == outcome
     finally:
         cache.close()
 
@@ -1260,25 +1264,15 @@ def test_where_every_cpu_is_busy_a_short_compile_looks_first_and_compiles_only_o
         tmp_path, decisions, measured_cpu, found, made, outcome, calls, choice):
     """On this thread, one after the other: one look (every tier: another process of the node may have just
     stored it), then (on a miss) the work, never dropped; no thread of a race is started."""
-    from tiered_progcache.cluster.singleflight import run_once
-
     _busy(measured_cpu, 0.25)
-    cache = _cache_at(tmp_path, 0.05)
     work = _Recorded(found, made)
     threads_before = set(threading.enumerate())
-    try:
-        if outcome == "raises":
-            with pytest.raises(ValueError, match="compile failed"):
-                run_once(cache, b"busy key", work, wait_timeout=30, lease_ttl=60, case="short", estimate_s=0.01)
-        else:
-            assert run_once(cache, b"busy key", work, wait_timeout=30, lease_ttl=60, case="short",
-                            estimate_s=0.01) == outcome
-    finally:
-        cache.close()
+    _run_short(_cache_at(tmp_path, 0.05), b"busy key", work, outcome)
     assert work.calls[0] == ("find", False) and [call[0] for call in work.calls] == calls
     assert all(call[1] is None for call in work.calls if call[0] == "produce")  # nothing can drop it
     assert [d.choice for d in decisions] == [choice]
-    assert not [t for t in set(threading.enumerate()) - threads_before if t.name.startswith("tiered-progcache-r")]
+    assert not [t for t in set(threading.enumerate()) - threads_before
+                if t.name.startswith(("tiered-progcache-race-", "tiered-progcache-look-"))]
 
 
 def test_where_every_cpu_is_busy_a_kernel_the_remote_holds_runs_no_compiler_and_one_it_lacks_one(
@@ -1316,8 +1310,6 @@ def test_a_race_asks_the_shared_tiers_alone_and_a_lookup_that_fails_first_waits_
         tmp_path, decisions):
     """Racing (no CPU share measured): the lookup on its thread asks the shared tiers only (the nearby ones were
     asked before the flight); one that fails before the compile answers is a miss, and the compile's result wins."""
-    from tiered_progcache.cluster.singleflight import run_once
-
     lookup_failed = threading.Event()
 
     class FailingLookup(_Recorded):
@@ -1331,13 +1323,8 @@ def test_a_race_asks_the_shared_tiers_alone_and_a_lookup_that_fails_first_waits_
             assert lookup_failed.wait(JOIN_S)  # the lookup's failure comes first
             return super().produce(dropped)
 
-    cache = _cache_at(tmp_path, 0.05)
     work = FailingLookup(OSError("lookup failed"), ("made", "made"))
-    try:
-        assert run_once(cache, b"race key", work, wait_timeout=30, lease_ttl=60, case="short",
-                        estimate_s=0.01) == "made"
-    finally:
-        cache.close()
+    _run_short(_cache_at(tmp_path, 0.05), b"race key", work, "made")
     assert ("find", True) in work.calls and [call[0] for call in work.calls if call[0] != "find"] == ["produce"]
     assert [d.choice for d in decisions] == ["raced_won"]
 
