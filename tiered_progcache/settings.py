@@ -602,8 +602,9 @@ SETTINGS: tuple[Setting, ...] = (
         "this many remote round trips or more (0: always)",
         env="LEASE_MIN_COMPILE_RTTS", flag="--lease-min-compile-rtts",
         doc="a compile this node predicts under this many remote round trips races the remote lookup (both start "
-        "together, no lease, the first answer wins; where every CPU is busy, the lookup first); one predicted longer, or never timed on this node, takes the "
-        "cluster lease (other nodes wait for it); `0`: always the lease ([cluster.md](cluster.md#when-nodes-wait))",
+        "together, no lease, the first answer wins; where every CPU is busy, the lookup first); one predicted "
+        "longer, or never timed on this node, takes the cluster lease (other nodes wait for it); `0`: always the "
+        "lease ([cluster.md](cluster.md#when-nodes-wait))",
     ),
     Setting(
         "wait_patience", FACTOR_OR_NONE, DEFAULT_WAIT_PATIENCE,

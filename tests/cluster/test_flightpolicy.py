@@ -1130,9 +1130,13 @@ def test_describe_says_a_short_compile_looks_first_where_every_cpu_is_busy(tmp_p
                                          "got 0.25 of one): the node lock, one look, the compile on a miss, no lease")
         assert describe(busy, 0.5) == ("lease: C 500.0 ms >= 4 x R 10.0 ms: one node compiles, the others wait for "
                                        "its entry")
-        measured_cpu.clear()
-        assert describe(busy, 0.005) == ("short: C 5.0 ms < min_upload_compile_s (not uploaded): the compile races "
-                                         "the shared lookup, no lease")
+        for share in (None, 0.5):  # none measured, and exactly half a CPU: not busy
+            if share is None:
+                measured_cpu.clear()
+            else:
+                _busy(measured_cpu, share)
+            assert describe(busy, 0.005) == ("short: C 5.0 ms < min_upload_compile_s (not uploaded): the compile "
+                                             "races the shared lookup, no lease")
     finally:
         busy.close()
 
@@ -1187,9 +1191,7 @@ def _busy(times: CompileTimes, share: float) -> None:
     """Make ``times`` hold ``share`` as the CPU share its compiles got (past a first compile, which is not folded)."""
     times.clear()
     times.record("c++", "(no target)", 1.0, 1)  # past the first compile, no rate a kernel of this test is planned by
-    for _ in range(40):  # the running mean converges on it
-        times.note_cpu("c++", 1.0, share)
-    assert times.cpu_share() == pytest.approx(share)
+    assert times.note_cpu("c++", 1.0, share) and times.cpu_share() == share  # the first share measured is the mean
 
 
 def test_a_compiles_cpu_share_is_a_running_mean_from_the_second_compile_of_its_code_type_on():
@@ -1222,12 +1224,18 @@ def test_every_cpu_is_busy_exactly_under_half_a_cpu():
     assert times.cpu_bound() is True
 
 
-def test_compile_measures_each_compiles_share_of_a_cpu_on_the_thread_that_ran_it(tmp_path, measured_cpu):
-    """Two compiles (the first of a process is not folded, whether or not this one is): a share in (0, 1], one
-    thread's CPU time over the compile's wall time."""
+def test_compile_measures_each_compiles_share_of_a_cpu_on_the_thread_that_ran_it(
+        tmp_path, measured_cpu, events, monkeypatch):
+    """Two compiles (the first of a process is not folded, whether or not this one is): each is noted with the
+    wall time its event reports and its thread's CPU time, no more than that wall time; a share in (0, 1]."""
+    noted = []
+    note = measured_cpu.note_cpu
+    monkeypatch.setattr(measured_cpu, "note_cpu", lambda *args: noted.append(args) or note(*args))
     with TieredProgramCache(tmp_path / "cache") as cache:
         tpc.compile(kernel(340), "c++", options(), cache=cache)
         tpc.compile(kernel(341), "c++", options(), cache=cache)
+    assert [(code, seconds) for code, seconds, _ in noted] == [("c++", e.seconds) for e in events]
+    assert all(0.0 < cpu_seconds <= seconds for _, seconds, cpu_seconds in noted)
     share = measured_cpu.cpu_share()
     assert share is not None and 0.0 < share <= 1.0
 

@@ -22,9 +22,9 @@ from ..hooks import call_each, subscribe
 from ..stores import fsutil
 
 __all__ = ["COMPILE_TIME_WEIGHT", "COMPILE_TIMES_FILE", "DECISIONS", "DEFER_PAST_FILES", "EXIT_POLL_S", "HEADER_BYTES",
-           "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "RACE_MIN_CPU_SHARE", "UNMEASURED_ROUND_TRIP_S", "UNTIMED_FIXED_S",
-           "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision", "FlightPolicy",
-           "FlightWait", "compile_size", "compile_times", "on_flight", "report", "untimed_estimate"]
+           "MAX_PERSISTED_S", "POLL_FLOOR_S", "POLL_GROWTH", "RACE_MIN_CPU_SHARE", "UNMEASURED_ROUND_TRIP_S",
+           "UNTIMED_FIXED_S", "UNTIMED_SECONDS_PER_BYTE", "UPLOAD_FLUSH_TIMEOUT_S", "CompileTimes", "FlightDecision",
+           "FlightPolicy", "FlightWait", "compile_size", "compile_times", "on_flight", "report", "untimed_estimate"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,9 @@ class CompileTimes:
             return self._round_trips.get(location)
 
     def clear(self) -> None:
-        """Forget rates, round trips and the CPU share (tests; a changed workload). A compiler's first use stays behind it."""
+        """Forget rates, round trips and the CPU share (tests; a changed workload).
+
+        A compiler's first use stays behind it."""
         with self._lock:
             self._rates.clear()
             self._round_trips.clear()

@@ -20,7 +20,8 @@ from cuda.core.utils import ProgramCacheResource
 from ..chain import exitbudget
 from .flightfailure import FailureRecord
 from . import flightpolicy
-from .flightpolicy import UNMEASURED_ROUND_TRIP_S, FlightDecision, compile_times, report, untimed_estimate
+from .flightpolicy import (RACE_MIN_CPU_SHARE, UNMEASURED_ROUND_TRIP_S, FlightDecision, compile_times, report,
+                           untimed_estimate)
 from .lease import RemoteLease, wait_for_lease
 from .locks import ThreadSingleFlight, node_lock
 from ..stores.ratelimit import log_once
@@ -108,9 +109,9 @@ def describe(cache: TieredProgramCache, estimate_s: float) -> str:
         return f"node: the shared store takes no lease (no atomic create, read-only or down): node lock only ({c}, {r})"
     if case == LEASE:
         return f"lease: {c} >= {k}: one node compiles, the others wait for its entry"
-    share = compile_times.cpu_share()
+    share = compile_times.cpu_share()  # read once: what cpu_bound() would say of it
     how = (f"CPUs busy (compiles got {share:.2f} of one): the node lock, one look, the compile on a miss, no lease"
-           if compile_times.cpu_bound() else "the compile races the shared lookup, no lease")
+           if share is not None and share < RACE_MIN_CPU_SHARE else "the compile races the shared lookup, no lease")
     if policy.min_upload_compile_s is not None and estimate_s < policy.min_upload_compile_s:
         return f"short: {c} < min_upload_compile_s (not uploaded): {how}"
     return f"short: {c} < {k}: {how}"

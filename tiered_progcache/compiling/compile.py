@@ -321,7 +321,9 @@ def _compiler_run(source: str | bytes, code_type: str, options: ProgramOptions, 
     except BaseException as exc:
         run.error = exc
     finally:
-        run.seconds, run.cpu_seconds = time.perf_counter() - started, time.thread_time() - cpu_started
+        # CPU time read inside the wall-clock span, so it never exceeds it
+        run.cpu_seconds = time.thread_time() - cpu_started
+        run.seconds = time.perf_counter() - started
         program.close()
         # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
         # Program.__dealloc__ fails when the cycle collector has cleared its options first.
