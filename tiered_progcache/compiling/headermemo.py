@@ -22,8 +22,7 @@ Thread-safe: the memos change under one lock (made anew in a forked child); the 
 behind :func:`validation_counts` and :func:`files_hashed` are read without it.
 """
 
-# No ``from __future__ import annotations`` here: scanmemo decodes ScanResult by its type hints in every
-# new process, and hints kept as strings cost it about 1 ms of compiling them first.
+from __future__ import annotations
 
 import atexit
 import dataclasses
@@ -59,6 +58,8 @@ __all__ = [
     "register_scanner",
     "remember_file",
     "resolve",
+    "scan_document",
+    "scan_from_document",
     "signature",
     "signature_of_stat",
     "validation_counts",
@@ -87,13 +88,13 @@ class FileInfo:
 
 @dataclasses.dataclass
 class ScanResult:
-    """One scan: persisted field by field (scanmemo), except the fields marked per-process."""
+    """One scan: persisted by :func:`scan_document` (``checked_at``, ``watch`` and ``validations`` are this process's)."""
 
     digest: bytes
     read_anything: bool
     checks: tuple[tuple[str, Signature], ...]
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
-    checked_at: float = dataclasses.field(metadata=scanmemo.PER_PROCESS)  # time.monotonic() of the last full re-stat
+    checked_at: float  # time.monotonic() of the last full re-stat
     headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
@@ -104,10 +105,98 @@ class ScanResult:
     #: ``(normpath, path)`` of each ``..`` include candidate also probed as text: how ``normpath`` was made
     textual: tuple[tuple[str, str], ...] = ()
     #: inotify's word that nothing in ``checks`` changed since that re-stat (None: re-stat on the next call)
-    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True,
-                                                   metadata=scanmemo.PER_PROCESS)
+    watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)
     #: validations by stat in this process (the scan itself counts one): watched from the second on
-    validations: int = dataclasses.field(default=1, compare=False, kw_only=True, metadata=scanmemo.PER_PROCESS)
+    validations: int = dataclasses.field(default=1, compare=False, kw_only=True)
+
+
+_DOCUMENT_FIELDS = frozenset({"digest", "read_anything", "paths", "signatures", "real_checks", "headers", "missing",
+                              "path_free", "declined", "relocatable", "textual"})
+
+
+def scan_document(result: ScanResult) -> dict[str, Any]:
+    """``result`` as the JSON document :mod:`.scanmemo` persists: rows of a fixed shape by columns, and the
+    signatures as their lengths (-1: None) and their items flat, for a tenth of the JSON values a list per row takes."""
+    lengths: list[int] = []
+    items: list[Any] = []
+    for _, sig in result.checks:
+        lengths.append(-1 if sig is None else len(sig))
+        items.extend(sig or ())
+    return {"digest": result.digest.hex(), "read_anything": result.read_anything,
+            "paths": [path for path, _ in result.checks], "signatures": [lengths, items],
+            "real_checks": _columns(result.real_checks, 2), "headers": _columns(result.headers, 3),
+            "missing": list(result.missing), "path_free": result.path_free, "declined": result.declined,
+            "relocatable": result.relocatable, "textual": _columns(result.textual, 2)}
+
+
+def scan_from_document(doc: Any) -> ScanResult:
+    """The scan :func:`scan_document` wrote, never yet validated (``checked_at`` 0, no validation counted);
+    ValueError for anything that is not exactly that shape."""
+    if type(doc) is not dict or doc.keys() != _DOCUMENT_FIELDS:
+        raise ValueError(f"the fields of a scan expected, got {sorted(doc) if type(doc) is dict else type(doc).__name__}")
+    paths = _strings(doc["paths"])
+    declined = doc["declined"]
+    if declined is not None and type(declined) is not str:
+        raise ValueError("declined is neither a string nor null")
+    return ScanResult(bytes.fromhex(_string(doc["digest"])), _flag(doc["read_anything"]),
+                      tuple(zip(paths, _signatures(doc["signatures"], len(paths)))), _rows(doc["real_checks"], 2), 0.0,
+                      _rows(doc["headers"], 3), tuple(_strings(doc["missing"])), _flag(doc["path_free"]), declined,
+                      _flag(doc["relocatable"]), _rows(doc["textual"], 2), validations=0)
+
+
+def _columns(rows: tuple[tuple[str, ...], ...], width: int) -> list[list[str]]:
+    return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(width)]
+
+
+def _rows(columns: Any, width: int) -> tuple[tuple[str, ...], ...]:
+    if type(columns) is not list or len(columns) != width:
+        raise ValueError(f"{width} columns expected")
+    values = [_strings(column) for column in columns]
+    if len({len(column) for column in values}) != 1:
+        raise ValueError("columns of different lengths")
+    return tuple(zip(*values))
+
+
+def _strings(value: Any) -> list[str]:
+    if type(value) is not list or not {str}.issuperset(map(type, value)):
+        raise ValueError("a list of strings expected")
+    return value
+
+
+def _string(value: Any) -> str:
+    if type(value) is not str:
+        raise ValueError(f"a string expected, got {type(value).__name__}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"true or false expected, got {type(value).__name__}")
+    return value
+
+
+def _signatures(value: Any, count: int) -> list[Signature]:
+    """``[lengths, items]`` back to None (-1) or tuples of strings and ints."""
+    if type(value) is not list or len(value) != 2:
+        raise ValueError("[lengths, items] expected")
+    lengths, items = value
+    if type(lengths) is not list or len(lengths) != count or type(items) is not list:
+        raise ValueError(f"{count} lengths and a list of items expected")
+    if not {int}.issuperset(map(type, lengths)) or min(lengths, default=0) < -1:
+        raise ValueError("a signature length is not an int of at least -1")
+    if not {str, int}.issuperset(map(type, items)):
+        raise ValueError("a signature holds strings and ints only")
+    out: list[Signature] = []
+    at = 0
+    for n in lengths:
+        if n < 0:
+            out.append(None)
+        else:
+            out.append(tuple(items[at:at + n]))
+            at += n
+    if at != len(items):
+        raise ValueError("signature lengths do not add up to the items")
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +404,7 @@ def memoized(
     if found is None:
         return None
     store, name = found
-    loaded = store.load(name, ScanResult, checked_at=0.0, validations=0)
+    loaded = store.load(name, scan_from_document)
     if loaded is None or not _revalidate(loaded):
         return None
     _remember(memo_key, loaded)
@@ -334,7 +423,7 @@ def memoize(
     found = _persisted(memo_key, memo_dir, scanner_id)
     if found is not None:
         store, name = found
-        store.save(name, result)
+        store.save(name, scan_document(result))
 
 
 def persist_at_exit(memo_key: tuple[Any, ...], result: ScanResult, memo_dir: str | os.PathLike[str] | None) -> None:
@@ -355,7 +444,7 @@ def _persist_pending(scanner_id: Callable[[], bytes | None]) -> None:
         if os.path.isdir(os.path.dirname(os.path.abspath(memo_dir))):
             found = _persisted(memo_key, memo_dir, scanner_id)
             if found is not None:
-                found[0].save(found[1], result)
+                found[0].save(found[1], scan_document(result))
 
 
 def register_scanner(scanner_id: Callable[[], bytes | None]) -> None:
