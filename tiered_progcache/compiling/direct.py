@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -58,7 +57,7 @@ from ..stores.kinds import DIRECT_MAGIC
 from . import keys
 from .headermemo import ScanResult, is_racy, resolve, signature, signature_of_stat
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
-from .headerscan import MAX_HEADER_BYTES, HeaderFile, HeaderScan, adopt_scan, file_digest, locate, path_list
+from .headerscan import MAX_HEADER_BYTES, adopt_scan, file_digest, locate, path_list, scan_view
 
 if TYPE_CHECKING:
     from ..chain.tiered import TieredProgramCache
@@ -714,8 +713,7 @@ def match(
         result = _holds(one, roots, options)
         if result is None:
             continue
-        headers = tuple(itertools.starmap(HeaderFile, result.headers))
-        scan = HeaderScan(result.digest, headers, result.missing, result.path_free and by_role, None, result)
+        scan = scan_view(result, options, code_type, by_role)
         compiled = keys.key_for(source, code_type, options, target_type, name_expressions, extra_digest, scan,
                                 by_role, cwd)
         if compiled.key.hex() != one["key"]:

@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Union
 
 import cachetools
 
@@ -47,7 +47,6 @@ __all__ = [
     "ScanResult",
     "Signature",
     "ValidationCounts",
-    "ViewMemo",
     "clear_memo",
     "files_hashed",
     "is_racy",
@@ -88,7 +87,7 @@ class FileInfo:
 
 @dataclasses.dataclass
 class ScanResult:
-    """One scan: persisted by :func:`scan_document` (``checked_at``, ``watch`` and ``validations`` are this process's)."""
+    """One scan: persisted by :func:`scan_document` (``checked_at`` and the fields after ``textual`` are this process's)."""
 
     digest: bytes
     read_anything: bool
@@ -108,6 +107,8 @@ class ScanResult:
     watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)
     #: validations by stat in this process (the scan itself counts one): watched from the second on
     validations: int = dataclasses.field(default=1, compare=False, kw_only=True)
+    #: what :func:`.headerscan.scan_view` made of it, by ``portable``: a warm call builds nothing
+    views: dict[bool, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False, kw_only=True)
 
 
 _DOCUMENT_FIELDS = frozenset({"digest", "read_anything", "paths", "signatures", "real_checks", "headers", "missing",
@@ -340,40 +341,6 @@ def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool, aft
             _file_memo[path] = (sig, info, parse)
 
 
-_View = TypeVar("_View")
-
-
-class ViewMemo(Generic[_View]):
-    """What a caller made of a memoized scan (:class:`.headerscan.HeaderScan`), by the scan's identity.
-
-    Made once per scan result, so a warm call builds nothing; cleared with the memo
-    (:func:`clear_memo`), at most ``MAX_MEMO_SCANS`` kept. Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        # by id(result), the result kept alive here (so its id is not reused); an LRU, under _memo_lock
-        self._views: cachetools.LRUCache[int, tuple[ScanResult, _View]] = cachetools.LRUCache(MAX_MEMO_SCANS)
-        _view_memos.append(self)
-
-    def get(self, result: ScanResult) -> _View | None:
-        """The view remembered for ``result``, or None."""
-        with _memo_lock:
-            hit = self._views.get(id(result))
-        if hit is not None and hit[0] is result:
-            return hit[1]
-        return None
-
-    def put(self, result: ScanResult, view: _View) -> None:
-        """Remember ``view`` for ``result``."""
-        with _memo_lock:
-            self._views[id(result)] = (result, view)
-
-    def clear(self) -> None:
-        """Forget every view (the memo lock held: :func:`clear_memo`)."""
-        self._views.clear()
-
-
-_view_memos: list[ViewMemo[Any]] = []
 
 
 def memoized(
@@ -558,6 +525,4 @@ def clear_memo() -> None:
     with _memo_lock:
         _file_memo.clear()
         _at_exit.clear()
-        for views in _view_memos:
-            views.clear()
         _release_all()

@@ -75,7 +75,6 @@ from .headermemo import (
     FileInfo,
     ScanResult,
     Signature,
-    ViewMemo,
     is_racy,
     known_file,
     memoize,
@@ -738,18 +737,12 @@ def scan_view(result: ScanResult, options: Any, code_type: str, portable: bool) 
     if not result.read_anything:  # then whether a digest is due depends on the options too
         digest = result.digest if needs_header_digest(options, code_type) or result.declined else None
         return HeaderScan(digest, (), result.missing, result.path_free and portable, result.declined)
-    # Made once per scan result: a warm call builds nothing.
-    hit = _header_scans.get(result)
-    if hit is not None:
-        return hit
-    files = tuple(itertools.starmap(HeaderFile, result.headers))
-    found = HeaderScan(result.digest, files, result.missing, result.path_free and portable, result.declined, result)
-    _header_scans.put(result, found)
+    found = result.views.get(portable)
+    if found is None:  # made once per scan result and ``portable`` (two threads may both make it: equal views)
+        files = tuple(itertools.starmap(HeaderFile, result.headers))
+        found = result.views[portable] = HeaderScan(result.digest, files, result.missing, result.path_free and portable,
+                                                    result.declined, result)
     return found
-
-
-#: What header_scan returned for a memoized scan, by the scan result (cleared with the memo).
-_header_scans: ViewMemo[HeaderScan] = ViewMemo()
 
 
 def _scan(
