@@ -295,6 +295,80 @@ def test_forged_rows_are_never_loaded(tmp_path, change):
     assert store.load("ab" * 32, headermemo.scan_from_document) is None
 
 
+@pytest.mark.parametrize("change, reason", [
+    (lambda o: o.pop("textual"), "the fields of a scan expected, got ['declined', 'digest', 'headers', 'missing', "
+     "'path_free', 'paths', 'read_anything', 'real_checks', 'relocatable', 'signatures']"),
+    (lambda o: o.__setitem__("digest", 5), "a string expected, got int"),
+    (lambda o: o.__setitem__("read_anything", 1), "true or false expected, got int"),
+    (lambda o: o.__setitem__("declined", 3), "declined is neither a string nor null"),
+    (lambda o: o.__setitem__("paths", "/i/a.h"), "a list of strings expected"),
+    (lambda o: o.__setitem__("signatures", 5), "[lengths, items] expected"),
+    (lambda o: o.__setitem__("signatures", [[5, -1], []]), "3 lengths and a list of items expected"),
+    (lambda o: o["signatures"][0].__setitem__(1, -2), "a signature length is not an int of at least -1"),
+    (lambda o: o["signatures"][1].__setitem__(1, None), "a signature holds strings and ints only"),
+    (lambda o: o["signatures"][0].__setitem__(0, 6), "signature lengths do not add up to the items"),
+    (lambda o: o.__setitem__("headers", [["I0"]]), "3 columns expected"),
+    (lambda o: o["headers"][1].pop(), "columns of different lengths"),
+])
+def test_each_refusal_of_a_scans_document_says_what_is_wrong(change, reason):
+    doc = json.loads(json.dumps(headermemo.scan_document(_ROWS)))
+    change(doc)
+    with pytest.raises(ValueError) as refused:
+        headermemo.scan_from_document(doc)
+    assert str(refused.value) == reason
+
+
+def test_a_document_that_is_not_an_object_is_refused_by_its_type():
+    with pytest.raises(ValueError) as refused:
+        headermemo.scan_from_document(["digest"])
+    assert str(refused.value) == "the fields of a scan expected, got list"
+
+
+def test_a_signature_of_no_items_reads_back_as_empty_not_as_none():
+    doc = headermemo.scan_document(dataclasses.replace(_ROWS, checks=(("/i/a.h", ()), ("/i/b.h", None))))
+    assert doc["signatures"] == [[0, -1], []]
+    assert headermemo.scan_from_document(doc).checks == (("/i/a.h", ()), ("/i/b.h", None))
+
+
+def _file(head: object, body: bytes) -> bytes:
+    return json.dumps(head).encode() + b"\n" + body
+
+
+def _head(name: str, body: bytes, **changed: object) -> dict:
+    import hashlib
+
+    return {"format": scanmemo.FORMAT, "key": name, "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body),
+            **changed}
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b'{"format": "x"}', "no header line"),
+    (_file(["a list"], b"{}"), "another format"),
+    (_file(_head("ab" * 32, b"{}", format="tiered-progcache/header-scan/2"), b"{}"), "another format"),
+    (_file(_head("cd" * 32, b"{}"), b"{}"), "written for another key"),
+    (_file(_head("ab" * 32, b"{}", bytes=3), b"{}"), "torn or corrupt: the body does not match its digest"),
+    (_file(_head("ab" * 32, b"{}", sha256="0" * 64), b"{}"), "torn or corrupt: the body does not match its digest"),
+], ids=["no-newline", "head-a-list", "format-2", "another-key", "byte-count", "digest"])
+def test_each_refusal_of_a_memo_file_is_logged_with_its_reason(tmp_path, caplog, data, reason):
+    store = ScanMemoStore(tmp_path / "m")
+    path = Path(store.path_for("ab" * 32))
+    path.parent.mkdir()
+    path.write_bytes(data)
+    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
+        assert store.load("ab" * 32, _any) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignoring header scan memo {path} ({reason}): scanning again"]
+
+
+def test_a_body_that_spans_lines_is_read_whole(tmp_path):
+    store = ScanMemoStore(tmp_path / "m")
+    path = Path(store.path_for("ab" * 32))
+    path.parent.mkdir()
+    body = b'{\n  "i": 1\n}'
+    path.write_bytes(_file(_head("ab" * 32, body), body))
+    assert store.load("ab" * 32, _any) == {"i": 1}
+
+
 def _planted(store: ScanMemoStore, name: str, change) -> None:
     """Rewrite a saved memo's body with ``change`` applied, its digest made to match (a forged, well-formed file)."""
     import hashlib
