@@ -12,7 +12,8 @@ from cuda.core import Program, ProgramOptions
 from cuda.core.utils import InMemoryProgramCache, make_program_cache_key
 
 import tiered_progcache as tpc
-from tiered_progcache.compiling.headerscan import HeaderFile, header_digest, header_scan, needs_header_digest
+from tiered_progcache.compiling.headerscan import (MAX_HEADER_BYTES, HeaderFile, header_digest, header_scan,
+                                                  needs_header_digest)
 
 from header_support import KERNEL, OLD, SRC, fresh_header_memo, tree, valdir  # noqa: F401  (autouse, fixtures)
 from header_support import include_opts as _opts
@@ -249,3 +250,22 @@ def test_a_scan_bounded_by_files_read_answers_none_past_the_bound_and_memoizes_n
     assert headerscan.scans_run() == scans + 1 and len(full.headers) == 3
     assert header_scan(SRC, _opts(tree), max_files=3) == full
     assert header_scan(SRC, _opts(tree), max_files=2) == full  # memoized now: the memo answers first
+
+
+def test_a_scan_that_reads_no_file_keys_the_names_it_missed_where_the_options_name_files(tmp_path):
+    """No file read: the digest (of the names found nowhere) counts only where the options name files, or a decline."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    src = "#include <cuda_fp16.h>\n" + KERNEL
+    with_path = header_scan(src, ProgramOptions(arch=ARCH, include_path=[str(empty)]))
+    assert with_path.digest is not None and with_path.headers == () and with_path.missing == ("cuda_fp16.h",)
+    assert with_path.path_free and with_path.declined is None and with_path.result is None
+    assert not header_scan(src, ProgramOptions(arch=ARCH, include_path=[str(empty)]), portable=False).path_free
+    without = header_scan(src, ProgramOptions(arch=ARCH))
+    assert without.digest is None and without.missing == ("cuda_fp16.h",) and without.path_free
+    big = empty / "big.h"
+    big.touch()
+    os.truncate(big, MAX_HEADER_BYTES + 1)  # sparse: never read, so the scan declines having read nothing
+    declined = header_scan("#include <big.h>\n" + KERNEL, ProgramOptions(arch=ARCH, include_path=[str(empty)]))
+    assert declined.declined == "found:I0: a header over 33554432 bytes"
+    assert declined.digest is not None and declined.headers == ()
