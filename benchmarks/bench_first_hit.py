@@ -9,7 +9,8 @@ its first ``tiered_progcache.compile()`` call (a local-directory hit) after the 
 Prints the median per kernel, their ratio, the files the CUB scan digests and the bytes of
 the persisted scans. No asserts: numbers and ratios only. Local directory only (no remote).
 ``--parts`` also times, inside each first call, cuda-core's key (where NVRTC is loaded on its
-first use) and the header-scan memo (the persisted scan read and validated by stat).
+first use) and the header-scan memo (the persisted scan read and validated by stat), and within
+the memo the file's load and the stat of every path it probed.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from cuda.core import ProgramOptions
 from cuda.pathfinder import find_nvidia_header_directory
 src, kind, cache_dir, parts = sys.argv[1], sys.argv[2], sys.argv[3], {}
 if sys.argv[4:] == ["parts"]:  # time two calls inside the first compile(): wrapped, not called before the clock
-    from tiered_progcache.compiling import headerscan, keys
+    from tiered_progcache.compiling import headermemo, headerscan, keys, scanmemo
     def timed(module, name, label):
         inner = getattr(module, name)
         def call(*args, **kwargs):
@@ -47,6 +48,8 @@ if sys.argv[4:] == ["parts"]:  # time two calls inside the first compile(): wrap
         setattr(module, name, call)
     timed(keys, "key_for", "key")
     timed(headerscan, "memoized", "memo")
+    timed(scanmemo.ScanMemoStore, "load", "memo: load")
+    timed(headermemo, "_unchanged", "memo: stat")
 opts = ProgramOptions(arch="sm_90", std="c++17",
                       include_path=[find_nvidia_header_directory("cccl")] if kind == "cub" else None)
 cache = tpc.TieredProgramCache(cache_dir)
@@ -69,7 +72,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=7, help="fresh processes per kernel (alternating); the median is shown")
     p.add_argument("--dir", default=None, help="cache directory (default: a new temporary one)")
     p.add_argument("--parts", action="store_true",
-                   help="also time cuda-core's key (NVRTC's load) and the header-scan memo inside each first call")
+                   help="also time cuda-core's key (NVRTC's load) and the header-scan memo (its load, its stats) "
+                        "inside each first call")
     args = p.parse_args()
     cache_dir = args.dir or tempfile.mkdtemp(prefix="bench-first-hit-")
     for src, kind in ((PLAIN, "plain"), (CUB, "cub")):
