@@ -275,7 +275,6 @@ def _unchanged(checks: tuple[tuple[str, Signature], ...]) -> bool:
     return True
 
 
-
 def _same_realpaths(real_checks: tuple[tuple[str, str], ...]) -> bool:
     """True if every directory still resolves where it did (no symlink on the way was retargeted)."""
     resolved: dict[str, str] = {"/": "/"}
@@ -339,8 +338,6 @@ def remember_file(path: str, sig: Signature, info: FileInfo, *, parse: bool, aft
     if after == sig and not is_racy(sig):  # settled and not rewritten while we read it
         with _memo_lock:
             _file_memo[path] = (sig, info, parse)
-
-
 
 
 def memoized(
