@@ -87,7 +87,7 @@ class FileInfo:
 
 @dataclasses.dataclass
 class ScanResult:
-    """One scan: persisted by :func:`scan_document` (``checked_at`` and the fields after ``textual`` are this process's)."""
+    """One scan, persisted by :func:`scan_document`; ``checked_at`` and the fields after ``textual`` are per process."""
 
     digest: bytes
     read_anything: bool
@@ -134,7 +134,8 @@ def scan_from_document(doc: Any) -> ScanResult:
     """The scan :func:`scan_document` wrote, never yet validated (``checked_at`` 0, no validation counted);
     ValueError for anything that is not exactly that shape."""
     if type(doc) is not dict or doc.keys() != _DOCUMENT_FIELDS:
-        raise ValueError(f"the fields of a scan expected, got {sorted(doc) if type(doc) is dict else type(doc).__name__}")
+        got = sorted(doc) if type(doc) is dict else type(doc).__name__
+        raise ValueError(f"the fields of a scan expected, got {got}")
     paths = _strings(doc["paths"])
     declined = doc["declined"]
     if declined is not None and type(declined) is not str:
