@@ -365,3 +365,17 @@ def test_a_miss_with_no_manifest_reads_it_once_in_all_record_included(tree):
     reads.clear()
     assert direct.record(chain, got, SRC, "c++", _opts(tree), "cubin", (), None, 1.0) is False
     assert reads.count(storage) == 1  # a record not right after an absent lookup reads what is there
+
+
+@pytest.mark.parametrize("adopt, fresh, memoized", [(True, False, True), (False, False, False), (True, True, False)],
+                         ids=["adopted", "adopt-false", "a-header-too-fresh"])
+def test_a_verified_set_is_memoized_as_a_scan_unless_asked_not_to_or_a_header_is_too_fresh(tree, recorded, adopt,
+                                                                                         fresh, memoized):
+    chain, first, good = recorded
+    if fresh:
+        os.utime(tree / "inc" / "a.h")  # modified now, its bytes the same: the set still holds, a stat cannot vouch
+    headermemo.clear_memo()
+    got = direct.match([good], SRC, "c++", _opts(tree), "cubin", (), None, True, os.getcwd(), adopt=adopt)
+    assert got is not None and got.key == first.key
+    assert len(headermemo._scan_memo) == int(memoized)  # (a fresh header's scan would be refused there anyway)
+    assert (headerscan.header_scan(SRC, _opts(tree), memo_only=True) is not None) is memoized

@@ -22,6 +22,7 @@ from cuda.core.utils import InMemoryProgramCache
 
 import tiered_progcache as tpc
 from tiered_progcache.compiling import headermemo, scanmemo
+from tiered_progcache.stores import ratelimit
 from tiered_progcache.compiling.headerscan import header_digest, header_scan
 from tiered_progcache.compiling.scanmemo import ScanMemoStore
 
@@ -383,10 +384,78 @@ def _planted(store: ScanMemoStore, name: str, change) -> None:
     path.write_bytes(json.dumps(doc).encode() + b"\n" + body)
 
 
-def test_a_document_with_no_json_form_is_not_persisted(tmp_path):
-    assert not ScanMemoStore(tmp_path / "m").save("cd" * 32, {"names": {"x"}})
-    assert not ScanMemoStore(tmp_path / "m").save("cd" * 32, {"nan": float("nan")})
+def test_a_document_with_no_json_form_is_not_persisted(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(ratelimit, "_logged_once", set())  # the warning is logged once per process
+    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
+        assert not ScanMemoStore(tmp_path / "m").save("cd" * 32, {"names": {"x"}})
+        assert not ScanMemoStore(tmp_path / "m").save("cd" * 32, {"nan": float("nan")})
     assert list((tmp_path / "m").glob("*.json")) == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "header scans are not persisted: Object of type set is not JSON serializable")]
+
+
+def test_a_memo_of_exactly_max_file_bytes_is_written_and_read_and_one_byte_more_is_not(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(ratelimit, "_logged_once", set())
+    probe = ScanMemoStore(tmp_path / "probe")
+    assert probe.save("ab" * 32, _doc(1, pad=300))
+    size = os.path.getsize(probe.path_for("ab" * 32))
+    body = Path(probe.path_for("ab" * 32)).read_bytes().split(b"\n", 1)[1]
+    assert body == json.dumps(_doc(1, pad=300), separators=(",", ":")).encode()  # compact: what the cap counts
+    exact = ScanMemoStore(tmp_path / "exact", max_file_bytes=size)
+    assert exact.save("ab" * 32, _doc(1, pad=300)) and exact.load("ab" * 32, _any) == _doc(1, pad=300)
+    under = ScanMemoStore(tmp_path / "under", max_file_bytes=size - 1)
+    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
+        assert not under.save("ab" * 32, _doc(1, pad=300))
+        assert ScanMemoStore(tmp_path / "under").save("ab" * 32, _doc(1, pad=300))
+        assert under.load("ab" * 32, _any) is None
+    path = under.path_for("ab" * 32)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"a header scan memo of {size} bytes is over the {size - 1}-byte cap: not persisted",
+        f"ignoring header scan memo {path} ({size} bytes, over the {size - 1}-byte limit): scanning again"]
+
+
+def test_a_planted_symlink_is_refused_with_its_reason(tmp_path, caplog):
+    store = ScanMemoStore(tmp_path / "m")
+    assert store.save("ab" * 32, _doc(1))
+    path = Path(store.path_for("ab" * 32))
+    _a_symlink(path)
+    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
+        assert store.load("ab" * 32, _any) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignoring header scan memo {path} (a symbolic link, not an entry (not followed)): scanning again"]
+
+
+def test_a_load_marks_the_memo_used_and_keeps_its_mtime(tmp_path):
+    store = ScanMemoStore(tmp_path / "m")
+    assert store.save("ab" * 32, _doc(1))
+    path = store.path_for("ab" * 32)
+    os.utime(path, ns=(1_000_000_000, 2_000_000_000))
+    assert store.load("ab" * 32, _any) == _doc(1)
+    st = os.stat(path)
+    assert st.st_mtime_ns == 2_000_000_000 and st.st_atime_ns > 2_000_000_000
+
+
+def test_a_write_that_fails_says_where_and_returns_false(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(ratelimit, "_logged_once", set())
+    (tmp_path / "file").write_text("not a directory")
+    stores = [ScanMemoStore(tmp_path / "file" / name) for name in ("header-scans", "other")]
+    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
+        for store in stores * 2:
+            assert store.save("ab" * 32, _doc(1)) is False
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]  # once per directory
+    for line, store in zip(caplog.records, stores):
+        assert line.getMessage().startswith(
+            f"cannot persist header scans in {store.directory}: [Errno 20] Not a directory")
+
+
+def test_the_memo_just_written_is_kept_even_where_the_others_look_used_later(tmp_path):
+    store = ScanMemoStore(tmp_path / "m", max_files=2)
+    names = [f"{i:064x}" for i in range(3)]
+    for name in names[:2]:
+        store.save(name, _doc(1))
+        os.utime(store.path_for(name), (4_000_000_000, 4_000_000_000))  # used "later" than now (a skewed clock)
+    store.save(names[2], _doc(2))
+    assert names[2] in {p.stem for p in _memo_files(tmp_path / "m")}
 
 
 def test_the_directory_keeps_at_most_max_files_least_recently_used_out_first(tmp_path):
