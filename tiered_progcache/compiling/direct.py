@@ -55,7 +55,7 @@ from cuda.core.utils import make_program_cache_key
 from ..chain.stats import MetadataKey
 from ..stores.kinds import DIRECT_MAGIC
 from . import keys
-from .headermemo import ScanResult, is_racy, resolve, signature, signature_of_stat
+from .headermemo import HeaderFile, ScanResult, is_racy, resolve, signature, signature_of_stat
 from .headerlex import ANGLE, DEFINE, HAS_WRAPPER, QUOTE, WRAPS, parse_includes
 from .headerscan import MAX_HEADER_BYTES, adopt_scan, file_digest, locate, path_list, scan_view
 
@@ -790,6 +790,6 @@ def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResul
             return None
         checks.append((path, sig))
         covered[place] = digest
-    headers = tuple(sorted((role, path, digest) for (role, path), digest in covered.items()))
+    headers = tuple(sorted(HeaderFile(role, path, digest) for (role, path), digest in covered.items()))
     return ScanResult(bytes.fromhex(one["digest"]), True, tuple(checks), tuple(real_checks), time.monotonic(),
                       headers, tuple(one["missing"]), one["path_free"], None, True, tuple(sorted(set(made))))

@@ -16,7 +16,7 @@ Across processes: with ``memo_dir`` (``compile()`` passes the local cache direct
 validates it instead of scanning again. A scan that :mod:`.direct` verified from a
 manifest is persisted too, at exit (:func:`persist_at_exit`): not on the hit's path.
 
-Bounds: :data:`MAX_MEMO_FILES` files and :data:`MAX_MEMO_SCANS` scans (and views of them),
+Bounds: :data:`MAX_MEMO_FILES` files and :data:`MAX_MEMO_SCANS` scans,
 least recently used forgotten first (``cachetools``; an evicted scan's watch released).
 Thread-safe: the memos change under one lock (made anew in a forked child); the counters
 behind :func:`validation_counts` and :func:`files_hashed` are read without it.
@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import cachetools
 
@@ -44,6 +44,7 @@ __all__ = [
     "MAX_MEMO_SCANS",
     "RACY_NS",
     "FileInfo",
+    "HeaderFile",
     "ScanResult",
     "Signature",
     "ValidationCounts",
@@ -85,6 +86,23 @@ class FileInfo:
     includes: tuple[tuple[int, str], ...]
 
 
+class HeaderFile(NamedTuple):
+    """One file a compile can read, named by where the compiler finds it, not where it lives. Immutable.
+
+    ``root`` is the role of the root it lies under: ``"I0"``, ``"I1"``, ... (the include
+    path, by position), ``"source"`` (the source's directory), ``"cwd"`` (the working directory,
+    where a relative ``pre_include`` is found, when it is not the source's), ``"use_pch"`` (the PCH file
+    ``use_pch`` names; ``path`` is its basename), ``"libdevice"`` (NVVM), or ``"abs"``
+    (under no root: ``path`` is then absolute, and the key is not portable).
+    ``path`` is relative to the root, '/'-separated; ``digest`` the sha256 hex of its bytes.
+    A tuple: a CUB scan holds 600, read back from disk at a fresh process's first hit.
+    """
+
+    root: str
+    path: str
+    digest: str
+
+
 @dataclasses.dataclass
 class ScanResult:
     """One scan, persisted by :func:`scan_document`; ``checked_at`` and the fields after ``textual`` are per process."""
@@ -94,7 +112,7 @@ class ScanResult:
     checks: tuple[tuple[str, Signature], ...]
     real_checks: tuple[tuple[str, str], ...]  # directory -> where the OS took it
     checked_at: float  # time.monotonic() of the last full re-stat
-    headers: tuple[tuple[str, str, str], ...]  # (root, path, sha256 hex) of every file covered, sorted
+    headers: tuple[HeaderFile, ...]  # every file covered, sorted
     missing: tuple[str, ...]  # include spellings found nowhere, sorted
     path_free: bool  # the digest and every file's name are free of absolute paths
     declined: Union[str, None]  # why the compile cannot be keyed (HeaderScan.declined), or None
@@ -107,8 +125,6 @@ class ScanResult:
     watch: Subscription | None = dataclasses.field(default=None, compare=False, repr=False, kw_only=True)
     #: validations by stat in this process (the scan itself counts one): watched from the second on
     validations: int = dataclasses.field(default=1, compare=False, kw_only=True)
-    #: what :func:`.headerscan.scan_view` made of it, by ``portable``: a warm call builds nothing
-    views: dict[bool, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False, kw_only=True)
 
 
 _DOCUMENT_FIELDS = frozenset({"digest", "read_anything", "paths", "signatures", "real_checks", "headers", "missing",
@@ -142,7 +158,7 @@ def scan_from_document(doc: Any) -> ScanResult:
         raise ValueError("declined is neither a string nor null")
     return ScanResult(bytes.fromhex(_string(doc["digest"])), _flag(doc["read_anything"]),
                       tuple(zip(paths, _signatures(doc["signatures"], len(paths)))), _rows(doc["real_checks"], 2), 0.0,
-                      _rows(doc["headers"], 3), tuple(_strings(doc["missing"])), _flag(doc["path_free"]), declined,
+                      _rows(doc["headers"], 3, HeaderFile), tuple(_strings(doc["missing"])), _flag(doc["path_free"]), declined,
                       _flag(doc["relocatable"]), _rows(doc["textual"], 2), validations=0)
 
 
@@ -150,13 +166,14 @@ def _columns(rows: tuple[tuple[str, ...], ...], width: int) -> list[list[str]]:
     return [list(column) for column in zip(*rows)] if rows else [[] for _ in range(width)]
 
 
-def _rows(columns: Any, width: int) -> tuple[tuple[str, ...], ...]:
+def _rows(columns: Any, width: int, row: Callable[..., Any] | None = None) -> tuple[Any, ...]:
+    """Columns of strings back to rows: tuples, or ``row(*values)`` of each."""
     if type(columns) is not list or len(columns) != width:
         raise ValueError(f"{width} columns expected")
     values = [_strings(column) for column in columns]
     if len({len(column) for column in values}) != 1:
         raise ValueError("columns of different lengths")
-    return tuple(zip(*values))
+    return tuple(zip(*values) if row is None else map(row, *values))
 
 
 def _strings(value: Any) -> list[str]:

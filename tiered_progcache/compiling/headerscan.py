@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import logging
 import os
 import time
@@ -73,6 +72,7 @@ from .headerlex import (
 )
 from .headermemo import (
     FileInfo,
+    HeaderFile,
     ScanResult,
     Signature,
     is_racy,
@@ -121,23 +121,6 @@ _HASH_CHUNK = 1 << 20
 
 #: What _file_info returns for a file over MAX_HEADER_BYTES (the scan then declines the compile).
 _TOO_BIG = FileInfo(b"", ())
-
-
-@dataclasses.dataclass(frozen=True)
-class HeaderFile:
-    """One file a compile can read, named by where the compiler finds it, not where it lives. Immutable.
-
-    ``root`` is the role of the root it lies under: ``"I0"``, ``"I1"``, ... (the include
-    path, by position), ``"source"`` (the source's directory), ``"cwd"`` (the working directory,
-    where a relative ``pre_include`` is found, when it is not the source's), ``"use_pch"`` (the PCH file
-    ``use_pch`` names; ``path`` is its basename), ``"libdevice"`` (NVVM), or ``"abs"``
-    (under no root: ``path`` is then absolute, and the key is not portable).
-    ``path`` is relative to the root, '/'-separated; ``digest`` the sha256 hex of its bytes.
-    """
-
-    root: str
-    path: str
-    digest: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -533,9 +516,9 @@ class _Scan:
             self.declined = reason
         self.emit("declined", reason.encode("utf-8", "surrogateescape"))
 
-    def outcome(self) -> tuple[tuple[tuple[str, str, str], ...], tuple[str, ...]]:
-        """The files read as sorted ``(root, path, sha256 hex)`` rows, and the sorted missing spellings."""
-        return (tuple(sorted((root, path, digest) for (root, path), digest in self.files.items())),
+    def outcome(self) -> tuple[tuple[HeaderFile, ...], tuple[str, ...]]:
+        """The files read, sorted, and the sorted missing spellings."""
+        return (tuple(sorted(HeaderFile(root, path, digest) for (root, path), digest in self.files.items())),
                 tuple(sorted(self.missing)))
 
 
@@ -733,16 +716,12 @@ def header_scan(
 
 
 def scan_view(result: ScanResult, options: Any, code_type: str, portable: bool) -> HeaderScan:
-    """The :class:`HeaderScan` a scan result stands for (made once per result)."""
+    """The :class:`HeaderScan` a scan result stands for."""
     if not result.read_anything:  # then whether a digest is due depends on the options too
         digest = result.digest if needs_header_digest(options, code_type) or result.declined else None
         return HeaderScan(digest, (), result.missing, result.path_free and portable, result.declined)
-    found = result.views.get(portable)
-    if found is None:  # made once per scan result and ``portable`` (two threads may both make it: equal views)
-        files = tuple(itertools.starmap(HeaderFile, result.headers))
-        found = result.views[portable] = HeaderScan(result.digest, files, result.missing, result.path_free and portable,
-                                                    result.declined, result)
-    return found
+    return HeaderScan(result.digest, result.headers, result.missing, result.path_free and portable, result.declined,
+                      result)
 
 
 def _scan(
