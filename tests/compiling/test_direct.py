@@ -424,6 +424,52 @@ def test_a_fresh_node_hits_through_compile_with_no_scan_and_after_warm_asks_the_
         assert headerscan.scans_run() - scans == 0 and delta["local"].hits == 1  # the entry; its direct manifest is metadata
 
 
+def test_warm_with_the_include_path_hashes_the_headers_now_and_a_header_changed_after_it_still_misses(
+        remote_with_one_kernel, tmp_path, monkeypatch):
+    """``warm(include_path=...)`` hashes each file the fetched set names there, once; the first hit then hashes
+    none. A header changed after the warm no longer stats as hashed: hashed again, the set fails, NVRTC runs."""
+    url, ci_root = remote_with_one_kernel
+    node_root = tmp_path / "node-tree"
+    shutil.copytree(ci_root, node_root)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    opts = _opts(node_root)
+    files = len(direct.decode_direct(_direct_payload(url, opts))[0]["files"])
+    with TieredProgramCache(tmp_path / "hashed", remote=url) as node:
+        hashed = headermemo.files_hashed()
+        node.warm(include_path=opts.include_path)
+        assert headermemo.files_hashed() - hashed == files
+        compiles, scans, hashed = tpc.compile_count(), headerscan.scans_run(), headermemo.files_hashed()
+        tpc.compile(SRC, "c++", opts, cache=node)
+        assert (tpc.compile_count() - compiles, headerscan.scans_run() - scans) == (0, 0)
+        assert headermemo.files_hashed() - hashed == 0
+    headermemo.clear_memo()
+    with TieredProgramCache(tmp_path / "edited", remote=url) as node:
+        node.warm(include_path=opts.include_path)
+        write_header(node_root / "include" / "lib" / "config.h", "#pragma once\n#define CFG 9\n")  # same size
+        compiles = tpc.compile_count()
+        tpc.compile(SRC, "c++", opts, cache=node)
+        assert tpc.compile_count() - compiles == 1
+
+
+def test_prehash_skips_a_set_laid_out_for_other_roots_and_a_manifest_that_does_not_decode(
+        remote_with_one_kernel, tmp_path, monkeypatch):
+    url, ci_root = remote_with_one_kernel
+    monkeypatch.chdir(tmp_path)
+    opts = _opts(ci_root)
+    payload = _direct_payload(url, opts)
+    headermemo.clear_memo()
+    assert direct.prehash([payload], opts.include_path[:1]) == 0  # one include root where the set has two
+    assert direct.prehash([b"not a direct manifest", payload[:-4]], opts.include_path) == 0
+    assert direct.prehash([payload, payload], opts.include_path) == len(direct.decode_direct(payload)[0]["files"])
+
+
+@pytest.mark.parametrize("include_path", [3, [b"/opt/cccl"], ["/opt/cccl", None]])
+def test_warm_refuses_an_include_path_that_is_not_directories(tmp_path, include_path):
+    with TieredProgramCache(tmp_path) as cache, pytest.raises(TypeError, match="include_path must be a directory"):
+        cache.warm(include_path=include_path)
+
+
 def _direct_payload(url: str, opts: ProgramOptions) -> bytes:
     with TieredProgramCache(Path(url[len("file://"):]).parent / "peek", remote=url) as peek:
         return peek.get(direct.direct_key(SRC, "c++", opts, "cubin", (), None, True))

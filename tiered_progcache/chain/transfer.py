@@ -55,6 +55,7 @@ def warm(
     *,
     max_bytes: int | None = None,
     progress: Progress | None = None,
+    landed: Callable[[bytes, str], object] | None = None,
 ) -> TransferReport:
     """Copy remote entries the local directory lacks into it, verified, many requests at a time.
 
@@ -69,7 +70,8 @@ def warm(
     so a boot fetches one object per kernel, plus the direct manifests (listed like entries:
     :mod:`~tiered_progcache.compiling.direct`), so a header-heavy kernel's first hit asks nothing. Then one concurrent batch of reads per
     ``transfer_batch`` entries (one batch for a node's few hundred kernels). A bad or
-    unreadable entry is counted in ``failures`` and skipped; the rest still land.
+    unreadable entry is counted in ``failures`` and skipped; the rest still land. ``landed(payload,
+    kind)`` is called with each entry written, on a writer thread.
     """
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
@@ -104,7 +106,8 @@ def warm(
                 done += len(landing)
                 _tell(progress, done, len(todo))
             landing = [
-                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.errors.get(name))) for name in batch
+                (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.errors.get(name), landed))
+                for name in batch
             ]
     if failures:
         logger.warning(
@@ -197,13 +200,17 @@ def _newest_first(entries: Iterable[StoredEntry], max_bytes: int | None) -> list
     return picked
 
 
-def _land(local: LocalDir, name: str, fetched: bytes | None, failure: Exception | None) -> tuple[int, str]:
-    """Write one fetched (already verified) payload into the local directory; its size and kind.
+def _land(local: LocalDir, name: str, fetched: bytes | None, failure: Exception | None,
+          landed: Callable[[bytes, str], object] | None) -> tuple[int, str]:
+    """Write one fetched (already verified) payload into the local directory, tell ``landed``; its size and kind.
     Raises ``failure``, why it was not fetched, where it was not."""
     if fetched is None:
         raise failure if failure is not None else KeyError(name)
     local.write_entry(name, fetched)
-    return len(fetched), kind_of(fetched)
+    kind = kind_of(fetched)
+    if landed is not None:
+        landed(fetched, kind)
+    return len(fetched), kind
 
 
 def _unique_names(names: Iterable[str]) -> list[str]:

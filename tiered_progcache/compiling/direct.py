@@ -44,6 +44,7 @@ import logging
 import os
 import threading
 import time
+import types
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,7 @@ __all__ = [
     "encode_direct",
     "header_set",
     "match",
+    "prehash",
     "read_sets",
     "record",
     "record_none",
@@ -724,6 +726,38 @@ def match(
             adopt_scan(source, options, by_role, result, memo_dir)  # the next call is a warm memo's, as after a scan
         return compiled
     return None
+
+
+def prehash(manifests: Sequence[bytes], include_path: str | Sequence[str]) -> int:
+    """Hash the files the header sets of ``manifests`` (direct manifests' payloads) name under ``include_path``
+    and this working directory, into the stat-validated digest memo (``warm(include_path=...)``); how many.
+
+    Nothing is trusted from it: a first hit still stats every file and checks every digest, it only finds
+    them memoized. A set laid out for other roots, a file that is not there or one over the bound is skipped.
+    """
+    cwd = os.getcwd()
+    spelled = _spelled_roots(types.SimpleNamespace(include_path=include_path), cwd)
+    roots = spelled + tuple(os.path.realpath(r) for r in spelled)
+    hashed: set[str] = set()
+    for payload in manifests:
+        try:
+            sets = decode_direct(payload)
+        except DirectManifestError:
+            continue  # (a hit refuses it too, and counts it)
+        for one in sets:
+            if one["n"] != len(roots):
+                continue
+            for index, rel, _, _ in one["files"]:
+                path = _place(index, rel, roots)
+                if path in hashed:
+                    continue
+                try:
+                    sig = signature_of_stat(os.stat(path))
+                except OSError:
+                    continue
+                if sig[0] == "f" and sig[2] <= MAX_HEADER_BYTES and file_digest(path, sig) is not None:
+                    hashed.add(path)
+    return len(hashed)
 
 
 def _holds(one: dict[str, Any], roots: Sequence[str], options: Any) -> ScanResult | None:
