@@ -461,7 +461,38 @@ def test_prehash_skips_a_set_laid_out_for_other_roots_and_a_manifest_that_does_n
     headermemo.clear_memo()
     assert direct.prehash([payload], opts.include_path[:1]) == 0  # one include root where the set has two
     assert direct.prehash([b"not a direct manifest", payload[:-4]], opts.include_path) == 0
-    assert direct.prehash([payload, payload], opts.include_path) == len(direct.decode_direct(payload)[0]["files"])
+    files = direct.decode_direct(payload)[0]["files"]
+    assert direct.prehash([b"not a direct manifest", payload, payload], opts.include_path) == len(files)
+
+
+def test_prehash_goes_on_past_a_set_for_other_roots_a_file_hashed_already_one_missing_and_one_over_the_bound(
+        remote_with_one_kernel, tmp_path, monkeypatch):
+    """Each file is judged alone: what is skipped (a set laid out otherwise, a file hashed by an earlier set, one
+    not on this node, one over ``MAX_HEADER_BYTES``) never ends the walk through the rest."""
+    url, ci_root = remote_with_one_kernel
+    node_root = tmp_path / "node-tree"
+    shutil.copytree(ci_root, node_root)
+    monkeypatch.chdir(tmp_path)
+    opts = _opts(node_root)
+    one = direct.decode_direct(_direct_payload(url, _opts(ci_root)))[0]
+    files = one["files"]
+    elsewhere = {**one, "n": one["n"] + 2}
+    fewer = {**one, "files": files[:-1]}
+    spelled = direct._spelled_roots(opts, str(tmp_path))
+    roots = spelled + tuple(os.path.realpath(r) for r in spelled)
+    headermemo.clear_memo()
+    assert direct.prehash([direct.encode_direct([elsewhere, fewer, one])], opts.include_path) == len(files)
+    gone = direct._place(files[0][0], files[0][1], roots)
+    os.unlink(gone)
+    headermemo.clear_memo()
+    assert direct.prehash([direct.encode_direct([one])], opts.include_path) == len(files) - 1
+    biggest = max(os.path.getsize(direct._place(i, rel, roots)) for i, rel, _, _ in files[1:])
+    monkeypatch.setattr(direct, "MAX_HEADER_BYTES", biggest)  # the bound itself is within it
+    headermemo.clear_memo()
+    assert direct.prehash([direct.encode_direct([one])], opts.include_path) == len(files) - 1
+    monkeypatch.setattr(direct, "MAX_HEADER_BYTES", biggest - 1)
+    headermemo.clear_memo()
+    assert direct.prehash([direct.encode_direct([one])], opts.include_path) < len(files) - 1
 
 
 @pytest.mark.parametrize("include_path", [3, [b"/opt/cccl"], ["/opt/cccl", None]])

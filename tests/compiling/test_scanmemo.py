@@ -250,6 +250,8 @@ def test_rows_are_written_by_columns_and_read_back_exactly():
     assert doc["headers"] == [["I0", "I0"], ["a.h", "c.h"], ["ab" * 32, "cd" * 32]]
     assert doc["real_checks"] == [["/i"], ["/r/i"]] and doc["textual"] == [[], []]
     assert headermemo.scan_from_document(doc) == result
+    back = headermemo.scan_from_document(doc).headers  # HeaderFiles, named: a scan's view hands them out as they are
+    assert [type(h) for h in back] == [headermemo.HeaderFile] * 2 and back[1].path == "c.h"
     empty = headermemo.ScanResult(b"", False, (), (), 0.0, (), (), True, None)
     assert headermemo.scan_from_document(json.loads(json.dumps(headermemo.scan_document(empty)))) == empty
 
