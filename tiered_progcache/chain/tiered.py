@@ -521,9 +521,14 @@ class TieredProgramCache(ProgramCacheResource):
                 isinstance(include_path, Sequence) and all(isinstance(d, str) for d in include_path))):
             raise TypeError(f"include_path must be a directory or a list of directories (str), got {include_path!r}")
         remote, local = self._remote_and_local("warm")
-        manifests: list[bytes] = []
-        landed = None if include_path is None else lambda payload, kind: kind == DIRECT and manifests.append(payload)
-        report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress, landed=landed)
+        manifests: list[bytes] = []  # the direct manifests fetched (appended on the writer threads)
+
+        def landed(payload: bytes, kind: str) -> None:
+            if kind == DIRECT:
+                manifests.append(payload)
+
+        report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress,
+                               landed=None if include_path is None else landed)
         _load_compiler()
         if include_path is not None:
             from ..compiling import direct  # (the chain keys nothing itself: only a warm asked to hash headers)

@@ -158,8 +158,8 @@ def scan_from_document(doc: Any) -> ScanResult:
         raise ValueError("declined is neither a string nor null")
     return ScanResult(bytes.fromhex(_string(doc["digest"])), _flag(doc["read_anything"]),
                       tuple(zip(paths, _signatures(doc["signatures"], len(paths)))), _rows(doc["real_checks"], 2), 0.0,
-                      _rows(doc["headers"], 3, HeaderFile), tuple(_strings(doc["missing"])), _flag(doc["path_free"]), declined,
-                      _flag(doc["relocatable"]), _rows(doc["textual"], 2), validations=0)
+                      _rows(doc["headers"], 3, HeaderFile), tuple(_strings(doc["missing"])), _flag(doc["path_free"]),
+                      declined, _flag(doc["relocatable"]), _rows(doc["textual"], 2), validations=0)
 
 
 def _columns(rows: tuple[tuple[str, ...], ...], width: int) -> list[list[str]]:
