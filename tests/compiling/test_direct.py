@@ -395,15 +395,21 @@ def remote_with_one_kernel(tmp_path_factory):
     return url, root
 
 
-def test_a_fresh_node_hits_through_compile_with_no_scan_and_after_warm_asks_the_remote_nothing(
-        remote_with_one_kernel, tmp_path, monkeypatch):
-    url, ci_root = remote_with_one_kernel
+def _fresh_node(url: str, ci_root: Path, tmp_path: Path, monkeypatch) -> tuple[Path, ProgramOptions, int]:
+    """A node's copy of the CI tree and a working directory of its own: (its root, its options, the files the
+    recorded set names)."""
     node_root = tmp_path / "node-tree"
     shutil.copytree(ci_root, node_root)
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     opts = _opts(node_root)
-    files = len(direct.decode_direct(_direct_payload(url, opts))[0]["files"])
+    return node_root, opts, len(direct.decode_direct(_direct_payload(url, opts))[0]["files"])
+
+
+def test_a_fresh_node_hits_through_compile_with_no_scan_and_after_warm_asks_the_remote_nothing(
+        remote_with_one_kernel, tmp_path, monkeypatch):
+    url, ci_root = remote_with_one_kernel
+    node_root, opts, files = _fresh_node(url, ci_root, tmp_path, monkeypatch)
     with TieredProgramCache(tmp_path / "fresh", remote=url, boot_fetch_bytes=0) as node:  # the entry read ahead
         compiles, scans, hashed = tpc.compile_count(), headerscan.scans_run(), headermemo.files_hashed()
         before = node.stats()
@@ -429,12 +435,7 @@ def test_warm_with_the_include_path_hashes_the_headers_now_and_a_header_changed_
     """``warm(include_path=...)`` hashes each file the fetched set names there, once; the first hit then hashes
     none. A header changed after the warm no longer stats as hashed: hashed again, the set fails, NVRTC runs."""
     url, ci_root = remote_with_one_kernel
-    node_root = tmp_path / "node-tree"
-    shutil.copytree(ci_root, node_root)
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")
-    opts = _opts(node_root)
-    files = len(direct.decode_direct(_direct_payload(url, opts))[0]["files"])
+    node_root, opts, files = _fresh_node(url, ci_root, tmp_path, monkeypatch)
     with TieredProgramCache(tmp_path / "hashed", remote=url) as node:
         hashed = headermemo.files_hashed()
         node.warm(include_path=opts.include_path)
