@@ -19,8 +19,8 @@ warmed before its clock starts unless the row says so):
   a fresh node paid before direct mode: the header scan before each lookup.
 - ``warmed``: a fresh node that ran ``cache.warm()`` at boot (timed apart, before the
   clock, as a node's boot does): first-hit ms and all K, with the remote's lookups counted.
-- ``hashed``: the same with ``cache.warm(include_path=[its CCCL])``: the boot also hashes the
-  headers the fetched direct manifests name there, so a first hit only stats them.
+- ``hashed``: the same with ``tiered_progcache.warm(cache, include_path=[its CCCL])``: the boot
+  also hashes the headers the fetched direct manifests name there, so a first hit only stats them.
 
 Stores (``--stores``) are ``benchmarks/bench_fleet.py``'s, each started once per run: ``file``
 (a directory, 0 ms only), ``s3`` (moto in its own process), ``gcs`` (fake-gcs-server) and
@@ -106,7 +106,7 @@ with tpc.TieredProgramCache(args["local"], **args["remote"]) as cache:
     out["built_s"] = time.perf_counter() - started  # the store's probe runs on beside the first compile
     if args["mode"] in ("warmed", "hashed"):
         t = time.perf_counter()
-        report = cache.warm(include_path=[args["cccl"]] if args["mode"] == "hashed" else None)
+        report = tpc.warm(cache, include_path=[args["cccl"]] if args["mode"] == "hashed" else None)
         out["warm_s"] = time.perf_counter() - t
         out["warmed"] = [report.entries, report.metadata]
     before, compiles, scans = cache.stats(), tpc.compile_count(), headerscan.scans_run()

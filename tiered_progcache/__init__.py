@@ -8,6 +8,7 @@ from .compiling.compile import CompileEvent, compile, compile_count, on_compile
 from .errors import DeleteFailed, EntryRejected, TierUnavailable
 from .compiling.explain import Explanation, explain
 from .compiling.headerscan import header_digest
+from .compiling.warmup import warm
 from .stores.localdir import LocalDir
 from .chain.policy import TierPolicy
 from .settings import DEFAULT_MAX_MEMORY_BYTES
@@ -46,6 +47,7 @@ __all__ = [
     "header_digest",
     "on_compile",
     "stores_of",
+    "warm",
 ]
 
 

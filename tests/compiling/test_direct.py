@@ -432,13 +432,13 @@ def test_a_fresh_node_hits_through_compile_with_no_scan_and_after_warm_asks_the_
 
 def test_warm_with_the_include_path_hashes_the_headers_now_and_a_header_changed_after_it_still_misses(
         remote_with_one_kernel, tmp_path, monkeypatch):
-    """``warm(include_path=...)`` hashes each file the fetched set names there, once; the first hit then hashes
-    none. A header changed after the warm no longer stats as hashed: hashed again, the set fails, NVRTC runs."""
+    """``tiered_progcache.warm(cache, include_path=...)`` hashes each file the fetched set names there, once; the
+    first hit then hashes none. A header changed after the warm no longer stats as hashed: hashed again, the set fails, NVRTC runs."""
     url, ci_root = remote_with_one_kernel
     node_root, opts, files = _fresh_node(url, ci_root, tmp_path, monkeypatch)
     with TieredProgramCache(tmp_path / "hashed", remote=url) as node:
         hashed = headermemo.files_hashed()
-        node.warm(include_path=opts.include_path)
+        tpc.warm(node, include_path=opts.include_path)
         assert headermemo.files_hashed() - hashed == files
         compiles, scans, hashed = tpc.compile_count(), headerscan.scans_run(), headermemo.files_hashed()
         tpc.compile(SRC, "c++", opts, cache=node)
@@ -446,7 +446,7 @@ def test_warm_with_the_include_path_hashes_the_headers_now_and_a_header_changed_
         assert headermemo.files_hashed() - hashed == 0
     headermemo.clear_memo()
     with TieredProgramCache(tmp_path / "edited", remote=url) as node:
-        node.warm(include_path=opts.include_path)
+        tpc.warm(node, include_path=opts.include_path)
         write_header(node_root / "include" / "lib" / "config.h", "#pragma once\n#define CFG 9\n")  # same size
         compiles = tpc.compile_count()
         tpc.compile(SRC, "c++", opts, cache=node)
@@ -499,7 +499,21 @@ def test_prehash_goes_on_past_a_set_for_other_roots_a_file_hashed_already_one_mi
 @pytest.mark.parametrize("include_path", [3, [b"/opt/cccl"], ["/opt/cccl", None]])
 def test_warm_refuses_an_include_path_that_is_not_directories(tmp_path, include_path):
     with TieredProgramCache(tmp_path) as cache, pytest.raises(TypeError, match="include_path must be a directory"):
-        cache.warm(include_path=include_path)
+        tpc.warm(cache, include_path=include_path)
+
+
+def test_warm_without_an_include_path_hashes_nothing_and_reports_what_the_chains_warm_does(
+        remote_with_one_kernel, tmp_path):
+    url, _ = remote_with_one_kernel
+    headermemo.clear_memo()
+    with TieredProgramCache(tmp_path / "plain", remote=url) as node, \
+            TieredProgramCache(tmp_path / "other", remote=url) as other:
+        hashed = headermemo.files_hashed()
+        report = tpc.warm(node)
+        assert headermemo.files_hashed() - hashed == 0
+        same = other.warm()
+        assert (report.entries, report.metadata, report.failures) == (same.entries, same.metadata, 0)
+        assert report.metadata >= 1  # the direct manifest came
 
 
 def _direct_payload(url: str, opts: ProgramOptions) -> bytes:

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
 from cuda.core import ObjectCode, ProgramOptions
@@ -24,7 +24,6 @@ from ..stores.redis_store import RedisProgramCache, is_redis_url
 from ..settings import by_name, remote_urls
 from .stats import CacheStats, CompileTally, FlightCounts, MetadataKey
 from ..stores.ratelimit import RateLimitedLogger
-from ..stores.kinds import DIRECT
 from ..stores.store import EntryStore
 from ..stores.breaker import CircuitBreaker
 from ..stores.sharedstore import SharedEntryStore
@@ -502,38 +501,22 @@ class TieredProgramCache(ProgramCacheResource):
 
     def warm(
         self, names: Iterable[str] | None = None, *, max_bytes: int | None = None, progress: Any = None,
-        include_path: str | Sequence[str] | None = None,
+        landed: Callable[[bytes, str], object] | None = None,
     ) -> TransferReport:
         """Prefetch the nearest shared tier's entries into the local directory (see ``transfer.warm``).
 
         >>> cache.warm(max_bytes=20 << 30)  # at node start-up: the newest 20 GB, one listing, batched reads
-        >>> cache.warm(include_path=[cccl_dir])  # and hash the headers the fetched kernels read there, now
 
         After it, ``compile()`` of anything it fetched asks the remote nothing, and NVRTC is
         loaded (:func:`_load_compiler`): a node's first hit pays neither at its first kernel.
-        ``include_path`` (what this process compiles with): the headers the fetched direct
-        manifests name under it are hashed now, so a first hit of a header-heavy kernel in this
-        process only stats them (docs/architecture.md, "Direct mode").
+        ``landed(payload, kind)``: called with each entry written, on a writer thread
+        (``tiered_progcache.warm`` hashes the headers the direct manifests name).
         """
         from . import transfer
 
-        if include_path is not None and not (isinstance(include_path, str) or (
-                isinstance(include_path, Sequence) and all(isinstance(d, str) for d in include_path))):
-            raise TypeError(f"include_path must be a directory or a list of directories (str), got {include_path!r}")
         remote, local = self._remote_and_local("warm")
-        manifests: list[bytes] = []  # the direct manifests fetched (appended on the writer threads)
-
-        def landed(payload: bytes, kind: str) -> None:
-            if kind == DIRECT:
-                manifests.append(payload)
-
-        report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress,
-                               landed=None if include_path is None else landed)
+        report = transfer.warm(remote, local, names, max_bytes=max_bytes, progress=progress, landed=landed)
         _load_compiler()
-        if include_path is not None:
-            from ..compiling import direct  # (the chain keys nothing itself: only a warm asked to hash headers)
-
-            direct.prehash(manifests, include_path)
         return report
 
     def push(self, names: Iterable[str] | None = None, *, progress: Any = None) -> TransferReport:
