@@ -516,6 +516,24 @@ def test_warm_without_an_include_path_hashes_nothing_and_reports_what_the_chains
         assert report.metadata >= 1  # the direct manifest came
 
 
+def test_warm_passes_names_the_byte_budget_and_progress_through_and_takes_the_default_cache(
+        remote_with_one_kernel, tmp_path, monkeypatch):
+    from tiered_progcache.chain import defaultcache
+
+    url, _ = remote_with_one_kernel
+    with TieredProgramCache(tmp_path / "none", remote=url) as node:
+        assert tpc.warm(node, max_bytes=0).entries == 0
+    with TieredProgramCache(tmp_path / "named", remote=url) as node:
+        name = min(entry.name for entry in node.shared_store.iter_entries())
+        told: list[tuple[int, int]] = []
+        report = tpc.warm(node, names=[name], progress=lambda done, total: told.append((done, total)))
+        assert (report.entries, told[0], told[-1]) == (1, (0, 1), (1, 1))
+    with TieredProgramCache(tmp_path / "default", remote=url) as node:
+        monkeypatch.setattr(defaultcache, "_default", node)
+        report = tpc.warm()
+        assert report.entries >= 2 and report.entries == len(list(node.local_store.iter_entries()))
+
+
 def _direct_payload(url: str, opts: ProgramOptions) -> bytes:
     with TieredProgramCache(Path(url[len("file://"):]).parent / "peek", remote=url) as peek:
         return peek.get(direct.direct_key(SRC, "c++", opts, "cubin", (), None, True))

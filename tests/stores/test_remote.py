@@ -136,7 +136,7 @@ def _fill_remote(remote: RemoteProgramCache, count: int) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["s3", "memory"])
-def test_warm_fetches_what_local_lacks_verifies_and_reports(backend, request, tmp_path):
+def test_warm_fetches_what_local_lacks_verifies_and_reports(backend, request, tmp_path, caplog):
     if backend == "s3":
         bucket = request.getfixturevalue("s3_bucket")
         remote = RemoteProgramCache.from_url(bucket.url, storage_options=bucket.storage_options, transfer_concurrency=8)
@@ -151,6 +151,7 @@ def test_warm_fetches_what_local_lacks_verifies_and_reports(backend, request, tm
     report = transfer.warm(remote, local, progress=lambda done, total: calls.append((done, total)))
     assert isinstance(report, TransferReport)
     assert (report.entries, report.failures, report.skipped) == (18, 1, 1)
+    assert f"first: {bad[:12]}: " in caplog.text and "KeyError" not in caplog.text  # why it failed, not "absent"
     assert report.bytes == 18 * 2000 and report.seconds > 0
     assert calls[0] == (0, 19) and calls[-1] == (19, 19) and len(calls) == 4  # one call per batch of 8
     with pytest.raises(KeyError):
@@ -158,6 +159,15 @@ def test_warm_fetches_what_local_lacks_verifies_and_reports(backend, request, tm
     assert all(local.read_entry(name) == _payload(n) for n, name in enumerate(names) if name != bad)
     again = transfer.warm(remote, local)
     assert (again.entries, again.skipped, again.failures) == (0, 19, 1)
+
+
+def test_warm_of_a_name_the_remote_lacks_counts_a_failure_that_names_it(tmp_path, caplog):
+    remote = RemoteProgramCache.from_url(_memory_url())
+    names = _fill_remote(remote, 1)
+    absent = entry_name(b"never written")
+    report = transfer.warm(remote, LocalDir(tmp_path), names=[names[0], absent])
+    assert (report.entries, report.failures) == (1, 1)
+    assert f"1 of 2 entries failed (first: {absent[:12]}: KeyError: '{absent}')" in caplog.text
 
 
 def test_warm_named_entries_only(tmp_path):
