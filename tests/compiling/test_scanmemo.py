@@ -344,6 +344,13 @@ def _head(name: str, body: bytes, **changed: object) -> dict:
             **changed}
 
 
+def _refused(store: ScanMemoStore, path: Path, reason: str, caplog) -> None:
+    """The memo at ``path`` does not load, and the one line logged says ``reason``."""
+    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
+        assert store.load("ab" * 32, _any) is None
+    assert [r.getMessage() for r in caplog.records] == [f"ignoring header scan memo {path} ({reason}): scanning again"]
+
+
 @pytest.mark.parametrize("data, reason", [
     (b'{"format": "x"}', "no header line"),
     (_file(["a list"], b"{}"), "another format"),
@@ -357,10 +364,7 @@ def test_each_refusal_of_a_memo_file_is_logged_with_its_reason(tmp_path, caplog,
     path = Path(store.path_for("ab" * 32))
     path.parent.mkdir()
     path.write_bytes(data)
-    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
-        assert store.load("ab" * 32, _any) is None
-    assert [r.getMessage() for r in caplog.records] == [
-        f"ignoring header scan memo {path} ({reason}): scanning again"]
+    _refused(store, path, reason, caplog)
 
 
 def test_a_body_that_spans_lines_is_read_whole(tmp_path):
@@ -421,10 +425,7 @@ def test_a_planted_symlink_is_refused_with_its_reason(tmp_path, caplog):
     assert store.save("ab" * 32, _doc(1))
     path = Path(store.path_for("ab" * 32))
     _a_symlink(path)
-    with caplog.at_level("INFO", logger="tiered_progcache.compiling.scanmemo"):
-        assert store.load("ab" * 32, _any) is None
-    assert [r.getMessage() for r in caplog.records] == [
-        f"ignoring header scan memo {path} (a symbolic link, not an entry (not followed)): scanning again"]
+    _refused(store, path, "a symbolic link, not an entry (not followed)", caplog)
 
 
 def test_a_load_marks_the_memo_used_and_keeps_its_mtime(tmp_path):
