@@ -438,7 +438,7 @@ def test_warm_with_the_include_path_hashes_the_headers_now_and_a_header_changed_
     node_root, opts, files = _fresh_node(url, ci_root, tmp_path, monkeypatch)
     with TieredProgramCache(tmp_path / "hashed", remote=url) as node:
         hashed = headermemo.files_hashed()
-        tpc.warm(node, include_path=opts.include_path)
+        tpc.warm(node, include_path=[Path(d) for d in opts.include_path])  # os.PathLike as ProgramOptions takes
         assert headermemo.files_hashed() - hashed == files
         compiles, scans, hashed = tpc.compile_count(), headerscan.scans_run(), headermemo.files_hashed()
         tpc.compile(SRC, "c++", opts, cache=node)
@@ -499,6 +499,13 @@ def test_prehash_goes_on_past_a_set_for_other_roots_a_file_hashed_already_one_mi
 @pytest.mark.parametrize("include_path", [3, [b"/opt/cccl"], ["/opt/cccl", None]])
 def test_warm_refuses_an_include_path_that_is_not_directories(tmp_path, include_path):
     with TieredProgramCache(tmp_path) as cache, pytest.raises(TypeError, match="include_path must be a directory"):
+        tpc.warm(cache, include_path=include_path)
+
+
+@pytest.mark.parametrize("include_path", ["/opt/cccl", Path("/opt/cccl"), ("/opt/cccl", Path("/opt/cub"))])
+def test_warm_takes_an_include_path_as_program_options_does(tmp_path, include_path):
+    """One directory or several, str or os.PathLike: past the type check to the chain's own refusal (no remote)."""
+    with TieredProgramCache(tmp_path) as cache, pytest.raises(ValueError, match="warm needs a remote"):
         tpc.warm(cache, include_path=include_path)
 
 

@@ -47,7 +47,7 @@ import time
 import types
 import zlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import cachetools
 from cuda.core import ProgramOptions
@@ -84,6 +84,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: One include directory or several, as ``ProgramOptions.include_path`` takes them (``os.PathLike`` too).
+IncludePath = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 #: Header sets one manifest keeps, newest first.
 MAX_SETS = 8
@@ -728,9 +731,9 @@ def match(
     return None
 
 
-def prehash(manifests: Sequence[bytes], include_path: str | Sequence[str]) -> int:
+def prehash(manifests: Sequence[bytes], include_path: IncludePath) -> int:
     """Hash the files the header sets of ``manifests`` (direct manifests' payloads) name under ``include_path``
-    and this working directory, into the stat-validated digest memo (``warm(include_path=...)``); how many.
+    (one directory or several, as ``ProgramOptions.include_path``) and this working directory, into the stat-validated digest memo (``warm(include_path=...)``); how many.
 
     Nothing is trusted from it: a first hit still stats every file and checks every digest, it only finds
     them memoized. A set laid out for other roots, a file that is not there or one over the bound is skipped.

@@ -9,6 +9,7 @@ memoized only while the stat still matches (docs/cluster.md, "Warming nodes at b
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from ..chain.defaultcache import default_cache
 from ..chain.tiered import as_chain
 from ..stores.kinds import DIRECT
 from . import direct
+from .direct import IncludePath
 
 if TYPE_CHECKING:
     from ..chain.transfer import TransferReport  # (imported with the bulk transfer, on first use)
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["warm"]
 
 
-def warm(cache: ProgramCacheResource | None = None, *, include_path: str | Sequence[str] | None = None,
+def warm(cache: ProgramCacheResource | None = None, *, include_path: IncludePath | None = None,
          names: Iterable[str] | None = None, max_bytes: int | None = None, progress: Any = None) -> TransferReport:
     """``cache.warm(names, max_bytes=..., progress=...)`` (the default cache's when None), and with
     ``include_path`` (the include directories this process compiles with) the headers the fetched direct
@@ -33,9 +35,10 @@ def warm(cache: ProgramCacheResource | None = None, *, include_path: str | Seque
 
     >>> tiered_progcache.warm(cache, include_path=[cccl_dir])  # at process start: entries, then headers
     """
-    if include_path is not None and not (isinstance(include_path, str) or (
-            isinstance(include_path, Sequence) and all(isinstance(d, str) for d in include_path))):
-        raise TypeError(f"include_path must be a directory or a list of directories (str), got {include_path!r}")
+    if include_path is not None and not (isinstance(include_path, (str, os.PathLike)) or (
+            isinstance(include_path, Sequence) and all(isinstance(d, (str, os.PathLike)) for d in include_path))):
+        raise TypeError(f"include_path must be a directory or a list of directories (str or os.PathLike), "
+                        f"got {include_path!r}")
     chain = as_chain(default_cache() if cache is None else cache)
     manifests: list[bytes] = []  # the direct manifests fetched (appended on the writer threads)
 
