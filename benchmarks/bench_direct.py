@@ -70,6 +70,10 @@ VARIANTS = [(REDUCE, "float", 128), (SCAN, "float", 128), (REDUCE, "int", 256), 
             (REDUCE, "double", 64), (SCAN, "double", 64), (REDUCE, "float", 512), (SCAN, "int", 512)]
 
 
+#: The rows whose node ran ``warm()`` at boot, timed apart from its hits.
+WARMED = ("warmed", "hashed")
+
+
 def kernels(k: int) -> list[str]:
     """K distinct CUB kernels (BlockReduce and BlockScan of several types and block sizes)."""
     if not 1 <= k <= len(VARIANTS):
@@ -104,7 +108,7 @@ if args["mode"] == "scan":  # direct mode off: no direct manifest read or writte
 started = time.perf_counter()
 with tpc.TieredProgramCache(args["local"], **args["remote"]) as cache:
     out["built_s"] = time.perf_counter() - started  # the store's probe runs on beside the first compile
-    if args["mode"] in ("warmed", "hashed"):
+    if args["mode"] in ("warmed", "hashed"):  # (CHILD's own copy of WARMED: it runs in a fresh interpreter)
         t = time.perf_counter()
         report = tpc.warm(cache, include_path=[args["cccl"]] if args["mode"] == "hashed" else None)
         out["warm_s"] = time.perf_counter() - t
@@ -192,9 +196,9 @@ def main() -> None:
                     rows.append({"store": name, "rtt_ms": rtt, "row": mode, "vs_alone": sum(r["times"]) / alone, **r})
                     total = sum(r["times"])
                     extra = (f", warm() {r['warm_s'] * 1e3:.1f} ms at boot ({r['warmed'][0]} entries)"
-                             if mode in ("warmed", "hashed") else "")
+                             if mode in WARMED else "")
                     first, built = r["times"][0] * 1e3, r["built_s"] * 1e3
-                    since = "" if mode in ("warmed", "hashed") else f" ({built + first:.1f} ms from the start)"
+                    since = "" if mode in WARMED else f" ({built + first:.1f} ms from the start)"
                     print(f"  {tag} {mode:<7} built {built:6.1f} ms, first hit {first:8.1f} ms{since}, "
                           f"all {total * 1e3:8.1f} ms = "
                           f"{total / alone:.3f}x alone; NVRTC runs {r['compiles']}, scans {r['scans']}, direct hits "
