@@ -433,7 +433,8 @@ def test_a_fresh_node_hits_through_compile_with_no_scan_and_after_warm_asks_the_
 def test_warm_with_the_include_path_hashes_the_headers_now_and_a_header_changed_after_it_still_misses(
         remote_with_one_kernel, tmp_path, monkeypatch):
     """``tiered_progcache.warm(cache, include_path=...)`` hashes each file the fetched set names there, once; the
-    first hit then hashes none. A header changed after the warm no longer stats as hashed: hashed again, the set fails, NVRTC runs."""
+    first hit then hashes none. A header changed after the warm no longer stats as hashed: hashed again, the set
+    fails, NVRTC runs."""
     url, ci_root = remote_with_one_kernel
     node_root, opts, files = _fresh_node(url, ci_root, tmp_path, monkeypatch)
     with TieredProgramCache(tmp_path / "hashed", remote=url) as node:
