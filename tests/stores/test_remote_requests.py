@@ -18,7 +18,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from cuda.core import ProgramOptions
@@ -33,6 +33,7 @@ from tiered_progcache.samples import matmul_source
 from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing.delayproxy import DelayProxy
 from tiered_progcache.testing.redis_server import redis_server, redis_url  # noqa: F401
+from tiered_progcache.stores.gcsjson import GcsJsonCalls
 from tiered_progcache.stores.objectstore import ObjectStoreCalls
 from tiered_progcache.testing.servers import gcs_bucket, gcs_server, moto_server, s3_bucket  # noqa: F401
 
@@ -328,7 +329,35 @@ class GcsTrace:
         return len(self.requests) - before
 
 
+def test_gcs_json_api_a_miss_a_hit_and_a_put_are_one_request_each_over_the_connections_kept(gcs_bucket, gcs_server,
+                                                                                            tmp_path):  # noqa: F811
+    """The client a tier on GCS builds (:class:`~tiered_progcache.stores.gcsjson.GcsJsonCalls`), counted on the wire."""
+    writer = RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True)
+    writer.write_key(b"present", b"a cubin" * 10_000)
+    upstream = urlsplit(gcs_server.endpoint_url)
+    with DelayProxy(upstream.hostname, upstream.port, keep_alive=True) as proxy:
+        options = dict(gcs_bucket.storage_options, endpoint_url=proxy.endpoint_url)
+        with TieredProgramCache(tmp_path, remote=gcs_bucket.url, remote_options=options, strict=True,
+                                boot_fetch_bytes=0) as cache:
+            remote = _remote_of(cache)
+            assert isinstance(remote.fs, GcsJsonCalls) and remote.wait_ready(60)
+            connections, before = proxy.connections, proxy.requests
+            _miss(cache, b"absent")
+            cache.get(b"present")
+            cache.get(b"present")  # now in memory
+            assert [(sent.method, "entries/" in unquote(sent.path), sent.status) for sent in proxy.sent[before:]] == [
+                ("GET", True, 404), ("GET", True, 206)]  # the first read of an envelope: a range
+            before = proxy.requests
+            [_miss(cache, b"m-%d" % n) for n in range(100)]
+            assert remote.create_entry(entry_name(b"new"), b"payload") is True
+            assert remote.create_entry(entry_name(b"new"), b"payload") is False
+            assert [(sent.method, sent.status) for sent in proxy.sent[before + 100:]] == [("POST", 200), ("POST", 412)]
+            assert proxy.requests - before == 102
+            assert proxy.connections - connections <= 2  # the connections kept: a few at most, never one a lookup
+
+
 def test_gcs_a_remote_miss_and_a_remote_hit_are_one_get_each_over_one_connection(gcs_bucket, tmp_path):  # noqa: F811
+    """Through gcsfs (the client where the options ask for what only gcsfs does: here aiohttp's session)."""
     trace = GcsTrace()
     options = dict(gcs_bucket.storage_options, session_kwargs={"trace_configs": [trace.config]},
                    skip_instance_cache=True)

@@ -31,15 +31,18 @@ from .runner import DeferredFilesystemFactory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REQUEST_TIMEOUT", "ObjectStoreCalls", "ObjectStoreFactory", "obstore_config", "runtime_lost_in_this_process"]
+__all__ = ["CACHE_ONLY_OPTIONS", "REQUEST_TIMEOUT", "ObjectStoreCalls", "ObjectStoreFactory", "obstore_config",
+           "runtime_lost_in_this_process"]
 
 #: s3fs storage options obstore is told, by the name it has for them; ``client_kwargs`` are read as below.
 _S3_OPTIONS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token"}
 _S3_CLIENT_KWARGS = {"aws_access_key_id": "access_key_id", "aws_secret_access_key": "secret_access_key",
                      "aws_session_token": "session_token", "region_name": "region"}  # fmt: skip
-#: Options of s3fs and gcsfs that change how fsspec caches, never what a request is: obstore can ignore them.
-_CACHE_ONLY = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
-                         "default_block_size", "default_cache_type", "asynchronous", "loop"})  # fmt: skip
+#: Options of s3fs and gcsfs that change how fsspec caches, never what a request is: a client that keeps no
+#: listing and reads whole objects can ignore them (obstore's, and GCS's in :mod:`.gcsjson`).
+CACHE_ONLY_OPTIONS = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
+                                "default_block_size", "default_cache_type", "asynchronous", "loop",
+                                "cache_timeout"})  # fmt: skip
 #: botocore ``Config`` fields that size its pool or time its calls: the runner's threads bound how many requests
 #: run at once and its deadlines end them, so obstore has nothing to be told of them.
 _BOTOCORE_CONFIG_IGNORED = frozenset({"max_pool_connections", "connect_timeout", "read_timeout"})
@@ -81,13 +84,13 @@ def obstore_config(scheme: str, storage_options: Mapping[str, Any],
         return None
     if scheme in ("s3", "s3a"):
         return _s3_config(storage_options, environ)
-    return None  # gs://: object_store speaks GCS's XML API, which the emulator the tests run does not answer
+    return None  # gs://: object_store speaks GCS's XML API, which the emulator the tests run does not (.gcsjson)
 
 
 def _s3_config(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any] | None:
     config: dict[str, Any] = {}
     for name, value in options.items():
-        if name in _CACHE_ONLY:
+        if name in CACHE_ONLY_OPTIONS:
             continue
         if name in _S3_OPTIONS and isinstance(value, str):
             config[_S3_OPTIONS[name]] = value

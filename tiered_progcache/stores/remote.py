@@ -43,6 +43,7 @@ from .envelope import (
     rest_to_read,
     stored_length,
 )
+from .gcsjson import GcsJsonFactory
 from .objectstore import ObjectStoreFactory
 from .runner import ClientFactory, DeferredFilesystemFactory, FilesystemFactory, RequestRunner, run_quietly_to_end
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
@@ -170,8 +171,9 @@ class RemoteProgramCache(SharedEntryStore):
         return cls(fs, root, factory=factory, url=url.rstrip("/"), **options)
 
     def _request_threads(self, factory: ClientFactory | None) -> int:
-        """obstore's S3 client blocks a thread per request: a batch of ``transfer_concurrency`` needs as many."""
-        if isinstance(factory, ObjectStoreFactory):
+        """A blocking client (obstore's S3, GCS's JSON API) holds a thread per request: a batch of
+        ``transfer_concurrency`` needs as many."""
+        if isinstance(factory, (ObjectStoreFactory, GcsJsonFactory)):
             return self.transfer_concurrency
         return super()._request_threads(factory)
 
@@ -186,7 +188,8 @@ class RemoteProgramCache(SharedEntryStore):
     @property
     def fs(self) -> Any:
         """The client (built on first use, and again in a forked child; see :mod:`.runner`): an fsspec filesystem,
-        or on S3 obstore's under fsspec's method names (:class:`~.objectstore.ObjectStoreCalls`)."""
+        or obstore's on S3 and GCS's JSON API on GCS under fsspec's method names (:class:`~.objectstore.ObjectStoreCalls`,
+        :class:`~.gcsjson.GcsJsonCalls`)."""
         return self._runner.fs
 
     @property
@@ -763,7 +766,7 @@ def _plan_filesystem(
     """
     deferred = DeferredFilesystemFactory.for_url(url, storage_options)  # None for a chained URL too
     if deferred is not None:
-        return None, deferred.root, ObjectStoreFactory.serving(deferred) or deferred
+        return None, deferred.root, ObjectStoreFactory.serving(deferred) or GcsJsonFactory.serving(deferred) or deferred
     import fsspec
     from fsspec.core import split_protocol, url_to_fs
 

@@ -1,0 +1,332 @@
+"""GCS through its JSON API: when it is used, what it answers, what it sends, and what it never says."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from tiered_progcache.stores import gcsjson
+from tiered_progcache.stores.gcsjson import DEFAULT_ENDPOINT, GcsJsonCalls, GcsJsonFactory, gcs_config
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.runner import DeferredFilesystemFactory
+from tiered_progcache.testing.servers import BlackholeServer, gcs_bucket, gcs_server  # noqa: F401
+
+from support import in_forked_child
+
+pytest.importorskip("urllib3")
+
+
+@pytest.fixture
+def no_gcsfs_tokens(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A home without gcsfs's token cache (``~/.gcs_tokens``)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_the_options_gcsfs_reads_the_same_way_are_served(no_gcsfs_tokens):
+    key_file = no_gcsfs_tokens / "key.json"
+    key_file.write_text('{"type": "service_account"}')
+    user_file = no_gcsfs_tokens / "user.json"
+    user_file.write_text('{"type": "authorized_user"}')
+    assert gcs_config({"endpoint_url": "http://127.0.0.1:4443/", "token": "anon", "project": "p",
+                       "skip_instance_cache": True, "cache_timeout": 5}, {}) == {
+        "endpoint": "http://127.0.0.1:4443", "token": "anon"}
+    assert gcs_config({}, {}) == {"endpoint": DEFAULT_ENDPOINT, "token": None}
+    for token in ("google_default", "cloud", str(key_file), str(user_file)):
+        assert gcs_config({"token": token}, {}) == {"endpoint": DEFAULT_ENDPOINT, "token": token}
+    # the emulator's variable, as gcsfs reads it: with or without a scheme
+    assert gcs_config({"token": "anon"}, {"STORAGE_EMULATOR_HOST": "localhost:9023"})["endpoint"] == \
+        "http://localhost:9023"  # fmt: skip
+    assert gcs_config({}, {"STORAGE_EMULATOR_HOST": "https://emu:1/"})["endpoint"] == "https://emu:1"
+    assert gcs_config({"endpoint_url": "http://h:2"}, {"STORAGE_EMULATOR_HOST": "emu:1"})["endpoint"] == "http://h:2"
+
+
+@pytest.mark.parametrize("options, why", [
+    ({"requester_pays": True}, "an option only gcsfs honours"),
+    ({"session_kwargs": {}}, "aiohttp's session: only gcsfs has one"),
+    ({"consistency": "md5"}, "a checksum gcsfs verifies"),
+    ({"access": "read_only"}, "a scope of gcsfs's"),
+    ({"token": {"type": "authorized_user"}}, "a token given as a mapping"),
+    ({"token": "browser"}, "gcsfs's browser flow"),
+    ({"token": "/nonexistent/key.json"}, "a key file that is not there"),
+    ({"token": os.devnull}, "a key file that is not JSON"),
+    ({"endpoint_url": "localhost:4443"}, "an endpoint without its scheme"),
+    ({"project": 7}, "a project that is not a string"),
+])
+def test_what_only_gcsfs_reads_keeps_gcsfs(options, why, no_gcsfs_tokens):
+    assert gcs_config(options, {}) is None, why
+    assert GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("gs://b/k", options)) is None, why
+
+
+def test_a_key_file_of_another_type_keeps_gcsfs(no_gcsfs_tokens):
+    external = no_gcsfs_tokens / "external.json"
+    external.write_text('{"type": "external_account"}')
+    assert gcs_config({"token": str(external)}, {}) is None
+
+
+def test_gcsfs_own_token_cache_keeps_gcsfs_where_the_token_is_left_to_it(no_gcsfs_tokens):
+    (no_gcsfs_tokens / ".gcs_tokens").write_text("{}")
+    assert gcs_config({}, {}) is None
+    assert gcs_config({"token": "anon"}, {}) is not None
+
+
+def test_a_factory_declares_a_blocking_bucket_store_for_gs_urls_only(no_gcsfs_tokens):
+    factory = GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("gcs://b/kernels/", {"token": "anon"}))
+    assert isinstance(factory, DeferredFilesystemFactory)
+    assert (factory.root, factory.protocols, factory.is_async) == ("b/kernels", frozenset({"gs", "gcs"}), False)
+    assert GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True})) is None
+
+
+def test_the_tier_on_gcs_uses_the_json_api_and_answers_as_gcsfs_does(gcs_bucket):  # noqa: F811
+    remote = RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True)
+    fs = remote.fs
+    assert isinstance(fs, GcsJsonCalls) and repr(fs) == f"GcsJsonCalls(gs://{gcs_bucket.bucket})"
+    path = remote.path_for("ab" * 32)
+    for absent in (lambda: fs.cat_file(path, start=0, end=10), lambda: fs.info(path), lambda: fs.rm_file(path)):
+        with pytest.raises(FileNotFoundError, match="HTTP 404"):
+            absent()
+    fs.pipe_file(path, b"0123456789", mode="create")
+    with pytest.raises(FileExistsError, match="HTTP 412"):
+        fs.pipe_file(path, b"other", mode="create")
+    assert (fs.cat_file(path), fs.cat_file(path, start=4, end=100), fs.cat_file(path, start=2, end=5),
+            fs.cat_file(path, start=10, end=11), fs.cat_file(path, start=5, end=5)) == (
+        b"0123456789", b"456789", b"234", b"", b"")  # past the end: GCS's 416, the object ends there
+    info = fs.info(path)
+    assert (info["name"], info["size"], info["type"]) == (path, 10, "file") and int(info["generation"]) > 0
+    assert fs.exists(path) and not fs.exists(path + "x")
+    assert gcs_bucket.fs.cat_file(path) == b"0123456789"  # what gcsfs reads back
+    fs.pipe_file(path, b"replaced")  # a put replaces
+    assert fs.cat_file(path) == b"replaced" and int(fs.info(path)["generation"]) != int(info["generation"])
+    odd = f"{gcs_bucket.bucket}/kernels/a key with spaces, ?#%+ and é"
+    gcs_bucket.fs.pipe_file(odd, b"written by gcsfs")
+    assert fs.cat_file(odd) == b"written by gcsfs"
+    assert sorted(fs.find(f"{gcs_bucket.bucket}/kernels")) == sorted([path, odd])
+    assert fs.find(f"{gcs_bucket.bucket}/kernels", detail=True)[path]["size"] == 8
+    with pytest.raises(ValueError, match="is not in bucket"):
+        fs.rm([odd, "another-bucket/key"])  # nothing removed: every path is checked first
+    assert fs.exists(odd)
+    fs.rm([path, odd, path + "-never-written"])  # an absent one too: the outcome asked for holds
+    assert fs.find(f"{gcs_bucket.bucket}/kernels") == []
+    with pytest.raises(ValueError, match="is not in bucket"):
+        fs.cat_file("another-bucket/key")
+
+
+def test_a_listing_follows_its_pages(gcs_bucket):  # noqa: F811
+    calls = GcsJsonCalls(gcs_bucket.bucket, gcs_config(gcs_bucket.storage_options, {}), {}, list_page_size=2)
+    paths = [f"{gcs_bucket.bucket}/kernels/{n}" for n in range(5)]
+    for path in paths:
+        calls.pipe_file(path, b"x")
+    assert calls.find(f"{gcs_bucket.bucket}/kernels") == paths
+    assert gcsjson.LIST_PAGE_SIZE == 1000  # GCS's most
+
+
+def test_a_missing_bucket_is_file_not_found_and_a_refused_port_says_so(gcs_server):  # noqa: F811
+    with pytest.raises(FileNotFoundError, match="the bucket or directory does not exist"):
+        RemoteProgramCache.from_url("gs://tpc-no-such-bucket/k", storage_options=gcs_server.storage_options(),
+                                    strict=True)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: every connect is refused
+        port = closed.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{port} refused the connection"):
+            RemoteProgramCache.from_url("gs://b/k", storage_options={
+                "endpoint_url": f"http://user:hunter2secret@127.0.0.1:{port}", "token": "anon"}, strict=True,
+                timeout=5)
+        with pytest.raises(ConnectionRefusedError) as refused:
+            GcsJsonCalls("b", {"endpoint": f"http://user:hunter2secret@127.0.0.1:{port}", "token": "anon"},
+                         {}).cat_file("b/k")
+    said = "".join(traceback.format_exception(refused.value))  # what an uncaught one would print, causes and all
+    assert "hunter2secret" not in said and "b/k: the endpoint refused the connection" in said, said
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_no_request_outlives_its_read_timeout_on_a_server_that_never_answers():
+    """The library's limit is 10 minutes, far past the runner's deadlines; here 0.3 s, so the hang ends in the test."""
+    assert (gcsjson.READ_TIMEOUT_S, gcsjson.CONNECT_TIMEOUT_S) == (600.0, 30.0)
+    hole = BlackholeServer()
+    try:
+        calls = GcsJsonCalls("b", {"endpoint": hole.endpoint_url, "token": "anon"}, {}, read_timeout_s=0.3)
+        with pytest.raises(TimeoutError, match="b/k: .*timed out"):
+            calls.cat_file("b/k")
+    finally:
+        hole.close()
+
+
+_FRESH_PROCESS = r"""
+import json, sys
+from tiered_progcache.stores.remote import RemoteProgramCache
+remote = RemoteProgramCache.from_url(sys.argv[1], storage_options=json.loads(sys.argv[2]), strict=True)
+remote.write_entry("ef" * 32, b"a cubin")
+assert remote.read_entry("ef" * 32) == b"a cubin"
+print(type(remote.fs).__name__, sorted(m for m in ("gcsfs", "aiohttp", "google.auth", "fsspec.asyn") if m in sys.modules))
+"""
+
+
+def test_a_fresh_process_on_gcs_imports_neither_gcsfs_nor_aiohttp(gcs_bucket):  # noqa: F811
+    """gcsfs's import (aiohttp, google-auth) is what a fresh process is spared: with anonymous access, urllib3 only."""
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, gcs_bucket.url,
+                           json.dumps(gcs_bucket.storage_options)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "GcsJsonCalls []\n"), done.stderr
+
+
+def test_a_forked_child_builds_its_own_client(gcs_bucket):  # noqa: F811
+    remote = RemoteProgramCache.from_url(gcs_bucket.url, storage_options=gcs_bucket.storage_options, strict=True)
+    remote.write_entry("cd" * 32, b"from the parent")
+    parent = id(remote.fs)
+
+    def child() -> list[Any]:
+        return [type(remote.fs).__name__, id(remote.fs) != parent, remote.read_entry("cd" * 32).decode()]
+
+    assert in_forked_child(child) == ["GcsJsonCalls", True, "from the parent"]
+
+
+# -- credentials: a key file, its token from a token endpoint on loopback -------------------------------
+
+_TOKEN = "ya29.not-a-real-token-4f1d"
+
+
+class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
+    """Google's token endpoint and a bucket that answers only a bearer of :data:`_TOKEN`, on one loopback port."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.grants: list[dict[str, list[str]]] = []
+        self.authorizations: list[str | None] = []
+        self.refuse_grants = False
+        self.lock = threading.Lock()
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _GoogleOnLoopback
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, doc: object) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        form = parse_qs(self.rfile.read(int(self.headers["content-length"])).decode())
+        with self.server.lock:
+            self.server.grants.append(form)
+        if self.server.refuse_grants:
+            self._answer(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+        else:
+            self._answer(200, {"access_token": _TOKEN, "expires_in": 3600, "token_type": "Bearer"})
+
+    def do_GET(self) -> None:  # noqa: N802
+        with self.server.lock:
+            self.server.authorizations.append(self.headers.get("authorization"))
+        if urlsplit(self.path).path.endswith("/o/forbidden"):
+            self._answer(403, {"error": {"code": 403, "message": "caller does not have storage.objects.get access"}})
+        elif self.headers.get("authorization") != f"Bearer {_TOKEN}":
+            self._answer(401, {"error": {"code": 401, "message": "Anonymous caller"}})
+        else:
+            self._answer(200, {"name": "k", "size": "3", "updated": "2026-12-07T10:00:00Z", "generation": "7"})
+
+
+@pytest.fixture
+def google_on_loopback() -> Iterator[_GoogleOnLoopback]:
+    server = _GoogleOnLoopback()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _key_file(tmp_path: Any, token_uri: str) -> str:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path = tmp_path / "service-account.json"
+    path.write_text(json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "k1",
+                                "private_key": pem, "client_email": "cache@p.iam.gserviceaccount.com",
+                                "client_id": "1", "token_uri": f"{token_uri}/token"}))
+    return str(path)
+
+
+def test_a_key_file_token_is_fetched_once_and_sent_with_every_request(google_on_loopback, tmp_path, caplog):
+    pytest.importorskip("google.auth")
+    pytest.importorskip("cryptography")
+    key_file = _key_file(tmp_path, google_on_loopback.url)
+    calls = GcsJsonCalls("b", {"endpoint": google_on_loopback.url, "token": key_file}, {"token": key_file})
+    threads = [threading.Thread(target=lambda: [calls.info("b/k") for _ in range(5)]) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(google_on_loopback.grants) == 1  # one refresh for every thread
+    assert google_on_loopback.grants[0]["grant_type"] == ["urn:ietf:params:oauth:grant-type:jwt-bearer"]
+    assert google_on_loopback.authorizations == [f"Bearer {_TOKEN}"] * 20
+    with pytest.raises(PermissionError, match="b/forbidden: HTTP 403: caller does not have") as refused:
+        calls.info("b/forbidden")
+    said = "".join(traceback.format_exception(refused.value)) + repr(calls) + caplog.text
+    assert _TOKEN not in said and "PRIVATE KEY" not in said, said
+
+
+def test_a_refused_grant_is_a_permission_error_that_names_no_secret(google_on_loopback, tmp_path, caplog):
+    pytest.importorskip("google.auth")
+    pytest.importorskip("cryptography")
+    google_on_loopback.refuse_grants = True
+    key_file = _key_file(tmp_path, google_on_loopback.url)
+    calls = GcsJsonCalls("b", {"endpoint": google_on_loopback.url, "token": key_file}, {})
+    with pytest.raises(PermissionError, match="b/k: no GCS token: RefreshError: .*invalid_grant") as refused:
+        calls.info("b/k")
+    assert google_on_loopback.authorizations == []  # nothing asked of the bucket without a token
+    said = "".join(traceback.format_exception(refused.value)) + caplog.text
+    assert "PRIVATE KEY" not in said and open(key_file).read()[:80] not in said, said
+
+
+_NO_CREDENTIALS = r"""
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from tiered_progcache.stores.gcsjson import GcsJsonCalls, gcs_config
+options = json.loads(sys.argv[2])
+calls = GcsJsonCalls(sys.argv[1], gcs_config(options), options)
+try:
+    calls.info(sys.argv[1])
+    print("anonymous")
+except PermissionError as exc:
+    print("refused:", exc)
+"""
+
+
+@pytest.mark.parametrize("token, said", [(None, "anonymous\n"), ("google_default", "refused: ")])
+def test_without_credentials_token_none_goes_anonymous_and_google_default_is_refused(gcs_bucket, tmp_path, token,
+                                                                                     said):  # noqa: F811
+    """As gcsfs ends its search: no default credentials, then anonymous; ``google_default`` insists on them."""
+    pytest.importorskip("google.auth")
+    env = {**os.environ, "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "NO_GCE_CHECK": "True"}
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    options = {"endpoint_url": gcs_bucket.storage_options["endpoint_url"], "token": token}
+    done = subprocess.run([sys.executable, "-c", _NO_CREDENTIALS, gcs_bucket.bucket, json.dumps(options)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith(said), (done.stdout, done.stderr)
+    if token is None:
+        assert "no Google credentials found: GCS requests go anonymous" in done.stderr
+    else:
+        assert "no GCS token: DefaultCredentialsError" in done.stdout
