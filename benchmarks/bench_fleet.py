@@ -9,9 +9,9 @@ What it measures is what users run. Each node is a real fresh process (spawn) wi
 empty local directory; before the start signal (a barrier) it has imported ``tiered_progcache``
 and ``cuda.core`` and nothing else: no cache built, no request sent, nothing compiled, NVRTC not
 loaded (the ``nvrtc`` column says how many nodes had ``libnvrtc`` mapped at the signal; 0 unless
-``--preload``), the store's client library (s3fs, gcsfs, redis-py) not imported: the cache imports
-it, on the clock, as in a process that never used it itself. ``--client-imported`` runs every row
-with the client imported before the signal (gcsfs with what its default imports), as an
+``--preload``), the store's client library (obstore or s3fs, urllib3 or gcsfs, redis-py) not imported: the
+cache imports it, on the clock, as in a process that never used it itself. ``--client-imported`` runs every
+row with the client the cache builds imported before the signal, as an
 application that uses the library itself would have: run it beside the default, never instead.
 After the signal it builds its cache with ``TieredProgramCache.from_env``
 (``TIERED_PROGCACHE_*`` variables apply; the constructor's probe of the store is on the
@@ -130,12 +130,12 @@ def import_client(url: str | None) -> None:
         import redis  # noqa: F401
     elif scheme in ("s3", "s3a") and importlib.util.find_spec("obstore") is not None:
         import obstore.store  # noqa: F401  (the client the cache builds for S3 where it is installed)
+    elif scheme in ("gs", "gcs") and importlib.util.find_spec("urllib3") is not None:
+        import urllib3  # noqa: F401  (the client the cache builds for GCS: its JSON API, anonymous here)
     else:
         import fsspec
 
         fsspec.get_filesystem_class(scheme)
-        if scheme in ("gs", "gcs"):  # what `import gcsfs` imports by default; with the switch fake-gcs-server
-            importlib.import_module("gcsfs.extended_gcsfs")  # needs off, gcsfs imports it on the first upload
 
 
 def _nvrtc_mapped() -> bool:
