@@ -122,6 +122,21 @@ def test_the_tier_on_gcs_uses_the_json_api_and_answers_as_gcsfs_does(gcs_bucket)
         fs.cat_file("another-bucket/key")
 
 
+def test_a_connection_an_error_answered_on_is_never_sent_another_request(gcs_bucket):  # noqa: F811
+    """fake-gcs-server closes the connection after its 416 without saying so: a POST sent on it next (never sent
+    twice) would fail. Each error answer's connection is closed, so the next request opens its own."""
+    calls = GcsJsonCalls(gcs_bucket.bucket, gcs_config(gcs_bucket.storage_options, {}), {})
+    path = f"{gcs_bucket.bucket}/kernels/short"
+    calls.pipe_file(path, b"0123456789")
+    for n in range(20):
+        assert calls.cat_file(path, start=10, end=11) == b""  # a 416
+        calls.pipe_file(path, b"0123456789")
+        with pytest.raises(FileExistsError):
+            calls.pipe_file(path, b"0123456789", mode="create")  # a 412
+        calls.pipe_file(path, b"0123456789")
+    assert calls.cat_file(path) == b"0123456789"
+
+
 def test_a_listing_follows_its_pages(gcs_bucket):  # noqa: F811
     calls = GcsJsonCalls(gcs_bucket.bucket, gcs_config(gcs_bucket.storage_options, {}), {}, list_page_size=2)
     paths = [f"{gcs_bucket.bucket}/kernels/{n}" for n in range(5)]
@@ -157,7 +172,9 @@ def test_no_request_outlives_its_read_timeout_on_a_server_that_never_answers():
     try:
         calls = GcsJsonCalls("b", {"endpoint": hole.endpoint_url, "token": "anon"}, {}, read_timeout_s=0.3)
         with pytest.raises(TimeoutError, match="b/k: .*timed out"):
-            calls.cat_file("b/k")
+            calls.cat_file("b/k")  # a GET, tried twice: 0.6 s
+        with pytest.raises(TimeoutError, match="b/k: .*timed out"):
+            calls.pipe_file("b/k", b"x")  # a POST, once
     finally:
         hole.close()
 

@@ -52,9 +52,12 @@ _GCSFS_TOKEN_CACHE = "~/.gcs_tokens"
 DELETE_CONCURRENCY = 16
 #: Connections kept per endpoint: the runner's threads, a warm's batch of them included, each hold one at a time.
 POOL_SIZE = 32
-#: Far past any deadline of the runner's, which ends the caller's wait first: these free a thread a hung server holds.
+#: Far past any deadline of the runner's, which ends the caller's wait first: these free a thread a hung server holds
+#: (a read that may be sent twice is tried once more, so within two read timeouts).
 CONNECT_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 600.0
+#: Requests sent again where the connection failed before an answer: the ones whose repeat does what the first did.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})
 #: Objects per page of a listing (GCS's most).
 LIST_PAGE_SIZE = 1000
 
@@ -144,10 +147,11 @@ class GcsJsonCalls:
         import urllib3
 
         self._urllib3 = urllib3
-        # Connections, and statuses that say nothing was done (429, 503), are tried again, within the runner's
-        # deadline; an answer lost after the server read a POST is not (a create would then find its own object).
-        retries = urllib3.Retry(total=2, connect=2, read=0, status=2, backoff_factor=0.05, backoff_max=1.0,
-                                status_forcelist=(429, 503), allowed_methods=None, raise_on_status=False,
+        # A connection that failed, and a read or status that says nothing was done (429, 503) of a request that
+        # may be sent twice, are tried again within the runner's deadline; a POST whose answer was lost is not (a
+        # create would find its own object).
+        retries = urllib3.Retry(total=2, connect=2, read=1, status=2, backoff_factor=0.05, backoff_max=1.0,
+                                status_forcelist=(429, 503), allowed_methods=_IDEMPOTENT, raise_on_status=False,
                                 redirect=0)  # fmt: skip
         self._http = urllib3.PoolManager(maxsize=POOL_SIZE, retries=retries,
                                          timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout_s))
@@ -264,7 +268,14 @@ class GcsJsonCalls:
         url = self._endpoint + url_path + ("?" + urllib.parse.urlencode(query) if query else "")
         try:
             sent = {**(headers or {}), **self._credentials.headers()}
-            response = self._http.request(method, url, body=body, headers=sent, redirect=False)
+            response = self._http.request(method, url, body=body, headers=sent, redirect=False,
+                                          preload_content=False)
+            try:
+                data = response.read()
+            finally:
+                if response.status >= 400 and response.status != 404:
+                    response.close()  # a server may close it after an error without saying so: never reused
+                response.release_conn()
         except self._urllib3.exceptions.HTTPError as exc:
             raise _transport_error(path, exc) from None
         except _CredentialsError as exc:
@@ -273,11 +284,11 @@ class GcsJsonCalls:
         if status == 416 and ranged:
             raise _RangeNotSatisfiable
         if status >= 400:
-            raise _status_error(path, status, response.data)
+            raise _status_error(path, status, data)
         if ranged and status == 200:  # a server that ignored the range sent it all
             first, _, last = headers["range"][len("bytes="):].partition("-")  # type: ignore[index]
-            return response.data[int(first): None if not last else int(last) + 1]
-        return response.data
+            return data[int(first): None if not last else int(last) + 1]
+        return data
 
 
 class _RangeNotSatisfiable(Exception):
