@@ -268,19 +268,16 @@ class GcsJsonCalls:
         url = self._endpoint + url_path + ("?" + urllib.parse.urlencode(query) if query else "")
         try:
             sent = {**(headers or {}), **self._credentials.headers()}
-            response = self._http.request(method, url, body=body, headers=sent, redirect=False,
-                                          preload_content=False)
-            try:
-                data = response.read()
-            finally:
-                if response.status >= 400 and response.status != 404:
-                    response.close()  # a server may close it after an error without saying so: never reused
-                response.release_conn()
+            response = self._http.request(method, url, body=body, headers=sent, redirect=False)
         except self._urllib3.exceptions.HTTPError as exc:
             raise _transport_error(path, exc) from None
         except _CredentialsError as exc:
             raise PermissionError(mask_url(f"{path}: {exc}")) from None
-        status = response.status
+        status, data = response.status, response.data
+        if status >= 400 and status != 404:
+            # A server may close the connection after an error answer without saying so (fake-gcs-server does after
+            # its 416), and a POST sent on it would fail: the connections kept are dropped, in-flight ones once done.
+            self._http.clear()
         if status == 416 and ranged:
             raise _RangeNotSatisfiable
         if status >= 400:
