@@ -255,14 +255,42 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._answer(200, {"access_token": _TOKEN, "expires_in": 3600, "token_type": "Bearer"})
 
     def do_GET(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path
+        if path.startswith("/computeMetadata/v1/"):  # the metadata server of a VM (the ``cloud`` token)
+            self._metadata(path)
+            return
         with self.server.lock:
             self.server.authorizations.append(self.headers.get("authorization"))
-        if urlsplit(self.path).path.endswith("/o/forbidden"):
+        if path.endswith("/o/forbidden"):
             self._answer(403, {"error": {"code": 403, "message": "caller does not have storage.objects.get access"}})
         elif self.headers.get("authorization") != f"Bearer {_TOKEN}":
             self._answer(401, {"error": {"code": 401, "message": "Anonymous caller"}})
         else:
             self._answer(200, {"name": "k", "size": "3", "updated": "2026-12-07T10:00:00Z", "generation": "7"})
+
+
+    def _metadata(self, path: str) -> None:
+        if self.headers.get("metadata-flavor") != "Google":
+            self._answer(403, {"error": "Missing Metadata-Flavor header"})
+            return
+        with self.server.lock:
+            self.server.grants.append({"metadata": [path]})
+        if path.endswith("/service-accounts/default/token"):
+            doc: object = {"access_token": _TOKEN, "expires_in": 3600, "token_type": "Bearer"}
+        elif path.endswith("/service-accounts/default/"):
+            doc = {"email": "vm@p.iam.gserviceaccount.com", "scopes": [gcsjson.SCOPE], "aliases": ["default"]}
+        else:
+            self.send_response(404)
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        body = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("metadata-flavor", "Google")
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 @pytest.fixture
@@ -348,3 +376,39 @@ def test_without_credentials_token_none_goes_anonymous_and_google_default_is_ref
         assert "no Google credentials found: GCS requests go anonymous" in done.stderr
     else:
         assert "no GCS token: DefaultCredentialsError" in done.stdout
+
+
+_WITH_CREDENTIALS = r"""
+import json, sys
+from tiered_progcache.stores.gcsjson import GcsJsonCalls, gcs_config
+options = json.loads(sys.argv[1])
+calls = GcsJsonCalls("b", gcs_config(options), options)
+print(calls.info("b/k")["generation"], calls.info("b/k")["size"])
+"""
+
+
+@pytest.mark.parametrize("token, how", [
+    ("cloud", "the VM's metadata server"),
+    ("google_default", "Google's default credentials: the key file GOOGLE_APPLICATION_CREDENTIALS names"),
+    (None, "left to the search gcsfs makes: the same default credentials"),
+])
+def test_a_token_from_the_metadata_server_or_the_default_credentials_is_sent(google_on_loopback, tmp_path, token,
+                                                                             how):
+    """Each in a fresh process (google-auth reads where the metadata server is when it is imported)."""
+    pytest.importorskip("google.auth")
+    pytest.importorskip("cryptography")
+    host = google_on_loopback.url.split("://", 1)[1]
+    env = {**os.environ, "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "GCE_METADATA_HOST": host,
+           "GCE_METADATA_IP": host}
+    if token == "cloud":
+        env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    else:
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = _key_file(tmp_path, google_on_loopback.url)
+    options = {"endpoint_url": google_on_loopback.url, "token": token}
+    done = subprocess.run([sys.executable, "-c", _WITH_CREDENTIALS, json.dumps(options)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "7 3\n"), (how, done.stderr)
+    assert google_on_loopback.authorizations == [f"Bearer {_TOKEN}"] * 2, how
+    granted = [grant for grant in google_on_loopback.grants if "metadata" not in grant or
+               grant["metadata"][0].endswith("/token")]
+    assert len(granted) == 1, (how, google_on_loopback.grants)  # one token for both requests
