@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -326,3 +327,11 @@ class RedisBackDoor(BackDoor):
 
     def objects(self) -> list[str]:
         return sorted(key.decode() for key in self.client.scan_iter(match=f"{self.prefix}:*"))
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port bound and never listening for the block's length: every connect to it is refused."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        yield closed.getsockname()[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import DeferredFilesystemFactory
 from tiered_progcache.testing.servers import BlackholeServer, gcs_bucket, gcs_server  # noqa: F401
 
-from support import in_forked_child
+from support import in_forked_child, refused_port
 
 pytest.importorskip("urllib3")
 
@@ -49,6 +48,10 @@ def test_the_options_gcsfs_reads_the_same_way_are_served(no_gcsfs_tokens):
     assert gcs_config({"token": "anon"}, {"STORAGE_EMULATOR_HOST": "localhost:9023"})["endpoint"] == \
         "http://localhost:9023"  # fmt: skip
     assert gcs_config({}, {"STORAGE_EMULATOR_HOST": "https://emu:1/"})["endpoint"] == "https://emu:1"
+    assert gcs_config({}, {"STORAGE_EMULATOR_HOST": "EMUX/"})["endpoint"] == "http://EMUX"  # one "/" stripped
+    assert gcs_config({"endpoint_url": "https://storage.example.com/"}, {})["endpoint"] == \
+        "https://storage.example.com"  # fmt: skip
+    assert gcs_config({"endpoint_url": "http://BOX/"}, {})["endpoint"] == "http://BOX"
     assert gcs_config({"endpoint_url": "http://h:2"}, {"STORAGE_EMULATOR_HOST": "emu:1"})["endpoint"] == "http://h:2"
 
 
@@ -151,9 +154,7 @@ def test_a_missing_bucket_is_file_not_found_and_a_refused_port_says_so(gcs_serve
     with pytest.raises(FileNotFoundError, match="the bucket or directory does not exist"):
         RemoteProgramCache.from_url("gs://tpc-no-such-bucket/k", storage_options=gcs_server.storage_options(),
                                     strict=True)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))  # bound, never listening: every connect is refused
-        port = closed.getsockname()[1]
+    with refused_port() as port:
         with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{port} refused the connection"):
             RemoteProgramCache.from_url("gs://b/k", storage_options={
                 "endpoint_url": f"http://user:hunter2secret@127.0.0.1:{port}", "token": "anon"}, strict=True,

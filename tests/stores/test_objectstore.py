@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -16,7 +15,7 @@ from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import DeferredFilesystemFactory
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
-from support import in_forked_child
+from support import in_forked_child, refused_port
 
 pytest.importorskip("obstore")
 
@@ -100,9 +99,7 @@ def test_a_missing_bucket_is_file_not_found_and_a_refused_port_says_so(moto_serv
     with pytest.raises(FileNotFoundError, match="the bucket or directory does not exist"):
         RemoteProgramCache.from_url("s3://tpc-no-such-bucket/k", storage_options=moto_server.storage_options(),
                                     strict=True)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))  # bound, never listening: every connect is refused
-        port = closed.getsockname()[1]
+    with refused_port() as port:
         with pytest.raises(ConnectionRefusedError, match=f"127.0.0.1:{port} refused the connection"):
             RemoteProgramCache.from_url("s3://b/k", storage_options={
                 "endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s"}, strict=True, timeout=5)
@@ -138,10 +135,8 @@ os.waitpid(pid, 0)
 
 def test_a_failed_request_counts_as_the_runtime_started_for_a_forked_child():
     """A request that failed still started obstore's threads: a child forked after it builds s3fs."""
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        options = json.dumps({"endpoint_url": f"http://127.0.0.1:{closed.getsockname()[1]}", "key": "k",
-                              "secret": "s"})
+    with refused_port() as port:
+        options = json.dumps({"endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s"})
         done = subprocess.run([sys.executable, "-c", _FORK_AFTER_A_FAILED_REQUEST, options], capture_output=True,
                               text=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, "S3FileSystem\n"), done.stderr
@@ -180,10 +175,8 @@ print("exiting", flush=True)
 def test_a_process_exits_cleanly_while_an_obstore_request_still_retries():
     """obstore's coroutines would complete from its own threads into an exiting interpreter (SIGABRT); its
     blocking calls on the runner's daemon threads end with them. Ten real processes, each leaving one behind."""
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        options = json.dumps({"endpoint_url": f"http://127.0.0.1:{closed.getsockname()[1]}", "key": "k",
-                              "secret": "s"})
+    with refused_port() as port:
+        options = json.dumps({"endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s"})
         env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
         codes = [subprocess.run([sys.executable, "-c", _EXIT_WITH_A_REQUEST_RETRYING, options], env=env,
                                 capture_output=True, text=True, timeout=120) for _ in range(10)]
@@ -232,9 +225,7 @@ def test_a_warm_batch_runs_its_requests_side_by_side_up_to_transfer_concurrency(
 
 
 def test_a_password_in_the_endpoint_never_reaches_the_message():
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    with refused_port() as port:
         with pytest.raises(ConnectionRefusedError) as refused:
             RemoteProgramCache.from_url("s3://b/k", storage_options={
                 "endpoint_url": f"http://user:hunter2secret@127.0.0.1:{port}", "key": "k", "secret": "s"},

@@ -29,8 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..redact import mask_url
-from .objectstore import CACHE_ONLY_OPTIONS
-from .runner import DeferredFilesystemFactory
+from .objectstore import CACHE_ONLY_OPTIONS, BucketCalls, BucketFactory
 from .ratelimit import log_once
 
 logger = logging.getLogger(__name__)
@@ -106,40 +105,24 @@ def _key_file_type(token: object) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class GcsJsonFactory(DeferredFilesystemFactory):
-    """A GCS bucket's client, built on first use (:class:`GcsJsonCalls`, blocking, on the runner's threads).
-    Immutable; ``config`` is what :func:`gcs_config` made of the storage options."""
-
-    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+class GcsJsonFactory(BucketFactory):
+    """A GCS bucket's client (:class:`GcsJsonCalls`). Immutable."""
 
     @classmethod
-    def serving(cls, deferred: DeferredFilesystemFactory) -> GcsJsonFactory | None:
-        """The factory for ``deferred``'s bucket where this client can serve it (:func:`gcs_config`), else None."""
-        if deferred.scheme not in ("gs", "gcs"):
-            return None
-        config = gcs_config(deferred.storage_options)
-        if config is None:
-            return None
-        return cls(deferred.scheme, deferred.url, deferred.root, deferred.storage_options, config)
-
-    @property
-    def is_async(self) -> bool:
-        return False
+    def config_for(cls, scheme: str, storage_options: Mapping[str, Any]) -> dict[str, Any] | None:
+        return gcs_config(storage_options) if scheme in ("gs", "gcs") else None
 
     def build(self, fresh: bool = False) -> Any:
         return GcsJsonCalls(self.root.split("/", 1)[0], self.config, self.storage_options)
 
 
-class GcsJsonCalls:
+class GcsJsonCalls(BucketCalls):
     """One bucket's JSON API requests under the blocking fsspec method names the remote tier's requests call.
 
-    Paths are fsspec's (``bucket/key``). Errors are raised as gcsfs raises them:
-    ``FileNotFoundError`` for an absent object or bucket, ``FileExistsError`` for a refused
-    create, ``PermissionError`` for refused credentials, ``ConnectionRefusedError``,
-    ``TimeoutError``, else ``OSError``; each in one line naming the object, never a credential.
+    Errors as :class:`~.objectstore.BucketCalls` says, and ``ConnectionRefusedError`` and
+    ``TimeoutError``; each in one line naming the object, never a credential.
     """
 
-    root_marker = ""
     protocol = ("gs", "gcs")
 
     def __init__(self, bucket: str, config: Mapping[str, Any], storage_options: Mapping[str, Any], *,
@@ -156,29 +139,15 @@ class GcsJsonCalls:
         self._http = urllib3.PoolManager(maxsize=POOL_SIZE, retries=retries,
                                          timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout_s))
         self._endpoint = str(config["endpoint"])
-        self._bucket = bucket
         self._page_size = str(list_page_size)
         self._credentials = _Credentials(config.get("token"), self._http)
-        self.storage_options = dict(storage_options)
+        super().__init__(bucket, storage_options)
 
     def __repr__(self) -> str:
         return f"GcsJsonCalls(gs://{self._bucket})"
 
-    @classmethod
-    def _strip_protocol(cls, path: str) -> str:
-        return path.partition("://")[2] if "://" in path else path
-
-    def _key(self, path: str) -> str:
-        bucket, _, key = self._strip_protocol(path).partition("/")
-        if bucket != self._bucket:
-            raise ValueError(f"{path!r} is not in bucket {self._bucket!r}")
-        return key
-
     def _object_url(self, key: str) -> str:
         return f"/storage/v1/b/{self._bucket}/o/{urllib.parse.quote(key, safe='')}"
-
-    def invalidate_cache(self, path: str | None = None) -> None:
-        """Nothing to forget: no listing is kept."""
 
     def info(self, path: str) -> dict[str, Any]:
         key = self._key(path)
@@ -187,13 +156,6 @@ class GcsJsonCalls:
                           query={"prefix": "tiered-progcache-probe/", "maxResults": "1"})
             return {"name": self._bucket, "type": "directory", "size": 0}
         return self._info_of(json.loads(self._request("GET", self._object_url(key), path)))
-
-    def exists(self, path: str) -> bool:
-        try:
-            self.info(path)
-        except FileNotFoundError:
-            return False
-        return True
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         key = self._key(path)

@@ -15,6 +15,7 @@ Thread-safe; one instance per process (rebuilt in a forked child, as the runner 
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import datetime
@@ -31,7 +32,7 @@ from .runner import DeferredFilesystemFactory
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CACHE_ONLY_OPTIONS", "REQUEST_TIMEOUT", "ObjectStoreCalls", "ObjectStoreFactory", "obstore_config",
+__all__ = ["CACHE_ONLY_OPTIONS", "REQUEST_TIMEOUT", "BucketCalls", "BucketFactory", "ObjectStoreCalls", "ObjectStoreFactory", "obstore_config",
            "runtime_lost_in_this_process"]
 
 #: s3fs storage options obstore is told, by the name it has for them; ``client_kwargs`` are read as below.
@@ -125,17 +126,21 @@ def _s3_config(options: Mapping[str, Any], environ: Mapping[str, str]) -> dict[s
 
 
 @dataclasses.dataclass(frozen=True)
-class ObjectStoreFactory(DeferredFilesystemFactory):
-    """An S3 bucket's client, built on first use: obstore's (:class:`ObjectStoreCalls`, blocking, on the runner's
-    threads), or in a forked child of a process that ran obstore requests the fsspec filesystem, driven the same
-    way. Immutable; ``config`` is what :func:`obstore_config` made of the storage options."""
+class BucketFactory(DeferredFilesystemFactory):
+    """A bucket's blocking client (:class:`BucketCalls`), built on first use and run on the runner's threads.
+    Immutable; ``config`` is what :meth:`config_for` made of the storage options."""
 
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def serving(cls, deferred: DeferredFilesystemFactory) -> ObjectStoreFactory | None:
-        """The factory for ``deferred``'s bucket where obstore can serve it (:func:`obstore_config`), else None."""
-        config = obstore_config(deferred.scheme, deferred.storage_options)
+    def config_for(cls, scheme: str, storage_options: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The client's configuration for ``storage_options``, or None where this client cannot serve them."""
+        raise NotImplementedError
+
+    @classmethod
+    def serving(cls, deferred: DeferredFilesystemFactory) -> BucketFactory | None:
+        """The factory for ``deferred``'s bucket where this client can serve it (:meth:`config_for`), else None."""
+        config = cls.config_for(deferred.scheme, deferred.storage_options)
         if config is None:
             return None
         return cls(deferred.scheme, deferred.url, deferred.root, deferred.storage_options, config)
@@ -144,6 +149,16 @@ class ObjectStoreFactory(DeferredFilesystemFactory):
     def is_async(self) -> bool:
         return False
 
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStoreFactory(BucketFactory):
+    """An S3 bucket's client: obstore's (:class:`ObjectStoreCalls`), or in a forked child of a process that ran
+    obstore requests the fsspec filesystem, driven the same way. Immutable."""
+
+    @classmethod
+    def config_for(cls, scheme: str, storage_options: Mapping[str, Any]) -> dict[str, Any] | None:
+        return obstore_config(scheme, storage_options)
+
     def build(self, fresh: bool = False) -> Any:
         if runtime_lost_in_this_process():
             logger.info("s3://%s: obstore's threads did not survive the fork; this child uses s3fs", self.root)
@@ -151,19 +166,76 @@ class ObjectStoreFactory(DeferredFilesystemFactory):
         return ObjectStoreCalls(self.root.split("/", 1)[0], self.config, self.storage_options)
 
 
-class ObjectStoreCalls:
+class BucketCalls(abc.ABC):
+    """One bucket under the blocking fsspec method names the remote tier's requests call (through
+    :class:`~.runner.BlockingCalls`): obstore's S3 here, GCS's JSON API in :mod:`.gcsjson`.
+
+    Paths are fsspec's (``bucket/key``); a path in another bucket is a ``ValueError``. Errors are
+    raised as fsspec's clients raise them: ``FileNotFoundError`` for an absent object or bucket,
+    ``FileExistsError`` for a refused create, ``PermissionError`` for refused credentials, else ``OSError``.
+    """
+
+    root_marker = ""
+
+    def __init__(self, bucket: str, storage_options: Mapping[str, Any]) -> None:
+        self._bucket = bucket
+        self.storage_options = dict(storage_options)
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return path.partition("://")[2] if "://" in path else path
+
+    def _key(self, path: str) -> str:
+        bucket, _, key = self._strip_protocol(path).partition("/")
+        if bucket != self._bucket:
+            raise ValueError(f"{path!r} is not in bucket {self._bucket!r}")
+        return key
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Nothing to forget: no listing is kept."""
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @abc.abstractmethod
+    def info(self, path: str) -> dict[str, Any]:
+        """The object's ``name``, ``type``, ``size``, modification time and version; the bucket's (a directory)."""
+
+    @abc.abstractmethod
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The object's bytes, or those of ``[start, end)`` (b"" past its end)."""
+
+    @abc.abstractmethod
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **_: Any) -> None:
+        """Write the object whole; ``mode="create"``: only where none is there (else ``FileExistsError``)."""
+
+    @abc.abstractmethod
+    def find(self, path: str, detail: bool = False) -> Any:
+        """Every object under ``path``: sorted paths, or ``{path: info}`` with ``detail``."""
+
+    @abc.abstractmethod
+    def rm_file(self, path: str) -> None:
+        """Remove one object."""
+
+    @abc.abstractmethod
+    def rm(self, paths: list[str] | str) -> None:
+        """Remove each of ``paths`` (an absent one too)."""
+
+
+class ObjectStoreCalls(BucketCalls):
     """One bucket's obstore store under the blocking fsspec method names the remote tier's requests call.
 
     Blocking on purpose: obstore's coroutines hand their results back to Python from its own
     threads, which aborts a process whose interpreter is exiting while a request is still
     retrying; its blocking calls release the interpreter and return on the caller's thread
     (a runner thread, :class:`~.runner.BlockingCalls`), so a request left behind at exit ends
-    with its daemon thread. Paths are fsspec's (``bucket/key``). obstore's errors are raised as
-    fsspec's clients raise them: ``FileNotFoundError`` for an absent object or bucket,
-    ``FileExistsError`` for a refused create, ``PermissionError`` for refused credentials, else ``OSError``.
+    with its daemon thread.
     """
 
-    root_marker = ""
     protocol = ("s3", "s3a")
 
     def __init__(self, bucket: str, config: Mapping[str, Any], storage_options: Mapping[str, Any], *,
@@ -182,24 +254,10 @@ class ObjectStoreCalls:
                  "backoff": {"init_backoff": datetime.timedelta(milliseconds=50),
                              "max_backoff": datetime.timedelta(seconds=1), "base": 2.0}}  # fmt: skip
         self._store = obstore.store.S3Store(bucket, config=config, client_options=client_options, retry_config=retry)
-        self.storage_options = dict(storage_options)
-        self._bucket = bucket
+        super().__init__(bucket, storage_options)
 
     def __repr__(self) -> str:
         return f"ObjectStoreCalls(s3://{self._bucket})"
-
-    @classmethod
-    def _strip_protocol(cls, path: str) -> str:
-        return path.partition("://")[2] if "://" in path else path
-
-    def _key(self, path: str) -> str:
-        bucket, _, key = self._strip_protocol(path).partition("/")
-        if bucket != self._bucket:
-            raise ValueError(f"{path!r} is not in bucket {self._bucket!r}")
-        return key
-
-    def invalidate_cache(self, path: str | None = None) -> None:
-        """Nothing to forget: obstore keeps no listings."""
 
     def info(self, path: str) -> dict[str, Any]:
         key = self._key(path)
@@ -210,13 +268,6 @@ class ObjectStoreCalls:
         with _request(path):
             meta = self._obstore.head(self._store, key)
         return _info_of(self._bucket, meta)
-
-    def exists(self, path: str) -> bool:
-        try:
-            self.info(path)
-        except FileNotFoundError:
-            return False
-        return True
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         key = self._key(path)

@@ -44,7 +44,7 @@ from .envelope import (
     stored_length,
 )
 from .gcsjson import GcsJsonFactory
-from .objectstore import ObjectStoreFactory
+from .objectstore import BucketFactory, ObjectStoreFactory
 from .runner import ClientFactory, DeferredFilesystemFactory, FilesystemFactory, RequestRunner, run_quietly_to_end
 from .sharedstore import FetchedEnvelopes, SharedEntryStore
 from ..urls import check_url
@@ -173,7 +173,7 @@ class RemoteProgramCache(SharedEntryStore):
     def _request_threads(self, factory: ClientFactory | None) -> int:
         """A blocking client (obstore's S3, GCS's JSON API) holds a thread per request: a batch of
         ``transfer_concurrency`` needs as many."""
-        if isinstance(factory, (ObjectStoreFactory, GcsJsonFactory)):
+        if isinstance(factory, BucketFactory):
             return self.transfer_concurrency
         return super()._request_threads(factory)
 
