@@ -222,6 +222,8 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.grants: list[dict[str, list[str]]] = []
+        self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: "503", or "drop" (no answer)
+        self.seen: list[str] = []  # the method of each request for ``flaky``
         self.authorizations: list[str | None] = []
         self.refuse_grants = False
         self.lock = threading.Lock()
@@ -246,8 +248,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _flaky(self) -> bool:
+        """A request for the object ``flaky``, answered as :attr:`_GoogleOnLoopback.flaky` says; True if sent."""
+        with self.server.lock:
+            self.server.seen.append(self.command)
+            plan = self.server.flaky.pop(0) if self.server.flaky else None
+        if plan == "drop":
+            self.close_connection = True  # the connection closed, no answer
+        elif plan == "503":
+            self._answer(503, {"error": {"code": 503, "message": "busy"}})
+        else:
+            self._answer(200, {"name": "flaky", "size": "3", "generation": "9"})
+        return True
+
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        form = parse_qs(self.rfile.read(int(self.headers["content-length"])).decode())
+        body = self.rfile.read(int(self.headers["content-length"]))
+        if urlsplit(self.path).path.startswith("/upload/"):
+            self._flaky()
+            return
+        form = parse_qs(body.decode())
         with self.server.lock:
             self.server.grants.append(form)
         if self.server.refuse_grants:
@@ -257,6 +276,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
+        if path.endswith("/o/flaky"):
+            self._flaky()
+            return
         if path.startswith("/computeMetadata/v1/"):  # the metadata server of a VM (the ``cloud`` token)
             self._metadata(path)
             return
@@ -413,3 +435,25 @@ def test_a_token_from_the_metadata_server_or_the_default_credentials_is_sent(goo
     granted = [grant for grant in google_on_loopback.grants if "metadata" not in grant or
                grant["metadata"][0].endswith("/token")]
     assert len(granted) == 1, (how, google_on_loopback.grants)  # one token for both requests
+
+
+def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not(google_on_loopback):
+    """A 503 says nothing was done, and a GET repeated does what the first did: at most two more. A POST whose
+    answer was lost is not sent again (a create would find its own object), nor one answered 503."""
+    server = google_on_loopback
+    calls = GcsJsonCalls("b", {"endpoint": server.url, "token": "anon"}, {})
+    server.flaky[:] = ["503", "drop"]
+    assert calls.info("b/flaky")["size"] == 3 and server.seen == ["GET"] * 3
+    server.flaky[:], server.seen[:] = ["503"] * 3, []
+    with pytest.raises(OSError, match="b/flaky: HTTP 503: busy"):
+        calls.info("b/flaky")
+    assert server.seen == ["GET"] * 3 and server.flaky == []  # the first and two more
+    server.flaky[:], server.seen[:] = ["drop", "drop"], []
+    with pytest.raises(OSError, match="b/flaky: .*(Connection aborted|RemoteDisconnected)"):
+        calls.info("b/flaky")  # a lost answer: sent once more, lost again
+    assert server.seen == ["GET"] * 2
+    for plan in ("503", "drop"):
+        server.flaky[:], server.seen[:] = [plan], []
+        with pytest.raises(OSError):
+            calls.pipe_file("b/flaky", b"x")
+        assert server.seen == ["POST"], plan

@@ -269,9 +269,6 @@ class _Credentials:
         self._anonymous = token == "anon"
         self._google: Any = None
 
-    def __repr__(self) -> str:
-        return f"_Credentials({'anonymous' if self._anonymous else 'google-auth'})"
-
     def headers(self) -> dict[str, str]:
         if self._anonymous:
             return {}
