@@ -222,7 +222,7 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.grants: list[dict[str, list[str]]] = []
-        self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: "503", or "drop" (no answer)
+        self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: a status, or "drop" (no answer)
         self.seen: list[str] = []  # the method of each request for ``flaky``
         self.authorizations: list[str | None] = []
         self.refuse_grants = False
@@ -255,8 +255,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             plan = self.server.flaky.pop(0) if self.server.flaky else None
         if plan == "drop":
             self.close_connection = True  # the connection closed, no answer
-        elif plan == "503":
-            self._answer(503, {"error": {"code": 503, "message": "busy"}})
+        elif plan is not None:
+            self._answer(int(plan), {"error": {"code": int(plan), "message": "busy"}})
         else:
             self._answer(200, {"name": "flaky", "size": "3", "generation": "9"})
         return True
@@ -442,8 +442,14 @@ def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not
     answer was lost is not sent again (a create would find its own object), nor one answered 503."""
     server = google_on_loopback
     calls = GcsJsonCalls("b", {"endpoint": server.url, "token": "anon"}, {})
-    server.flaky[:] = ["503", "drop"]
-    assert calls.info("b/flaky")["size"] == 3 and server.seen == ["GET"] * 3
+    assert gcsjson.RETRIED_STATUSES == (408, 429, 500, 502, 503, 504)
+    for busy in gcsjson.RETRIED_STATUSES:
+        server.flaky[:], server.seen[:] = [str(busy), "drop"], []
+        assert calls.info("b/flaky")["size"] == 3 and server.seen == ["GET"] * 3, busy
+    server.flaky[:], server.seen[:] = ["501"], []
+    with pytest.raises(OSError, match="b/flaky: HTTP 501: busy"):
+        calls.info("b/flaky")  # not one to retry
+    assert server.seen == ["GET"]
     server.flaky[:], server.seen[:] = ["503"] * 3, []
     with pytest.raises(OSError, match="b/flaky: HTTP 503: busy"):
         calls.info("b/flaky")

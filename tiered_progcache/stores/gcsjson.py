@@ -55,6 +55,8 @@ POOL_SIZE = 32
 #: (a read that may be sent twice is tried once more, so within two read timeouts).
 CONNECT_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 600.0
+#: Statuses GCS's guidance says to retry: a GET, HEAD or DELETE answered with one is sent again (at most twice).
+RETRIED_STATUSES = (408, 429, 500, 502, 503, 504)
 #: Requests sent again where the connection failed before an answer: the ones whose repeat does what the first did.
 _IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})
 #: Objects per page of a listing (GCS's most).
@@ -130,12 +132,12 @@ class GcsJsonCalls(BucketCalls):
         import urllib3
 
         self._urllib3 = urllib3
-        # A connection that failed, and a read or status that says nothing was done (429, 503) of a request that
-        # may be sent twice, are tried again within the runner's deadline; a POST whose answer was lost is not (a
-        # create would find its own object).
+        # A connection that failed, and a lost answer or a status GCS says to retry (408, 429, 5xx) of a request that
+        # may be sent twice, are tried again within the runner's deadline; a POST is not (a create whose answer was
+        # lost would find its own object).
         retries = urllib3.Retry(total=2, connect=2, read=1, status=2, backoff_factor=0.05, backoff_max=1.0,
-                                status_forcelist=(429, 503), allowed_methods=_IDEMPOTENT, raise_on_status=False,
-                                redirect=0)  # fmt: skip
+                                status_forcelist=RETRIED_STATUSES, allowed_methods=_IDEMPOTENT,
+                                raise_on_status=False, redirect=0)  # fmt: skip
         self._http = urllib3.PoolManager(maxsize=POOL_SIZE, retries=retries,
                                          timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout_s))
         self._endpoint = str(config["endpoint"])
