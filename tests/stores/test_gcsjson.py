@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -96,15 +97,18 @@ def test_the_tier_on_gcs_uses_the_json_api_and_answers_as_gcsfs_does(gcs_bucket)
     fs = remote.fs
     assert isinstance(fs, GcsJsonCalls) and repr(fs) == f"GcsJsonCalls(gs://{gcs_bucket.bucket})"
     path = remote.path_for("ab" * 32)
-    for absent in (lambda: fs.cat_file(path, start=0, end=10), lambda: fs.info(path), lambda: fs.rm_file(path)):
-        with pytest.raises(FileNotFoundError, match="HTTP 404"):
+    for absent in (lambda: fs.cat_file(path, start=0, end=10), lambda: fs.cat_file(path), lambda: fs.info(path),
+                   lambda: fs.rm_file(path)):
+        with pytest.raises(FileNotFoundError, match=f"^{re.escape(path)}: HTTP 404"):
             absent()
+    assert fs.info(gcs_bucket.bucket) == {"name": gcs_bucket.bucket, "type": "directory", "size": 0}
     fs.pipe_file(path, b"0123456789", mode="create")
     with pytest.raises(FileExistsError, match="HTTP 412"):
         fs.pipe_file(path, b"other", mode="create")
     assert (fs.cat_file(path), fs.cat_file(path, start=4, end=100), fs.cat_file(path, start=2, end=5),
-            fs.cat_file(path, start=10, end=11), fs.cat_file(path, start=5, end=5)) == (
-        b"0123456789", b"456789", b"234", b"", b"")  # past the end: GCS's 416, the object ends there
+            fs.cat_file(path, start=10, end=11), fs.cat_file(path, start=5, end=5), fs.cat_file(path, start=4),
+            fs.cat_file(path, end=3)) == (
+        b"0123456789", b"456789", b"234", b"", b"", b"456789", b"012")  # past the end: GCS's 416
     info = fs.info(path)
     assert (info["name"], info["size"], info["type"]) == (path, 10, "file") and int(info["generation"]) > 0
     assert fs.exists(path) and not fs.exists(path + "x")
@@ -141,6 +145,13 @@ def test_a_connection_an_error_answered_on_is_never_sent_another_request(gcs_buc
     assert calls.cat_file(path) == b"0123456789"
 
 
+def test_a_tier_under_a_deeper_prefix_names_the_bucket_alone(gcs_server):  # noqa: F811
+    bucket = gcs_server.new_bucket(prefix="team/a/kernels")
+    remote = RemoteProgramCache.from_url(bucket.url, storage_options=bucket.storage_options, strict=True)
+    remote.write_entry("ab" * 32, b"deep")
+    assert remote.read_entry("ab" * 32) == b"deep" and repr(remote.fs) == f"GcsJsonCalls(gs://{bucket.bucket})"
+
+
 def test_a_listing_follows_its_pages(gcs_bucket):  # noqa: F811
     calls = GcsJsonCalls(gcs_bucket.bucket, gcs_config(gcs_bucket.storage_options, {}), {}, list_page_size=2)
     paths = [f"{gcs_bucket.bucket}/kernels/{n}" for n in range(5)]
@@ -151,7 +162,7 @@ def test_a_listing_follows_its_pages(gcs_bucket):  # noqa: F811
 
 
 def test_a_missing_bucket_is_file_not_found_and_a_refused_port_says_so(gcs_server):  # noqa: F811
-    with pytest.raises(FileNotFoundError, match="the bucket or directory does not exist"):
+    with pytest.raises(FileNotFoundError, match="the bucket or directory does not exist .*tpc-no-such-bucket: HTTP 404"):
         RemoteProgramCache.from_url("gs://tpc-no-such-bucket/k", storage_options=gcs_server.storage_options(),
                                     strict=True)
     with refused_port() as port:

@@ -347,6 +347,7 @@ def test_gcs_json_api_a_miss_a_hit_and_a_put_are_one_request_each_over_the_conne
             cache.get(b"present")  # now in memory
             assert [(sent.method, "entries/" in unquote(sent.path), sent.status) for sent in proxy.sent[before:]] == [
                 ("GET", True, 404), ("GET", True, 206)]  # the first read of an envelope: a range
+            assert "%2Fentries%2F" in proxy.sent[-1].path  # the object's name encoded whole, as the JSON API asks
             before = proxy.requests
             [_miss(cache, b"m-%d" % n) for n in range(100)]
             assert remote.create_entry(entry_name(b"new"), b"payload") is True
