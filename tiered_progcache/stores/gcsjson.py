@@ -57,8 +57,6 @@ CONNECT_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 600.0
 #: Statuses GCS's guidance says to retry: a GET, HEAD or DELETE answered with one is sent again (at most twice).
 RETRIED_STATUSES = (408, 429, 500, 502, 503, 504)
-#: Requests sent again where the connection failed before an answer: the ones whose repeat does what the first did.
-_IDEMPOTENT = frozenset({"GET", "HEAD", "DELETE"})
 #: Objects per page of a listing (GCS's most).
 LIST_PAGE_SIZE = 1000
 
@@ -132,12 +130,11 @@ class GcsJsonCalls(BucketCalls):
         import urllib3
 
         self._urllib3 = urllib3
-        # A connection that failed, and a lost answer or a status GCS says to retry (408, 429, 5xx) of a request that
-        # may be sent twice, are tried again within the runner's deadline; a POST is not (a create whose answer was
-        # lost would find its own object).
-        retries = urllib3.Retry(total=2, connect=2, read=1, status=2, backoff_factor=0.05, backoff_max=1.0,
-                                status_forcelist=RETRIED_STATUSES, allowed_methods=_IDEMPOTENT,
-                                raise_on_status=False, redirect=0)  # fmt: skip
+        # A connection that failed, and a lost answer (once) or a status GCS says to retry (408, 429, 5xx) of a request
+        # that may be sent twice, are tried again within the runner's deadline: at most twice in all. A POST is not
+        # (urllib3's methods to retry hold none: a create whose answer was lost would find its own object).
+        retries = urllib3.Retry(total=2, read=1, status_forcelist=RETRIED_STATUSES, backoff_factor=0.05,
+                                backoff_max=1.0, raise_on_status=False)
         self._http = urllib3.PoolManager(maxsize=POOL_SIZE, retries=retries,
                                          timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout_s))
         self._endpoint = str(config["endpoint"])
