@@ -89,7 +89,8 @@ def test_a_factory_declares_a_blocking_bucket_store_for_gs_urls_only(no_gcsfs_to
     factory = GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("gcs://b/kernels/", {"token": "anon"}))
     assert isinstance(factory, DeferredFilesystemFactory)
     assert (factory.root, factory.protocols, factory.is_async) == ("b/kernels", frozenset({"gs", "gcs"}), False)
-    assert GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("s3://b/k", {"anon": True})) is None
+    for s3_options in ({}, {"anon": True}):  # options this client would serve, on another scheme: never
+        assert GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("s3://b/k", s3_options)) is None
 
 
 def test_the_tier_on_gcs_uses_the_json_api_and_answers_as_gcsfs_does(gcs_bucket):  # noqa: F811
