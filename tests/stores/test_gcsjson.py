@@ -20,6 +20,7 @@ from tiered_progcache.stores import gcsjson
 from tiered_progcache.stores.gcsjson import DEFAULT_ENDPOINT, GcsJsonCalls, GcsJsonFactory, gcs_config
 from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import DeferredFilesystemFactory
+from tiered_progcache.testing.delayproxy import DelayProxy
 from tiered_progcache.testing.servers import BlackholeServer, gcs_bucket, gcs_server  # noqa: F401
 
 from support import in_forked_child, refused_port
@@ -153,12 +154,22 @@ def test_a_tier_under_a_deeper_prefix_names_the_bucket_alone(gcs_server):  # noq
     assert remote.read_entry("ab" * 32) == b"deep" and repr(remote.fs) == f"GcsJsonCalls(gs://{bucket.bucket})"
 
 
-def test_a_listing_follows_its_pages(gcs_bucket):  # noqa: F811
-    calls = GcsJsonCalls(gcs_bucket.bucket, gcs_config(gcs_bucket.storage_options, {}), {}, list_page_size=2)
-    paths = [f"{gcs_bucket.bucket}/kernels/{n}" for n in range(5)]
-    for path in paths:
-        calls.pipe_file(path, b"x")
-    assert calls.find(f"{gcs_bucket.bucket}/kernels") == paths
+def test_a_listing_holds_its_prefix_alone_and_follows_its_pages(gcs_bucket, gcs_server):  # noqa: F811
+    """Five objects under the prefix, in pages of two: three GETs; a sibling prefix and another directory are not in it."""
+    upstream = urlsplit(gcs_server.endpoint_url)
+    with DelayProxy(upstream.hostname, upstream.port, keep_alive=True) as proxy:
+        config = gcs_config(dict(gcs_bucket.storage_options, endpoint_url=proxy.endpoint_url), {})
+        calls = GcsJsonCalls(gcs_bucket.bucket, config, {}, list_page_size=2)
+        paths = [f"{gcs_bucket.bucket}/kernels/{n}" for n in range(5)]
+        for path in paths + [f"{gcs_bucket.bucket}/kernelsX/0", f"{gcs_bucket.bucket}/other/0"]:
+            calls.pipe_file(path, b"x")
+        before = proxy.requests
+        assert calls.find(f"{gcs_bucket.bucket}/kernels/") == paths
+        assert proxy.requests - before == 3
+        assert sorted(calls.find(gcs_bucket.bucket)) == sorted(paths + [f"{gcs_bucket.bucket}/kernelsX/0",
+                                                                         f"{gcs_bucket.bucket}/other/0"])
+        with pytest.raises(FileNotFoundError, match="^tpc-never-made/k: HTTP 404"):
+            GcsJsonCalls("tpc-never-made", config, {}).find("tpc-never-made/k")
     assert gcsjson.LIST_PAGE_SIZE == 1000  # GCS's most
 
 

@@ -187,8 +187,7 @@ class GcsJsonCalls(BucketCalls):
 
     def find(self, path: str, detail: bool = False) -> Any:
         key = self._key(path).rstrip("/")
-        query = {"prefix": key + "/" if key else "", "maxResults": self._page_size,
-                 "fields": "items(name,size,updated,generation),nextPageToken"}
+        query = {"prefix": key + "/" if key else "", "maxResults": self._page_size}
         found: dict[str, dict[str, Any]] = {}
         while True:
             page = json.loads(self._request("GET", f"/storage/v1/b/{self._bucket}/o", path, query=query))
