@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
@@ -247,6 +248,7 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
         self.grants: list[dict[str, list[str]]] = []
         self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: a status, or "drop" (no answer)
         self.seen: list[str] = []  # the method of each request for ``flaky``
+        self.paths: list[str] = []  # the path of every GET
         self.authorizations: list[str | None] = []
         self.refuse_grants = False
         self.lock = threading.Lock()
@@ -293,12 +295,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.grants.append(form)
         if self.server.refuse_grants:
-            self._answer(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+            self._answer(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature." + "x" * 600})
         else:
             self._answer(200, {"access_token": _TOKEN, "expires_in": 3600, "token_type": "Bearer"})
 
     def do_GET(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
+        with self.server.lock:
+            self.server.paths.append(path)
         if path.endswith("/o/flaky"):
             self._flaky()
             return
@@ -361,6 +365,21 @@ def _key_file(tmp_path: Any, token_uri: str) -> str:
     return str(path)
 
 
+def _user_key_file(tmp_path: Any, token_uri: str) -> str:
+    path = tmp_path / "user.json"
+    path.write_text(json.dumps({"type": "authorized_user", "client_id": "c1", "client_secret": "user-secret-9d2",
+                                "refresh_token": "refresh-7f3e", "token_uri": f"{token_uri}/token"}))
+    return str(path)
+
+
+def _scope_of(grant: dict[str, list[str]]) -> str | None:
+    """The scope a service account's signed assertion asks for (its JWT's ``scope`` claim); None in another grant."""
+    if "assertion" not in grant:
+        return None
+    payload = grant["assertion"][0].split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))).get("scope")
+
+
 def test_a_key_file_token_is_fetched_once_and_sent_with_every_request(google_on_loopback, tmp_path, caplog):
     pytest.importorskip("google.auth")
     pytest.importorskip("cryptography")
@@ -373,11 +392,23 @@ def test_a_key_file_token_is_fetched_once_and_sent_with_every_request(google_on_
         thread.join()
     assert len(google_on_loopback.grants) == 1  # one refresh for every thread
     assert google_on_loopback.grants[0]["grant_type"] == ["urn:ietf:params:oauth:grant-type:jwt-bearer"]
+    assert _scope_of(google_on_loopback.grants[0]) == gcsjson.SCOPE  # objects' read and write, nothing more
     assert google_on_loopback.authorizations == [f"Bearer {_TOKEN}"] * 20
     with pytest.raises(PermissionError, match="b/forbidden: HTTP 403: caller does not have") as refused:
         calls.info("b/forbidden")
     said = "".join(traceback.format_exception(refused.value)) + repr(calls) + caplog.text
     assert _TOKEN not in said and "PRIVATE KEY" not in said, said
+
+
+def test_a_user_key_file_gives_user_credentials_that_ask_for_no_scope(tmp_path):
+    """A user's refresh token refuses a scope it was not granted: gcsfs asks for none, nor does this client. (Its
+    refresh goes to Google's own token endpoint whatever the file says, which no test here can reach.)"""
+    pytest.importorskip("google.auth")
+    import google.oauth2.credentials
+
+    loaded = gcsjson._Credentials(_user_key_file(tmp_path, "http://127.0.0.1:1"), None)._load()
+    assert isinstance(loaded, google.oauth2.credentials.Credentials)
+    assert (loaded.refresh_token, loaded.client_id, loaded.scopes) == ("refresh-7f3e", "c1", None)
 
 
 def test_a_refused_grant_is_a_permission_error_that_names_no_secret(google_on_loopback, tmp_path, caplog):
@@ -389,6 +420,8 @@ def test_a_refused_grant_is_a_permission_error_that_names_no_secret(google_on_lo
     with pytest.raises(PermissionError, match="b/k: no GCS token: RefreshError: .*invalid_grant") as refused:
         calls.info("b/k")
     assert google_on_loopback.authorizations == []  # nothing asked of the bucket without a token
+    first = str(refused.value).split("no GCS token: RefreshError: ", 1)[1]
+    assert len(first) == 300 and first.endswith("x")  # google-auth's words, their first 300 characters
     said = "".join(traceback.format_exception(refused.value)) + caplog.text
     assert "PRIVATE KEY" not in said and open(key_file).read()[:80] not in said, said
 
@@ -401,6 +434,7 @@ options = json.loads(sys.argv[2])
 calls = GcsJsonCalls(sys.argv[1], gcs_config(options), options)
 try:
     calls.info(sys.argv[1])
+    calls.info(sys.argv[1])
     print("anonymous")
 except PermissionError as exc:
     print("refused:", exc)
@@ -408,11 +442,15 @@ except PermissionError as exc:
 
 
 @pytest.mark.parametrize("token, said", [(None, "anonymous\n"), ("google_default", "refused: ")])
-def test_without_credentials_token_none_goes_anonymous_and_google_default_is_refused(gcs_bucket, tmp_path, token,
+def test_without_credentials_token_none_goes_anonymous_and_google_default_is_refused(gcs_bucket, google_on_loopback,
+                                                                                     tmp_path, token,
                                                                                      said):  # noqa: F811
-    """As gcsfs ends its search: no default credentials, then anonymous; ``google_default`` insists on them."""
+    """As gcsfs ends its search: no default credentials (no key file; the metadata server on loopback is not a VM's),
+    then anonymous, searched for once for two requests; ``google_default`` insists on them."""
     pytest.importorskip("google.auth")
-    env = {**os.environ, "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "NO_GCE_CHECK": "True"}
+    host = google_on_loopback.url.split("://", 1)[1]
+    env = {**os.environ, "HOME": str(tmp_path), "CLOUDSDK_CONFIG": str(tmp_path), "GCE_METADATA_HOST": host,
+           "GCE_METADATA_IP": host}
     env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
     options = {"endpoint_url": gcs_bucket.storage_options["endpoint_url"], "token": token}
     done = subprocess.run([sys.executable, "-c", _NO_CREDENTIALS, gcs_bucket.bucket, json.dumps(options)], env=env,
@@ -420,6 +458,7 @@ def test_without_credentials_token_none_goes_anonymous_and_google_default_is_ref
     assert done.returncode == 0 and done.stdout.startswith(said), (done.stdout, done.stderr)
     if token is None:
         assert "no Google credentials found: GCS requests go anonymous" in done.stderr
+        assert google_on_loopback.paths == ["/"], google_on_loopback.paths  # one look for a VM, for both requests
     else:
         assert "no GCS token: DefaultCredentialsError" in done.stdout
 
