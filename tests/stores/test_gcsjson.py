@@ -75,10 +75,15 @@ def test_what_only_gcsfs_reads_keeps_gcsfs(options, why, no_gcsfs_tokens):
     assert GcsJsonFactory.serving(DeferredFilesystemFactory.for_url("gs://b/k", options)) is None, why
 
 
-def test_a_key_file_of_another_type_keeps_gcsfs(no_gcsfs_tokens):
+def test_a_key_file_of_another_type_or_past_a_mebibyte_keeps_gcsfs(no_gcsfs_tokens):
     external = no_gcsfs_tokens / "external.json"
     external.write_text('{"type": "external_account"}')
     assert gcs_config({"token": str(external)}, {}) is None
+    big = no_gcsfs_tokens / "big.json"
+    big.write_text('{"type": "service_account",' + " " * (1 << 20) + "}")  # read up to 1 MiB: not a whole document
+    assert gcs_config({"token": str(big)}, {}) is None
+    big.write_text('{"type": "service_account",' + " " * ((1 << 20) - 40) + "}")
+    assert gcs_config({"token": str(big)}, {}) is not None
 
 
 def test_gcsfs_own_token_cache_keeps_gcsfs_where_the_token_is_left_to_it(no_gcsfs_tokens):
