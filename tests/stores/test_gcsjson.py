@@ -80,9 +80,9 @@ def test_a_key_file_of_another_type_or_past_a_mebibyte_keeps_gcsfs(no_gcsfs_toke
     external.write_text('{"type": "external_account"}')
     assert gcs_config({"token": str(external)}, {}) is None
     big = no_gcsfs_tokens / "big.json"
-    big.write_text('{"type": "service_account",' + " " * (1 << 20) + "}")  # read up to 1 MiB: not a whole document
+    big.write_text('{"type": "service_account"' + " " * (1 << 20) + "}")  # read up to 1 MiB: not a whole document
     assert gcs_config({"token": str(big)}, {}) is None
-    big.write_text('{"type": "service_account",' + " " * ((1 << 20) - 40) + "}")
+    big.write_text('{"type": "service_account"' + " " * ((1 << 20) - 40) + "}")
     assert gcs_config({"token": str(big)}, {}) is not None
 
 
