@@ -19,7 +19,7 @@ import pytest
 
 from tiered_progcache.stores import gcsjson
 from tiered_progcache.stores.gcsjson import DEFAULT_ENDPOINT, GcsJsonCalls, GcsJsonFactory, gcs_config
-from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.remote import RemoteProgramCache, _mtime_of
 from tiered_progcache.stores.runner import DeferredFilesystemFactory
 from tiered_progcache.testing.delayproxy import DelayProxy
 from tiered_progcache.testing.servers import BlackholeServer, gcs_bucket, gcs_server  # noqa: F401
@@ -119,6 +119,7 @@ def test_the_tier_on_gcs_uses_the_json_api_and_answers_as_gcsfs_does(gcs_bucket)
         b"0123456789", b"456789", b"234", b"", b"", b"456789", b"012")  # past the end: GCS's 416
     info = fs.info(path)
     assert (info["name"], info["size"], info["type"]) == (path, 10, "file") and int(info["generation"]) > 0
+    assert _mtime_of(info) is not None and _mtime_of(fs.find(path.rsplit("/", 1)[0], detail=True)[path]) is not None
     assert fs.exists(path) and not fs.exists(path + "x")
     assert gcs_bucket.fs.cat_file(path) == b"0123456789"  # what gcsfs reads back
     fs.pipe_file(path, b"replaced")  # a put replaces
@@ -133,6 +134,9 @@ def test_the_tier_on_gcs_uses_the_json_api_and_answers_as_gcsfs_does(gcs_bucket)
     assert fs.exists(odd)
     fs.rm([path, odd, path + "-never-written"])  # an absent one too: the outcome asked for holds
     assert fs.find(f"{gcs_bucket.bucket}/kernels") == []
+    fs.pipe_file(path, b"one")
+    fs.rm(path)  # one path, as a string
+    assert not fs.exists(path)
     with pytest.raises(ValueError, match="is not in bucket"):
         fs.cat_file("another-bucket/key")
 
@@ -285,6 +289,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             plan = self.server.flaky.pop(0) if self.server.flaky else None
         if plan == "drop":
             self.close_connection = True  # the connection closed, no answer
+        elif plan == "whole":  # a server that ignores a range and sends the whole object
+            self.send_response(200)
+            self.send_header("content-length", "10")
+            self.end_headers()
+            self.wfile.write(b"0123456789")
         elif plan is not None:
             self._answer(int(plan), {"error": {"code": int(plan), "message": "busy"}})
         else:
@@ -502,6 +511,8 @@ def test_a_token_from_the_metadata_server_or_the_default_credentials_is_sent(goo
     granted = [grant for grant in google_on_loopback.grants if "metadata" not in grant or
                grant["metadata"][0].endswith("/token")]
     assert len(granted) == 1, (how, google_on_loopback.grants)  # one token for both requests
+    if token != "cloud":
+        assert _scope_of(granted[0]) == gcsjson.SCOPE, how
 
 
 def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not(google_on_loopback):
@@ -522,9 +533,16 @@ def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not
         calls.info("b/flaky")
     assert server.seen == ["GET"] * 3 and server.flaky == []  # the first and two more
     server.flaky[:], server.seen[:] = ["drop", "drop"], []
-    with pytest.raises(OSError, match="b/flaky: .*(Connection aborted|RemoteDisconnected)"):
+    with pytest.raises(OSError, match="^b/flaky: ProtocolError: .*(Connection aborted|RemoteDisconnected)") as lost:
         calls.info("b/flaky")  # a lost answer: sent once more, lost again
-    assert server.seen == ["GET"] * 2
+    assert type(lost.value) is OSError and server.seen == ["GET"] * 2  # not a timeout, not a refusal
+    for status, kind in ((400, OSError), (401, PermissionError), (403, PermissionError)):
+        server.flaky[:], server.seen[:] = [str(status)], []
+        with pytest.raises(kind, match=f"^b/flaky: HTTP {status}: busy") as refused:
+            calls.info("b/flaky")
+        assert type(refused.value) is kind and server.seen == ["GET"], status
+    server.flaky[:] = ["whole", "whole"]
+    assert (calls.cat_file("b/flaky", start=2, end=5), calls.cat_file("b/flaky", start=4)) == (b"234", b"456789")
     for plan in ("503", "drop"):
         server.flaky[:], server.seen[:] = [plan], []
         with pytest.raises(OSError):
