@@ -258,6 +258,9 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
         self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: a status, or "drop" (no answer)
         self.seen: list[str] = []  # the method of each request for ``flaky``
         self.paths: list[str] = []  # the path of every GET
+        self.deleting = 0  # DELETEs in flight now, and the most at once
+        self.most_deleting = 0
+        self.deletes_meet = threading.Barrier(gcsjson.DELETE_CONCURRENCY, timeout=60)
         self.authorizations: list[str | None] = []
         self.refuse_grants = False
         self.lock = threading.Lock()
@@ -312,6 +315,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._answer(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature." + "x" * 600})
         else:
             self._answer(200, {"access_token": _TOKEN, "expires_in": 3600, "token_type": "Bearer"})
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        """Each DELETE held until ``DELETE_CONCURRENCY`` of them are in flight together (a broken meeting: a 400)."""
+        with self.server.lock:
+            self.server.deleting += 1
+            self.server.most_deleting = max(self.server.most_deleting, self.server.deleting)
+        try:
+            self.server.deletes_meet.wait()
+            met = True
+        except threading.BrokenBarrierError:
+            met = False
+        with self.server.lock:
+            self.server.deleting -= 1
+        if met:
+            self.send_response(204)
+            self.send_header("content-length", "0")
+            self.end_headers()
+        else:
+            self._answer(400, {"error": {"code": 400, "message": "fewer deletes at once than asked"}})
 
     def do_GET(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path
@@ -548,3 +570,11 @@ def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not
         with pytest.raises(OSError):
             calls.pipe_file("b/flaky", b"x")
         assert server.seen == ["POST"], plan
+
+
+def test_deletes_go_sixteen_at_once_and_never_more(google_on_loopback):
+    """The bound the docs state: each DELETE is held until 16 are in flight together, so fewer at once never
+    finishes (a 400 after a minute); more at once is counted where the 17th arrives before the 16 are let go."""
+    calls = GcsJsonCalls("b", {"endpoint": google_on_loopback.url, "token": "anon"}, {})
+    calls.rm([f"b/k/{n}" for n in range(32)])
+    assert (gcsjson.DELETE_CONCURRENCY, google_on_loopback.most_deleting) == (16, 16)
