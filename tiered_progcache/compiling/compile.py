@@ -9,6 +9,7 @@ caller unchanged. docs/architecture.md and docs/cluster.md say how and why.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -224,15 +225,14 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
         cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
     memo_dir = None if cache.local_store is None else cache.local_store.header_scans_dir
+    request = _Request(cache, source, code_type, options, target_type.lower(), names, extra_digest, logs)
     compiled = direct.compile_key(cache, source, code_type, options, target_type, names, extra_digest,
                                   portable=portable_keys, recheck_s=header_recheck_s, memo_dir=memo_dir,
                                   defer_past_files=DEFER_PAST_FILES if single_flight else None)
     if isinstance(compiled, direct.Unscanned):  # no node recorded its headers: flown by its direct key
-        unscanned = _Unscanned(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest,
-                               logs, functools.partial(keys.compile_key, source, code_type, options, target_type,
-                                                       names, extra_digest, portable=portable_keys,
-                                                       recheck_s=header_recheck_s, memo_dir=memo_dir,
-                                                       memoize_scan=False))
+        unscanned = _Unscanned(request, compiled, functools.partial(
+            keys.compile_key, source, code_type, options, target_type, names, extra_digest, portable=portable_keys,
+            recheck_s=header_recheck_s, memo_dir=memo_dir, memoize_scan=False))
         try:
             return run_once(cache, compiled.storage, unscanned, wait_timeout=wait_timeout, lease_ttl=lease_ttl,
                             case=plan(cache, math.inf)[0], inputs=unscanned.inputs)
@@ -240,15 +240,15 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
             return _compile_declined(declined.job)
         finally:
             unscanned.remember_scan()
-    job = _Job(cache, compiled, source, code_type, options, target_type.lower(), names, extra_digest, logs)
+    job = _Job(request, compiled)
     if compiled.declined is not None:
         return _compile_declined(job)
-    estimate = predict(cache, code_type, job.target, job.size)
+    estimate = predict(cache, code_type, request.target, job.size)
     case, _ = plan(cache, estimate) if single_flight else (None, None)
     # A race looks nearby (its shared lookup runs beside the compile); so does a key no node recorded a compile
     # for (``unrecorded``): the look under the flight's lock asks the shared tier, one round trip, not two.
     nearby_only = case == SHORT or (case is not None and compiled.unrecorded)
-    found = _find(cache, compiled.key, job.target, options, names, nearby_only=nearby_only)
+    found = request.find(compiled.key, "nearby" if nearby_only else "all")
     if found is not None:
         _record_hit(cache, compiled.key)
         return found[0]
@@ -266,43 +266,15 @@ def _compile_declined(job: _Job, run: _CompilerRun | None = None) -> ObjectCode:
     with _counter_lock:
         _declined += 1
     compiled = job.compiled
-    if job.cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`
+    if job.request.cache.compile_tally.count_uncacheable(compiled.declined, compiled.key):  # stats(): `uncacheable`
         logger.warning("not cached %s, compiled every time (counted as uncacheable): %s", compiled.key[:8].hex(),
                        compiled.declined)  # fmt: skip
-    return (_run_compiler(job) if run is None else _counted(job, run))[0]
-
-
-def _run_compiler(job: _Job) -> tuple[ObjectCode, float]:
-    """The compiler's output and wall time, counted and handed to the ``on_compile`` hooks (failures too)."""
-    return _counted(job, _compiler_run(job.source, job.code_type, job.options, job.target, job.names, job.logs))
-
-
-def _counted(job: _Job, run: _CompilerRun) -> tuple[ObjectCode, float]:
-    """``run``'s output and wall time, counted under ``job``'s key (its failure too, and raised)."""
-    key, code_type, target, tally = job.compiled.key, job.code_type, job.target, job.cache.compile_tally
-    if run.error is not None:
-        compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
-        tally.count_compile(run.seconds)
-        _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=False))
-        raise run.error
-    compile_times.note_cpu(code_type, run.seconds, run.cpu_seconds)
-    tally.count_compile(run.seconds)
-    _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=True))
-    assert run.obj is not None
-    return run.obj, run.seconds
-
-
-def _count_unused(job: _Job, run: _CompilerRun) -> None:
-    """Count a compile whose output nobody needs (its entry was there); its failure is nobody's."""
-    try:
-        _counted(job, run)
-    except BaseException:  # noqa: BLE001 - counted already; there is no caller to raise it to
-        pass
+    return job.count(job.request.run_compiler() if run is None else run)[0]
 
 
 @dataclasses.dataclass
 class _CompilerRun:
-    """One compiler run's outcome (its output or exception, its wall and CPU time), for ``_counted`` to count."""
+    """One compiler run's outcome (its output or exception, its wall and CPU time), for ``_Job.count`` to count."""
 
     obj: ObjectCode | None = None
     error: BaseException | None = None
@@ -310,59 +282,11 @@ class _CompilerRun:
     cpu_seconds: float = 0.0
 
 
-def _compiler_run(source: str | bytes, code_type: str, options: ProgramOptions, target: str,
-                  names: tuple[str | bytes, ...], logs: Any) -> _CompilerRun:
-    """Run the compiler on this thread; its output or exception, not raised here (``_counted`` counts, then raises)."""
-    run = _CompilerRun()
-    started, cpu_started = time.perf_counter(), time.thread_time()
-    program = Program(source, code_type, options)
-    try:
-        run.obj = program.compile(target, name_expressions=names, logs=logs)
-    except BaseException as exc:
-        run.error = exc
-    finally:
-        # CPU time read inside the wall-clock span, so it never exceeds it
-        run.cpu_seconds = time.thread_time() - cpu_started
-        run.seconds = time.perf_counter() - started
-        program.close()
-        # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
-        # Program.__dealloc__ fails when the cycle collector has cleared its options first.
-        del program
-    return run
-
-
-def _find(cache: TieredProgramCache, key: bytes, target: str, options: ProgramOptions, names: tuple[str | bytes, ...],
-          nearby_only: bool = False, shared_only: bool = False,
-          recheck: bool = False) -> tuple[ObjectCode, _Entry] | None:
-    """The cached entry as an ObjectCode (with its symbol mapping when names are asked for), or None.
-
-    ``nearby_only``/``shared_only``: the tiers in front of the shared one, or the others. ``recheck``
-    (a look again under a lock) reads as metadata, so each ``compile()`` is one lookup in ``hits``.
-    """
-    where = "nearby" if nearby_only else "shared" if shared_only else "all"
-    data = cache.get(MetadataKey(key) if recheck else key, where=where)
-    if data is None:
-        return None
-    mapping = None
-    if names:
-        mapping = decode_symbols(cache.get(symbols_key(key), where=where), names)
-        if mapping is None:
-            logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
-            return None
-    return _wrap(data, target, options, mapping), _Entry(data, mapping)
-
-
-def _wrap(data: bytes, target: str, options: ProgramOptions, mapping: SymbolMapping | None) -> ObjectCode:
-    name = options.name or ""
-    return _FROM_BYTES[target](data, name=name, symbol_mapping=dict(mapping) if mapping else None)
-
-
 @dataclasses.dataclass(frozen=True)
-class _Job:
-    """One missed compile: its key and everything the compiler and the manifest need, and the flight's three verbs."""
+class _Request:
+    """One ``compile()`` call: its cache and what the compiler gets, shared by every verb of its flight."""
 
     cache: TieredProgramCache
-    compiled: CompileKey
     source: str | bytes
     code_type: str
     options: ProgramOptions
@@ -371,29 +295,101 @@ class _Job:
     extra_digest: bytes | None
     logs: Any
 
+    def find(self, key: bytes, where: str = "all", recheck: bool = False) -> tuple[ObjectCode, _Entry] | None:
+        """Entry ``key`` as an ObjectCode (with its symbol mapping when names are asked for), or None.
+
+        ``where``: the chain's tiers asked. ``recheck`` (a look again under a lock) reads as
+        metadata, so each ``compile()`` is one lookup in ``hits``.
+        """
+        data = self.cache.get(MetadataKey(key) if recheck else key, where=where)
+        if data is None:
+            return None
+        mapping = None
+        if self.names:
+            mapping = decode_symbols(self.cache.get(symbols_key(key), where=where), self.names)
+            if mapping is None:
+                logger.info("entry %s has no usable symbol mapping: compiling again", key[:8].hex())
+                return None
+        entry = _Entry(data, mapping)
+        return self.wrap(entry), entry
+
+    def wrap(self, entry: _Entry) -> ObjectCode:
+        mapping = dict(entry.mapping) if entry.mapping else None
+        return _FROM_BYTES[self.target](entry.data, name=self.options.name or "", symbol_mapping=mapping)
+
+    def run_compiler(self) -> _CompilerRun:
+        """Run the compiler on this thread; its output or exception, not raised here (``_Job.count`` counts, then
+        raises)."""
+        run = _CompilerRun()
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        program = Program(self.source, self.code_type, self.options)
+        try:
+            run.obj = program.compile(self.target, name_expressions=self.names, logs=self.logs)
+        except BaseException as exc:
+            run.error = exc
+        finally:
+            # CPU time read inside the wall-clock span, so it never exceeds it
+            run.cpu_seconds = time.thread_time() - cpu_started
+            run.seconds = time.perf_counter() - started
+            program.close()
+            # Drop it now: a traceback would keep it in a reference cycle, and cuda-core's
+            # Program.__dealloc__ fails when the cycle collector has cleared its options first.
+            del program
+        return run
+
+    def record_set(self, compiled: CompileKey, seconds: float | None = None, *,
+                   mark_no_set: bytes | None = None) -> None:
+        """Add the header set ``compiled`` read to its direct manifest (:func:`.direct.record`)."""
+        direct.record(self.cache, compiled, self.source, self.code_type, self.options, self.target, self.names,
+                      self.extra_digest, seconds, mark_no_set=mark_no_set)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One missed compile by its key, and the flight's three verbs."""
+
+    request: _Request
+    compiled: CompileKey
+
     @property
     def size(self) -> int:
         """What the flight predicts the compile's time by: the source, and the headers it reads."""
-        return compile_size(len(self.source), len(self.compiled.headers))
+        return compile_size(len(self.request.source), len(self.compiled.headers))
 
     def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Entry] | None:
         """The entry, once the flight gave this caller its turn; ``shared_only``: a race's lookup (adopt records it)."""
-        found = _find(self.cache, self.compiled.key, self.target, self.options, self.names, shared_only=shared_only,
-                      recheck=not shared_only)
+        found = self.request.find(self.compiled.key, "shared" if shared_only else "all", recheck=not shared_only)
         if found is not None and not shared_only:
-            _record_hit(self.cache, self.compiled.key)
+            _record_hit(self.request.cache, self.compiled.key)
         return found
 
     def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
         """Run the compiler and store what it made (not if ``dropped`` is set by then: a race the lookup won)."""
-        return self.store(*_run_compiler(self), dropped)
+        return self.store(*self.count(self.request.run_compiler()), dropped)
+
+    def count(self, run: _CompilerRun) -> tuple[ObjectCode, float]:
+        """``run``'s output and wall time, counted under this key and handed to the ``on_compile`` hooks (its
+        failure too, and raised)."""
+        key, code_type, target, tally = self.compiled.key, self.request.code_type, self.request.target, \
+            self.request.cache.compile_tally  # fmt: skip
+        if run.error is not None:
+            compile_times.record(code_type, target, math.nan, 1)  # not a rate, but the compiler's first use is past
+            tally.count_compile(run.seconds)
+            _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=False))
+            raise run.error
+        compile_times.note_cpu(code_type, run.seconds, run.cpu_seconds)
+        tally.count_compile(run.seconds)
+        _record_compile(CompileEvent(key, code_type, target, run.seconds, ok=True))
+        assert run.obj is not None
+        return run.obj, run.seconds
 
     def store(self, obj: ObjectCode, seconds: float, dropped: threading.Event | None = None, *,
               mark_no_set: bytes | None = None) -> tuple[ObjectCode, _Entry]:
         """Store what the compiler made (not if ``dropped`` is set: a race the lookup won); the manifests too.
 
         ``mark_no_set``: a direct key to leave a manifest of no set under where no set can be recorded."""
-        cache, key, code_type, target, names = self.cache, self.compiled.key, self.code_type, self.target, self.names
+        request, key = self.request, self.compiled.key
+        cache, code_type, target, names = request.cache, request.code_type, request.target, request.names
         compile_times.record(code_type, target, seconds, self.size)  # what the flight plans the next compile with
         _save_times(cache)
         with _counter_lock:
@@ -408,20 +404,19 @@ class _Job:
             cache.put(symbols_key(key), encode_symbols(entry.mapping or {}), compile_seconds=seconds)
         cache.put(key, entry.data, compile_seconds=seconds)
         try:  # a manifest that cannot be made (a bug in building it) costs nothing but itself
-            inputs = compile_inputs(self.compiled, self.source, code_type, self.options, target, names,
-                                    self.extra_digest)  # fmt: skip
+            inputs = compile_inputs(self.compiled, request.source, code_type, request.options, target, names,
+                                    request.extra_digest)  # fmt: skip
             cache.put(manifest_key(key), encode_manifest(build_manifest(key, inputs, seconds)), compile_seconds=seconds)
         except Exception as exc:
             logger.warning("could not store the manifest of entry %s: %r", key[:8].hex(), exc)
-        direct.record(cache, self.compiled, self.source, code_type, self.options, target, names, self.extra_digest,
-                      seconds, mark_no_set=mark_no_set)  # fmt: skip
+        request.record_set(self.compiled, seconds, mark_no_set=mark_no_set)
         return obj, entry
 
     def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
         """Another thread's entry as this one's result; ``found``: it came from a race's lookup (a hit)."""
         if found:
-            _record_hit(self.cache, self.compiled.key)
-        return _wrap(entry.data, self.target, self.options, entry.mapping)
+            _record_hit(self.request.cache, self.compiled.key)
+        return self.request.wrap(entry)
 
 
 class _Declined(BaseException):
@@ -445,12 +440,8 @@ class _Unscanned:
     under the scan's key and records the set.
     """
 
-    def __init__(self, cache: TieredProgramCache, unscanned: direct.Unscanned, source: str | bytes, code_type: str,
-                 options: ProgramOptions, target: str, names: tuple[str | bytes, ...], extra_digest: bytes | None,
-                 logs: Any, scan: Callable[[], CompileKey | None]) -> None:
-        self.cache, self.unscanned, self.source, self.code_type = cache, unscanned, source, code_type
-        self.options, self.target, self.names, self.extra_digest, self.logs = options, target, names, extra_digest, logs
-        self._scan = scan
+    def __init__(self, request: _Request, unscanned: direct.Unscanned, scan: Callable[[], CompileKey | None]) -> None:
+        self.request, self.unscanned, self._scan = request, unscanned, scan
         self._scanning: concurrent.futures.Future[CompileKey | None] | None = None  # the scan, once started
         self._job: _Job | None = None  # once scanned (or matched): the compile by its key
         self._scanned: CompileKey | None = None  # the key this call's scan gave (not memoized meanwhile)
@@ -476,8 +467,7 @@ class _Unscanned:
             if compiled is None:
                 compiled = self._scanned = self._start_scan().result()
                 assert compiled is not None  # not memo_only: the scan answers
-            self._job = _Job(self.cache, compiled, self.source, self.code_type, self.options, self.target, self.names,
-                             self.extra_digest, self.logs)
+            self._job = _Job(self.request, compiled)
         return self._job
 
     def remember_scan(self) -> None:
@@ -485,7 +475,7 @@ class _Unscanned:
         arriving on this node found no memo, so it joined this flight rather than flying by the scan's key."""
         basis = None if self._scanned is None else self._scanned.basis
         if basis is not None and not any(is_racy(sig) for _, sig in basis.result.checks):
-            adopt_scan(self.source, self.options, basis.by_role, basis.result, self.unscanned.memo_dir)
+            adopt_scan(self.request.source, self.request.options, basis.by_role, basis.result, self.unscanned.memo_dir)
 
     def find(self, shared_only: bool = False) -> tuple[ObjectCode, _Entry] | None:
         """The entry of a set recorded since (or, with a manifest of no set holding here, the scan's key's, the scan
@@ -494,12 +484,12 @@ class _Unscanned:
             scanning, first = self._start_scan(), not self._asked
             self._asked = True
             if first or not scanning.done() or scanning.exception() is not None:  # (the holder's look is a first)
-                sets = direct.read_sets(self.cache, self.unscanned.storage)
+                r, u = self.request, self.unscanned
+                sets = direct.read_sets(r.cache, u.storage)
                 if sets is None:
                     return None  # nothing recorded yet: the holder is still at it
-                u = self.unscanned
-                self.job(direct.match(sets, self.source, self.code_type, self.options, self.target, self.names,
-                                      self.extra_digest, u.by_role, u.cwd, memo_dir=u.memo_dir))
+                self.job(direct.match(sets, r.source, r.code_type, r.options, r.target, r.names, r.extra_digest,
+                                      u.by_role, u.cwd, memo_dir=u.memo_dir))
         return self._look()
 
     def _look(self) -> tuple[ObjectCode, _Entry] | None:
@@ -509,9 +499,9 @@ class _Unscanned:
         if self._looked:
             return job.find()
         self._looked = True  # the call's one counted lookup
-        found = _find(self.cache, job.compiled.key, job.target, job.options, job.names)
+        found = self.request.find(job.compiled.key)
         if found is not None:
-            _record_hit(self.cache, job.compiled.key)
+            _record_hit(self.request.cache, job.compiled.key)
         return found
 
     def produce(self, dropped: threading.Event | None = None) -> tuple[ObjectCode, _Entry]:
@@ -521,28 +511,28 @@ class _Unscanned:
         run = None
         if self._job is None:  # the first turn: nobody recorded a set, so nobody compiled this before
             self._start_scan()  # (begun by the look under the lease, as a rule)
-            run = _compiler_run(self.source, self.code_type, self.options, self.target, self.names, self.logs)
+            run = self.request.run_compiler()
         job = self.job()  # the scan's exception is the caller's (the compile's outcome is then nobody's)
         if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
             obj = _compile_declined(job, run)
-            direct.record_none(self.cache, self.unscanned.storage)  # the next caller scans, and compiles uncached
-            return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.names else None)
-        if self.cache.explain_misses:
+            direct.record_none(self.request.cache, self.unscanned.storage)  # the next caller scans, compiles uncached
+            return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.request.names else None)
+        if self.request.cache.explain_misses:
             _explain_miss(job)
         found = self._look()
         if found is not None:  # stored under this key by a compile that recorded no set here: record it now
             if run is not None:
-                _count_unused(job, run)
-            direct.record(self.cache, job.compiled, self.source, self.code_type, self.options, self.target,
-                          self.names, self.extra_digest)  # fmt: skip
+                with contextlib.suppress(BaseException):  # counted; its failure is nobody's (the entry was there)
+                    job.count(run)
+            self.request.record_set(job.compiled)
             return found
-        obj, seconds = _counted(job, run) if run is not None else _run_compiler(job)
+        obj, seconds = job.count(self.request.run_compiler() if run is None else run)
         # Never dropped (this flight never races); with no set to record, the next caller scans at once.
         return job.store(obj, seconds, mark_no_set=self.unscanned.storage)
 
     def adopt(self, entry: _Entry, found: bool = False) -> ObjectCode:
         """Another thread's entry as this one's result (this flight never races, so never ``found``)."""
-        return _wrap(entry.data, self.target, self.options, entry.mapping)
+        return self.request.wrap(entry)
 
 
 def _save_times(cache: TieredProgramCache) -> None:
@@ -560,9 +550,9 @@ def _save_times(cache: TieredProgramCache) -> None:
 
 def _explain_miss(job: _Job) -> None:
     """One INFO line saying why this compile missed (``explain_misses``); never raises: it must not cost the compile."""
+    r = job.request
     try:
-        report = explain_key(job.compiled, job.source, job.code_type, job.options, job.target, job.cache, job.names,
-                             job.extra_digest)  # fmt: skip
+        report = explain_key(job.compiled, r.source, r.code_type, r.options, r.target, r.cache, r.names, r.extra_digest)
     except Exception as exc:
         log_requested(logger, logging.INFO, "miss %s: could not explain it: %r", job.compiled.key[:8].hex(), exc)
         return
