@@ -288,14 +288,16 @@ def test_unreachable_at_construction_warns_and_opens_the_breaker(caplog):
         RedisProgramCache.from_url(url, timeout=1, strict=True)
 
 
-def test_missing_redis_py_names_the_extra(monkeypatch):
+@pytest.mark.parametrize("url", ["rediss://127.0.0.1:1/0", "redis://127.0.0.1:1/0?ssl_cert_reqs=none"])
+def test_missing_redis_py_names_the_extra_where_only_it_serves_the_url(monkeypatch, url):
     """At construction, though the client is built (and redis-py imported) only on first use."""
     import sys
 
     monkeypatch.setitem(sys.modules, "redis", None)  # what both the import and find_spec see as not installed
     with pytest.raises(ImportError, match=r"tiered-progcache\[redis\]") as raised:
-        RedisProgramCache.from_url("redis://127.0.0.1:1/0")
-    assert str(raised.value) == "a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'"
+        RedisProgramCache.from_url(url)
+    assert str(raised.value) == ("a rediss:// URL, a Redis URL with query options, or a client handed in needs "
+                                 "redis-py: pip install 'tiered-progcache[redis]'")
 
 
 @pytest.mark.parametrize("bad", [0, -2, float("inf"), "5"])
@@ -372,13 +374,11 @@ def test_close_leaves_a_request_in_flight_on_its_connection(redis_url):
     store = RedisProgramCache.from_url(redis_url)
     store.write_entry("ab" * 32, b"x")  # a pooled connection exists now
     pool = store.client.connection_pool
-    in_flight = pool.get_connection()
-    in_flight.connect()
-    socket_before = in_flight._sock  # redis-py's socket: closing it under a reader is the failure
+    in_flight = pool._take()  # taken by a request under way
+    socket_before = in_flight.sock  # closing it under a reader is the failure
     store.close()
-    assert in_flight._sock is socket_before and socket_before is not None
-    in_flight.send_command("PING")
-    assert in_flight.read_response() in (b"PONG", "PONG")
-    pool.release(in_flight)
+    assert in_flight.sock is socket_before and socket_before.fileno() != -1
+    assert in_flight.request([("PING",)]) == [b"PONG"]
+    in_flight.close()
     assert store.read_entry("ab" * 32) == b"x"  # and a later call reconnects
     store.close()

@@ -10,8 +10,8 @@ same parts:
   byte cap (a longer value is refused, never pulled past it; an empty answer is a miss),
   and a second only for the rest of an envelope over 8 MiB;
 - every request goes through one :class:`~tiered_progcache.stores.runner.RequestRunner`
-  (a deadline on each, one circuit breaker over all; redis-py blocks, so its thread
-  path), and redis-py's own socket timeouts are the same deadline;
+  (a deadline on each, one circuit breaker over all; the client blocks, so its thread
+  path), and the client's own socket timeouts are the same deadline;
 - it *raises* on trouble (``KeyError`` on a miss, ``EntryRejected``, ``TimeoutError``,
   ``ConnectionError``, ``TierUnavailable``) and the chain (:mod:`tiered_progcache.chain.tier`)
   turns each into a counted miss or a dropped write.
@@ -22,6 +22,10 @@ Keys are ``<prefix>:entries:<name>`` and ``<prefix>:leases:<name>`` (Triton's fi
 ``unix:///path/to/redis.sock?db=0``; ``?prefix=NAME`` works on each (default
 ``tiered-progcache``). An optional per-entry expiry (``expire_s``, the
 ``redis_expire_s`` setting) is set with each write (``SET ... PX``).
+
+The client: :mod:`.resp`'s for ``redis://`` and ``unix://`` URLs (a fresh process imports it in a
+millisecond, where redis-py's import takes 100-170 ms of a core), redis-py's for any other URL
+(``rediss://``, query options) and for a client handed in.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ import math
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from ..errors import InterpreterExiting
+from . import resp
 from .envelope import HEADER_SIZE, InvalidEnvelope, first_read_bytes, joined_envelope, rest_to_read
 from .sharedstore import FetchedEnvelopes, SharedEntryStore, checked_seconds
 from .store import BatchWrite, LeaseStore, StoredEntry, check_entry_name, is_entry_name
@@ -58,17 +63,22 @@ _BATCH = 1000
 _MAC_SIZE = hashlib.sha256().digest_size
 
 
-def _redis_installed() -> None:
-    """``ImportError`` naming the extra unless redis-py is installed; imports nothing (see :class:`_RedisClients`)."""
-    if importlib.util.find_spec("redis") is None:
-        raise ImportError("a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'")
+_NEEDS_REDIS_PY = ("a rediss:// URL, a Redis URL with query options, or a client handed in needs redis-py: "
+                   "pip install 'tiered-progcache[redis]'")
+
+
+def _redis_installed(client_url: str) -> None:
+    """``ImportError`` naming the extra where redis-py serves ``client_url`` and is not installed; imports nothing
+    (see :class:`_RedisClients`)."""
+    if resp.resp_config(client_url) is None and importlib.util.find_spec("redis") is None:
+        raise ImportError(_NEEDS_REDIS_PY)
 
 
 def _redis() -> Any:
     try:
         import redis
     except ImportError:
-        raise ImportError("a redis:// tier needs redis-py: pip install 'tiered-progcache[redis]'") from None
+        raise ImportError(_NEEDS_REDIS_PY) from None
     return redis
 
 
@@ -83,10 +93,30 @@ def _one_round_trip_handshake(redis_version: str) -> dict[str, Any]:
     return {"protocol": 2, "lib_name": None, "lib_version": None}
 
 
+class _ErrorKinds(NamedTuple):
+    """The exception classes a client raises, by what the tier makes of them."""
+
+    timeout: type[Exception]
+    auth: type[Exception]
+    connection: type[Exception]
+    response: type[Exception]
+
+
+_RESP_ERRORS = _ErrorKinds(resp.TimedOut, resp.AuthenticationFailed, resp.ConnectionFailed, resp.ResponseError)
+
+
+def _errors_of(client: Any) -> _ErrorKinds:
+    """What ``client`` raises: :mod:`.resp`'s kinds, else redis-py's (imported: the client is one of its)."""
+    if isinstance(client, resp.RespClient):
+        return _RESP_ERRORS
+    errors = _redis().exceptions
+    return _ErrorKinds(errors.TimeoutError, errors.AuthenticationError, errors.ConnectionError, errors.ResponseError)
+
+
 @dataclasses.dataclass(frozen=True)
 class _RedisClients:
-    """redis-py's client for ``url``, built on first use: redis-py's import (tens of ms, the tier's largest
-    cost to a fresh process) then runs on the probe's thread, beside the process's first compile.
+    """The client for ``url``, built on first use on the probe's thread, beside the process's first compile:
+    :mod:`.resp`'s where it serves the URL, else redis-py's (its import, 100-170 ms, runs there then).
     Immutable; a :class:`~tiered_progcache.stores.runner.ClientFactory`."""
 
     url: str
@@ -94,9 +124,12 @@ class _RedisClients:
 
     @property
     def is_async(self) -> bool:
-        return False  # redis-py blocks: its requests run on the runner's threads
+        return False  # both block: their requests run on the runner's threads
 
     def build(self, fresh: bool = False) -> Any:
+        config = resp.resp_config(self.url)
+        if config is not None:
+            return resp.RespClient(config, self.timeout)
         redis = _redis()
         return redis.Redis.from_url(self.url, socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
                                     **_one_round_trip_handshake(redis.__version__))
@@ -112,7 +145,7 @@ class RedisProgramCache(SharedEntryStore):
     >>> redis_tier = RedisProgramCache.from_url("redis://cache:6379/0/ci-kernels", expire_s=7 * 86400)
     >>> cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(), redis_tier, s3])
 
-    Threads: every method is safe from many threads (redis-py's client keeps a
+    Threads: every method is safe from many threads (the client keeps a
     connection pool; the breaker locks). Processes and nodes: an entry is one ``SET``
     of a whole envelope, so a reader sees all of it or none; two writers of one key race
     harmlessly (same compile, last writer wins); everything read is verified.
@@ -133,7 +166,8 @@ class RedisProgramCache(SharedEntryStore):
     ) -> None:
         """See :meth:`from_url`; the shared store's options (``shared``) are :class:`~.sharedstore.SharedEntryStore`'s.
 
-        ``client``: a redis-py client, or None with a ``factory`` in ``shared`` that builds one on first use."""
+        ``client``: a redis-py client, or None with a ``factory`` in ``shared`` that builds one on first use
+        (:class:`_RedisClients`: :mod:`.resp`'s, or redis-py's)."""
         self._prefix = prefix
         self.expire_s = checked_seconds("redis_expire_s", "expire_s", expire_s)
         self._px = None if self.expire_s is None else max(1, math.ceil(self.expire_s * 1000))
@@ -150,8 +184,9 @@ class RedisProgramCache(SharedEntryStore):
         """Build the tier from a ``redis://``, ``rediss://`` or ``unix://`` URL.
 
         ``timeout`` (default: the ``remote_timeout`` setting's, 5 s) bounds every request, and
-        is redis-py's socket and connect timeout too. A bad URL, timeout or expiry raises ``ValueError``/``TypeError``
-        at once; a missing redis-py raises ``ImportError`` naming the extra. An unreachable
+        is the client's socket and connect timeout too. A bad URL, timeout or expiry raises ``ValueError``/``TypeError``
+        at once; a URL only redis-py serves (``rediss://``, query options) without redis-py installed raises
+        ``ImportError`` naming the extra. An unreachable
         server raises only with ``strict=True``; otherwise a warning and an open breaker
         (the chain runs without this tier until a probe succeeds). ``options`` go to
         :class:`RedisProgramCache` (``prefix`` comes from the URL; ``strict``, ``expire_s``) and the shared store
@@ -161,7 +196,7 @@ class RedisProgramCache(SharedEntryStore):
         if not isinstance(url, str):
             raise TypeError(f"Redis URL must be a str, got {type(url).__name__}")
         client_url, prefix = split_redis_url(url)
-        _redis_installed()
+        _redis_installed(client_url)
         limit = checked_seconds("remote_timeout", "timeout", timeout)
         return cls(None, url=url, prefix=prefix, timeout=limit, factory=_RedisClients(client_url, limit), **options)
 
@@ -180,8 +215,14 @@ class RedisProgramCache(SharedEntryStore):
 
     @property
     def client(self) -> Any:
-        """The redis-py client, built on first use (by the probe, on its thread); raises as the runner's ``fs``."""
+        """The client (:mod:`.resp`'s or redis-py's), built on first use (by the probe, on its thread); raises as
+        the runner's ``fs``."""
         return self._runner.fs
+
+    @property
+    def _errors(self) -> _ErrorKinds:
+        """What the client raises (asked once it is built: every request builds it first)."""
+        return _errors_of(self._runner.built)
 
     @property
     def atomic_create(self) -> bool:
@@ -299,18 +340,18 @@ class RedisProgramCache(SharedEntryStore):
             return FetchedEnvelopes.filed({}, dict.fromkeys(names, exc))
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
-        """``fn(*args)`` through the runner, with redis-py's errors as the builtin ones the chain counts."""
+        """``fn(*args)`` through the runner, with the client's errors as the builtin ones the chain counts."""
         return self._runner.call(what, self._translated, None, fn, args, timeout=timeout)
 
     def _translated(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        redis = _redis()
+        errors = self._errors
         try:
             return fn(*args)
-        except redis.exceptions.TimeoutError as exc:
+        except errors.timeout as exc:
             raise TimeoutError(f"no answer from {self._location} within {self.timeout:g} s ({exc})") from None
-        except redis.exceptions.AuthenticationError as exc:  # a ConnectionError too: caught first
+        except errors.auth as exc:  # a connection error too: caught first
             raise PermissionError(f"{self._location}: access denied, check the password ({exc})") from None
-        except redis.exceptions.ConnectionError as exc:
+        except errors.connection as exc:
             raise ConnectionError(f"{self._location}: {exc}") from None
 
     def _read_value(self, key: str) -> bytes | None:
@@ -321,7 +362,7 @@ class RedisProgramCache(SharedEntryStore):
         """
         try:
             first = self.client.getrange(key, 0, self._first_read - 1)
-        except _redis().exceptions.ResponseError as exc:
+        except self._errors.response as exc:
             first = exc
         return self._completed(key, first)
 
@@ -358,14 +399,14 @@ class RedisProgramCache(SharedEntryStore):
         start, end = rest
         try:
             more = self.client.getrange(key, start, end - 1)
-        except _redis().exceptions.ResponseError as exc:
+        except self._errors.response as exc:
             more = exc
         return bytes(joined_envelope(first, self._string(more), end))
 
     def _string(self, answer: Any) -> bytes:
-        """A string command's answer, where redis-py hands errors back as values (a pipeline with
+        """A string command's answer, where the client hands errors back as values (a pipeline with
         ``raise_on_error=False``): ``InvalidEnvelope`` for a key of another type, the error itself raised for any other."""
-        if isinstance(answer, _redis().exceptions.ResponseError) and "WRONGTYPE" in str(answer):
+        if isinstance(answer, self._errors.response) and "WRONGTYPE" in str(answer):
             raise InvalidEnvelope("not a string value (planted by something else)")
         if isinstance(answer, Exception):
             raise answer
