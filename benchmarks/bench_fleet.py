@@ -126,7 +126,9 @@ def import_client(url: str | None) -> None:
     if not url:
         return
     scheme = url.split("://", 1)[0]
-    if scheme.startswith("redis"):
+    if scheme == "redis":
+        import tiered_progcache.stores.resp  # noqa: F401  (the client the cache builds for redis:// URLs)
+    elif scheme == "rediss":
         import redis  # noqa: F401
     elif scheme in ("s3", "s3a") and importlib.util.find_spec("obstore") is not None:
         import obstore.store  # noqa: F401  (the client the cache builds for S3 where it is installed)

@@ -33,6 +33,7 @@ JOIN_S = 60.0
     ("redis://[::1]:7000/0", ("::1", 7000, None, None, None, 0)),
     ("unix:///run/redis.sock", (None, 0, "/run/redis.sock", None, None, 0)),
     ("unix://:pass@/run/redis.sock?db=2", (None, 0, "/run/redis.sock", None, "pass", 2)),
+    ("unix://user:pass@/run/redis.sock", (None, 0, "/run/redis.sock", "user", "pass", 0)),
 ])
 def test_the_urls_it_serves(url, served):
     config = resp.resp_config(url)
@@ -43,7 +44,8 @@ def test_the_urls_it_serves(url, served):
 @pytest.mark.parametrize("url", [
     "rediss://cache:6379/0",  # TLS: redis-py's
     "redis://cache/0?ssl_cert_reqs=none", "redis://cache/0?socket_keepalive=true", "unix:///run/r.sock?password=x",
-    "redis://cache:notaport/0", "redis://cache/x", "redis:///0", "unix://", "http://cache/0",
+    "redis://cache:notaport/0", "redis://cache/x", "redis://cache/1X", "redis:///0", "unix://", "http://cache/0",
+    "redis://cache/0?ssl_cert_reqs=", "redis://cache/0?junk",  # a blank option is an option (a bare word too)
 ])
 def test_the_urls_it_leaves_to_redis_py(url):
     assert resp.resp_config(url) is None
@@ -118,6 +120,19 @@ def test_a_wrong_password_and_a_missing_one_are_refusals():
     assert "wrong" not in str(denied.value)
 
 
+def test_a_login_the_server_refuses_is_named_by_its_command(redis_server):  # noqa: F811
+    """A password sent to a server that has none, a database it does not have: each refusal names its command."""
+    port = redis_server.url.split(":")[-1].split("/")[0]
+    with pytest.raises(resp.AuthenticationFailed) as auth:
+        resp.RespClient(resp.resp_config(f"redis://:pw@127.0.0.1:{port}/0"), 5.0).ping()
+    assert str(auth.value).startswith("AUTH refused: ERR AUTH <password> called without any password configured")
+    select = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{port}/99"), 5.0)
+    with pytest.raises(resp.ConnectionFailed) as refused:
+        select.ping()
+    assert type(refused.value) is resp.ConnectionFailed and str(refused.value) == "SELECT refused: ERR DB index is out of range"
+    assert select.connection_pool.idle() == 0
+
+
 def test_answers_as_the_tier_reads_them(redis_url):
     client = resp.RespClient(resp.resp_config(redis_url), 5.0)
     assert client.ping() is True
@@ -127,14 +142,24 @@ def test_answers_as_the_tier_reads_them(redis_url):
     assert client.getrange("a", 2, 3) == b"\x00b" and client.getrange("absent", 0, 9) == b""
     assert (client.strlen("a"), client.exists("a", "absent"), client.delete("a", "absent")) == (8, 1, 1)
     client.set("x", b"1", ex=100)
-    cursor, keys = client.scan(0, match="x*", count=1000)
-    assert (cursor, keys) == (0, [b"x"])
+    assert 90 <= client.connection_pool.request([("TTL", "x")])[0] <= 100
+    assert client.scan(0, match="x*", count=1000) == (0, [b"x"]) and client.scan(match="x*") == (0, [b"x"])
     pipe = client.pipeline(transaction=False)
-    pipe.set("y", b"yy", px=1000).getrange("y", 0, 0).strlen("y").exists("y")
+    pipe.set("y", b"yy", px=100000).getrange("y", 0, 0).strlen("y").exists("y")
     assert pipe.execute() == [b"OK", b"y", 2, 1]
+    assert 90000 <= client.connection_pool.request([("PTTL", "y")])[0] <= 100000
+    pipe.set("y", b"again").set("y", b"not", ex=5, nx=True).set("z", b"z", ex=100)
+    assert pipe.execute() == [b"OK", None, b"OK"]  # a pipeline's set overwrites unless asked not to
+    assert client.get("y") == b"again" and 90 <= client.connection_pool.request([("TTL", "z")])[0] <= 100
     assert pipe.execute() == []  # emptied
-    with pytest.raises(ValueError, match="transaction"):
+
+
+def test_an_empty_pipeline_sends_nothing_and_opens_no_connection():
+    client = resp.RespClient(resp.resp_config("redis://127.0.0.1:1/0"), 5.0)  # nothing listens there
+    assert client.pipeline().execute() == [] and client.connection_pool.idle() == 0
+    with pytest.raises(ValueError) as refused:
         client.pipeline(transaction=True)
+    assert str(refused.value) == "this client sends no transactions (MULTI/EXEC): pipeline(transaction=False)"
 
 
 def test_an_error_answer_is_raised_alone_or_handed_back_in_a_pipeline(redis_url):
@@ -246,23 +271,85 @@ def test_a_new_connections_login_goes_out_with_its_first_request():
 
 
 @pytest.mark.parametrize(("answer", "error"), [
-    (b"?what\r\n", "not a Redis answer"),
-    (b":12x\r\n", "not a Redis answer"),
-    (b"$5\r\nab", "closed mid-answer"),
-    (b"$2\r\nabcd\r\n", "closed mid-answer"),
-    (b"$%d\r\n" % (resp.MAX_BULK_BYTES + 1), "at most 536870912"),
-    (b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", "nested 5 deep"),
-    (b"+OK", "closed mid-answer"),
-    (b"+" + b"x" * resp.MAX_LINE_BYTES, "line is over 65536 bytes"),
-    (b"", "closed mid-answer"),
+    (b"?what\r\n", "not a Redis answer: b'?what\\r\\n'"),
+    (b"?" + b"y" * 100 + b"\r\n", "not a Redis answer: b'?" + "y" * 63 + "'"),
+    (b":12x\r\n", "not a Redis answer: b':12x\\r\\n'"),
+    (b"?12\r\n", "not a Redis answer: b'?12\\r\\n'"),  # a number after a type this client does not know
+    (b"%" + b"1" * 100 + b"\r\n", "not a Redis answer: b'%" + "1" * 63 + "'"),
+    (b"$5\r\nab", "the connection closed mid-answer"),
+    (b"$2\r\nabcd\r\n", "the connection closed mid-answer"),
+    (b"$11\r\nabcdefghijk\r\n", "a string of 11 bytes announced (at most 10)"),
+    (b"*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", "an array of 1 nested 5 deep announced (at most 4)"),
+    (b"*-2\r\n", "an array of -2 nested 1 deep announced (at most 4)"),
+    (b"+OK", "the connection closed mid-answer"),
+    (b"", "the connection closed mid-answer"),
 ])
-def test_an_answer_that_is_not_redis_closes_the_connection(answer, error):
+def test_an_answer_that_is_not_redis_closes_the_connection(monkeypatch, answer, error):
+    monkeypatch.setattr(resp, "MAX_BULK_BYTES", 10)
     with _scripted(answer) as server:
         server.release.set()  # the server hangs up after its answer
         client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 10.0)
-        with pytest.raises(resp.ConnectionFailed, match=error):
+        with pytest.raises(resp.ConnectionFailed) as failed:
             client.get("k")
+    assert str(failed.value) == error
     assert client.connection_pool.idle() == 0
+
+
+@pytest.mark.parametrize(("answer", "value"), [
+    (b"$10\r\nabcdefghij\r\n", b"abcdefghij"),  # as long as a string may be
+    (b"*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n", [[[[1]]]]),  # as deep as an array may be
+    (b"*-1\r\n", None), (b"$-1\r\n", None), (b":-7\r\n", -7),
+    (b"-ERR caf\xc3\xa9 \xff\r\n", "ERR caf\u00e9 \ufffd"),  # an error answer's bytes, as the server sent them
+])
+def test_answers_at_the_bounds_are_read(monkeypatch, answer, value):
+    monkeypatch.setattr(resp, "MAX_BULK_BYTES", 10)
+    with _scripted(answer) as server:
+        client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 10.0)
+        got = client.connection_pool.request([("GET", "k")])[0]
+    assert (str(got) if isinstance(got, resp.ResponseError) else got) == value
+
+
+def test_a_line_past_its_bound_is_refused_without_waiting_for_its_end():
+    with _scripted(b"+" + b"x" * (resp.MAX_LINE_BYTES + 100)) as server:  # and then nothing: the line never ends
+        client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 30.0)
+        with pytest.raises(resp.ConnectionFailed) as failed:
+            client.get("k")
+    assert str(failed.value) == "an answer's line is over 65536 bytes"
+
+
+def test_a_scan_answer_of_another_shape_is_refused():
+    for answer in (b"*2\r\n:0\r\n*0\r\n", b"*2\r\n$1\r\n0\r\n:5\r\n", b"*1\r\n$1\r\n0\r\n", b":3\r\n"):
+        with _scripted(answer) as server:
+            client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 10.0)
+            with pytest.raises(resp.ConnectionFailed, match="^not an answer to SCAN: "):
+                client.scan(0)
+
+
+def test_a_kept_connection_keeps_its_deadline():
+    """The idle connection's peek must leave its timeout in place: a server that answers once, then never."""
+    first = b"+OK\r\n"
+    with _scripted(first, expect=len(resp._encode(("SET", "k", b"v")))) as server:
+        client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 0.3)
+        assert client.set("k", b"v") == b"OK" and client.connection_pool.idle() == 1
+        with pytest.raises(resp.TimedOut):
+            client.get("k")
+
+
+def test_a_unix_socket_that_never_answers_is_a_timeout_and_a_missing_one_is_named(tmp_path):
+    path = str(tmp_path / "r.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        client = resp.RespClient(resp.resp_config(f"unix://{path}"), 0.3)
+        with pytest.raises(resp.TimedOut, match=f"talking to {path}"):
+            client.ping()
+    finally:
+        listener.close()
+    missing = str(tmp_path / "none.sock")
+    with pytest.raises(resp.ConnectionFailed) as refused:
+        resp.RespClient(resp.resp_config(f"unix://{missing}"), 5.0).ping()
+    assert str(refused.value) == f"Error 2 connecting to {missing}. No such file or directory."
 
 
 def test_a_server_that_never_answers_is_a_timeout_and_the_connection_goes():

@@ -77,7 +77,7 @@ def resp_config(url: str) -> RespConfig | None:
     (``rediss://``, a query option other than ``db``, a port or database that does not parse)."""
     try:
         parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))  # a blank option is an option: redis-py's
         if parts.scheme not in ("redis", "unix") or set(query) - {"db"}:
             return None
         db_text = query.get("db") or (parts.path.strip("/") if parts.scheme == "redis" else "")
