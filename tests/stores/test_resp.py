@@ -7,7 +7,9 @@ server on loopback that answers what the test says.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -143,7 +145,7 @@ def test_answers_as_the_tier_reads_them(redis_url):
     assert (client.strlen("a"), client.exists("a", "absent"), client.delete("a", "absent")) == (8, 1, 1)
     client.set("x", b"1", ex=100)
     assert 90 <= client.connection_pool.request([("TTL", "x")])[0] <= 100
-    assert client.scan(0, match="x*", count=1000) == (0, [b"x"]) and client.scan(match="x*") == (0, [b"x"])
+    assert client.scan(0, match="x*", count=1000) == (0, [b"x"]) and client.scan(0, match="x*") == (0, [b"x"])
     pipe = client.pipeline(transaction=False)
     pipe.set("y", b"yy", px=100000).getrange("y", 0, 0).strlen("y").exists("y")
     assert pipe.execute() == [b"OK", b"y", 2, 1]
@@ -193,6 +195,39 @@ def test_a_pooled_connection_the_server_closed_is_replaced_before_a_request_is_s
     assert killed >= 1
     assert client.get("k") == b"v"  # on a new connection, no error
     assert client.connection_pool.idle() == 1
+
+
+def test_a_pooled_connection_the_server_reset_is_replaced_before_a_request_is_sent_on_it():
+    """A reset (RST) rather than a close: the peek raises, and the connection is replaced all the same."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    reset = threading.Event()
+
+    def serve() -> None:
+        first, _ = listener.accept()
+        first.recv(65536)
+        first.sendall(b"+OK\r\n")
+        reset.wait(JOIN_S)
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        first.close()
+        second, _ = listener.accept()
+        with second:
+            second.recv(65536)
+            second.sendall(b"$1\r\nv\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{port}/0"), 10.0)
+        assert client.set("k", b"v") == b"OK"
+        poll = select.poll()
+        poll.register(client.connection_pool._idle[-1].sock, select.POLLIN)
+        reset.set()
+        assert poll.poll(JOIN_S * 1000)  # the reset is in (a poll reads no error: the peek still meets it)
+        assert client.get("k") == b"v"
+    finally:
+        thread.join(JOIN_S)
+        listener.close()
 
 
 def test_connections_are_kept_one_per_thread_at_once_and_closed_idle(redis_url):

@@ -314,7 +314,7 @@ class RespClient:
         """``b"OK"``, or None where ``nx`` found the key there."""
         return self._one(*_set_command(name, value, ex, px, nx))  # type: ignore[return-value]
 
-    def scan(self, cursor: int = 0, match: str | None = None, count: int | None = None) -> tuple[int, list[bytes]]:
+    def scan(self, cursor: int, match: str | None = None, count: int | None = None) -> tuple[int, list[bytes]]:
         command: list[str | int] = ["SCAN", cursor]
         if match is not None:
             command += ["MATCH", match]
