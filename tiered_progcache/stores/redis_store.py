@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -107,8 +108,12 @@ _RESP_ERRORS = _ErrorKinds(resp.TimedOut, resp.AuthenticationFailed, resp.Connec
 
 def _errors_of(client: Any) -> _ErrorKinds:
     """What ``client`` raises: :mod:`.resp`'s kinds, else redis-py's (imported: the client is one of its)."""
-    if isinstance(client, resp.RespClient):
-        return _RESP_ERRORS
+    return _RESP_ERRORS if isinstance(client, resp.RespClient) else _redis_py_errors()
+
+
+@functools.cache
+def _redis_py_errors() -> _ErrorKinds:
+    """redis-py's kinds, made once (every request of a tier on redis-py asks)."""
     errors = _redis().exceptions
     return _ErrorKinds(errors.TimeoutError, errors.AuthenticationError, errors.ConnectionError, errors.ResponseError)
 
