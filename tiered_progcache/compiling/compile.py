@@ -187,6 +187,11 @@ class _Entry(NamedTuple):
     data: bytes
     mapping: SymbolMapping | None
 
+    @classmethod
+    def of(cls, obj: ObjectCode, names: tuple[str | bytes, ...]) -> _Entry:
+        """What the compiler made, as waiters get it (the symbol mapping only where names were asked for)."""
+        return cls(bytes(obj.code), dict(obj.symbol_mapping) if names else None)
+
 
 def compile(  # noqa: A001 - the name users look for; the builtin is not used here
     source: str | bytes,
@@ -394,7 +399,7 @@ class _Job:
         _save_times(cache)
         with _counter_lock:
             _remember_saved(cache, key, round(seconds, 6))  # what the manifest records
-        entry = _Entry(bytes(obj.code), dict(obj.symbol_mapping) if names else None)
+        entry = _Entry.of(obj, names)
         if dropped is not None and dropped.is_set():
             return obj, entry  # the lookup won the race: the entry is stored already
         # The symbol map before the binary (whoever sees the binary can name its kernels), the binary before its
@@ -516,7 +521,7 @@ class _Unscanned:
         if job.compiled.declined is not None:  # (a held lease's later turn raised _Declined in find())
             obj = _compile_declined(job, run)
             direct.record_none(self.request.cache, self.unscanned.storage)  # the next caller scans, compiles uncached
-            return obj, _Entry(bytes(obj.code), dict(obj.symbol_mapping) if self.request.names else None)
+            return obj, _Entry.of(obj, self.request.names)
         if self.request.cache.explain_misses:
             _explain_miss(job)
         found = self._look()
