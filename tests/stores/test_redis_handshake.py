@@ -126,6 +126,7 @@ def test_the_client_is_built_with_the_tiers_deadline_as_its_socket_timeouts():
     kwargs = client.connection_pool.connection_kwargs
     assert type(client).__module__ == "redis.client"
     assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.5, 2.5)
+    assert kwargs["protocol"] == 2  # redis-py's connection costs one round trip too: no HELLO 3
 
 
 def test_closing_disconnects_a_built_client_and_builds_none():
