@@ -73,6 +73,15 @@ class Broken(InMemoryProgramCache):
         raise OSError(self.what)
 
 
+class CountsCloses(InMemoryProgramCache):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closes = 0
+
+    def close(self):
+        self.closes += 1
+
+
 class Faulty(InMemoryProgramCache):
     def __init__(self, exc: Exception) -> None:
         super().__init__()
@@ -236,6 +245,33 @@ class TestBackgroundWrites:
         alive = closer.is_alive()
         stuck.gate.set()
         assert not alive, "close(timeout=0.2) did not return while an upload was stuck"
+
+    def test_close_waits_for_the_kept_work_then_closes_the_tiers(self, chain, cleanup):
+        """A lease's release after its upload (``keep_until_closed``) runs on the tiers before close() closes them.
+
+        Mutants: the kept work not waited for (the tiers closed under it), or waited for after the tiers closed."""
+        tier = CountsCloses()
+        cache = chain(tiers=[tier])
+        go, closes_seen = threading.Event(), []
+        kept = cleanup.thread(lambda: (go.wait(30), closes_seen.append(tier.closes)))
+        cache.keep_until_closed(kept)
+        closer = cleanup.thread(cache.close)
+        closer.join(0.5)  # close() must still be waiting: with the work not waited for, it is over by now
+        waiting = closer.is_alive()
+        go.set()
+        closer.join(30)
+        assert waiting and closes_seen == [0] and tier.closes == 1
+
+    def test_close_gives_the_kept_work_what_is_left_of_its_timeout(self, chain, cleanup):
+        """Mutant: the kept work joined without the deadline (close(timeout=0.2) hangs on a release that hangs)."""
+        cache = chain(tiers=[InMemoryProgramCache()])
+        go = threading.Event()
+        cache.keep_until_closed(cleanup.thread(lambda: go.wait(60)))
+        closer = cleanup.thread(lambda: cache.close(timeout=0.2))
+        closer.join(30)
+        alive = closer.is_alive()
+        go.set()
+        assert not alive, "close(timeout=0.2) did not return while kept work hung"
 
     @pytest.mark.parametrize("timeout", [None, 30.0])
     def test_close_and_flush_drain_every_queued_write_within_their_timeout(self, timeout, chain):

@@ -336,6 +336,38 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
         node_a.close()
 
 
+def test_a_cache_closed_right_after_its_compile_has_released_the_lease_when_close_returns(tmp_path, cleanup,
+                                                                                          monkeypatch):
+    """close() drains the upload, then waits for the lease's release before it closes the tiers: the next node
+    finds no lease to wait on (a release left running could meet a closed store and leave the lease to expire).
+    The release is held until the test has seen close() still waiting for it."""
+    from cuda.core.utils import make_program_cache_key
+
+    release, may_release = RemoteLease.release, threading.Event()
+
+    def held_release(lease: RemoteLease) -> None:
+        may_release.wait(JOIN_S)
+        release(lease)
+
+    monkeypatch.setattr(RemoteLease, "release", held_release)
+
+    key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
+    name = entry_name(key)
+    remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
+    upload = remote.hold("create_entry", name=name, timeout=JOIN_S)
+    node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
+                                **WAIT_FOR_HOLDER)
+    tpc.compile(kernel(57), "c++", options(), cache=node_a, lease_ttl=600)  # returns; its upload waits
+    closer = cleanup.thread(node_a.close)
+    upload.open()
+    closer.join(0.5)  # with the release not waited for, close() is over by now
+    waiting = closer.is_alive()
+    may_release.set()
+    closer.join(JOIN_S)
+    assert waiting and not closer.is_alive()
+    assert RemoteLease(remote.leases(), name, 600).read() is None, "close() returned with the lease still held"
+
+
 class UnsealingRemote(RemoteProgramCache):
     """A real file:// remote that cannot seal a record, as a store without an envelope."""
 

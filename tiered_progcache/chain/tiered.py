@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
@@ -143,6 +144,8 @@ class TieredProgramCache(ProgramCacheResource):
         self._spans = {"all": (0, len(tiers)), "nearby": (0, self._first_shared),
                        "shared": (self._first_shared, len(tiers))}  # fmt: skip
         self._closed = False
+        self._kept: list[threading.Thread] = []  # work on the store that close() waits for (lease releases)
+        self._kept_lock = threading.Lock()
         self._exit_report: exitreport.Source | None = None
         self._min_upload_compile_s = min_upload_compile_s
         self._explain_misses = explain_misses
@@ -478,8 +481,16 @@ class TieredProgramCache(ProgramCacheResource):
             if tier.writeback is not None:
                 tier.writeback.expedite(since)
 
+    def keep_until_closed(self, thread: threading.Thread) -> None:
+        """Have :meth:`close` wait for ``thread`` (started; work on this cache's tiers, such as a lease's release
+        after its upload) before it closes them: a cache closed right after a compile still releases its lease."""
+        with self._kept_lock:
+            self._kept = [t for t in self._kept if t.is_alive()]
+            self._kept.append(thread)
+
     def close(self, timeout: float | None = 30.0) -> None:
-        """Drain background writes (within ``timeout`` seconds) and release every tier. Idempotent."""
+        """Drain background writes, then the work kept by :meth:`keep_until_closed` (all within ``timeout``
+        seconds), and release every tier. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -491,6 +502,10 @@ class TieredProgramCache(ProgramCacheResource):
             if tier.writeback is not None:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 tier.writeback.close(remaining)
+        with self._kept_lock:
+            kept, self._kept = self._kept, []
+        for thread in kept:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         for tier in self._tiers:
             tier.close()
 

@@ -303,6 +303,7 @@ def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, key: by
 
     Not a daemon, so a process that exits right after compiling still releases its lease; once
     interpreter exit has begun it stops waiting, and the release gets what is left of the exit budget.
+    ``cache.close()`` waits for it, so the lease is released before the cache's tiers close.
     """
 
     def upload_then_release() -> None:
@@ -319,4 +320,6 @@ def _release_after_upload(lease: RemoteLease, cache: TieredProgramCache, key: by
         releaser.start()
         exitbudget.PROCESS.join(releaser)
 
-    threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False).start()
+    thread = threading.Thread(target=upload_then_release, name=f"tiered-progcache-lease-{name[:8]}", daemon=False)
+    thread.start()
+    cache.keep_until_closed(thread)
