@@ -246,21 +246,24 @@ class TestBackgroundWrites:
         stuck.gate.set()
         assert not alive, "close(timeout=0.2) did not return while an upload was stuck"
 
-    def test_close_waits_for_the_kept_work_then_closes_the_tiers(self, chain, cleanup):
+    @pytest.mark.parametrize("timeout", [None, 30.0])
+    def test_close_waits_for_the_kept_work_then_closes_the_tiers(self, timeout, chain, cleanup):
         """A lease's release after its upload (``keep_until_closed``) runs on the tiers before close() closes them.
 
-        Mutants: the kept work not waited for (the tiers closed under it), or waited for after the tiers closed."""
+        Mutants: the kept work not waited for (the tiers closed under it), or waited for after the tiers closed;
+        close(timeout=None) joining with a deadline it has not got."""
         tier = CountsCloses()
         cache = chain(tiers=[tier])
         go, closes_seen = threading.Event(), []
         kept = cleanup.thread(lambda: (go.wait(30), closes_seen.append(tier.closes)))
         cache.keep_until_closed(kept)
-        closer = cleanup.thread(cache.close)
+        closed = []
+        closer = cleanup.thread(lambda: (cache.close(timeout), closed.append(True)))
         closer.join(0.5)  # close() must still be waiting: with the work not waited for, it is over by now
         waiting = closer.is_alive()
         go.set()
         closer.join(30)
-        assert waiting and closes_seen == [0] and tier.closes == 1
+        assert waiting and closed == [True] and closes_seen == [0] and tier.closes == 1
 
     def test_close_gives_the_kept_work_what_is_left_of_its_timeout(self, chain, cleanup):
         """Mutant: the kept work joined without the deadline (close(timeout=0.2) hangs on a release that hangs)."""

@@ -28,7 +28,7 @@ from tiered_progcache.testing import WrapperEntryStore
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
 from test_compile import RemoteWithoutAtomicCreate
-from test_singleflight import Work, BROKEN, collect_outcomes, kernel, options
+from test_singleflight import ARCH, Work, BROKEN, collect_outcomes, kernel, options
 
 SPAWN = mp.get_context("spawn")
 JOIN_S = 90
@@ -324,7 +324,8 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
         tpc.compile(kernel(56), "c++", options(), cache=node_a, lease_ttl=600)  # its upload waits
         node_a[b"stuck"] = b"\x7fELF" + bytes(64)  # queued after it, and stuck
         (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
-        assert isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)  # held while not up
+        releaser.join(0.5)  # several of its polls: a release timed from a deadline already past is over by now
+        assert releaser.is_alive() and isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)
         gates[key].open()
         releaser.join(10)  # the release used to wait for the whole queue: 30 s here
         assert not releaser.is_alive(), "the lease waited for an upload queued after its own"
@@ -366,6 +367,35 @@ def test_a_cache_closed_right_after_its_compile_has_released_the_lease_when_clos
     closer.join(JOIN_S)
     assert waiting and not closer.is_alive()
     assert RemoteLease(remote.leases(), name, 600).read() is None, "close() returned with the lease still held"
+
+
+_COMPILE_THEN_EXIT = r"""
+import sys, threading
+import tiered_progcache as tpc
+from cuda.core import ProgramOptions
+cache = tpc.TieredProgramCache(sys.argv[1], remote=sys.argv[2], lease_min_compile_rtts=0.0)
+compiler = threading.Thread(target=tpc.compile, args=(sys.argv[3], "c++", ProgramOptions(arch=sys.argv[4])),
+                            kwargs={"cache": cache}, daemon=True)  # a daemon's compile: its release is not one
+compiler.start()
+compiler.join()
+"""  # and exits at once: no close(), no flush
+
+
+def test_a_process_that_exits_right_after_its_compile_releases_its_lease(tmp_path):
+    """The release waits for the upload on a thread the interpreter waits for at exit (not a daemon, whoever
+    compiled): a process that returns from compile() and ends leaves its entry on the store and no lease."""
+    import subprocess
+    import sys
+
+    (tmp_path / "remote").mkdir()
+    url = f"file://{tmp_path / 'remote'}"
+    done = subprocess.run([sys.executable, "-c", _COMPILE_THEN_EXIT, str(tmp_path / "node"), url, kernel(58), ARCH],
+                          capture_output=True, text=True, timeout=JOIN_S)
+    assert done.returncode == 0, done.stderr
+    assert _lease_paths(url, None) == [], "the lease outlived its process"
+    with TieredProgramCache(tmp_path / "other", remote=url) as other:
+        assert tpc.compile(kernel(58), "c++", options(), cache=other) is not None
+        assert other.stats().hits == 1  # the exiting process's entry, from the store
 
 
 class UnsealingRemote(RemoteProgramCache):

@@ -171,3 +171,30 @@ def test_the_probes_ping_opens_the_connection_and_the_next_ping_is_the_first_rou
             assert (pings() - before, tier.runner.latency.recorded) == (3, 1)
         finally:
             tier.close()
+
+
+@pytest.mark.parametrize("query", ["", "?socket_keepalive=true"], ids=["own client", "redis-py"])
+def test_a_dead_server_is_a_connection_error_naming_the_tier_from_either_client(query):
+    """The tier's own client and redis-py (a URL with query options) fail alike: a refused connection is
+    ``ConnectionError`` naming the tier's location, whichever client's own exception it was."""
+    with RedisServer() as server:
+        tier = RedisProgramCache.from_url(server.url + "/0" + query, timeout=2, strict=True)
+        tier.write_entry("ab" * 32, b"payload")
+        server.kill()  # SIGKILL: connections reset, the port refuses
+        with pytest.raises(ConnectionError) as raised:
+            for _ in range(2):  # the pooled connection's reset, then the refused reconnect
+                tier.read_entry("ab" * 32)
+        assert type(raised.value) is ConnectionError and str(raised.value).startswith(f"{server.url}/0")
+        tier.close()
+
+
+def test_without_redis_py_a_redis_url_is_served_by_the_tiers_own_client(monkeypatch):
+    """redis-py is needed only for the URLs it alone serves: a plain redis:// tier builds and answers without it."""
+    import sys
+
+    with RedisServer() as server:  # (the server's own start-up check uses redis-py)
+        monkeypatch.setitem(sys.modules, "redis", None)  # what both the import and find_spec see as not installed
+        tier = RedisProgramCache.from_url(server.url + "/0", timeout=5, strict=True)
+        tier.write_entry("cd" * 32, b"payload")
+        assert tier.read_entry("cd" * 32) == b"payload"
+        tier.close()
