@@ -34,7 +34,7 @@ from . import keys
 from .headermemo import is_racy
 from .headerscan import adopt_scan
 from .keys import CompileKey
-from . import direct
+from . import direct, nvrtcload
 from .manifest import (
     ManifestError,
     build_manifest,
@@ -229,11 +229,16 @@ def compile(  # noqa: A001 - the name users look for; the builtin is not used he
     cache = as_chain(default_cache() if cache is None else cache)  # only chains travel inward
     single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys = knobs_for(
         cache, single_flight, wait_timeout, lease_ttl, header_recheck_s, portable_keys)
-    memo_dir = None if cache.local_store is None else cache.local_store.header_scans_dir
+    local = cache.local_store
+    memo_dir = None if local is None else local.header_scans_dir
+    if local is not None:
+        nvrtcload.start(local.root)  # the first call's NVRTC load beside its header work, where the node recorded it
     request = _Request(cache, source, code_type, options, target_type.lower(), names, extra_digest, logs)
     compiled = direct.compile_key(cache, source, code_type, options, target_type, names, extra_digest,
                                   portable=portable_keys, recheck_s=header_recheck_s, memo_dir=memo_dir,
                                   defer_past_files=DEFER_PAST_FILES if single_flight else None)
+    if local is not None and not isinstance(compiled, direct.Unscanned):  # (cuda-core's key loaded NVRTC)
+        nvrtcload.record(local.root)
     if isinstance(compiled, direct.Unscanned):  # no node recorded its headers: flown by its direct key
         unscanned = _Unscanned(request, compiled, functools.partial(
             keys.compile_key, source, code_type, options, target_type, names, extra_digest, portable=portable_keys,

@@ -1,0 +1,146 @@
+"""NVRTC's libraries recorded by one process of a node and loaded beside the next one's first header work
+(:mod:`tiered_progcache.compiling.nvrtcload`): real processes, the real NVRTC and cuda-pathfinder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tiered_progcache.compiling import nvrtcload
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the preload is Linux's (dlopen)")
+
+_FIRST = r"""
+import sys
+import tiered_progcache as tpc
+from cuda.core import ProgramOptions
+with tpc.TieredProgramCache(sys.argv[1]) as cache:
+    tpc.compile('extern "C" __global__ void first(float* a) { a[0] = 1.0f; }', "c++", ProgramOptions(arch="sm_90"),
+                cache=cache)
+"""
+
+_NEXT = r"""
+import json, sys
+import tiered_progcache as tpc
+from cuda.core import ProgramOptions
+from tiered_progcache.compiling import nvrtcload
+
+def mapped():
+    with open("/proc/self/maps") as maps:
+        return sorted({line[line.index("/"):].rstrip("\n") for line in maps if "/libnvrtc" in line})
+
+before = mapped()
+thread = nvrtcload.start(sys.argv[1])
+if thread is not None:
+    thread.join()
+preloaded = mapped()
+with tpc.TieredProgramCache(sys.argv[1]) as cache:  # a miss: NVRTC compiles with what was preloaded
+    code = tpc.compile('extern "C" __global__ void next(float* a) { a[0] = 2.0f; }', "c++",
+                       ProgramOptions(arch="sm_90"), cache=cache).code
+from cuda.pathfinder import load_nvidia_dynamic_lib
+loaded = load_nvidia_dynamic_lib("nvrtc")
+print(json.dumps({"started": thread is not None, "before": before, "preloaded": preloaded, "after": mapped(),
+                  "elf": bytes(code[:4]) == b"\x7fELF", "found_loaded": loaded.was_already_loaded_from_elsewhere,
+                  "library": loaded.abs_path}))
+"""
+
+
+def _run(script: str, directory, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([sys.executable, "-c", script, str(directory)], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _doc(directory) -> dict:
+    with open(os.path.join(directory, nvrtcload.LIBRARIES_FILE)) as fh:
+        return json.load(fh)
+
+
+def test_the_next_process_loads_the_nvrtc_the_first_one_loaded_before_its_key_asks_and_compiles_with_it(tmp_path):
+    """The first process records what cuda-pathfinder loaded; the next maps exactly those files on its thread,
+    before cuda-core asks for anything, and cuda-pathfinder then finds them loaded; a miss compiles."""
+    _run(_FIRST, tmp_path)
+    (rows,) = _doc(tmp_path)["environments"].values()
+    seen = json.loads(_run(_NEXT, tmp_path))
+    assert seen["started"] and seen["before"] == []
+    assert seen["preloaded"] == sorted(path for path, _ in rows)  # the recorded files, and no others
+    assert rows[0][0] == seen["library"] and seen["found_loaded"]  # cuda-pathfinder took what was preloaded
+    assert seen["elf"] and set(seen["preloaded"]) <= set(seen["after"])  # (NVRTC may load its builtins itself)
+
+
+def test_another_environment_preloads_nothing_and_adds_its_own_record(tmp_path):
+    """What decides cuda-pathfinder's choice (here ``LD_LIBRARY_PATH``) differs: nothing is preloaded, NVRTC is
+    loaded as usual, and the process's record is kept beside the first one."""
+    _run(_FIRST, tmp_path)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path / "elsewhere")}
+    (first,) = _doc(tmp_path)["environments"]
+    seen = json.loads(_run(_NEXT, tmp_path, env))
+    assert not seen["started"] and seen["preloaded"] == [] and seen["elf"] and not seen["found_loaded"]
+    kept = list(_doc(tmp_path)["environments"])
+    assert len(kept) == 2 and kept[0] == first  # the other environment's record, beside the first
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """This process as one that has neither started a preload nor recorded one."""
+    monkeypatch.setattr(nvrtcload, "_started", False)
+    monkeypatch.setattr(nvrtcload, "_recorded", False)
+
+
+def _write(directory, doc) -> None:
+    with open(os.path.join(directory, nvrtcload.LIBRARIES_FILE), "w") as fh:
+        fh.write(doc if isinstance(doc, str) else json.dumps(doc))
+
+
+def test_start_and_record_run_once_per_process(tmp_path, fresh_process):
+    """record() writes this environment's libraries once; start() preloads them once; after a preload nothing is
+    recorded again."""
+    nvrtcload.record(str(tmp_path))
+    (rows,) = _doc(tmp_path)["environments"].values()
+    os.remove(tmp_path / nvrtcload.LIBRARIES_FILE)
+    nvrtcload.record(str(tmp_path))  # a second time in the process: nothing
+    assert not (tmp_path / nvrtcload.LIBRARIES_FILE).exists()
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {nvrtcload._environment(): rows}})
+    thread = nvrtcload.start(str(tmp_path))
+    assert thread is not None
+    thread.join(60)
+    assert nvrtcload.start(str(tmp_path)) is None
+
+
+def test_a_changed_library_file_is_not_preloaded(tmp_path, fresh_process):
+    """A recorded file whose inode, size or mtime differs (a reinstalled wheel) is not loaded: cuda-pathfinder
+    chooses again."""
+    library = tmp_path / "libnvrtc.so.13"
+    library.write_bytes(b"not a library")
+    st = os.stat(library)
+    rows = [[str(library), [st.st_ino, st.st_size, st.st_mtime_ns + 1]]]
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {nvrtcload._environment(): rows}})
+    assert nvrtcload.start(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize("doc", ["{not json", json.dumps({"format": "other", "environments": {}}),
+                                 json.dumps({"format": "tiered-progcache/nvrtc-libraries", "environments": []}),
+                                 json.dumps({"format": "tiered-progcache/nvrtc-libraries",
+                                             "environments": {"x": []}}) + " " * (64 * 1024)],
+                         ids=["garbage", "another format", "no mapping", "over 64 KiB"])
+def test_a_bad_record_preloads_nothing_and_is_replaced(tmp_path, fresh_process, doc):
+    _write(tmp_path, doc)
+    assert nvrtcload.start(str(tmp_path)) is None
+    nvrtcload._recorded = False
+    nvrtcload.record(str(tmp_path))
+    assert list(_doc(tmp_path)["environments"]) == [nvrtcload._environment()]
+
+
+def test_the_record_keeps_the_newest_eight_environments(tmp_path, fresh_process):
+    """``MAX_ENVIRONMENTS`` (8): one directory serving several virtual environments keeps the newest 8 records."""
+    assert nvrtcload.MAX_ENVIRONMENTS == 8
+    others = {f"env{n}": [["/nowhere/libnvrtc.so.13", [n, 1, 1]]] for n in range(8)}
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": others})
+    nvrtcload.record(str(tmp_path))
+    kept = list(_doc(tmp_path)["environments"])
+    assert kept == [f"env{n}" for n in range(1, 8)] + [nvrtcload._environment()]
