@@ -144,3 +144,45 @@ def test_the_record_keeps_the_newest_eight_environments(tmp_path, fresh_process)
     nvrtcload.record(str(tmp_path))
     kept = list(_doc(tmp_path)["environments"])
     assert kept == [f"env{n}" for n in range(1, 8)] + [nvrtcload._environment()]
+
+
+def test_a_builtins_library_is_recorded_only_where_this_process_loaded_it(tmp_path):
+    """Beside NVRTC, each ``libnvrtc-builtins.so*`` this process has loaded (asked with ``RTLD_NOLOAD``: nothing is
+    loaded by asking), and no other: here one loaded (a link to the one NVRTC loaded on its compile) and a
+    copy of it, a library never loaded, whose name sorts first."""
+    import shutil
+
+    from cuda.core import Program, ProgramOptions
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    program = Program('extern "C" __global__ void k(float* a) { a[0] = 1.0f; }', "c++", ProgramOptions(arch="sm_90"))
+    program.compile("cubin")  # NVRTC and, by now, its builtins are loaded
+    program.close()
+    with open("/proc/self/maps") as maps:
+        (builtins,) = {line[line.index("/"):].rstrip("\n") for line in maps if "/libnvrtc-builtins" in line}
+    library = tmp_path / "libnvrtc.so.13"
+    library.symlink_to(load_nvidia_dynamic_lib("nvrtc").abs_path)
+    (tmp_path / "libnvrtc-builtins.so.13.99").symlink_to(builtins)
+    shutil.copyfile(builtins, tmp_path / "libnvrtc-builtins.so.13.0")  # another file: never loaded
+    assert nvrtcload._loaded_beside(str(library)) == [str(library), str(tmp_path / "libnvrtc-builtins.so.13.99")]
+    with open("/proc/self/maps") as maps:
+        assert "libnvrtc-builtins.so.13.0" not in maps.read()  # asking loaded nothing
+
+
+def test_a_library_that_does_not_load_stops_the_preload_and_says_so(tmp_path, fresh_process, caplog):
+    """A recorded file that ``dlopen`` refuses (its signature unchanged): the preload stops there, logged at DEBUG;
+    cuda-pathfinder loads NVRTC as always."""
+    import logging
+
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    bogus = tmp_path / "libnvrtc.so.13"
+    bogus.write_bytes(b"not a library")
+    real = load_nvidia_dynamic_lib("nvrtc").abs_path
+    rows = [[str(bogus), nvrtcload._signature(str(bogus))], [real, nvrtcload._signature(real)]]
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {nvrtcload._environment(): rows}})
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.compiling.nvrtcload"):
+        thread = nvrtcload.start(str(tmp_path))
+        assert thread is not None
+        thread.join(60)
+    assert [r.getMessage() for r in caplog.records] == [f"not preloaded: {bogus}"]

@@ -67,11 +67,16 @@ def _read(directory: str) -> dict[str, list[list[object]]]:
 
 
 def _loaded_nvrtc() -> list[str]:
-    """The NVRTC library cuda-pathfinder loaded for cuda-core (asked again: its answer is cached), and any builtins
-    library beside it that is loaded too (cuda-pathfinder loads that of NVRTC 13.0's wheel itself)."""
+    """The NVRTC library cuda-pathfinder loaded for cuda-core (asked again: its answer is cached) and the builtins
+    loaded beside it (:func:`_loaded_beside`)."""
     from cuda.pathfinder import load_nvidia_dynamic_lib
 
-    library = load_nvidia_dynamic_lib("nvrtc").abs_path
+    return _loaded_beside(load_nvidia_dynamic_lib("nvrtc").abs_path)
+
+
+def _loaded_beside(library: str) -> list[str]:
+    """``library``, then each builtins library in its directory that this process has loaded (cuda-pathfinder loads
+    that of NVRTC 13.0's wheel itself; later NVRTCs load theirs on their first compile)."""
     directory, loaded = os.path.dirname(library), []
     for name in sorted(os.listdir(directory)):
         if name.startswith("libnvrtc-builtins.so"):
