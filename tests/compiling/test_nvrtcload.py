@@ -107,9 +107,65 @@ def test_start_and_record_run_once_per_process(tmp_path, fresh_process):
     assert not (tmp_path / nvrtcload.LIBRARIES_FILE).exists()
     _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {nvrtcload._environment(): rows}})
     thread = nvrtcload.start(str(tmp_path))
-    assert thread is not None
+    assert thread is not None and thread.name == "tiered-progcache-nvrtc-load" and thread.daemon
     thread.join(60)
     assert nvrtcload.start(str(tmp_path)) is None
+
+
+def test_a_process_that_preloaded_records_nothing(tmp_path, fresh_process):
+    """What a preload maps is what the record says: the process's record() writes nothing (no file, no rewrite)."""
+    rows = [[path, nvrtcload._signature(path)] for path in nvrtcload._loaded_nvrtc()]
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {nvrtcload._environment(): rows}})
+    nvrtcload.start(str(tmp_path)).join(60)
+    os.remove(tmp_path / nvrtcload.LIBRARIES_FILE)
+    nvrtcload.record(str(tmp_path))
+    assert not (tmp_path / nvrtcload.LIBRARIES_FILE).exists()
+
+
+def test_an_unchanged_record_is_not_rewritten_and_a_changed_one_becomes_the_newest(tmp_path, fresh_process):
+    """The same libraries for this environment: the file stays as it is (same inode). Other libraries recorded
+    for it before, and it the oldest of eight: its new record replaces the old one and is kept as the newest."""
+    rows = [[path, nvrtcload._signature(path)] for path in nvrtcload._loaded_nvrtc()]
+    environment = nvrtcload._environment()
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {environment: rows}})
+    inode = os.stat(tmp_path / nvrtcload.LIBRARIES_FILE).st_ino
+    nvrtcload.record(str(tmp_path))
+    assert os.stat(tmp_path / nvrtcload.LIBRARIES_FILE).st_ino == inode
+    stale = {environment: [["/old/libnvrtc.so.13", [1, 1, 1]]], **{f"env{n}": [] for n in range(7)}}
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": stale})
+    nvrtcload._recorded = False
+    nvrtcload.record(str(tmp_path))
+    recorded = _doc(tmp_path)["environments"]
+    assert list(recorded) == [f"env{n}" for n in range(7)] + [environment] and recorded[environment] == rows
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries",
+                      "environments": {"a": [], environment: [["/old/libnvrtc.so.13", [1, 1, 1]]], "b": []}})
+    nvrtcload._recorded = False
+    nvrtcload.record(str(tmp_path))
+    assert list(_doc(tmp_path)["environments"]) == ["a", "b", environment]  # moved to the end, not left in place
+
+
+def test_a_record_of_exactly_64_kib_is_read(tmp_path, fresh_process):
+    """The bound is 64 KiB: a document of exactly that size is read (one byte more is not, above)."""
+    body = json.dumps({"format": "tiered-progcache/nvrtc-libraries", "environments": {"x": []}})
+    _write(tmp_path, body + " " * (64 * 1024 - len(body)))
+    assert os.path.getsize(tmp_path / nvrtcload.LIBRARIES_FILE) == 64 * 1024
+    assert nvrtcload._read(str(tmp_path)) == {"x": []}
+
+
+def test_a_recorded_file_gone_and_a_directory_gone_are_logged_at_debug(tmp_path, fresh_process, caplog):
+    """Neither raises: the start logs why it preloads nothing, the record why it could not write."""
+    import logging
+
+    rows = [[str(tmp_path / "gone.so"), [1, 1, 1]]]
+    _write(tmp_path, {"format": "tiered-progcache/nvrtc-libraries", "environments": {nvrtcload._environment(): rows}})
+    (tmp_path / "a-file").write_bytes(b"")
+    missing = tmp_path / "a-file" / "cache"  # under a file: no directory can be made there
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.compiling.nvrtcload"):
+        assert nvrtcload.start(str(tmp_path)) is None
+        nvrtcload.record(str(missing))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and said[0].startswith("not preloading NVRTC: FileNotFoundError(")
+    assert said[1].startswith(f"could not record NVRTC's libraries in {missing}: NotADirectoryError(")
 
 
 def test_a_changed_library_file_is_not_preloaded(tmp_path, fresh_process):
