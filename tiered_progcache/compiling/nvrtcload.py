@@ -34,8 +34,9 @@ _FORMAT = "tiered-progcache/nvrtc-libraries"
 _MAX_FILE_BYTES = 64 * 1024
 #: What cuda-pathfinder's choice of library depends on, besides ``sys.path`` and the packages' versions.
 _ENVIRONMENT_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
+_LINUX = sys.platform.startswith("linux")
 _lock = threading.Lock()
-_started = _recorded = False
+_started = _recorded = False  # once set, never cleared: every compile() reads them without the lock first
 
 
 def _environment() -> str:
@@ -92,8 +93,10 @@ def start(directory: str) -> threading.Thread | None:
     """Once per process: map, on a thread, the NVRTC libraries recorded in ``directory`` for this environment whose
     files are unchanged; the thread, or None where nothing is loaded. Never raises."""
     global _started, _recorded
+    if _started or not _LINUX:
+        return None
     with _lock:
-        if _started or not sys.platform.startswith("linux"):
+        if _started:
             return None
         _started = True
     try:
@@ -125,8 +128,10 @@ def record(directory: str) -> None:
     environment in ``directory``, where this process did not preload them and that differs from what is there.
     Never raises."""
     global _recorded
+    if _recorded or not _LINUX:
+        return
     with _lock:
-        if _recorded or not sys.platform.startswith("linux"):
+        if _recorded:
             return
         _recorded = True
     try:
