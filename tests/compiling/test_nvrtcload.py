@@ -92,9 +92,12 @@ def fresh_process(monkeypatch):
     monkeypatch.setattr(nvrtcload, "_recorded", False)
 
 
-def _write(directory, doc) -> None:
-    with open(os.path.join(directory, nvrtcload.LIBRARIES_FILE), "w") as fh:
+def _write(directory, doc, mode: int = 0o600) -> None:
+    """A record as this user's process writes one (``mode`` 0o600, whatever the umask), unless ``mode`` says."""
+    path = os.path.join(directory, nvrtcload.LIBRARIES_FILE)
+    with open(path, "w") as fh:
         fh.write(doc if isinstance(doc, str) else json.dumps(doc))
+    os.chmod(path, mode)
 
 
 def test_start_and_record_run_once_per_process(tmp_path, fresh_process):
@@ -242,3 +245,82 @@ def test_a_library_that_does_not_load_stops_the_preload_and_says_so(tmp_path, fr
         assert thread is not None
         thread.join(60)
     assert [r.getMessage() for r in caplog.records] == [f"not preloaded: {bogus}"]
+
+
+def _mapped() -> set[str]:
+    with open("/proc/self/maps") as maps:
+        return {line[line.index("/"):].rstrip("\n") for line in maps if "/" in line}
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A record for this environment naming one loadable library that nothing else loads (a copy of NVRTC's
+    builtins under a name of its own): what a file planted in a shared local directory would name."""
+    import shutil
+
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    directory = os.path.dirname(load_nvidia_dynamic_lib("nvrtc").abs_path)
+    (builtins,) = [name for name in os.listdir(directory) if name.startswith("libnvrtc-builtins.so")][:1]
+    library = tmp_path / f"libplanted-{os.getpid()}-{tmp_path.name}.so"
+    shutil.copyfile(os.path.join(directory, builtins), library)
+    return str(library), {"format": "tiered-progcache/nvrtc-libraries",
+                          "environments": {nvrtcload._environment(): [[str(library),
+                                                                       nvrtcload._signature(str(library))]]}}
+
+
+def test_a_record_of_this_users_that_only_it_can_write_is_preloaded(tmp_path, fresh_process, planted):
+    """The control for the refusals below: the same planted library, in a file as this user's process writes
+    one, is mapped (so a refusal below that mapped it would show)."""
+    library, doc = planted
+    _write(tmp_path, doc)
+    nvrtcload.start(str(tmp_path)).join(60)
+    assert library in _mapped()
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o660, 0o666], ids=["group", "others", "group rw", "everyone"])
+def test_a_record_others_can_write_is_ignored_with_a_warning_and_replaced(tmp_path, fresh_process, planted, caplog,
+                                                                          mode):
+    """The record names host code this process maps: one that a group or everyone may write (a planted one, in a
+    local directory shared by a team) maps nothing; one WARNING says why; this process's record replaces it with
+    a file only its user can write, naming this environment alone."""
+    import logging
+
+    library, doc = planted
+    _write(tmp_path, doc, mode)
+    path = os.path.join(tmp_path, nvrtcload.LIBRARIES_FILE)
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.compiling.nvrtcload"):
+        assert nvrtcload.start(str(tmp_path)) is None
+        nvrtcload.record(str(tmp_path))
+    assert library not in _mapped()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignoring {path}: a file of uid {os.geteuid()}, mode {mode:o}; only one of this user's that no one else "
+        f"can write is read"]
+    assert caplog.records[0].levelno == logging.WARNING
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert list(_doc(tmp_path)["environments"]) == [nvrtcload._environment()]
+    assert _doc(tmp_path)["environments"][nvrtcload._environment()][0][0] != library
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_record_owned_by_another_user_is_ignored(tmp_path, fresh_process, planted):
+    """A file only its owner can write, but its owner is not this process's user: ignored."""
+    library, doc = planted
+    _write(tmp_path, doc)
+    os.chown(os.path.join(tmp_path, nvrtcload.LIBRARIES_FILE), 65534, 65534)
+    assert nvrtcload.start(str(tmp_path)) is None
+    assert library not in _mapped()
+
+
+def test_a_link_or_a_fifo_at_the_records_name_is_not_read(tmp_path, fresh_process, planted):
+    """A symbolic link to a good record is not followed; a FIFO is refused without blocking the compile."""
+    library, doc = planted
+    (tmp_path / "elsewhere").mkdir()
+    _write(tmp_path / "elsewhere", doc)
+    os.symlink(tmp_path / "elsewhere" / nvrtcload.LIBRARIES_FILE, tmp_path / nvrtcload.LIBRARIES_FILE)
+    assert nvrtcload.start(str(tmp_path)) is None
+    os.remove(tmp_path / nvrtcload.LIBRARIES_FILE)
+    os.mkfifo(tmp_path / nvrtcload.LIBRARIES_FILE)
+    nvrtcload._started = False
+    assert nvrtcload.start(str(tmp_path)) is None  # (an open that blocked would hang here)
+    assert library not in _mapped()

@@ -8,6 +8,10 @@ too), under a digest of what that choice depends on; the node's next process in 
 through libc on a thread of its own (a foreign call: the lock is released), so the scan's memo is
 read and validated meanwhile, and cuda-pathfinder finds the library loaded. Linux only; every
 failure costs the overlap alone.
+
+The record names host code this process maps, so it is trusted further than the rest of the local
+directory: only a regular file (never through a symbolic link) owned by this process's user and
+writable by no one else (docs/security.md).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 
 from ..stores import fsutil
+from ..stores.ratelimit import log_once
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +61,17 @@ def _signature(path: str) -> list[int]:
 
 
 def _read(directory: str) -> dict[str, list[list[object]]]:
-    """The recorded environments (digest -> [[path, signature], ...]); empty where there is no good file."""
-    try:
-        with open(os.path.join(directory, LIBRARIES_FILE), "rb") as fh:
+    """The recorded environments (digest -> [[path, signature], ...]); empty where there is no good file or one
+    that another user could have written (a WARNING: it would choose the libraries this process maps)."""
+    path = os.path.join(directory, LIBRARIES_FILE)
+    try:  # a symbolic link, FIFO or device at the name, or a file over the bound: refused (OSError) unread
+        fd, st = fsutil.open_regular(path, _MAX_FILE_BYTES, refuse=OSError)
+        with open(fd, "rb") as fh:
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                log_once(logger, f"nvrtc-record:{path}", logging.WARNING, "ignoring %s: a file of uid %d, mode %o; "
+                         "only one of this user's that no one else can write is read", path, st.st_uid,
+                         stat.S_IMODE(st.st_mode))
+                return {}
             data = fh.read(_MAX_FILE_BYTES + 1)
         doc = json.loads(data) if len(data) <= _MAX_FILE_BYTES else None
     except (OSError, ValueError, RecursionError):
