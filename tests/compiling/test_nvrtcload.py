@@ -149,8 +149,8 @@ def test_an_unchanged_record_is_not_rewritten_and_a_changed_one_becomes_the_newe
 
 def test_a_record_of_exactly_64_kib_is_read(tmp_path, fresh_process):
     """The bound is 64 KiB: a document of exactly that size is read (one byte more is not, above)."""
-    body = json.dumps({"format": "tiered-progcache/nvrtc-libraries", "environments": {"x": []}})
-    _write(tmp_path, body + " " * (64 * 1024 - len(body)))
+    body = json.dumps({"format": "tiered-progcache/nvrtc-libraries", "environments": {"x": []}, "pad": ""})
+    _write(tmp_path, body[:-2] + "p" * (64 * 1024 - len(body)) + body[-2:])  # its last byte read, or it is no JSON
     assert os.path.getsize(tmp_path / nvrtcload.LIBRARIES_FILE) == 64 * 1024
     assert nvrtcload._read(str(tmp_path)) == {"x": []}
 
@@ -182,11 +182,11 @@ def test_a_changed_library_file_is_not_preloaded(tmp_path, fresh_process):
     assert nvrtcload.start(str(tmp_path)) is None
 
 
-@pytest.mark.parametrize("doc", ["{not json", json.dumps({"format": "other", "environments": {}}),
+@pytest.mark.parametrize("doc", ["{not json", "[]", json.dumps({"format": "other", "environments": {}}),
                                  json.dumps({"format": "tiered-progcache/nvrtc-libraries", "environments": []}),
                                  json.dumps({"format": "tiered-progcache/nvrtc-libraries",
                                              "environments": {"x": []}}) + " " * (64 * 1024)],
-                         ids=["garbage", "another format", "no mapping", "over 64 KiB"])
+                         ids=["garbage", "a list", "another format", "no mapping", "over 64 KiB"])
 def test_a_bad_record_preloads_nothing_and_is_replaced(tmp_path, fresh_process, doc):
     _write(tmp_path, doc)
     assert nvrtcload.start(str(tmp_path)) is None
@@ -269,11 +269,12 @@ def planted(tmp_path):
                                                                        nvrtcload._signature(str(library))]]}}
 
 
-def test_a_record_of_this_users_that_only_it_can_write_is_preloaded(tmp_path, fresh_process, planted):
-    """The control for the refusals below: the same planted library, in a file as this user's process writes
-    one, is mapped (so a refusal below that mapped it would show)."""
+@pytest.mark.parametrize("mode", [0o600, 0o644, 0o755])
+def test_a_record_of_this_users_that_only_it_can_write_is_preloaded(tmp_path, fresh_process, planted, mode):
+    """The control for the refusals below: the same planted library, in a file of this user's that others may read
+    or execute but not write, is mapped (so a refusal below that mapped it would show)."""
     library, doc = planted
-    _write(tmp_path, doc)
+    _write(tmp_path, doc, mode)
     nvrtcload.start(str(tmp_path)).join(60)
     assert library in _mapped()
 
