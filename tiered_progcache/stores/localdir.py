@@ -125,7 +125,7 @@ class LocalDir(NodeDirStore):
     # -- entries ----------------------------------------------------------------------
 
     def ensure_layout(self) -> None:
-        """Create the root, ``entries/`` and ``tmp/`` (``0o700``) with explicit modes, whatever the umask.
+        """Create the root and ``entries/`` (never world-writable) and ``tmp/`` (``0o700``), whatever the umask.
 
         Call before cuda-core's ``FileStreamProgramCache`` creates them with default modes.
         ``PermissionError`` if ``entries/`` or ``tmp/`` is a symbolic link.
