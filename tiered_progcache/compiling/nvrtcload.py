@@ -4,9 +4,10 @@ cuda-core's key asks NVRTC for its version, so a process's first hit loads NVRTC
 ``ctypes`` holds the interpreter's lock while it does: a kernel whose header scan is validated first
 pays both in turn. A node's process records the NVRTC libraries loaded once cuda-core's key has
 loaded NVRTC (as cuda-pathfinder chose them: the library, and its builtins where it loads those
-too), under a digest of what that choice depends on; the node's next process in the same environment maps the same files with ``dlopen``
-through libc on a thread of its own (a foreign call: the lock is released), so the scan's memo is
-read and validated meanwhile, and cuda-pathfinder finds the library loaded. Linux only; every
+too), under a digest of what that choice depends on; the node's next process in the same environment
+maps the same files with ``dlopen`` through libc on a thread of its own (a foreign call: the lock is
+released), so the scan's memo is read and validated meanwhile, and cuda-pathfinder finds the library
+loaded. Linux only; every
 failure costs the overlap alone.
 
 The record names host code this process maps, so it is trusted further than the rest of the local
