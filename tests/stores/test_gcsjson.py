@@ -256,6 +256,8 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.grants: list[dict[str, list[str]]] = []
         self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: a status, or "drop" (no answer)
+        self.sent_of_endless: list[int] = []  # bytes of each "endless" body written before the client let go
+        self.endless_bytes = 4 << 30  # the length an "endless" answer states and writes while the client reads
         self.seen: list[str] = []  # the method of each request for ``flaky``
         self.paths: list[str] = []  # the path of every GET
         self.deleting = 0  # DELETEs in flight now, and the most at once
@@ -292,6 +294,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             plan = self.server.flaky.pop(0) if self.server.flaky else None
         if plan == "drop":
             self.close_connection = True  # the connection closed, no answer
+        elif plan == "endless":  # a hostile server: a 4 GiB body, the range ignored, written on
+            self.send_response(200)                 # until the client stops reading
+            self.send_header("content-length", str(self.server.endless_bytes))
+            self.end_headers()
+            sent, chunk = 0, b"x" * (1 << 16)
+            try:
+                while sent < self.server.endless_bytes:
+                    self.wfile.write(chunk)
+                    sent += len(chunk)
+            except OSError:
+                pass
+            self.close_connection = True
+            with self.server.lock:
+                self.server.sent_of_endless.append(sent)
         elif plan == "whole":  # a server that ignores a range and sends the whole object
             self.send_response(200)
             self.send_header("content-length", "10")
@@ -570,6 +586,25 @@ def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not
         with pytest.raises(OSError):
             calls.pipe_file("b/flaky", b"x")
         assert server.seen == ["POST"], plan
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_server_that_sends_more_than_asked_is_read_no_further_than_the_request_needs(google_on_loopback):
+    """A hostile endpoint answers a lease's 64 KiB range with a 4 GiB object, and a metadata read with 4 GiB: the range
+    reads its 64 KiB (the object from its start, as from a server that ignores ranges), the metadata read is refused
+    past ``MAX_ANSWER_BYTES``; each drops its connection with the rest unread, and the next request is answered."""
+    server = google_on_loopback
+    calls = GcsJsonCalls("b", {"endpoint": server.url, "token": "anon"}, {})
+    assert gcsjson.MAX_ANSWER_BYTES == 16 << 20 and gcsjson.MAX_OBJECT_BYTES == (1 << 30) + 88 + 32
+    server.flaky[:] = ["endless"]
+    assert calls.cat_file("b/flaky", start=0, end=64 * 1024) == b"x" * (64 * 1024)
+    server.flaky[:] = ["endless"]
+    with pytest.raises(OSError, match=f"^b/flaky: an answer over the {16 << 20} bytes this request reads$"):
+        calls.info("b/flaky")
+    assert calls.info("b/flaky")["size"] == 3  # (a dropped connection sent another request would read its rest)
+    (ranged, metadata) = server.sent_of_endless
+    # Written before the client let go: what it read (64 KiB + 1, 16 MiB + 1) plus what the sockets' buffers took
+    assert ranged < 16 << 20 and metadata < 48 << 20, server.sent_of_endless
 
 
 def test_deletes_go_sixteen_at_once_and_never_more(google_on_loopback):

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..redact import mask_url
+from .envelope import MAX_ENTRY_BYTES, max_stored_bytes
 from .objectstore import CACHE_ONLY_OPTIONS, BucketCalls, BucketFactory
 from .ratelimit import log_once
 
@@ -59,6 +60,10 @@ READ_TIMEOUT_S = 600.0
 RETRIED_STATUSES = (408, 429, 500, 502, 503, 504)
 #: Objects per page of a listing (GCS's most).
 LIST_PAGE_SIZE = 1000
+#: The most bytes of an answer read that is not an object's bytes (metadata, a listing page: about 1 MB at most).
+MAX_ANSWER_BYTES = 16 << 20
+#: The most bytes of an object read without a range: the largest envelope (the largest entry, its header, a MAC).
+MAX_OBJECT_BYTES = max_stored_bytes(MAX_ENTRY_BYTES)
 
 
 def gcs_config(storage_options: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
@@ -159,14 +164,15 @@ class GcsJsonCalls(BucketCalls):
     def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
         key = self._key(path)
         if start is None and end is None:
-            return self._request("GET", self._object_url(key), path, query={"alt": "media"})
+            return self._request("GET", self._object_url(key), path, query={"alt": "media"}, limit=MAX_OBJECT_BYTES)
         first = start or 0
         if end is not None and end <= first:
             return b""
         wanted = f"bytes={first}-" + ("" if end is None else str(end - 1))
-        try:
+        try:  # (at most ``end`` bytes read: a server that ignores the range sends the object from its start)
             data = self._request("GET", self._object_url(key), path, query={"alt": "media"},
-                                 headers={"range": wanted}, ranged=True)
+                                 headers={"range": wanted}, ranged=True,
+                                 limit=MAX_OBJECT_BYTES if end is None else end)
         except _RangeNotSatisfiable:
             return b""  # the object is there (an absent one is a 404) and ends before ``start``
         return data
@@ -223,17 +229,23 @@ class GcsJsonCalls(BucketCalls):
                 "updated": meta.get("updated"), "generation": meta.get("generation")}  # fmt: skip
 
     def _request(self, method: str, url_path: str, path: str, *, query: Mapping[str, str] | None = None,
-                 body: bytes | None = None, headers: Mapping[str, str] | None = None, ranged: bool = False) -> bytes:
-        """One request's body; its failure raised as gcsfs raises it, in one line naming ``path``."""
+                 body: bytes | None = None, headers: Mapping[str, str] | None = None, ranged: bool = False,
+                 limit: int = MAX_ANSWER_BYTES) -> bytes:
+        """One request's body, of which at most ``limit`` bytes are read (a longer one's connection is dropped and,
+        but for a range's whole object, the answer refused); its failure raised as gcsfs raises it, in one line
+        naming ``path``."""
         url = self._endpoint + url_path + ("?" + urllib.parse.urlencode(query) if query else "")
         try:
             sent = {**(headers or {}), **self._credentials.headers()}
-            response = self._http.request(method, url, body=body, headers=sent, redirect=False)
+            response = self._http.request(method, url, body=body, headers=sent, redirect=False, preload_content=False)
+            data = _read_at_most(response, limit)
         except self._urllib3.exceptions.HTTPError as exc:
             raise _transport_error(path, exc) from None
         except _CredentialsError as exc:
             raise PermissionError(mask_url(f"{path}: {exc}")) from None
-        status, data = response.status, response.data
+        status = response.status
+        if status < 400 and len(data) > limit and not (ranged and status == 200):
+            raise OSError(mask_url(f"{path}: an answer over the {limit} bytes this request reads"))
         if status >= 400 and status != 404:
             # A server may close the connection after an error answer without saying so (fake-gcs-server does after
             # its 416), and a POST sent on it would fail: the connections kept are dropped, in-flight ones once done.
@@ -246,6 +258,19 @@ class GcsJsonCalls(BucketCalls):
             first, _, last = headers["range"][len("bytes="):].partition("-")  # type: ignore[index]
             return data[int(first): None if not last else int(last) + 1]
         return data
+
+
+def _read_at_most(response: Any, limit: int) -> bytes:
+    """Up to ``limit`` + 1 bytes of ``response``'s body; its connection goes back to the pool for another request only
+    where the body ended within them (a longer body, or a read that failed, closes it)."""
+    data = b""
+    try:
+        data = response.read(limit + 1)
+    finally:
+        if len(data) > limit or not response.closed:
+            response.close()
+        response.release_conn()
+    return data
 
 
 class _RangeNotSatisfiable(Exception):
