@@ -308,6 +308,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             with self.server.lock:
                 self.server.sent_of_endless.append(sent)
+        elif plan == "cut":  # the answer's head, and a body cut short: the connection closes after 3 of 10 bytes
+            self.send_response(200)
+            self.send_header("content-length", "10")
+            self.end_headers()
+            self.wfile.write(b"012")
+            self.close_connection = True
         elif plan == "whole":  # a server that ignores a range and sends the whole object
             self.send_response(200)
             self.send_header("content-length", "10")
@@ -581,7 +587,14 @@ def test_a_get_is_sent_again_after_a_busy_answer_or_a_lost_one_and_a_post_is_not
         assert type(refused.value) is kind and server.seen == ["GET"], status
     server.flaky[:] = ["whole", "whole"]
     assert (calls.cat_file("b/flaky", start=2, end=5), calls.cat_file("b/flaky", start=4)) == (b"234", b"456789")
-    for plan in ("503", "drop"):
+    for plans, sends in ((["cut"], 2), (["503", "cut"], 3), (["cut", "503"], 3)):
+        server.flaky[:], server.seen[:] = [*plans, "whole"], []
+        assert calls.cat_file("b/flaky", start=0, end=10) == b"0123456789" and server.seen == ["GET"] * sends, plans
+    server.flaky[:], server.seen[:] = ["cut", "cut", "whole"], []
+    with pytest.raises(OSError, match="^b/flaky: .*IncompleteRead"):
+        calls.cat_file("b/flaky", start=0, end=10)  # a body cut short is a lost answer: sent again once
+    assert server.seen == ["GET"] * 2
+    for plan in ("503", "drop", "cut"):
         server.flaky[:], server.seen[:] = [plan], []
         with pytest.raises(OSError):
             calls.pipe_file("b/flaky", b"x")

@@ -237,8 +237,16 @@ class GcsJsonCalls(BucketCalls):
         url = self._endpoint + url_path + ("?" + urllib.parse.urlencode(query) if query else "")
         try:
             sent = {**(headers or {}), **self._credentials.headers()}
-            response = self._http.request(method, url, body=body, headers=sent, redirect=False, preload_content=False)
-            data = _read_at_most(response, limit)
+            retries = self._http.connection_pool_kw["retries"]
+            while True:
+                response = self._http.request(method, url, body=body, headers=sent, redirect=False, retries=retries,
+                                              preload_content=False)
+                try:
+                    data = _read_at_most(response, limit)
+                    break
+                except self._urllib3.exceptions.HTTPError as exc:  # a body cut short: a lost answer, as urllib3's
+                    retries = response.retries.increment(method, url, error=exc)  # own retries count it (or raise)
+                    retries.sleep()
         except self._urllib3.exceptions.HTTPError as exc:
             raise _transport_error(path, exc) from None
         except _CredentialsError as exc:
