@@ -257,6 +257,7 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
         self.grants: list[dict[str, list[str]]] = []
         self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: a status, or "drop" (no answer)
         self.sent_of_endless: list[int] = []  # bytes of each "endless" body written before the client let go
+        self.connections: list[int] = []  # the client port each request for ``flaky`` came from
         self.endless_bytes = 4 << 30  # the length an "endless" answer states and writes while the client reads
         self.seen: list[str] = []  # the method of each request for ``flaky``
         self.paths: list[str] = []  # the path of every GET
@@ -275,6 +276,7 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _GoogleOnLoopback
+    protocol_version = "HTTP/1.1"  # connections kept between requests, as GCS keeps them
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -291,6 +293,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """A request for the object ``flaky``, answered as :attr:`_GoogleOnLoopback.flaky` says; True if sent."""
         with self.server.lock:
             self.server.seen.append(self.command)
+            self.server.connections.append(self.client_address[1])
             plan = self.server.flaky.pop(0) if self.server.flaky else None
         if plan == "drop":
             self.close_connection = True  # the connection closed, no answer
@@ -614,7 +617,9 @@ def test_a_server_that_sends_more_than_asked_is_read_no_further_than_the_request
     server.flaky[:] = ["endless"]
     with pytest.raises(OSError, match=f"^b/flaky: an answer over the {16 << 20} bytes this request reads$"):
         calls.info("b/flaky")
-    assert calls.info("b/flaky")["size"] == 3  # (a dropped connection sent another request would read its rest)
+    server.connections[:] = []
+    assert [calls.info("b/flaky")["size"] for _ in range(3)] == [3, 3, 3]  # (a dropped connection would read the rest)
+    assert len(set(server.connections)) == 1  # an answer read to its end leaves its connection for the next request
     (ranged, metadata) = server.sent_of_endless
     # Written before the client let go: what it read (64 KiB + 1, 16 MiB + 1) plus what the sockets' buffers took
     assert ranged < 16 << 20 and metadata < 48 << 20, server.sent_of_endless

@@ -271,14 +271,12 @@ class GcsJsonCalls(BucketCalls):
 def _read_at_most(response: Any, limit: int) -> bytes:
     """Up to ``limit`` + 1 bytes of ``response``'s body; its connection goes back to the pool for another request only
     where the body ended within them (a longer body, or a read that failed, closes it)."""
-    data = b""
     try:
-        data = response.read(limit + 1)
+        return response.read(limit + 1)
     finally:
-        if len(data) > limit or not response.closed:
+        if not response.closed:  # (a body read to its end closes itself)
             response.close()
         response.release_conn()
-    return data
 
 
 class _RangeNotSatisfiable(Exception):
