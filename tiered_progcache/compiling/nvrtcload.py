@@ -7,8 +7,7 @@ loaded NVRTC (as cuda-pathfinder chose them: the library, and its builtins where
 too), under a digest of what that choice depends on; the node's next process in the same environment
 maps the same files with ``dlopen`` through libc on a thread of its own (a foreign call: the lock is
 released), so the scan's memo is read and validated meanwhile, and cuda-pathfinder finds the library
-loaded. Linux only; every
-failure costs the overlap alone.
+loaded. Linux only; every failure costs the overlap alone.
 
 The record names host code this process maps, so it is trusted further than the rest of the local
 directory: only a regular file (never through a symbolic link) owned by this process's user and

@@ -140,6 +140,7 @@ class GcsJsonCalls(BucketCalls):
         # (urllib3's methods to retry hold none: a create whose answer was lost would find its own object).
         retries = urllib3.Retry(total=2, read=1, status_forcelist=RETRIED_STATUSES, backoff_factor=0.05,
                                 backoff_max=1.0, raise_on_status=False)
+        self._retries = retries
         self._http = urllib3.PoolManager(maxsize=POOL_SIZE, retries=retries,
                                          timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=read_timeout_s))
         self._endpoint = str(config["endpoint"])
@@ -237,7 +238,7 @@ class GcsJsonCalls(BucketCalls):
         url = self._endpoint + url_path + ("?" + urllib.parse.urlencode(query) if query else "")
         try:
             sent = {**(headers or {}), **self._credentials.headers()}
-            retries = self._http.connection_pool_kw["retries"]
+            retries = self._retries
             while True:
                 response = self._http.request(method, url, body=body, headers=sent, redirect=False, retries=retries,
                                               preload_content=False)
