@@ -6,6 +6,7 @@ import base64
 import http.server
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -256,7 +257,8 @@ class _GoogleOnLoopback(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.grants: list[dict[str, list[str]]] = []
         self.flaky: list[str] = []  # how the next requests for ``flaky`` go wrong: a status, or "drop" (no answer)
-        self.sent_of_endless: list[int] = []  # bytes of each "endless" body written before the client let go
+        self.sent_of_endless: queue.Queue[int] = queue.Queue()  # bytes of each "endless" body written before the
+        #                                                          client let go, put once its writer is done
         self.connections: list[int] = []  # the client port each request for ``flaky`` came from
         self.endless_bytes = 4 << 30  # the length an "endless" answer states and writes while the client reads
         self.seen: list[str] = []  # the method of each request for ``flaky``
@@ -309,8 +311,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
-            with self.server.lock:
-                self.server.sent_of_endless.append(sent)
+            self.server.sent_of_endless.put(sent)
         elif plan == "cut":  # the answer's head, and a body cut short: the connection closes after 3 of 10 bytes
             self.send_response(200)
             self.send_header("content-length", "10")
@@ -620,9 +621,9 @@ def test_a_server_that_sends_more_than_asked_is_read_no_further_than_the_request
     server.connections[:] = []
     assert [calls.info("b/flaky")["size"] for _ in range(3)] == [3, 3, 3]  # (a dropped connection would read the rest)
     assert len(set(server.connections)) == 1  # an answer read to its end leaves its connection for the next request
-    (ranged, metadata) = server.sent_of_endless
     # Written before the client let go: what it read (64 KiB + 1, 16 MiB + 1) plus what the sockets' buffers took
-    assert ranged < 16 << 20 and metadata < 48 << 20, server.sent_of_endless
+    ranged, metadata = sorted(server.sent_of_endless.get(timeout=60) for _ in range(2))  # (in any order)
+    assert ranged < 16 << 20 and metadata < 48 << 20, (ranged, metadata)
 
 
 def test_deletes_go_sixteen_at_once_and_never_more(google_on_loopback):
