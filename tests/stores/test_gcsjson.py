@@ -312,6 +312,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 pass
             self.close_connection = True
             self.server.sent_of_endless.put(sent)
+        elif plan is not None and plan.startswith("sized:"):  # the object's metadata, padded to exactly N bytes
+            head = json.dumps({"name": "flaky", "size": "3", "generation": "9", "pad": ""}).encode()
+            body = head[:-2] + b"p" * (int(plan[len("sized:"):]) - len(head)) + head[-2:]
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif plan == "cut":  # the answer's head, and a body cut short: the connection closes after 3 of 10 bytes
             self.send_response(200)
             self.send_header("content-length", "10")
@@ -616,6 +623,10 @@ def test_a_server_that_sends_more_than_asked_is_read_no_further_than_the_request
     server.flaky[:] = ["endless"]
     assert calls.cat_file("b/flaky", start=0, end=64 * 1024) == b"x" * (64 * 1024)
     server.flaky[:] = ["endless"]
+    with pytest.raises(OSError, match=f"^b/flaky: an answer over the {16 << 20} bytes this request reads$"):
+        calls.info("b/flaky")
+    server.flaky[:] = [f"sized:{16 << 20}", f"sized:{(16 << 20) + 1}"]  # the bound itself is read, a byte more is not
+    assert calls.info("b/flaky")["size"] == 3
     with pytest.raises(OSError, match=f"^b/flaky: an answer over the {16 << 20} bytes this request reads$"):
         calls.info("b/flaky")
     server.connections[:] = []
