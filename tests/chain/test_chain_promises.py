@@ -254,16 +254,15 @@ class TestBackgroundWrites:
         close(timeout=None) joining with a deadline it has not got."""
         tier = CountsCloses()
         cache = chain(tiers=[tier])
-        go, closes_seen = threading.Event(), []
-        kept = cleanup.thread(lambda: (go.wait(30), closes_seen.append(tier.closes)))
+        joined, closes_seen = threading.Event(), []
+        kept = cleanup.thread(lambda: (joined.wait(30), closes_seen.append(tier.closes)))
+        join = kept.join
+        kept.join = lambda timeout=None: (joined.set(), join(timeout))[1]  # the work goes on once close() waits on it
         cache.keep_until_closed(kept)
         closed = []
         closer = cleanup.thread(lambda: (cache.close(timeout), closed.append(True)))
-        closer.join(0.5)  # close() must still be waiting: with the work not waited for, it is over by now
-        waiting = closer.is_alive()
-        go.set()
-        closer.join(30)
-        assert waiting and closed == [True] and closes_seen == [0] and tier.closes == 1
+        closer.join(60)
+        assert joined.is_set() and closed == [True] and closes_seen == [0] and tier.closes == 1
 
     def test_close_gives_the_kept_work_what_is_left_of_its_timeout(self, chain, cleanup):
         """Mutant: the kept work joined without the deadline (close(timeout=0.2) hangs on a release that hangs)."""

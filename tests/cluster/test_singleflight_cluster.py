@@ -341,7 +341,7 @@ def test_a_cache_closed_right_after_its_compile_has_released_the_lease_when_clos
                                                                                           monkeypatch):
     """close() drains the upload, then waits for the lease's release before it closes the tiers: the next node
     finds no lease to wait on (a release left running could meet a closed store and leave the lease to expire).
-    The release is held until the test has seen close() still waiting for it."""
+    The release is held until close() waits on the thread that makes it."""
     from cuda.core.utils import make_program_cache_key
 
     release, may_release = RemoteLease.release, threading.Event()
@@ -351,6 +351,14 @@ def test_a_cache_closed_right_after_its_compile_has_released_the_lease_when_clos
         release(lease)
 
     monkeypatch.setattr(RemoteLease, "release", held_release)
+    keep = TieredProgramCache.keep_until_closed
+
+    def kept_until_joined(cache: TieredProgramCache, thread: threading.Thread) -> None:
+        join = thread.join
+        thread.join = lambda timeout=None: (may_release.set(), join(timeout))[1]  # type: ignore[method-assign]
+        keep(cache, thread)
+
+    monkeypatch.setattr(TieredProgramCache, "keep_until_closed", kept_until_joined)
 
     key = make_program_cache_key(code=kernel(57), code_type="c++", options=options(), target_type="cubin")
     name = entry_name(key)
@@ -361,12 +369,12 @@ def test_a_cache_closed_right_after_its_compile_has_released_the_lease_when_clos
     tpc.compile(kernel(57), "c++", options(), cache=node_a, lease_ttl=600)  # returns; its upload waits
     closer = cleanup.thread(node_a.close)
     upload.open()
-    closer.join(0.5)  # with the release not waited for, close() is over by now
-    waiting = closer.is_alive()
-    may_release.set()
-    closer.join(JOIN_S)
-    assert waiting and not closer.is_alive()
-    assert RemoteLease(remote.leases(), name, 600).read() is None, "close() returned with the lease still held"
+    try:
+        closer.join(JOIN_S)
+        assert may_release.is_set() and not closer.is_alive()
+        assert RemoteLease(remote.leases(), name, 600).read() is None, "close() returned with the lease still held"
+    finally:
+        may_release.set()
 
 
 _COMPILE_THEN_EXIT = r"""
