@@ -311,7 +311,8 @@ def test_the_holder_keeps_the_lease_until_its_upload_lands(tmp_path):
 
 
 def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one(tmp_path):
-    """A's entry is uploaded while an upload queued after it is stuck: A's lease goes at once."""
+    """A's entry is uploaded while an upload queued after it is stuck: A's lease goes at once. Until A's upload
+    lands the lease stays, seen after the releaser's second look at the upload found it still under way."""
     from cuda.core.utils import make_program_cache_key
 
     key = make_program_cache_key(code=kernel(56), code_type="c++", options=options(), target_type="cubin")
@@ -320,11 +321,22 @@ def test_the_holder_releases_once_its_own_upload_lands_not_after_every_later_one
     gates = {k: remote.hold("create_entry", name=entry_name(k), timeout=JOIN_S) for k in (key, b"stuck")}
     node_a = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "a"), remote],
                                 **WAIT_FOR_HOLDER)
+    wait_uploaded, not_yet, polled = node_a.wait_uploaded, [], threading.Event()
+
+    def counted(k: bytes | str, timeout: float | None = None) -> bool:
+        landed = wait_uploaded(k, timeout)
+        if k == key and not landed:
+            not_yet.append(k)
+            if len(not_yet) >= 2:
+                polled.set()
+        return landed
+
+    node_a.wait_uploaded = counted  # type: ignore[method-assign]
     try:
         tpc.compile(kernel(56), "c++", options(), cache=node_a, lease_ttl=600)  # its upload waits
         node_a[b"stuck"] = b"\x7fELF" + bytes(64)  # queued after it, and stuck
         (releaser,) = [t for t in threading.enumerate() if t.name == f"tiered-progcache-lease-{name[:8]}"]
-        releaser.join(0.5)  # several of its polls: a release timed from a deadline already past is over by now
+        assert polled.wait(JOIN_S), "the releaser never looked whether its upload had landed"
         assert releaser.is_alive() and isinstance(RemoteLease(remote.leases(), name, 600).read(), LeaseInfo)
         gates[key].open()
         releaser.join(10)  # the release used to wait for the whole queue: 30 s here
