@@ -83,7 +83,7 @@ def markdown_table() -> str:
     rows.append(_row([
         "-", f"`{settings.STATS_FILE_ENV}`", "-", "set by `stats --run`", "unset",
         "not a setting: when set, every `TieredProgramCache` (however built) appends what it counted since its last "
-        "report to this file as one JSON line, at `close()` and at exit; the command sums them",
+        "report to this file as one JSON line, once at `close()` or else at exit; the command sums them",
     ]))  # fmt: skip
     return "\n".join(rows)
 

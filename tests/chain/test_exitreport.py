@@ -99,6 +99,32 @@ def test_each_report_counts_only_what_is_new(tmp_path, sources):
     assert [line["lookups"] for line in _lines(tmp_path / "c" / "stats.jsonl")] == [1, 1]
 
 
+def test_a_closed_cache_reports_once_with_the_uploads_its_close_waited_for(tmp_path, monkeypatch, sources):
+    """close() drains the upload, then reports: one line that counts it (`stats --run` counts a cache per line), and
+    nothing again at exit. The upload is held until close() drains it."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    from tiered_progcache.stores.remote import RemoteProgramCache
+    from tiered_progcache.testing import WrapperEntryStore
+
+    stats_file = tmp_path / "run.jsonl"
+    monkeypatch.setenv(STATS_FILE_ENV, str(stats_file))
+    (tmp_path / "remote").mkdir()
+    remote = WrapperEntryStore(RemoteProgramCache.from_url(f"file://{tmp_path / 'remote'}"))
+    upload = remote.hold("create_entry")
+    cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(tmp_path / "local"), remote])
+    (writeback,) = [tier.writeback for tier in cache.tiers if tier.writeback is not None]
+    drain = writeback.close
+    monkeypatch.setattr(writeback, "close", lambda timeout=None: (upload.open(), drain(timeout))[1])
+    cache[b"k"] = b"\x7fELF" + bytes(64)
+    assert upload.wait_arrived()
+    cache.close()
+    (line,) = _lines(stats_file)
+    assert (line["tiers"]["remote"]["writes"], line["tiers"]["local"]["writes"]) == (1, 1)
+    exitreport._report_all()
+    assert len(_lines(stats_file)) == 1
+
+
 def test_a_closed_source_reports_no_more(tmp_path, sources):
     """CuPy's uninstall(): its last report, then a later install() reports from its own start."""
     counts = {"n": 0}

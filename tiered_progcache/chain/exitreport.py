@@ -1,8 +1,8 @@
 """The one exit report: every cache's counters, one JSON line, to the sinks it was registered with.
 
 A source (a :class:`~tiered_progcache.TieredProgramCache`, Triton's manager, CuPy's backend)
-registers once; at interpreter exit, and where its owner asks (``close()``), it reports what it
-counted since its last report, so ``close()`` then exit never counts twice. There are two sinks:
+registers once; at interpreter exit, and where its owner asks, it reports what it counted since
+its last report (a chain's ``close()`` is its last), so nothing is counted twice. There are two sinks:
 the local directory's ``stats.jsonl`` (summed by ``tiered-progcache stats``, like ``ccache -s``;
 an empty report is skipped) and the file ``$TIERED_PROGCACHE_STATS_FILE`` names (set by
 ``stats --run -- CMD``; every source's first report is written even when empty, so the run

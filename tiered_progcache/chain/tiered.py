@@ -117,7 +117,7 @@ class TieredProgramCache(ProgramCacheResource):
             identity=self,
             settings=config,
         )
-        # `tiered-progcache stats` (the local directory's counters) and `stats --run`: reported at exit and close()
+        # `tiered-progcache stats` (the local directory's counters) and `stats --run`: reported once, at close() or exit
         self._exit_report = exitreport.register_cache(self)
         if config.exit_timeout is not None:
             exitbudget.PROCESS.allow(config.exit_timeout)  # one deadline for the process's exit work
@@ -490,13 +490,12 @@ class TieredProgramCache(ProgramCacheResource):
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Drain background writes, then the work kept by :meth:`keep_until_closed` (all within ``timeout``
-        seconds), and release every tier. Idempotent."""
+        seconds), report the counters once (the uploads it waited for in them), and release every tier.
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._refresh_read_recency()
-        if self._exit_report is not None:
-            self._exit_report.report()
         deadline = None if timeout is None else time.monotonic() + timeout
         for tier in self._tiers:
             if tier.writeback is not None:
@@ -506,6 +505,8 @@ class TieredProgramCache(ProgramCacheResource):
             kept, self._kept = self._kept, []
         for thread in kept:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._exit_report is not None:
+            self._exit_report.close()  # the last report: one line per closed cache, none again at exit
         for tier in self._tiers:
             tier.close()
 

@@ -2,7 +2,7 @@
 
 ``tiered-progcache stats --run -- CMD`` sets :data:`STATS_FILE_ENV` to a fresh file for CMD;
 every cache in a process that sees the variable (its children and theirs inherit it) reports
-its counters there at exit and at ``close()`` (:mod:`tiered_progcache.chain.exitreport`, the
+its counters there once, at ``close()`` or else at exit (:mod:`tiered_progcache.chain.exitreport`, the
 same lines a local directory's ``stats.jsonl`` holds). This module reads and sums them.
 It imports only down (the chain's counters, the settings): nothing in the chain imports it.
 """
