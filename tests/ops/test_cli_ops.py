@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from tiered_progcache import TieredProgramCache
 from tiered_progcache.stores.localdir import LocalDir
 from tiered_progcache.stores.remote import RemoteProgramCache
 
-from support import assert_one_line_error, run_cli
+from support import assert_one_line_error, run_cli, run_cli_here
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
 
@@ -136,6 +137,29 @@ def test_manifests_and_symbol_maps_are_counted_apart_from_kernels(tmp_path, two_
     assert run_cli("push", "--remote", remote.as_uri(), env=env).returncode == 0
     proc = run_cli("warm", "--dir", str(tmp_path / "node"), "--remote", remote.as_uri())
     assert "warmed 2 kernels (+2 metadata" in proc.stdout, proc.stdout  # manifests stay behind, symbol maps come
+
+
+def test_looking_at_a_directory_never_counts_as_using_its_entries(tmp_path, two_kernels, capsys):
+    """stats, ls -l, explain, verify, export and push read entries, none of them as a lookup: each file's access time
+    stays where it was, so `prune --older-than` still finds what no compile read for weeks (on a relatime mount the
+    first read of a file would set it to now, and a daily `stats --prometheus-file` would keep every entry)."""
+    root = tmp_path / "cache"
+    shutil.copytree(two_kernels, root)
+    files = sorted(p for p in (root / "entries").rglob("*") if p.is_file())
+    old_ns = 1_000_000_000 * 1_000_000_000  # 2001
+    for path in files:
+        os.utime(path, ns=(old_ns, old_ns))
+    env = {"TIERED_PROGCACHE_DIR": str(root)}
+    kernel = next(line.split()[0] for line in run_cli_here(capsys, "ls", env=env).stdout.splitlines()
+                  if " kernel " in line)  # fmt: skip
+    (tmp_path / "remote").mkdir()
+    for command in (["stats"], ["ls", "-l"], ["explain", kernel], ["verify"],
+                    ["export", str(tmp_path / "b.tar"), "--format", "tar"],
+                    ["push", "--remote", (tmp_path / "remote").as_uri()]):  # fmt: skip
+        assert run_cli_here(capsys, *command, env=env).returncode == 0, command
+    assert [os.stat(path).st_atime_ns for path in files] == [old_ns] * len(files) == [old_ns] * 6
+    proc = run_cli_here(capsys, "prune", "--older-than", "7d", env=env)
+    assert "would remove 6 of 6 entries" in proc.stdout, proc.stdout
 
 
 # -- 5. one name for an entry --------------------------------------------------------------------------

@@ -50,6 +50,66 @@ def test_refusals_raise_the_callers_exception_and_a_missing_file_is_file_not_fou
         fsutil.open_regular(tmp_path / "absent")
 
 
+def test_keep_atime_reads_a_file_and_leaves_its_access_time(tmp_path):
+    """What a look at an entry reads (``LocalDir.read_entry``) is not a use: the access time eviction sorts by stays."""
+    path = tmp_path / "f"
+    path.write_bytes(b"1234")
+    old_ns = 1_000_000_000 * 1_000_000_000  # 2001: older than its mtime allows, so relatime moves it on a read
+    os.utime(path, ns=(old_ns, old_ns))
+    fd, _ = fsutil.open_regular(path, 4, keep_atime=True)
+    try:
+        assert os.read(fd, 10) == b"1234"
+    finally:
+        os.close(fd)
+    assert os.stat(path).st_atime_ns == old_ns
+    fd, _ = fsutil.open_regular(path, 4)
+    try:
+        os.read(fd, 10)
+    finally:
+        os.close(fd)
+    if os.stat(path).st_atime_ns == old_ns:
+        pytest.skip("this mount keeps no access times (noatime): the plain read does not move it either")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading a file of another user as a user without the right needs root")
+def test_keep_atime_reads_another_users_file_as_a_plain_open_does_and_refuses_what_it_cannot_read():
+    """O_NOATIME is only the owner's to ask: another user's readable file is read anyway (its atime may move), and a
+    file that user cannot read is a PermissionError as before. A forked child does the reading as ``nobody``."""
+    import tempfile
+
+    shared = tempfile.mkdtemp(dir="/tmp")
+    try:
+        os.chmod(shared, 0o755)
+        readable, private = os.path.join(shared, "readable"), os.path.join(shared, "private")
+        for path, mode in ((readable, 0o644), (private, 0o600)):
+            with open(path, "wb") as fh:
+                fh.write(b"1234")
+            os.chmod(path, mode)
+        pid = os.fork()
+        if pid == 0:  # the child: exit code 0 only if both outcomes are as promised
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                fd, _ = fsutil.open_regular(readable, 4, keep_atime=True)
+                data = os.read(fd, 10)
+                os.close(fd)
+                try:
+                    fsutil.open_regular(private, 4, keep_atime=True)
+                except PermissionError:
+                    code = 0 if data == b"1234" else 3
+                else:
+                    code = 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        import shutil
+
+        shutil.rmtree(shared)
+
+
 MOUNTS = (
     "garbage without a separator\n"
     "1 0 8:1 / / rw,relatime - nfs4 server:/export rw\n"

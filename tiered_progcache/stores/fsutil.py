@@ -45,6 +45,8 @@ _MAX_MEMO_PATHS = 200_000  # filesystem types remembered by path, the least rece
 _READ_FLAGS = (
     os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 )
+#: Linux's "this read is not a use": the access time is left as it was (0 where the platform has none).
+_NOATIME = getattr(os, "O_NOATIME", 0)
 
 
 def open_regular(
@@ -52,6 +54,7 @@ def open_regular(
     max_bytes: int | None = None,
     *,
     refuse: Callable[[str], BaseException] = EntryRejected,
+    keep_atime: bool = False,
 ) -> tuple[int, os.stat_result]:
     """A read-only descriptor of ``path`` and its ``fstat``, if it is a regular file of at most ``max_bytes``.
 
@@ -61,9 +64,17 @@ def open_regular(
     refusal raises ``refuse(reason)`` (default :class:`~tiered_progcache.errors.EntryRejected`);
     a missing file raises ``FileNotFoundError`` as ``os.open`` does. The caller closes the
     descriptor; what it reads past the ``fstat`` is still its to bound (a file may grow).
+    ``keep_atime``: reading it leaves its access time alone (``O_NOATIME``, where the platform has it
+    and the file is this user's), so a read that is not a use does not count as one for eviction.
     """
+    flags = _READ_FLAGS | (_NOATIME if keep_atime else 0)
     try:
-        fd = os.open(path, _READ_FLAGS)
+        try:
+            fd = os.open(path, flags)
+        except PermissionError:
+            if not flags & _NOATIME:
+                raise
+            fd = os.open(path, _READ_FLAGS)  # another user's file: O_NOATIME is its owner's to ask
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise refuse("a symbolic link, not an entry (not followed)") from None

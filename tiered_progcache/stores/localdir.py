@@ -135,7 +135,11 @@ class LocalDir(NodeDirStore):
         fsutil.make_dirs(self.root / _TMP, fsutil.STAGING_DIR_MODE, below=self.root)
 
     def read_entry(self, name: str) -> bytes:
-        """The file's bytes; ``EntryRejected`` for a symbolic link (file or shard), a non-file, or one over the cap."""
+        """The file's bytes; ``EntryRejected`` for a symbolic link (file or shard), a non-file, or one over the cap.
+
+        Not a lookup (those are :meth:`read_key`'s): what ``stats``, ``ls``, ``verify``, ``push`` and
+        ``export`` read leaves the file's access time alone, so looking at a directory never keeps its
+        entries from ``prune`` or the size cap's eviction."""
         path = self.path_for(name)
         for directory in (path.parent.parent, path.parent):
             try:
@@ -144,7 +148,7 @@ class LocalDir(NodeDirStore):
             except FileNotFoundError:
                 raise KeyError(name) from None
         try:
-            fd, _ = fsutil.open_regular(path, self._max_entry_bytes)
+            fd, _ = fsutil.open_regular(path, self._max_entry_bytes, keep_atime=True)
         except FileNotFoundError:
             raise KeyError(name) from None
         with open(fd, "rb") as fh:
