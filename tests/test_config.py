@@ -555,3 +555,33 @@ def test_a_process_shared_chain_is_built_once_and_a_bad_setting_leaves_the_integ
     assert (good.built, good.if_built()) == (False, None)
     rebuilt = cleanup.close(good.get(), 30)
     assert rebuilt is not None and rebuilt is not chain
+
+
+def test_a_setting_kept_only_so_old_configurations_parse_is_warned_about_once_and_shown_unused(monkeypatch, caplog,
+                                                                                               capsys):
+    """`wait_patience` and `compile_time_prior_s` do nothing: a value other than the default gets one WARNING per
+    process naming where it came from and why, and `config` marks both rows; a default or a setting in use, none."""
+    from tiered_progcache import configvalues
+    from tiered_progcache.configvalues import ConfigValues
+
+    from support import run_cli_here
+
+    assert [s.name for s in settings.SETTINGS if s.unused] == ["wait_patience", "compile_time_prior_s"]
+    monkeypatch.setattr(configvalues, "_warned_unused", set())
+    with caplog.at_level(logging.WARNING, logger="tiered_progcache.configvalues"):
+        ConfigValues.from_env({"TIERED_PROGCACHE_WAIT_PATIENCE": "2"})
+        ConfigValues.from_env({"TIERED_PROGCACHE_WAIT_PATIENCE": "3"})  # once per process
+        ConfigValues(compile_time_prior_s=settings.by_name()["compile_time_prior_s"].default)  # the default: nothing
+        ConfigValues(lease_min_compile_rtts=2.0)  # in use: nothing
+        ConfigValues(compile_time_prior_s=0.5)
+    assert [r.getMessage() for r in caplog.records if r.name == "tiered_progcache.configvalues"] == [
+        "TIERED_PROGCACHE_WAIT_PATIENCE does nothing (kept so old configurations parse): a waiter waits while the "
+        "holder's lease is renewed, up to wait_timeout; remove it",
+        "compile_time_prior_s does nothing (kept so old configurations parse): a compile never timed on this node "
+        "takes the lease, whatever a prior would say; remove it",
+    ]
+    rows = run_cli_here(capsys, "config", env={"TIERED_PROGCACHE_WAIT_PATIENCE": "2"}).stdout.splitlines()
+    marked = sorted(row.split()[0] for row in rows if row.endswith("(unused)"))
+    assert marked == ["compile_time_prior_s", "wait_patience"]
+    assert any(row.startswith("wait_patience") and row.endswith("env TIERED_PROGCACHE_WAIT_PATIENCE (unused)")
+               for row in rows)

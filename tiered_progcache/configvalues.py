@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +31,20 @@ __all__ = ["ConfigValues", "read_key_file"]
 logger = logging.getLogger(__name__)
 
 _Self = TypeVar("_Self", bound="ConfigValues")
+
+#: Settings kept only so old configurations parse that a value was given for: warned about once per process.
+_warned_unused: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_unused(setting: settings.Setting, source: str) -> None:
+    """One WARNING per process that ``setting`` (given by ``source``) does nothing, and why."""
+    with _warned_lock:
+        if setting.name in _warned_unused:
+            return
+        _warned_unused.add(setting.name)
+    logger.warning("%s does nothing (kept so old configurations parse): %s; remove it", _where(setting.name, source),
+                   setting.unused)
 
 
 class ConfigValues:
@@ -81,6 +96,9 @@ class ConfigValues:
             where = " and ".join(_where(name, sources.get(name, "default")) for name in both)
             raise ValueError(f"{where}: give the signing key or its file, not both")
         values = {setting.name: given.get(setting.name, setting.default) for setting in settings.SETTINGS}
+        for setting in settings.SETTINGS:
+            if setting.unused and values[setting.name] != setting.default:
+                _warn_unused(setting, sources.get(setting.name, "argument"))
         object.__setattr__(self, "_values", values)
         object.__setattr__(self, "_sources", sources)
         # Plain attributes, so that a read on a hot path (compile()'s defaults) costs what any attribute

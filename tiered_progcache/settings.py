@@ -143,7 +143,8 @@ class Setting:
     marks values never to be shown (``repr``, ``tiered-progcache config``). ``doc`` is
     the meaning docs/configuration.md gives (default: ``help``); ``doc_default`` how it
     shows the default where the value alone does not say it (``None`` that means
-    "cuda-core's directory").
+    "cuda-core's directory"). ``unused``: why a setting kept only so old configurations
+    parse does nothing (a value other than its default is warned about once).
     """
 
     name: str
@@ -156,6 +157,7 @@ class Setting:
     secret: bool = False
     doc: str = ""
     doc_default: str = ""
+    unused: str = ""
 
     @property
     def variable(self) -> str | None:
@@ -613,6 +615,7 @@ SETTINGS: tuple[Setting, ...] = (
         env="WAIT_PATIENCE", flag="--wait-patience",
         doc="unused, kept so old configurations still parse: a node waiting for another node's compile waits while "
         "the holder's lease is renewed, up to `wait_timeout` ([cluster.md](cluster.md#when-nodes-wait))",
+        unused="a waiter waits while the holder's lease is renewed, up to wait_timeout",
     ),
     Setting(
         "compile_time_prior_s", SECONDS, DEFAULT_COMPILE_TIME_PRIOR_S,
@@ -620,6 +623,7 @@ SETTINGS: tuple[Setting, ...] = (
         env="COMPILE_TIME_PRIOR_S", flag="--compile-time-prior-s",
         doc="unused, kept so old configurations still parse: a compile never timed on this node takes the lease, "
         "whatever a prior would say",
+        unused="a compile never timed on this node takes the lease, whatever a prior would say",
     ),
     Setting(
         "max_pending_uploads", COUNT, DEFAULT_MAX_PENDING_UPLOADS,

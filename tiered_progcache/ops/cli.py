@@ -489,11 +489,14 @@ def cmd_config(args: argparse.Namespace) -> int:
         _edit_config_file(args)
     config = load_config(args)
     flags = {setting.name: setting.flag for setting in settings.SETTINGS}
+    unused = {setting.name for setting in settings.SETTINGS if setting.unused}
     sources, rows = config.sources(), []
     for name, value in config.as_dict().items():  # every setting, in the table's order
         source = sources[name]
         if source == "argument":  # here the overrides are the command line's flags
             source = f"flag {flags[name]}"
+        if name in unused:
+            source += " (unused)"
         if name == "local_dir" and value is None:  # show where "default" is on this machine
             from ..stores.localdir import default_local_dir
 
