@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from cuda.core import Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
@@ -54,6 +57,25 @@ _T = TypeVar("_T")
 #: How long teardown waits for one thing to close or one thread to end.
 CLEANUP_JOIN_S = 30
 
+
+
+def wait_child(pid: int, limit_s: float = 60.0) -> int:
+    """A forked child's exit code; one still running after ``limit_s`` is killed and the test fails.
+
+    Bounded from the parent (a pidfd), so a child stuck anywhere, even in C code or in a fork
+    handler before its first line, fails the test in ``limit_s`` instead of hanging the suite.
+    """
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], limit_s)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"forked child {pid} hung for {limit_s} s")
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 def in_forked_child(report: Callable[[], Any]) -> Any:

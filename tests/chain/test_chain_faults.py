@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import select
-import signal
 import subprocess
 import sys
 import threading
@@ -26,24 +24,9 @@ from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.runner import NO_THREADS_AT_EXIT
 from tiered_progcache.testing.slowfs import SlowFileSystem
 
-from support import REPO_ROOT, child_pythonpath
+from support import REPO_ROOT, child_pythonpath, wait_child
 
 CHILD_LIMIT_S = 20.0  # a child that takes longer is hung (the bug), not slow
-
-
-def _wait_child(pid: int) -> int:
-    """The child's exit code; a child still running after CHILD_LIMIT_S is killed and the test fails."""
-    fd = os.pidfd_open(pid)
-    try:
-        ready, _, _ = select.select([fd], [], [], CHILD_LIMIT_S)
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail(f"forked child {pid} hung for {CHILD_LIMIT_S} s")
-    finally:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def _fork(body) -> int:
@@ -57,7 +40,7 @@ def _fork(body) -> int:
             traceback.print_exc()  # shown by pytest with the failure
         finally:
             os._exit(code)
-    return _wait_child(pid)
+    return wait_child(pid, CHILD_LIMIT_S)
 
 
 def _file_remote(tmp_path: Path) -> str:

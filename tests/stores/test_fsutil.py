@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 from tiered_progcache.stores import fsutil
 from tiered_progcache.stores.envelope import InvalidEnvelope
 from tiered_progcache.errors import EntryRejected
+
+from support import wait_child
 
 
 def test_a_regular_file_within_the_cap_opens_with_its_stat(tmp_path):
@@ -89,6 +92,8 @@ def test_keep_atime_reads_another_users_file_as_a_plain_open_does_and_refuses_wh
         if pid == 0:  # the child: exit code 0 only if both outcomes are as promised
             code = 1
             try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # a hang is killed, whatever the child is doing
+                signal.alarm(60)
                 os.setgid(65534)
                 os.setuid(65534)
                 fd, _ = fsutil.open_regular(readable, 4, keep_atime=True)
@@ -102,8 +107,7 @@ def test_keep_atime_reads_another_users_file_as_a_plain_open_does_and_refuses_wh
                     code = 4
             finally:
                 os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        assert wait_child(pid) == 0
     finally:
         import shutil
 

@@ -2,7 +2,10 @@
 
 Before: the child inherited the parent's runner threads (gone in the child) and s3fs's
 event loop and sessions (not fork-safe), so reads timed out or raised. The child has an
-alarm so a hang fails the test with SIGALRM instead of hanging the suite.
+alarm so a hang fails the test with SIGALRM, with the signal's default action (pytest-timeout's
+handler, which the child inherits, runs only when Python code runs), and the parent kills a child
+that is still running after a minute (support.wait_child): one child hung past the suite's 300 s
+bound, stuck where no alarm it set could reach.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ from tiered_progcache.stores.remote import RemoteProgramCache
 from tiered_progcache.stores.store import entry_name
 from tiered_progcache.testing.servers import moto_server, s3_bucket  # noqa: F401
 
+from support import wait_child
+
 PARENT, CHILD = entry_name(b"from the parent"), entry_name(b"from the child")
+
+
+def _alarm_kills_me(seconds: int) -> None:
+    """In a forked child: be killed by SIGALRM in ``seconds`` whatever it is doing (the default action)."""
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(seconds)
 
 
 def _exercise_in_a_forked_child(remote: RemoteProgramCache) -> None:
@@ -26,7 +37,7 @@ def _exercise_in_a_forked_child(remote: RemoteProgramCache) -> None:
     if pid == 0:  # the child: never return into pytest
         code = 1
         try:
-            signal.alarm(60)
+            _alarm_kills_me(60)
             ok = remote.read_entry(PARENT) == b"parent bytes"
             remote.write_entry(CHILD, b"child bytes")
             ok = ok and remote.read_entry(CHILD) == b"child bytes"
@@ -34,8 +45,7 @@ def _exercise_in_a_forked_child(remote: RemoteProgramCache) -> None:
             code = 0 if ok and remote.breaker.state == "closed" else 2
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid) == 0
     assert remote.read_entry(CHILD) == b"child bytes"  # and the parent still works, and sees it
     remote.close()
 
@@ -57,13 +67,12 @@ def test_forked_child_rebuilds_the_s3_filesystem_outside_fsspecs_cache(s3_bucket
     if pid == 0:
         code = 1
         try:
-            signal.alarm(60)
+            _alarm_kills_me(60)
             child_fs = remote.fs
             code = 0 if child_fs is not parent_fs and child_fs is not type(child_fs)(**s3_bucket.storage_options) else 3
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid) == 0
     assert remote.fs is parent_fs
 
 
