@@ -98,7 +98,7 @@ class ConfigValues:
         values = {setting.name: given.get(setting.name, setting.default) for setting in settings.SETTINGS}
         for setting in settings.SETTINGS:
             if setting.unused and values[setting.name] != setting.default:
-                _warn_unused(setting, sources.get(setting.name, "argument"))
+                _warn_unused(setting, sources[setting.name])  # (a value not the default was given: it has one)
         object.__setattr__(self, "_values", values)
         object.__setattr__(self, "_sources", sources)
         # Plain attributes, so that a read on a hot path (compile()'s defaults) costs what any attribute
