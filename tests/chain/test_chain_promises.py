@@ -275,6 +275,46 @@ class TestBackgroundWrites:
         go.set()
         assert not alive, "close(timeout=0.2) did not return while kept work hung"
 
+    def test_close_drains_for_at_most_30_s_by_default(self, gated, chain, monkeypatch):
+        """docs/configuration.md states 30 s for close() of the chain: the drain it starts is given at most that (the
+        upload is let go when the drain begins, so nothing waits)."""
+        stuck = gated
+        cache = chain(tiers=[InMemoryProgramCache(), (stuck, TierPolicy("bg", write="background"))])
+        cache[b"k"] = b"v"
+        assert stuck.started.wait(30)
+        (writeback,) = [tier.writeback for tier in cache.tiers if tier.writeback is not None]
+        given: list[float | None] = []
+        drain = writeback.close
+        monkeypatch.setattr(writeback, "close",
+                            lambda timeout=None: (given.append(timeout), stuck.gate.set(), drain(timeout))[2])
+        cache.close()
+        (timeout,) = given
+        assert timeout is not None and 0.0 < timeout <= 30.0
+
+    def test_close_past_its_deadline_gives_the_uploads_and_the_kept_work_no_more_time(self, gated, chain, cleanup,
+                                                                                     monkeypatch):
+        """close(timeout=0) hands the drain and the kept work's join what is left of its deadline: exactly 0 s each
+        (a floor above 0 would make every close() past its deadline wait that much longer). Each wait is recorded."""
+        stuck = gated
+        cache = chain(tiers=[InMemoryProgramCache(), (stuck, TierPolicy("bg", write="background"))])
+        cache[b"k"] = b"v"
+        assert stuck.started.wait(30)
+        (writeback,) = [tier.writeback for tier in cache.tiers if tier.writeback is not None]
+        given: list[tuple[str, float | None]] = []
+        drain = writeback.close
+        monkeypatch.setattr(writeback, "close", lambda timeout=None: (given.append(("drain", timeout)), drain(timeout))[1])
+        go = threading.Event()
+        kept = cleanup.thread(lambda: go.wait(60))
+        join = kept.join
+        kept.join = lambda timeout=None: (given.append(("join", timeout)), join(timeout))[1]  # type: ignore[method-assign]
+        cache.keep_until_closed(kept)
+        try:
+            cache.close(timeout=0)
+        finally:
+            go.set()
+            stuck.gate.set()
+        assert given == [("drain", 0.0), ("join", 0.0)]
+
     @pytest.mark.parametrize("timeout", [None, 30.0])
     def test_close_and_flush_drain_every_queued_write_within_their_timeout(self, timeout, chain):
         """Mutants: a deadline computed as now - timeout (no time at all), or a crash on timeout=None."""
