@@ -29,7 +29,8 @@ Stores (``--stores``) are ``benchmarks/bench_fleet.py``'s, each started once per
 sent each request kind once (``S3Store.warm_up``) before the first CI node, and the rows of a
 store run after its CI node on the same server. No other server is warmed.
 
-Prints one line per row, prefixed with its store and RTT, and the ratios to ``alone``;
+Prints one line per row, prefixed with its store and RTT, and the ratios to ``alone``: each time a
+median over ``--runs`` fresh nodes (the first hit's range in brackets), the counts the median run's;
 ``--out`` writes them as JSON. No asserts. The kernels are ``cub::BlockReduce`` and
 ``cub::BlockScan`` of different types and sizes (each reads ~600 CCCL headers).
 """
@@ -146,7 +147,7 @@ def _child(mode: str, sources: list[str], cccl: str, local: str, remote: dict, c
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k", type=int, default=6, help="CUB kernels (default 6)")
-    p.add_argument("--runs", type=int, default=3, help="fresh nodes per row; the median run (by all-K time) is shown")
+    p.add_argument("--runs", type=int, default=3, help="fresh nodes per row; each time shown is the median over them (first hit's range beside it)")
     p.add_argument("--stores", default="file", help="comma list of file, s3, gcs, redis (default file)")
     p.add_argument("--rtt-ms", default="0", help="round trips to inject, comma list (network stores; file at 0 only)")
     p.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -171,7 +172,7 @@ def main() -> None:
         alone_row = _child("alone", sources, node_cccl, "", {}, os.path.join(base, "alone-work"))
         alone = sum(alone_row["times"])
         rows.append({"store": "-", "rtt_ms": 0.0, "row": "alone", **alone_row})
-        print(f"K={args.k} CUB kernels, CCCL at another root on the node, median of {args.runs} fresh nodes per row; "
+        print(f"K={args.k} CUB kernels, CCCL at another root on the node, medians of {args.runs} fresh nodes per row; "
               f"stores {','.join(names)}, RTT {args.rtt_ms} ms (file at 0 only)", flush=True)
         print(f"  -     0ms alone   compile each: first {alone_row['times'][0] * 1e3:8.1f} ms, "
               f"all {alone * 1e3:8.1f} ms", flush=True)
@@ -192,14 +193,18 @@ def main() -> None:
                     runs = [_child(mode, sources, node_cccl, os.path.join(base, f"{at}-{mode}-{i}"), remote,
                                    os.path.join(base, f"{at}-{mode}-work-{i}")) for i in range(args.runs)]
                     runs.sort(key=lambda r: sum(r["times"]))
-                    r = runs[len(runs) // 2]
-                    rows.append({"store": name, "rtt_ms": rtt, "row": mode, "vs_alone": sum(r["times"]) / alone, **r})
-                    total = sum(r["times"])
+                    r = runs[len(runs) // 2]  # the counts shown are the median run's (by all-K time)
+                    firsts = sorted(run["times"][0] for run in runs)
+                    total = statistics.median(sum(run["times"]) for run in runs)
+                    rows.append({"store": name, "rtt_ms": rtt, "row": mode, "vs_alone": total / alone,
+                                 "first_hit_s": [run["times"][0] for run in runs], **r})
                     extra = (f", warm() {r['warm_s'] * 1e3:.1f} ms at boot ({r['warmed'][0]} entries)"
                              if mode in WARMED else "")
-                    first, built = r["times"][0] * 1e3, r["built_s"] * 1e3
+                    first = statistics.median(firsts) * 1e3
+                    built = statistics.median(run["built_s"] for run in runs) * 1e3
                     since = "" if mode in WARMED else f" ({built + first:.1f} ms from the start)"
-                    print(f"  {tag} {mode:<7} built {built:6.1f} ms, first hit {first:8.1f} ms{since}, "
+                    spread = f" [{firsts[0] * 1e3:.1f}-{firsts[-1] * 1e3:.1f}]"
+                    print(f"  {tag} {mode:<7} built {built:6.1f} ms, first hit {first:8.1f} ms{spread}{since}, "
                           f"all {total * 1e3:8.1f} ms = "
                           f"{total / alone:.3f}x alone; NVRTC runs {r['compiles']}, scans {r['scans']}, direct hits "
                           f"{r['direct_hits']}, remote lookups {r['remote_lookups']}{extra}", flush=True)
