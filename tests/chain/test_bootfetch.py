@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import threading
 from typing import Any
@@ -706,3 +707,98 @@ def test_a_first_tier_with_an_upload_queue_forgoes_on_its_untimed_hits_too():
             gate.set()
         assert cache.flush(60)
         assert fs.requests["put"] == 1  # the filler's upload alone
+
+
+def test_close_before_the_batch_begins_reads_nothing_more_and_ends_the_fetch_quietly(tmp_path, caplog):
+    """A process that takes one hit and closes: the fetch waiting at the gate (listed, nothing read) never reads."""
+    fs = SlowFileSystem()
+    remote = _store(fs)
+    manifest = _with_direct_manifest(fs, remote)
+    cache = _chain(tmp_path / "node", remote)
+    cache._boot._go = gate = _GateSeen()
+    assert cache.get(manifest) == _payload(DIRECT)
+    assert gate.waiting.wait(60)  # listed, at the gate
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.chain.bootfetch"):
+        cache.close(timeout=60)
+    assert not cache._boot._thread.is_alive()  # joined by close()
+    assert dict(fs.requests) == {"get": 1, "list": 1}  # no batch read after close
+    assert cache._boot._batch == frozenset()
+    assert {e.name for e in LocalDir(tmp_path / "node").iter_entries()} == {entry_name(DIRECT)}
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_close_while_a_batch_is_read_lands_that_read_and_reads_no_more(tmp_path, release, caplog):
+    fs = _HangingBatch(release)
+    fs.mkdir("bucket")
+    remote = RemoteProgramCache(fs, "bucket/kernels", transfer_concurrency=2)  # K - 1 entries in batches of 2
+    for n, key in enumerate(KEYS):
+        remote.write_key(key, _payload(key))
+        path = fs._strip_protocol(remote.path_for(entry_name(key)))
+        fs.objects[path] = (fs.objects[path][0], 1_000_000.0 + n)
+    fs.requests.clear()
+    fs.hung = {f"{name[:2]}/{name[2:]}" for name in map(entry_name, KEYS[K - 2:])}  # the newest two: the first batch
+    cache = _chain(tmp_path / "node", remote)
+    assert cache.get(KEYS[0]) == _payload(KEYS[0])  # the trigger, an entry's lookup: the batch goes at once
+    assert fs.all_asked.wait(60)  # the first batch of two is out and held
+    closer = threading.Thread(target=cache.close, kwargs={"timeout": 60})
+    with caplog.at_level(logging.DEBUG, logger="tiered_progcache.chain.bootfetch"):
+        closer.start()
+        assert cache._boot._stop.wait(60)
+        release.set()
+        closer.join(60)
+    assert not closer.is_alive() and not cache._boot._thread.is_alive()
+    assert dict(fs.requests) == {"get": 1 + 2, "list": 1}  # the trigger and the batch under way; none after it
+    landed = {e.name for e in LocalDir(tmp_path / "node").iter_entries()}
+    assert landed == {entry_name(KEYS[0]), *map(entry_name, KEYS[K - 2:])}
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+_EXIT_CHILD = r"""
+import asyncio, atexit, sys, threading
+from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+from tiered_progcache import TieredProgramCache
+from tiered_progcache.stores.remote import RemoteProgramCache
+from tiered_progcache.stores.store import entry_name
+from tiered_progcache.testing.slowfs import SlowFileSystem
+
+release, held = threading.Event(), threading.Event()
+keys = [b"exit-%d" % n for n in range(4)]
+trigger = entry_name(keys[0])
+
+class Held(SlowFileSystem):
+    async def _cat_file(self, path, start=None, end=None, **kwargs):
+        if not path.endswith(trigger[2:]):  # the batch's reads wait until the interpreter exits
+            held.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        return await super()._cat_file(path, start, end, **kwargs)
+
+fs = Held()
+fs.mkdir("bucket")
+remote = RemoteProgramCache(fs, "bucket/kernels")
+for key in keys:
+    remote.write_key(key, b"cubin:" + key)
+cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(sys.argv[1]), remote])
+assert cache.get(keys[0]) == b"cubin:" + keys[0]
+assert held.wait(60)
+fetcher = cache._boot._thread
+
+def at_exit():  # after threading's shutdown: the batch's reads answer, and its writers cannot start
+    release.set()
+    fetcher.join(60)
+    print("fetch ended", not fetcher.is_alive(), flush=True)
+
+atexit.register(at_exit)
+"""
+
+
+def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_nothing(tmp_path):
+    """The interpreter exits with the fetch's reads out: its writers cannot start then, and that is no warning."""
+    import subprocess
+    import sys
+
+    from support import child_pythonpath
+
+    done = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(tmp_path / "node")], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": child_pythonpath()}, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "fetch ended True\n", "")

@@ -63,6 +63,8 @@ class BootFetch:
         self._listed = threading.Event()  # the batch's names are known
         self._done = threading.Event()  # the batch landed, or the fetch failed or was not needed
         self._go = threading.Event()  # an entry's lookup reached the shared tier: the batch may land
+        self._stop = threading.Event()  # the chain closes: no batch begins, one under way reads no more
+        self._thread: threading.Thread | None = None
         self._batch: frozenset[str] = frozenset()
         self._asked: set[str] = set()  # entries lookups read for themselves: the trigger's, those read ahead
         #: What the fetch did: ``(listed, TransferReport)``, None until it finished (or if it failed).
@@ -121,6 +123,15 @@ class BootFetch:
             if not self._listed.is_set():  # the pick clears the names and sets it under this lock
                 self._asked.add(entry_name(key))
 
+    def close(self, timeout: float | None) -> None:
+        """Stop the fetch and wait for it at most ``timeout`` seconds (the chain closes its tiers next): a batch
+        not begun never begins, one under way lands what it read and reads no more."""
+        self._stop.set()
+        self._go.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the fetch finished (or was not needed); False if ``timeout`` ran out. For tests and benchmarks."""
         return self._done.wait(timeout)
@@ -150,7 +161,8 @@ class BootFetch:
             self._listed.set()
             self._done.set()
             return
-        threading.Thread(target=self._run, name="tiered-progcache-boot-fetch", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="tiered-progcache-boot-fetch", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         from . import transfer
@@ -162,15 +174,20 @@ class BootFetch:
             if listed:  # after the first kernel's key: its hashing does not share the GIL with the landing
                 self._go.wait(self._request_deadline())
             with self._lock:  # a name read ahead is in this pick or kept nowhere
-                self._batch = frozenset(newest_within(listed, self._max_bytes, leave_out=self._asked))
+                self._batch = frozenset(() if self._stop.is_set() else
+                                        newest_within(listed, self._max_bytes, leave_out=self._asked))
                 self._asked.clear()  # needed for this pick only
                 self._listed.set()
-            report = transfer.warm(self._shared, self._local, sorted(self._batch)) if self._batch else None
+            report = (transfer.warm(self._shared, self._local, sorted(self._batch), stop=self._stop)
+                      if self._batch else None)
             self.report = (len(listed), report)
             logger.info("boot fetch from %s: %d of %d listed entries in %.3f s", self._shared.location,
                         len(self._batch), len(listed), time.perf_counter() - started)  # fmt: skip
         except Exception as exc:  # a failing store, a full disk: the lookups go on as before
             self._batch = frozenset()
+            if self._stop.is_set() or not threading.main_thread().is_alive():  # closed, or the interpreter exits
+                logger.debug("boot fetch from %s stopped: %s", self._shared.location, one_line(exc))
+                return
             # A store the probe (beside the listing) found down is reported by the probe: one warning, not two.
             self._shared.wait_ready(self._request_deadline())
             logger.log(logging.WARNING if self._shared.available else logging.INFO,

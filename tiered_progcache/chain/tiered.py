@@ -489,14 +489,16 @@ class TieredProgramCache(ProgramCacheResource):
             self._kept.append(thread)
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Drain background writes, then the work kept by :meth:`keep_until_closed` (all within ``timeout``
-        seconds), report the counters once (the uploads it waited for in them), and release every tier.
+        """Stop the boot fetch, drain background writes, then the work kept by :meth:`keep_until_closed` (all within
+        ``timeout`` seconds), report the counters once (the uploads it waited for in them), and release every tier.
         Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._refresh_read_recency()
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._boot is not None:
+            self._boot.close(timeout)  # before the tiers it reads and writes close
         for tier in self._tiers:
             if tier.writeback is not None:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Callable
@@ -56,6 +57,7 @@ def warm(
     max_bytes: int | None = None,
     progress: Progress | None = None,
     landed: Callable[[bytes, str], object] | None = None,
+    stop: threading.Event | None = None,
 ) -> TransferReport:
     """Copy remote entries the local directory lacks into it, verified, many requests at a time.
 
@@ -71,7 +73,8 @@ def warm(
     :mod:`~tiered_progcache.compiling.direct`), so a header-heavy kernel's first hit asks nothing. Then one concurrent batch of reads per
     ``transfer_batch`` entries (one batch for a node's few hundred kernels). A bad or
     unreadable entry is counted in ``failures`` and skipped; the rest still land. ``landed(payload,
-    kind)`` is called with each entry written, on a writer thread.
+    kind)`` is called with each entry written, on a writer thread. Once ``stop`` is set, what was
+    read lands and nothing more is read.
     """
     if max_bytes is not None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
@@ -92,6 +95,8 @@ def warm(
     with concurrent.futures.ThreadPoolExecutor(LOCAL_WRITERS, thread_name_prefix="tiered-progcache-warm") as pool:
         landing: list[tuple[str, concurrent.futures.Future[int]]] = []
         for batch in [*_chunks(todo, remote.transfer_batch), []]:
+            if stop is not None and stop.is_set():
+                batch = []
             fetched = remote.read_many(batch) if batch else BatchRead()
             for name, future in landing:
                 try:
@@ -109,6 +114,8 @@ def warm(
                 (name, pool.submit(_land, local, name, fetched.hits.get(name), fetched.errors.get(name), landed))
                 for name in batch
             ]
+            if not batch:
+                break
     if failures:
         logger.warning(
             "warm from %s: %d of %d entries failed (first: %s)", remote.location, failures, len(todo), first_problem
