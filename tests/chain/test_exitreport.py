@@ -169,10 +169,11 @@ def test_a_line_is_each_counter_less_what_was_sent_rounded_as_documented(monkeyp
     monkeypatch.setattr(exitreport.time, "time", lambda: 1234.56789)
     now = exitreport.Counts(
         {"memory": _tier(hits=5, misses=4, errors=1), "local": _tier(hits=3, misses=2, timeouts=2, errors=2)},
-        CompileTotals(3, 0.123456789, 2.2500004, (("too big", 2),)),
+        CompileTotals(3, 0.123456789, 2.2500004, (("too big", 2),), 6),
         {"held": 5, "waited": 2, "led": 3},
     )
-    sent = exitreport.Counts({"memory": _tier(hits=1, misses=1)}, CompileTotals(1, 0.1, 1.0), {"held": 1, "led": 3})
+    sent = exitreport.Counts({"memory": _tier(hits=1, misses=1)}, CompileTotals(1, 0.1, 1.0, (), 2),
+                             {"held": 1, "led": 3})
     assert exitreport._line(7, now, sent) == {
         "pid": 7,
         "time": 1234.568,
@@ -184,6 +185,7 @@ def test_a_line_is_each_counter_less_what_was_sent_rounded_as_documented(monkeyp
         "compiles": 2,
         "compile_seconds": 0.023457,
         "saved_seconds": 1.25,
+        "hits_without_compile_time": 4,
         "uncacheable": {"too big": 2},
         "tiers": {"memory": _tier(hits=4, misses=3, errors=1), "local": _tier(hits=3, misses=2, timeouts=2, errors=2)},
         "flight": {"held": 4, "waited": 2},  # "led" did not move: left out

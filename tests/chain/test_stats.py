@@ -249,12 +249,18 @@ def test_a_hits_saved_seconds_are_read_once_per_key_when_the_tally_is_read_and_c
     def read_of(key: bytes, seconds: float | None):
         return lambda: reads.append(key) or seconds
 
-    for key, seconds in ((b"a", 0.5), (b"b", None), (b"a", 0.5), (b"c", 0.25)):
+    for key, seconds in ((b"a", 0.5), (b"b", None), (b"a", 0.5), (b"c", 0.25), (b"b", None), (b"z", 0.0)):
         tally.count_saved_later(key, read_of(key, seconds))
     assert reads == []  # the hits read nothing
-    assert tally.snapshot().saved_seconds == 0.5 * 2 + 0.25
-    assert reads == [b"a", b"b", b"c"]
-    assert tally.snapshot().saved_seconds == 1.25 and len(reads) == 3  # each read once
+    first = tally.snapshot()
+    assert (first.saved_seconds, first.hits_without_compile_time) == (0.5 * 2 + 0.25, 2)  # b's two hits; z's is known
+    assert reads == [b"a", b"b", b"c", b"z"]
+    again = tally.snapshot()
+    assert (again.saved_seconds, again.hits_without_compile_time) == (1.25, 2) and len(reads) == 4  # each read once
+    tally.count_saved(None)
+    tally.count_saved(2.0, 3)
+    assert (tally.snapshot().saved_seconds, tally.snapshot().hits_without_compile_time) == (7.25, 3)
+    assert (again - first).hits_without_compile_time == 0 and (tally.snapshot() - first).hits_without_compile_time == 1
 
 
 def test_at_most_1024_keys_wait_for_their_saved_seconds():

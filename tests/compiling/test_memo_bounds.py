@@ -292,7 +292,8 @@ def test_an_unchanged_header_is_hashed_from_one_read(tmp_path, monkeypatch):
 
 
 def test_the_tally_reads_a_hits_manifest_from_the_node_only(tmp_path, monkeypatch):
-    """A hit whose manifest is only on the shared tier saves 0 in ``stats()``: the tally never asks the bucket."""
+    """A hit whose manifest is only on the shared tier saves 0 in ``stats()`` and is counted as a hit of no known
+    compile time: the tally never asks the bucket."""
     source = 'extern "C" __global__ void remote_only(float* x) { x[0] = 3.0f; }\n'
     options = ProgramOptions(arch="sm_90")
     (tmp_path / "bucket").mkdir()
@@ -305,8 +306,11 @@ def test_the_tally_reads_a_hits_manifest_from_the_node_only(tmp_path, monkeypatc
         compiled = tiered_progcache.compile_count()
         tiered_progcache.compile(source, "c++", options, cache=cache)  # the entry from the bucket, not its manifest
         assert tiered_progcache.compile_count() == compiled
-        assert cache.stats().compiling.saved_seconds == 0
+        tiered_progcache.compile(source, "c++", options, cache=cache)  # from memory: a second hit, the same key
+        compiling = cache.stats().compiling
+        assert (compiling.saved_seconds, compiling.hits_without_compile_time) == (0, 2)
         assert [s for _, s in compile_module._saved.values()] == [None]
+        assert cache.stats().compiling.hits_without_compile_time == 2  # counted once, not again per snapshot
 
 
 def test_an_on_hit_hook_gets_the_key_and_one_that_raises_is_logged_by_name(tmp_path, caplog):
@@ -357,7 +361,8 @@ def test_a_manifest_that_names_another_entry_saves_nothing(tmp_path, monkeypatch
     try:
         with TieredProgramCache(tmp_path / "node") as cache:
             tiered_progcache.compile(sources[1], "c++", options, cache=cache)
-            assert cache.stats().compiling.saved_seconds == 0
+            compiling = cache.stats().compiling
+            assert (compiling.saved_seconds, compiling.hits_without_compile_time) == (0, 1)
     finally:
         stop()
     assert [s for _, s in compile_module._saved.values()] == [None]

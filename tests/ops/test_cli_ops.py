@@ -255,6 +255,24 @@ def test_stats_shows_nvrtc_runs_seconds_saved_and_the_cap(tmp_path, two_kernels)
     assert "WARNING" not in under.stdout and "(0.0%)" in under.stdout
 
 
+def test_a_fresh_nodes_hits_from_the_remote_are_shown_as_hits_of_no_known_compile_time(tmp_path):
+    """Their manifests stay on the remote, so the seconds saved leave them out, and every report says how many."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    remote = {"TIERED_PROGCACHE_REMOTE": bucket.as_uri()}
+    first = run_cli("stats", "--run", "--", sys.executable, "-c", _COMPILE_TWO,
+                    env={**remote, "TIERED_PROGCACHE_DIR": str(tmp_path / "node-a")})
+    assert "NVRTC runs   2 (" in first.stdout and "no known compile time" not in first.stdout, first.stdout
+    fresh = {**remote, "TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")}
+    table = run_cli("stats", "--run", "--", sys.executable, "-c", _COMPILE_TWO, env=fresh).stdout
+    assert "NVRTC runs   0 (0.00 s compiling; 0.00 s saved by hits; and 2 hits of no known compile time (the " \
+           "manifest stayed on the remote))" in table, table
+    again = json.loads(run_cli("stats", "--json", "--run", "--", sys.executable, "-c", _COMPILE_TWO, env=fresh).stdout)
+    assert (again["compiles"], again["saved_seconds"], again["hits_without_compile_time"]) == (0, 0, 2)
+    directory = run_cli("stats", env=fresh).stdout
+    assert "0.00 s (what the hits' entries took to compile); and 4 hits of no known compile time" in directory
+
+
 # -- 11, 12. help, config ---------------------------------------------------------------------------------
 
 

@@ -115,6 +115,7 @@ def _line(pid: int, now: Counts, sent: Counts) -> dict[str, Any]:
         "compiles": done.compiles,
         "compile_seconds": round(done.compile_seconds, 6),
         "saved_seconds": round(done.saved_seconds, 6),
+        "hits_without_compile_time": done.hits_without_compile_time,
         "uncacheable": dict(done.uncacheable),
         "tiers": tiers,
         "flight": {k: n - sent.flight.get(k, 0) for k, n in now.flight.items() if n != sent.flight.get(k, 0)},

@@ -42,6 +42,7 @@ class Totals:
     compiles: int = 0
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
+    hits_without_compile_time: int = 0  # compile() hits whose compile time no manifest near the node told
     reports: int = 0
     zeroed_at: float | None = None
     #: (reason, compiles) that could not be cached (``CacheStats.uncacheable``, summed).
@@ -53,7 +54,8 @@ class Totals:
     def cache_stats(self) -> CacheStats:
         """The totals as a :class:`CacheStats` (counters only): what ``stats --prometheus`` exports."""
         tiers = tuple((name, TierStats(**dict(counts))) for name, counts in self.tiers)
-        compiling = CompileTotals(self.compiles, self.compile_seconds, self.saved_seconds, self.uncacheable)
+        compiling = CompileTotals(self.compiles, self.compile_seconds, self.saved_seconds, self.uncacheable,
+                                  self.hits_without_compile_time)
         return CacheStats(tiers, compiling, {**dict.fromkeys(FLIGHT_DECISIONS, 0), **dict(self.flight)})
 
     @property
@@ -75,7 +77,7 @@ def read_totals(local_root: str | os.PathLike[str]) -> Totals:
     tiers: dict[str, dict[str, int]] = {}
     uncacheable: dict[str, int] = {}
     flight: dict[str, int] = {}
-    sums = dict.fromkeys(("lookups", "misses", "errors", "timeouts", "compiles"), 0)
+    sums = dict.fromkeys(("lookups", "misses", "errors", "timeouts", "compiles", "hits_without_compile_time"), 0)
     seconds = dict.fromkeys(("compile_seconds", "saved_seconds"), 0.0)
     reports, zeroed_at = 0, None
     try:

@@ -246,6 +246,8 @@ class CompileTotals:
     saved_seconds: float = 0.0
     #: (reason, compiles) for the compiles that could not be cached, reasons as :func:`uncacheable_reason` names them.
     uncacheable: tuple[tuple[str, int], ...] = ()
+    #: Hits whose entry's compile time this node could not tell (no manifest near it): not in ``saved_seconds``.
+    hits_without_compile_time: int = 0
 
     @property
     def uncacheable_count(self) -> int:
@@ -259,6 +261,7 @@ class CompileTotals:
             self.compile_seconds - other.compile_seconds,
             self.saved_seconds - other.saved_seconds,
             left,
+            self.hits_without_compile_time - other.hits_without_compile_time,
         )
 
 
@@ -266,16 +269,19 @@ class CompileTally:
     """The compiler runs and seconds ``compile()`` spent and saved through one cache (behind ``stats --run``,
     the directory's cumulative ``stats``). Counted once per compile or hit, never per lookup; thread-safe.
 
-    ``saved_seconds`` sums the compile time each hit's manifest records (0 for an entry without one). A hit
-    may leave that read to the next snapshot (:meth:`count_saved_later`): the hit itself then reads nothing more.
+    ``saved_seconds`` sums the compile time each hit's manifest records; a hit whose entry has none near
+    this node is counted in ``hits_without_compile_time`` instead. A hit may leave that read to the next
+    snapshot (:meth:`count_saved_later`): the hit itself then reads nothing more.
     """
 
-    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_uncacheable", "_logged", "_pending", "_lock")
+    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_unpriced", "_uncacheable", "_logged", "_pending",
+                 "_lock")
 
     def __init__(self) -> None:
         self._compiles = 0
         self._compile_seconds = 0.0
         self._saved_seconds = 0.0
+        self._unpriced = 0  # hits whose compile time was not known
         self._uncacheable: dict[str, int] = {}
         self._logged: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(_MAX_LOGGED_KEYS)
         self._pending: dict[bytes, tuple[Callable[[], float | None], int]] = {}  # key -> (its read, hits)
@@ -298,10 +304,13 @@ class CompileTally:
             self._logged[key] = True  # past the bound the least recently logged key goes (logged again if seen)
             return True
 
-    def count_saved(self, seconds: float | None) -> None:
-        if seconds:
-            with self._lock:
-                self._saved_seconds += seconds
+    def count_saved(self, seconds: float | None, hits: int = 1) -> None:
+        """``hits`` hits of an entry that took ``seconds`` to compile; None: a time not known here."""
+        with self._lock:
+            if seconds is None:
+                self._unpriced += hits
+            else:
+                self._saved_seconds += seconds * hits
 
     def count_saved_later(self, key: bytes, read: Callable[[], float | None]) -> None:
         """One hit of ``key`` whose saved seconds ``read()`` gives when a snapshot asks (once per key and snapshot).
@@ -320,13 +329,13 @@ class CompileTally:
         with self._lock:
             pending, self._pending = self._pending, {}
         for read, hits in pending.values():
-            self.count_saved((read() or 0.0) * hits)
+            self.count_saved(read(), hits)
 
     def snapshot(self) -> CompileTotals:
         self._settle()
         with self._lock:
             return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds,
-                                 tuple(sorted(self._uncacheable.items())))  # fmt: skip
+                                 tuple(sorted(self._uncacheable.items())), self._unpriced)  # fmt: skip
 
 
 #: The ``reason`` of an uncacheable compile (the Prometheus label; a few values, never a path).

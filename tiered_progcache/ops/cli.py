@@ -658,7 +658,8 @@ def _print_ccache_like(rows: list[dict[str, Any]], totals: Any, cap: int | None)
         print(f"  {tier:<21} {n}")
     print(f"misses                  {totals.misses}")
     print(f"NVRTC runs              {totals.compiles} ({totals.compile_seconds:.2f} s compiling)")
-    print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)")
+    print(f"compile time saved      {totals.saved_seconds:.2f} s (what the hits' entries took to compile)"
+          f"{_unpriced(totals.hits_without_compile_time)}")
     print(f"flight decisions        {_flight_line(dict(totals.flight))}")
     print(f"errors                  {totals.errors} (timeouts {totals.timeouts}; a failing tier's reads count as misses too)")
     _print_uncacheable(totals.uncacheable, 24)
@@ -738,11 +739,20 @@ def _stats_of_run(args: argparse.Namespace) -> int:
                      "processes": run.processes, "caches": len(run.reports), "hits": totals.hits,
                      "misses": totals.misses, "compiles": compiled.compiles,
                      "compile_seconds": round(compiled.compile_seconds, 6),
-                     "saved_seconds": round(compiled.saved_seconds, 6), "uncacheable": dict(compiled.uncacheable),
+                     "saved_seconds": round(compiled.saved_seconds, 6),
+                     "hits_without_compile_time": compiled.hits_without_compile_time,
+                     "uncacheable": dict(compiled.uncacheable),
                      "tiers": tiers, "flight": dict(totals.flight)})  # fmt: skip
     else:
         _print_run_table(run, compiled)
     return run.exit_code
+
+
+def _unpriced(hits: int) -> str:
+    """What the saved seconds leave out: hits whose entry's compile time no manifest on this node told."""
+    if not hits:
+        return ""
+    return f"; and {hits} hit{'s' if hits != 1 else ''} of no known compile time (the manifest stayed on the remote)"
 
 
 _RUN_COLUMNS = ("hits", "misses", "writes", "promotions", "errors", "timeouts", "skipped", "rejected", "bytes_read",
@@ -764,7 +774,7 @@ def _print_run_table(run: RunReport, compiled: Any) -> None:
     print(f"hits         {totals.hits}{rate}")
     print(f"misses       {totals.misses} (missed by every tier)")
     print(f"NVRTC runs   {compiled.compiles} ({compiled.compile_seconds:.2f} s compiling; "
-          f"{compiled.saved_seconds:.2f} s saved by hits)")  # fmt: skip
+          f"{compiled.saved_seconds:.2f} s saved by hits{_unpriced(compiled.hits_without_compile_time)})")  # fmt: skip
     _print_uncacheable(compiled.uncacheable, 13)
     print(f"flight       {_flight_line(dict(totals.flight))}")
     header = ["tier"] + [c.replace("_", " ") for c in _RUN_COLUMNS]

@@ -85,7 +85,8 @@ def compile_totals(reports: Iterable[Mapping[str, Any]]) -> CompileTotals:
             if isinstance(n, int) and not isinstance(n, bool):
                 uncacheable[reason] = uncacheable.get(reason, 0) + n
     return CompileTotals(summed("compiles", (int,)), float(summed("compile_seconds", (int, float))),
-                         float(summed("saved_seconds", (int, float))), tuple(sorted(uncacheable.items())))  # fmt: skip
+                         float(summed("saved_seconds", (int, float))), tuple(sorted(uncacheable.items())),
+                         summed("hits_without_compile_time", (int,)))  # fmt: skip
 
 
 def pids(reports: Iterable[Mapping[str, Any]]) -> Iterator[int]:
