@@ -802,3 +802,16 @@ def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_nothi
     done = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(tmp_path / "node")], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": child_pythonpath()}, timeout=120)
     assert (done.returncode, done.stdout, done.stderr) == (0, "fetch ended True\n", "")
+
+
+def test_close_waits_for_a_hanging_batch_at_most_its_timeout(tmp_path, release, caplog):
+    fs = _HangingBatch(release)
+    remote = _store(fs)
+    cache = _chain(tmp_path / "node", remote)
+    assert cache.get(KEYS[0]) == _payload(KEYS[0])
+    assert fs.all_asked.wait(60)  # the batch's reads are out and held
+    closer = threading.Thread(target=cache.close, kwargs={"timeout": 0.2})
+    closer.start()
+    closer.join(60)
+    assert not closer.is_alive()  # back after its 0.2 s, the fetch still held
+    assert cache._boot._thread.is_alive() and cache._boot._stop.is_set()
