@@ -754,7 +754,9 @@ def test_close_while_a_batch_is_read_lands_that_read_and_reads_no_more(tmp_path,
 
 
 _EXIT_CHILD = r"""
-import asyncio, atexit, sys, threading
+import asyncio, atexit, logging, sys, threading
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+logging.getLogger("tiered_progcache.chain.bootfetch").setLevel(logging.DEBUG)
 from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
 from tiered_progcache import TieredProgramCache
 from tiered_progcache.stores.remote import RemoteProgramCache
@@ -793,7 +795,7 @@ atexit.register(at_exit)
 
 
 def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_nothing(tmp_path):
-    """The interpreter exits with the fetch's reads out: its writers cannot start then, and that is no warning."""
+    """The interpreter exits with the fetch's reads out: its writers cannot start then, and that is a DEBUG line."""
     import subprocess
     import sys
 
@@ -801,7 +803,9 @@ def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_nothi
 
     done = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(tmp_path / "node")], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": child_pythonpath()}, timeout=120)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "fetch ended True\n", "")
+    stopped = ("DEBUG boot fetch from slow://bucket/kernels stopped: RuntimeError: cannot schedule new futures after "
+               "interpreter shutdown\n")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "fetch ended True\n", stopped)
 
 
 def test_close_waits_for_a_hanging_batch_at_most_its_timeout(tmp_path, release, caplog):
