@@ -748,6 +748,7 @@ def test_close_while_a_batch_is_read_lands_that_read_and_reads_no_more(tmp_path,
         closer.join(60)
     assert not closer.is_alive() and not cache._boot._thread.is_alive()
     assert dict(fs.requests) == {"get": 1 + 2, "list": 1}  # the trigger and the batch under way; none after it
+    assert (cache._boot.report[0], cache._boot.report[1].entries) == (K, 2)  # it ended as a fetch does, 2 landed
     landed = {e.name for e in LocalDir(tmp_path / "node").iter_entries()}
     assert landed == {entry_name(KEYS[0]), *map(entry_name, KEYS[K - 2:])}
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
