@@ -271,6 +271,15 @@ def test_a_fresh_nodes_hits_from_the_remote_are_shown_as_hits_of_no_known_compil
     assert (again["compiles"], again["saved_seconds"], again["hits_without_compile_time"]) == (0, 0, 2)
     directory = run_cli("stats", env=fresh).stdout
     assert "0.00 s (what the hits' entries took to compile); and 4 hits of no known compile time" in directory
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def unpriced(text: str) -> list[float]:
+        return [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "tiered_progcache_hits_without_compile_time_total"]
+
+    assert unpriced(run_cli("stats", "--prometheus", env=fresh).stdout) == [4]  # the directory's, summed
+    ran = run_cli("stats", "--run", "--prometheus", "--", sys.executable, "-c", _COMPILE_TWO, env=fresh).stdout
+    assert unpriced(ran) == [2]
 
 
 # -- 11, 12. help, config ---------------------------------------------------------------------------------
