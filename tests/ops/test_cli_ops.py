@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -262,7 +263,7 @@ def test_a_fresh_nodes_hits_from_the_remote_are_shown_as_hits_of_no_known_compil
     remote = {"TIERED_PROGCACHE_REMOTE": bucket.as_uri()}
     first = run_cli("stats", "--run", "--", sys.executable, "-c", _COMPILE_TWO,
                     env={**remote, "TIERED_PROGCACHE_DIR": str(tmp_path / "node-a")})
-    assert "NVRTC runs   2 (" in first.stdout and "no known compile time" not in first.stdout, first.stdout
+    assert re.search(r"\nNVRTC runs   2 \(\d+\.\d\d s compiling; \d+\.\d\d s saved by hits\)\n", first.stdout), first.stdout
     fresh = {**remote, "TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")}
     table = run_cli("stats", "--run", "--", sys.executable, "-c", _COMPILE_TWO, env=fresh).stdout
     assert "NVRTC runs   0 (0.00 s compiling; 0.00 s saved by hits; and 2 hits of no known compile time (the " \
@@ -280,6 +281,13 @@ def test_a_fresh_nodes_hits_from_the_remote_are_shown_as_hits_of_no_known_compil
     assert unpriced(run_cli("stats", "--prometheus", env=fresh).stdout) == [4]  # the directory's, summed
     ran = run_cli("stats", "--run", "--prometheus", "--", sys.executable, "-c", _COMPILE_TWO, env=fresh).stdout
     assert unpriced(ran) == [2]
+
+
+def test_hits_of_no_known_compile_time_are_said_in_the_number_they_are():
+    from tiered_progcache.ops.cli import _unpriced
+
+    tail = " of no known compile time (the manifest stayed on the remote)"
+    assert (_unpriced(0), _unpriced(1), _unpriced(2)) == ("", "; and 1 hit" + tail, "; and 2 hits" + tail)
 
 
 # -- 11, 12. help, config ---------------------------------------------------------------------------------

@@ -102,6 +102,10 @@ def test_scraped_counters_equal_stats_with_hits_in_every_tier(tmp_path, events):
     # each hit saved what its manifest records: 4 hits of K_REMOTE (remote, then memory), 1 of K_LOCAL
     saved = 4 * round(events[0].seconds, 6) + round(events[1].seconds, 6)
     assert scraped[("tiered_progcache_compile_seconds_saved_total", ())] == pytest.approx(saved, rel=1e-9)
+    # the hook's figure alone (not the snapshot's too), and every hit priced: the hook read each manifest
+    assert [k for k in scraped if k[0] == "tiered_progcache_compile_seconds_saved_total"] == [
+        ("tiered_progcache_compile_seconds_saved_total", ())]
+    assert scraped[("tiered_progcache_hits_without_compile_time_total", (("cache", "node-b"),))] == 0
 
 
 def test_a_failed_compile_is_counted_as_an_error(tmp_path):
