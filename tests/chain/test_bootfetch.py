@@ -795,7 +795,7 @@ atexit.register(at_exit)
 """
 
 
-def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_nothing(tmp_path):
+def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_so_at_debug_only(tmp_path):
     """The interpreter exits with the fetch's reads out: its writers cannot start then, and that is a DEBUG line."""
     import subprocess
     import sys
