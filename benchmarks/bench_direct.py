@@ -147,7 +147,8 @@ def _child(mode: str, sources: list[str], cccl: str, local: str, remote: dict, c
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k", type=int, default=6, help="CUB kernels (default 6)")
-    p.add_argument("--runs", type=int, default=3, help="fresh nodes per row; each time shown is the median over them (first hit's range beside it)")
+    p.add_argument("--runs", type=int, default=3,
+                   help="fresh nodes per row; each time shown is their median (the first hit's range beside it)")
     p.add_argument("--stores", default="file", help="comma list of file, s3, gcs, redis (default file)")
     p.add_argument("--rtt-ms", default="0", help="round trips to inject, comma list (network stores; file at 0 only)")
     p.add_argument("--out", default=None, help="write the rows as JSON here")

@@ -709,6 +709,10 @@ def test_a_first_tier_with_an_upload_queue_forgoes_on_its_untimed_hits_too():
         assert fs.requests["put"] == 1  # the filler's upload alone
 
 
+#: A request deadline no held read reaches: what ends a hold in the tests below is the release alone.
+HELD_S = 120.0
+
+
 def test_close_before_the_batch_begins_reads_nothing_more_and_ends_the_fetch_quietly(tmp_path, caplog):
     """A process that takes one hit and closes: the fetch waiting at the gate (listed, nothing read) never reads."""
     fs = SlowFileSystem()
@@ -730,7 +734,8 @@ def test_close_before_the_batch_begins_reads_nothing_more_and_ends_the_fetch_qui
 def test_close_while_a_batch_is_read_lands_that_read_and_reads_no_more(tmp_path, release, caplog):
     fs = _HangingBatch(release)
     fs.mkdir("bucket")
-    remote = RemoteProgramCache(fs, "bucket/kernels", transfer_concurrency=2)  # K - 1 entries in batches of 2
+    # K - 1 entries in batches of 2; a deadline past any hold, so only the test's release ends the held reads
+    remote = RemoteProgramCache(fs, "bucket/kernels", transfer_concurrency=2, timeout=HELD_S)
     for n, key in enumerate(KEYS):
         remote.write_key(key, _payload(key))
         path = fs._strip_protocol(remote.path_for(entry_name(key)))
@@ -778,7 +783,7 @@ class Held(SlowFileSystem):
 
 fs = Held()
 fs.mkdir("bucket")
-remote = RemoteProgramCache(fs, "bucket/kernels")
+remote = RemoteProgramCache(fs, "bucket/kernels", timeout=120)  # held reads end at the release, not a deadline
 for key in keys:
     remote.write_key(key, b"cubin:" + key)
 cache = TieredProgramCache(tiers=[InMemoryProgramCache(), FileStreamProgramCache(sys.argv[1]), remote])
@@ -811,7 +816,7 @@ def test_a_process_that_exits_without_closing_while_its_batch_is_read_says_so_at
 
 def test_close_waits_for_a_hanging_batch_at_most_its_timeout(tmp_path, release, caplog):
     fs = _HangingBatch(release)
-    remote = _store(fs)
+    remote = _store(fs, timeout=HELD_S)  # held until the test lets go, however slow the machine
     cache = _chain(tmp_path / "node", remote)
     assert cache.get(KEYS[0]) == _payload(KEYS[0])
     assert fs.all_asked.wait(60)  # the batch's reads are out and held

@@ -263,7 +263,8 @@ def test_a_fresh_nodes_hits_from_the_remote_are_shown_as_hits_of_no_known_compil
     remote = {"TIERED_PROGCACHE_REMOTE": bucket.as_uri()}
     first = run_cli("stats", "--run", "--", sys.executable, "-c", _COMPILE_TWO,
                     env={**remote, "TIERED_PROGCACHE_DIR": str(tmp_path / "node-a")})
-    assert re.search(r"\nNVRTC runs   2 \(\d+\.\d\d s compiling; \d+\.\d\d s saved by hits\)\n", first.stdout), first.stdout
+    run_line = r"\nNVRTC runs   2 \(\d+\.\d\d s compiling; \d+\.\d\d s saved by hits\)\n"
+    assert re.search(run_line, first.stdout), first.stdout
     fresh = {**remote, "TIERED_PROGCACHE_DIR": str(tmp_path / "node-b")}
     table = run_cli("stats", "--run", "--", sys.executable, "-c", _COMPILE_TWO, env=fresh).stdout
     assert "NVRTC runs   0 (0.00 s compiling; 0.00 s saved by hits; and 2 hits of no known compile time (the " \

@@ -274,14 +274,14 @@ class CompileTally:
     snapshot (:meth:`count_saved_later`): the hit itself then reads nothing more.
     """
 
-    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_unpriced", "_uncacheable", "_logged", "_pending",
-                 "_lock")
+    __slots__ = ("_compiles", "_compile_seconds", "_saved_seconds", "_hits_without_compile_time", "_uncacheable",
+                 "_logged", "_pending", "_lock")
 
     def __init__(self) -> None:
         self._compiles = 0
         self._compile_seconds = 0.0
         self._saved_seconds = 0.0
-        self._unpriced = 0  # hits whose compile time was not known
+        self._hits_without_compile_time = 0
         self._uncacheable: dict[str, int] = {}
         self._logged: cachetools.LRUCache[bytes, bool] = cachetools.LRUCache(_MAX_LOGGED_KEYS)
         self._pending: dict[bytes, tuple[Callable[[], float | None], int]] = {}  # key -> (its read, hits)
@@ -308,7 +308,7 @@ class CompileTally:
         """``hits`` hits of an entry that took ``seconds`` to compile; None: a time not known here."""
         with self._lock:
             if seconds is None:
-                self._unpriced += hits
+                self._hits_without_compile_time += hits
             else:
                 self._saved_seconds += seconds * hits
 
@@ -335,7 +335,7 @@ class CompileTally:
         self._settle()
         with self._lock:
             return CompileTotals(self._compiles, self._compile_seconds, self._saved_seconds,
-                                 tuple(sorted(self._uncacheable.items())), self._unpriced)  # fmt: skip
+                                 tuple(sorted(self._uncacheable.items())), self._hits_without_compile_time)  # fmt: skip
 
 
 #: The ``reason`` of an uncacheable compile (the Prometheus label; a few values, never a path).

@@ -21,7 +21,8 @@ that could not be cached, by ``reason``.
 ``tiered_progcache_compile_seconds_saved_total`` sums, over every hit of
 :func:`tiered_progcache.compiling.compile` since registration, the compile time the entry's
 manifest records (:func:`tiered_progcache.compiling.compile.on_hit`); an entry without a readable
-manifest adds 0, and ``tiered_progcache_hits_without_compile_time_total`` counts such hits per cache. Needs ``prometheus_client`` (``pip install 'tiered-progcache[metrics]'``).
+manifest adds 0, and ``tiered_progcache_hits_without_compile_time_total`` counts such hits per cache.
+Needs ``prometheus_client`` (``pip install 'tiered-progcache[metrics]'``).
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def _chain_families(pairs: list[tuple[str, CacheStats]], *, saved: bool) -> list
     seconds = CounterMetricFamily(f"{PREFIX}_compile_seconds_saved", "compile seconds the cache saved: per compile() "
                                   "hit, the compile time its entry's manifest records", labels=["cache"])  # fmt: skip
     unpriced = CounterMetricFamily(f"{PREFIX}_hits_without_compile_time", "compile() hits left out of the seconds "
-                                   "saved: no manifest near the node told their compile time", labels=["cache"])  # fmt: skip
+                                   "saved: no manifest near the node told their compile time",
+                                   labels=["cache"])  # fmt: skip
     for cache_name, snapshot in pairs:
         lookups.add_metric([cache_name], snapshot.tiers[0][1].lookups if snapshot.tiers else 0)
         runs.add_metric([cache_name], snapshot.compiles)
